@@ -1,0 +1,518 @@
+//! [`Communicator`]: ranks, topology, the tuner's choices, scratch space and progress.
+
+use super::progress::{Outstanding, Worker};
+use super::request::{lost, pair, Request};
+use crate::config::{Config, DebugLevel};
+use crate::dtype::{Element, ReduceOp};
+use crate::error::{Error, Result};
+use crate::exec::{execute, BlockLayout, ExecOptions, Memory};
+use crate::model::tuner;
+use crate::plan::{self, Algorithm, Collective, Plan};
+use crate::topology::Topology;
+use crate::transport::threads::ThreadWorld;
+use crate::transport::{fnv1a, Transport};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// A group of ranks that run collectives together (MPI's communicator, NCCL's `ncclComm_t`).
+///
+/// Every rank must call the same collectives in the same order with matching counts. A
+/// communicator is used from one thread at a time; its non-blocking calls progress on a
+/// worker thread of its own, in issue order.
+pub struct Communicator {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    transport: Arc<dyn Transport>,
+    topo: Topology,
+    cfg: Config,
+    seq: AtomicU32,
+    /// Held while a plan runs; owns the scratch space (u64 words keep every dtype aligned).
+    exec: Mutex<Vec<u64>>,
+    worker: Mutex<Option<Worker>>,
+    outstanding: Outstanding,
+    choices: Mutex<HashMap<(Collective, u32), Algorithm>>,
+    plans: Mutex<HashMap<(Collective, Algorithm), Arc<Plan>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What a collective call hands to the executor, with pointers (the safe front ends build it
+/// from borrowed slices; the async ones from buffers they own until completion).
+struct Call<T> {
+    coll: Collective,
+    op: ReduceOp,
+    block_bytes: usize,
+    input: (*const T, usize, BlockLayout),
+    output: (*mut T, usize, BlockLayout),
+    scratch: BlockLayout,
+}
+
+// SAFETY: a Call only carries pointers into buffers that the front end keeps alive and
+// untouched until the call completes (borrowed for a blocking call, owned by the job of a
+// non-blocking one).
+unsafe impl<T: Send> Send for Call<T> {}
+
+fn len_mul(a: usize, b: usize, what: &str) -> Result<usize> {
+    a.checked_mul(b).ok_or_else(|| Error::invalid(format!("{what}: count {a} x {b} ranks overflows usize")))
+}
+
+impl Communicator {
+    /// A communicator over `transport`, reading settings from the `PCCL_*` variables.
+    pub fn new(transport: Arc<dyn Transport>) -> Result<Self> {
+        Self::with_config(transport, Config::from_env()?)
+    }
+
+    /// A communicator over `transport` with explicit settings. Collective over all ranks
+    /// (it exchanges node keys unless `ranks_per_node` is set).
+    pub fn with_config(transport: Arc<dyn Transport>, cfg: Config) -> Result<Self> {
+        let p = transport.size();
+        let topo = match cfg.ranks_per_node {
+            Some(m) => Topology::uniform(p, m),
+            None => {
+                // Exchange host keys with a flat ring on a provisional single-node topology.
+                let provisional = Communicator::build(transport.clone(), Topology::uniform(p, p), cfg.clone());
+                let mut keys = vec![0u64; p];
+                provisional.all_gather(&[transport.node_key()], &mut keys)?;
+                Topology::from_node_keys(&keys)
+            }
+        };
+        let c = Communicator::build(transport, topo, cfg);
+        if c.inner.cfg.debug >= DebugLevel::Info && c.rank() == 0 {
+            eprintln!(
+                "PCCL INFO comm of {} ranks, {} nodes as {} over {}",
+                c.size(),
+                c.inner.topo.nodes().len(),
+                c.inner.topo.describe(),
+                c.inner.transport.name()
+            );
+        }
+        Ok(c)
+    }
+
+    fn build(transport: Arc<dyn Transport>, topo: Topology, cfg: Config) -> Self {
+        Communicator {
+            inner: Arc::new(Inner {
+                transport,
+                topo,
+                cfg,
+                seq: AtomicU32::new(0),
+                exec: Mutex::new(Vec::new()),
+                worker: Mutex::new(None),
+                outstanding: Outstanding::default(),
+                choices: Mutex::new(HashMap::new()),
+                plans: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// Runs `f` on `p` thread-ranks, each with its own communicator, and returns their
+    /// results in rank order. The embedded way to use PCCL without MPI.
+    pub fn run_threads<R: Send>(p: usize, cfg: Config, f: impl Fn(Communicator) -> R + Sync) -> Result<Vec<R>> {
+        if p == 0 {
+            return Err(Error::invalid("a thread world needs at least one rank"));
+        }
+        let world = ThreadWorld::new(p);
+        let transports: Vec<_> = (0..p).map(|r| world.transport(r)).collect::<Result<_>>()?;
+        std::thread::scope(|s| {
+            let handles: Vec<_> = transports
+                .into_iter()
+                .enumerate()
+                .map(|(r, t)| {
+                    let cfg = cfg.clone();
+                    let f = &f;
+                    std::thread::Builder::new()
+                        .name(format!("pccl-rank-{r}"))
+                        .spawn_scoped(s, move || Communicator::with_config(t, cfg).map(f))
+                        .map_err(|e| Error::system(format!("cannot start rank thread: {e}")))
+                })
+                .collect::<Result<_>>()?;
+            handles
+                .into_iter()
+                .map(|h| h.join().map_err(|_| Error::internal("a rank thread panicked"))?)
+                .collect()
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.inner.transport.rank()
+    }
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.inner.transport.size()
+    }
+    /// Node structure.
+    pub fn topology(&self) -> &Topology {
+        &self.inner.topo
+    }
+    /// Settings.
+    pub fn config(&self) -> &Config {
+        &self.inner.cfg
+    }
+    /// Name of the transport (`threads`, `mpi`).
+    pub fn transport_name(&self) -> &'static str {
+        self.inner.transport.name()
+    }
+
+    /// The algorithm a collective of `coll` with `block_bytes` per block would use.
+    pub fn algorithm_for(&self, coll: Collective, block_bytes: usize) -> Result<Algorithm> {
+        self.inner.algorithm_for(coll, block_bytes)
+    }
+
+    // ---- blocking collectives -------------------------------------------------------------
+
+    /// Gathers every rank's `input` into `output` in rank order
+    /// (`output.len() == input.len() * size()`).
+    pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
+        let call = self.all_gather_call(input.as_ptr(), input.len(), output.as_mut_ptr(), output.len())?;
+        // SAFETY: both slices are borrowed for the whole blocking call.
+        unsafe { self.inner.run_blocking(call) }
+    }
+
+    /// In-place all-gather: this rank's share is already at block `rank()` of `buf`.
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let count = self.block_of(buf.len(), "all_gather_in_place")?;
+        let base = buf.as_mut_ptr();
+        // SAFETY: block `rank` of `buf` is in bounds (`count * size == buf.len()`).
+        let inp = unsafe { base.add(self.rank() * count) };
+        let call = self.all_gather_call(inp, count, base, buf.len())?;
+        // SAFETY: `buf` is borrowed for the whole call; the aliasing is the in-place form.
+        unsafe { self.inner.run_blocking(call) }
+    }
+
+    /// Reduces everyone's `input` with `op` and leaves block `rank()` of the result in
+    /// `output` (`input.len() == output.len() * size()`).
+    pub fn reduce_scatter<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
+        let call = self.reduce_scatter_call::<T>(input.as_ptr(), input.len(), output.as_mut_ptr(), output.len(), op)?;
+        // SAFETY: both slices are borrowed for the whole blocking call.
+        unsafe { self.inner.run_blocking(call) }
+    }
+
+    /// In-place reduce-scatter: the result lands in block `rank()` of `buf`; the other
+    /// blocks are left unspecified... in practice untouched.
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let count = self.block_of(buf.len(), "reduce_scatter_in_place")?;
+        let base = buf.as_mut_ptr();
+        // SAFETY: block `rank` of `buf` is in bounds.
+        let out = unsafe { base.add(self.rank() * count) };
+        let call = self.reduce_scatter_call::<T>(base, buf.len(), out, count, op)?;
+        // SAFETY: `buf` is borrowed for the whole call; the aliasing is the in-place form.
+        unsafe { self.inner.run_blocking(call) }
+    }
+
+    /// Reduces everyone's `input` with `op` into every rank's `output` (same lengths).
+    pub fn all_reduce<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
+        let call = self.all_reduce_call::<T>(input.as_ptr(), input.len(), output.as_mut_ptr(), output.len(), op)?;
+        // SAFETY: both slices are borrowed for the whole blocking call.
+        unsafe { self.inner.run_blocking(call) }
+    }
+
+    /// In-place all-reduce.
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let call = self.all_reduce_call::<T>(buf.as_ptr(), buf.len(), buf.as_mut_ptr(), buf.len(), op)?;
+        // SAFETY: `buf` is borrowed for the whole call; the aliasing is the in-place form.
+        unsafe { self.inner.run_blocking(call) }
+    }
+
+    /// Copies `root`'s `buf` into every rank's `buf`.
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let call = self.broadcast_call::<T>(buf.as_mut_ptr(), buf.len(), root)?;
+        // SAFETY: `buf` is borrowed for the whole call.
+        unsafe { self.inner.run_blocking(call) }
+    }
+
+    /// Returns only when every rank has entered the barrier.
+    pub fn barrier(&self) -> Result<()> {
+        let call = self.barrier_call();
+        // SAFETY: the barrier touches no memory.
+        unsafe { self.inner.run_blocking(call) }
+    }
+
+    // ---- non-blocking collectives ---------------------------------------------------------
+
+    /// Non-blocking [`Communicator::all_gather`]; `wait` gives the buffers back.
+    pub fn all_gather_async<T, I, O>(&self, input: I, mut output: O) -> Result<Request<(I, O)>>
+    where
+        T: Element,
+        I: AsRef<[T]> + Send + 'static,
+        O: AsMut<[T]> + Send + 'static,
+    {
+        let (i, o) = (input.as_ref(), output.as_mut());
+        let call = self.all_gather_call(i.as_ptr(), i.len(), o.as_mut_ptr(), o.len())?;
+        // SAFETY: the job owns `input` and `output` until it completes; moving them does not
+        // move their heap contents, which is what `call` points into.
+        unsafe { self.inner.submit(call, (input, output)) }
+    }
+
+    /// Non-blocking [`Communicator::reduce_scatter`].
+    pub fn reduce_scatter_async<T, I, O>(&self, input: I, mut output: O, op: ReduceOp) -> Result<Request<(I, O)>>
+    where
+        T: Element,
+        I: AsRef<[T]> + Send + 'static,
+        O: AsMut<[T]> + Send + 'static,
+    {
+        let (i, o) = (input.as_ref(), output.as_mut());
+        let call = self.reduce_scatter_call::<T>(i.as_ptr(), i.len(), o.as_mut_ptr(), o.len(), op)?;
+        // SAFETY: as in `all_gather_async`.
+        unsafe { self.inner.submit(call, (input, output)) }
+    }
+
+    /// Non-blocking in-place [`Communicator::all_reduce_in_place`].
+    pub fn all_reduce_async<T, B>(&self, mut buf: B, op: ReduceOp) -> Result<Request<B>>
+    where
+        T: Element,
+        B: AsMut<[T]> + Send + 'static,
+    {
+        let b = buf.as_mut();
+        let call = self.all_reduce_call::<T>(b.as_ptr(), b.len(), b.as_mut_ptr(), b.len(), op)?;
+        // SAFETY: as in `all_gather_async`.
+        unsafe { self.inner.submit(call, buf) }
+    }
+
+    /// Non-blocking [`Communicator::broadcast`].
+    pub fn broadcast_async<T, B>(&self, mut buf: B, root: usize) -> Result<Request<B>>
+    where
+        T: Element,
+        B: AsMut<[T]> + Send + 'static,
+    {
+        let b = buf.as_mut();
+        let call = self.broadcast_call::<T>(b.as_mut_ptr(), b.len(), root)?;
+        // SAFETY: as in `all_gather_async`.
+        unsafe { self.inner.submit(call, buf) }
+    }
+
+    /// Non-blocking [`Communicator::barrier`].
+    pub fn barrier_async(&self) -> Result<Request<()>> {
+        let call = self.barrier_call();
+        // SAFETY: the barrier touches no memory.
+        unsafe { self.inner.submit(call, ()) }
+    }
+
+    // ---- sub-communicators ----------------------------------------------------------------
+
+    /// Splits into sub-communicators as `MPI_Comm_split`: ranks passing the same `color` form
+    /// one, ordered by `key` then by rank; `None` (MPI_UNDEFINED) joins none and gets `None`.
+    /// Collective over all ranks.
+    pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
+        let p = self.size();
+        let tag = self.inner.seq.load(Ordering::SeqCst);
+        let mine = [color.map_or(-1, i64::from), i64::from(key)];
+        let mut all = vec![0i64; 2 * p];
+        self.all_gather(&mine, &mut all)?;
+        let Some(color) = color else { return Ok(None) };
+        let mut members: Vec<usize> = (0..p).filter(|&r| all[2 * r] == i64::from(color)).collect();
+        members.sort_by_key(|&r| (all[2 * r + 1], r));
+        let ctx = fnv1a(&[u64::from(tag).to_le_bytes(), u64::from(color).to_le_bytes()].concat());
+        let transport = self.inner.transport.subset(&members, ctx)?;
+        let keys: Vec<u64> = members.iter().map(|&r| self.inner.topo.position(r).0 as u64).collect();
+        let topo = Topology::from_node_keys(&keys);
+        Ok(Some(Communicator::build(transport, topo, self.inner.cfg.clone())))
+    }
+
+    // ---- argument checking ----------------------------------------------------------------
+
+    fn block_of(&self, len: usize, what: &str) -> Result<usize> {
+        let p = self.size();
+        if len % p != 0 {
+            return Err(Error::invalid(format!(
+                "{what}: buffer of {len} elements is not {p} equal blocks (one per rank)"
+            )));
+        }
+        Ok(len / p)
+    }
+
+    fn all_gather_call<T: Element>(&self, inp: *const T, in_len: usize, out: *mut T, out_len: usize) -> Result<Call<T>> {
+        let p = self.size();
+        let need = len_mul(in_len, p, "all_gather")?;
+        if out_len != need {
+            return Err(Error::invalid(format!(
+                "all_gather: output holds {out_len} elements but {p} ranks x {in_len} needs {need}"
+            )));
+        }
+        Ok(Call {
+            coll: Collective::AllGather,
+            op: ReduceOp::Sum,
+            block_bytes: in_len * std::mem::size_of::<T>(),
+            input: (inp, in_len, BlockLayout::Uniform { count: in_len, parts: 1 }),
+            output: (out, out_len, BlockLayout::Uniform { count: in_len, parts: p }),
+            scratch: BlockLayout::Uniform { count: 0, parts: 0 },
+        })
+    }
+
+    fn reduce_scatter_call<T: Element>(&self, inp: *const T, in_len: usize, out: *mut T, out_len: usize, op: ReduceOp) -> Result<Call<T>> {
+        T::DTYPE.check_op(op)?;
+        let p = self.size();
+        let need = len_mul(out_len, p, "reduce_scatter")?;
+        if in_len != need {
+            return Err(Error::invalid(format!(
+                "reduce_scatter: input holds {in_len} elements but {p} ranks x {out_len} needs {need}"
+            )));
+        }
+        let lay = BlockLayout::Uniform { count: out_len, parts: p };
+        Ok(Call {
+            coll: Collective::ReduceScatter { average: op == ReduceOp::Avg },
+            op,
+            block_bytes: out_len * std::mem::size_of::<T>(),
+            input: (inp, in_len, lay),
+            output: (out, out_len, BlockLayout::Uniform { count: out_len, parts: 1 }),
+            scratch: lay,
+        })
+    }
+
+    fn all_reduce_call<T: Element>(&self, inp: *const T, in_len: usize, out: *mut T, out_len: usize, op: ReduceOp) -> Result<Call<T>> {
+        T::DTYPE.check_op(op)?;
+        if in_len != out_len {
+            return Err(Error::invalid(format!(
+                "all_reduce: input has {in_len} elements but output has {out_len}; they must match"
+            )));
+        }
+        let p = self.size();
+        let lay = BlockLayout::Balanced { total: in_len, parts: p };
+        Ok(Call {
+            coll: Collective::AllReduce { average: op == ReduceOp::Avg },
+            op,
+            block_bytes: in_len.div_ceil(p) * std::mem::size_of::<T>(),
+            input: (inp, in_len, lay),
+            output: (out, out_len, lay),
+            scratch: lay,
+        })
+    }
+
+    fn broadcast_call<T: Element>(&self, buf: *mut T, len: usize, root: usize) -> Result<Call<T>> {
+        if root >= self.size() {
+            return Err(Error::invalid(format!(
+                "broadcast: root {root} is not a rank of this communicator of {}",
+                self.size()
+            )));
+        }
+        let lay = BlockLayout::Uniform { count: len, parts: 1 };
+        Ok(Call {
+            coll: Collective::Broadcast { root },
+            op: ReduceOp::Sum,
+            block_bytes: len * std::mem::size_of::<T>(),
+            input: (buf, len, lay),
+            output: (buf, len, lay),
+            scratch: BlockLayout::Uniform { count: 0, parts: 0 },
+        })
+    }
+
+    fn barrier_call(&self) -> Call<u8> {
+        let none = BlockLayout::Uniform { count: 0, parts: 0 };
+        Call {
+            coll: Collective::Barrier,
+            op: ReduceOp::Sum,
+            block_bytes: 0,
+            input: (std::ptr::null(), 0, none),
+            output: (std::ptr::null_mut(), 0, none),
+            scratch: none,
+        }
+    }
+}
+
+impl Inner {
+    fn algorithm_for(&self, coll: Collective, block_bytes: usize) -> Result<Algorithm> {
+        if let Some(a) = self.cfg.algo {
+            return Ok(plan::effective_algorithm(a, &self.topo));
+        }
+        let bucket = usize::BITS - block_bytes.leading_zeros();
+        if let Some(a) = lock(&self.choices).get(&(coll, bucket)) {
+            return Ok(*a);
+        }
+        let rank = self.transport.rank();
+        let (best, scored) = tuner::choose(coll, &self.topo, rank, block_bytes, &self.cfg.model)?;
+        if self.cfg.debug >= DebugLevel::Info && rank == 0 {
+            let table: Vec<String> = scored.iter().map(|(a, t)| format!("{a} {:.1}us", t * 1e6)).collect();
+            eprintln!(
+                "PCCL INFO {:?} {} B/block on {} ({}): {} [model: {}]",
+                coll,
+                block_bytes,
+                self.topo.describe(),
+                self.transport.name(),
+                best,
+                table.join(", ")
+            );
+        }
+        lock(&self.choices).insert((coll, bucket), best);
+        Ok(best)
+    }
+
+    fn plan(&self, coll: Collective, block_bytes: usize) -> Result<Arc<Plan>> {
+        let algo = self.algorithm_for(coll, block_bytes)?;
+        if let Some(p) = lock(&self.plans).get(&(coll, algo)) {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(plan::build(coll, algo, &self.topo, self.transport.rank())?);
+        if p.algorithm != algo && self.cfg.debug >= DebugLevel::Info {
+            eprintln!(
+                "PCCL INFO rank {}: {algo} needs nodes of equal size ({}); running {} instead",
+                self.transport.rank(),
+                self.topo.describe(),
+                p.algorithm
+            );
+        }
+        lock(&self.plans).insert((coll, algo), p.clone());
+        Ok(p)
+    }
+
+    /// Runs `call` on the calling thread, after any queued non-blocking collectives.
+    ///
+    /// # Safety
+    /// The buffers `call` points to must stay valid and otherwise untouched until it returns.
+    unsafe fn run_blocking<T: Element>(&self, call: Call<T>) -> Result<()> {
+        let tag = self.seq.fetch_add(1, Ordering::SeqCst);
+        let plan = self.plan(call.coll, call.block_bytes)?;
+        self.outstanding.wait_idle();
+        self.execute(&plan, call, tag)
+    }
+
+    /// Queues `call` on the progress worker; the request yields `keep` when it completes.
+    ///
+    /// # Safety
+    /// The buffers `call` points to must stay valid and untouched until the job completes;
+    /// the callers guarantee it by moving their owners into `keep`.
+    unsafe fn submit<T: Element, K: Send + 'static>(self: &Arc<Self>, call: Call<T>, keep: K) -> Result<Request<K>> {
+        let tag = self.seq.fetch_add(1, Ordering::SeqCst);
+        let plan = self.plan(call.coll, call.block_bytes)?;
+        let (req, done) = pair();
+        let me = self.clone();
+        self.outstanding.add();
+        let job = Box::new(move || {
+            let r = me.execute(&plan, call, tag).map(|()| keep);
+            me.outstanding.done();
+            done.complete(r);
+        });
+        let mut w = lock(&self.worker);
+        if w.is_none() {
+            *w = Some(Worker::start(format!("pccl-progress-{}", self.transport.rank())).inspect_err(|_| self.outstanding.done())?);
+        }
+        if let Some(worker) = w.as_ref() {
+            if let Err(e) = worker.submit(job) {
+                self.outstanding.done();
+                return Err(e);
+            }
+        } else {
+            return Err(lost());
+        }
+        Ok(req)
+    }
+
+    fn execute<T: Element>(&self, plan: &Plan, call: Call<T>, tag: u32) -> Result<()> {
+        let mut scratch = lock(&self.exec);
+        let words = (call.scratch.total() * std::mem::size_of::<T>()).div_ceil(8);
+        if scratch.len() < words {
+            scratch.resize(words, 0);
+        }
+        let s: &mut [T] = bytemuck::cast_slice_mut(&mut scratch[..words]);
+        let s_len = s.len();
+        // SAFETY: the front end guarantees input/output validity (see `run_blocking` and
+        // `submit`); the scratch slice is owned by the lock guard held for the whole call.
+        let mem = unsafe { Memory::from_raw(call.input, call.output, (s.as_mut_ptr(), s_len, call.scratch))? };
+        let opt = ExecOptions { tag, timeout: self.cfg.timeout, op: call.op };
+        execute(plan, self.transport.as_ref(), &mem, &opt)
+    }
+}

@@ -1,0 +1,124 @@
+//! Configuration from `PCCL_*` environment variables (all optional).
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `PCCL_DEBUG` | `WARN`, `INFO` (print each algorithm choice) or `TRACE` | `WARN` |
+//! | `PCCL_ALGO` | `auto`, `ring`, `rd`, `hier-rd`, `hier-ring`, `hier-INTER-INTRA` | `auto` |
+//! | `PCCL_RANKS_PER_NODE` | pretend nodes of this many consecutive ranks | real hosts |
+//! | `PCCL_TIMEOUT` | seconds any single wait may take before a timeout error | `300` |
+//! | `PCCL_CHUNK_SIZE` | bytes per pipelined piece of a large message | `1048576` |
+//! | `PCCL_MODEL` | cost-model parameters `a_intra,bw_intra,a_inter,bw_inter,bw_reduce` (µs, GB/s) | built in |
+
+use crate::error::{Error, Result};
+use crate::model::cost::CostParams;
+use crate::plan::Algorithm;
+use std::time::Duration;
+
+/// Verbosity of PCCL's diagnostics on stderr.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum DebugLevel {
+    /// Only warnings.
+    Warn,
+    /// Algorithm choices and communicator shapes.
+    Info,
+    /// Everything.
+    Trace,
+}
+
+/// Settings of a communicator.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Diagnostics level.
+    pub debug: DebugLevel,
+    /// Forced algorithm, or `None` for the tuner's choice.
+    pub algo: Option<Algorithm>,
+    /// Pretend nodes of this many consecutive ranks.
+    pub ranks_per_node: Option<usize>,
+    /// Limit of any single wait.
+    pub timeout: Duration,
+    /// Bytes per pipelined piece.
+    pub chunk_bytes: usize,
+    /// Cost-model parameters for the tuner.
+    pub model: CostParams,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            debug: DebugLevel::Warn,
+            algo: None,
+            ranks_per_node: None,
+            timeout: Duration::from_secs(300),
+            chunk_bytes: 1 << 20,
+            model: CostParams::default(),
+        }
+    }
+}
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+}
+
+fn parse_num<T: std::str::FromStr>(name: &str, v: &str) -> Result<T> {
+    v.parse().map_err(|_| Error::invalid(format!("{name}={v} is not a valid number")))
+}
+
+/// Parses a byte size such as `4096`, `64K`, `16M`, `1G`.
+pub fn parse_bytes(v: &str) -> Result<usize> {
+    let v = v.trim();
+    let (num, mult) = match v.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&v[..v.len() - 1], 1usize << 10),
+        Some('M') => (&v[..v.len() - 1], 1 << 20),
+        Some('G') => (&v[..v.len() - 1], 1 << 30),
+        _ => (v, 1),
+    };
+    let n: usize = num
+        .parse()
+        .map_err(|_| Error::invalid(format!("'{v}' is not a byte size (e.g. 4096, 64K, 16M, 1G)")))?;
+    n.checked_mul(mult).ok_or_else(|| Error::invalid(format!("byte size '{v}' overflows")))
+}
+
+impl Config {
+    /// Reads the `PCCL_*` variables; a malformed value is an error naming the variable.
+    pub fn from_env() -> Result<Self> {
+        let mut c = Config::default();
+        if let Some(v) = var("PCCL_DEBUG") {
+            c.debug = match v.to_ascii_uppercase().as_str() {
+                "WARN" | "VERSION" => DebugLevel::Warn,
+                "INFO" => DebugLevel::Info,
+                "TRACE" => DebugLevel::Trace,
+                _ => return Err(Error::invalid(format!("PCCL_DEBUG={v}: expected WARN, INFO or TRACE"))),
+            };
+        }
+        if let Some(v) = var("PCCL_ALGO") {
+            if v != "auto" {
+                c.algo = Some(v.parse()?);
+            }
+        }
+        if let Some(v) = var("PCCL_RANKS_PER_NODE") {
+            let m: usize = parse_num("PCCL_RANKS_PER_NODE", &v)?;
+            if m == 0 {
+                return Err(Error::invalid("PCCL_RANKS_PER_NODE must be at least 1"));
+            }
+            c.ranks_per_node = Some(m);
+        }
+        if let Some(v) = var("PCCL_TIMEOUT") {
+            let s: f64 = parse_num("PCCL_TIMEOUT", &v)?;
+            if !(s > 0.0 && s.is_finite()) {
+                return Err(Error::invalid("PCCL_TIMEOUT must be a positive number of seconds"));
+            }
+            c.timeout = Duration::from_secs_f64(s);
+        }
+        if let Some(v) = var("PCCL_CHUNK_SIZE") {
+            let b = parse_bytes(&v)?;
+            if b < 4096 {
+                return Err(Error::invalid("PCCL_CHUNK_SIZE must be at least 4096 bytes"));
+            }
+            c.chunk_bytes = b & !63;
+        }
+        if let Some(v) = var("PCCL_MODEL") {
+            c.model = v.parse()?;
+        }
+        Ok(c)
+    }
+}

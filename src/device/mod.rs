@@ -1,0 +1,3 @@
+//! Device kernels: reductions and block copies. Only the host (CPU) device exists so far.
+
+pub mod host;

@@ -1,0 +1,289 @@
+//! Runs one rank's plan: per phase, post every send, do the local copies, complete every
+//! receive (copying or reducing straight out of the transport's pieces), then wait for the
+//! sends. Large messages arrive in pieces (`PCCL_CHUNK_SIZE`), so the reduction of one piece
+//! overlaps the transfer of the next.
+
+use super::memory::Memory;
+use crate::dtype::{Element, ReduceOp};
+use crate::error::{Error, Result};
+use crate::plan::{Buf, Phase, Plan, Span, Step};
+use crate::transport::{SendOp, Tag, Transport};
+use std::time::{Duration, Instant};
+
+/// Per-call settings of the executor.
+#[derive(Clone, Copy, Debug)]
+pub struct ExecOptions {
+    /// Tag of this collective (its sequence number on the communicator).
+    pub tag: Tag,
+    /// How long any single wait may take before it fails with a timeout error.
+    pub timeout: Duration,
+    /// Reduction operator (ignored by plans without reductions).
+    pub op: ReduceOp,
+}
+
+/// A contiguous run of elements in one buffer.
+#[derive(Clone, Copy, Debug)]
+struct Seg {
+    buf: Buf,
+    off: usize,
+    len: usize,
+}
+
+fn segments<T>(mem: &Memory<'_, T>, spans: &[Span]) -> Vec<Seg> {
+    let mut v: Vec<Seg> = Vec::with_capacity(spans.len());
+    for s in spans {
+        let r = mem.elems(*s);
+        if r.is_empty() {
+            continue;
+        }
+        if let Some(last) = v.last_mut() {
+            if last.buf == s.buf && last.off + last.len == r.start {
+                last.len += r.len();
+                continue;
+            }
+        }
+        v.push(Seg { buf: s.buf, off: r.start, len: r.len() });
+    }
+    v
+}
+
+fn total(segs: &[Seg]) -> usize {
+    segs.iter().map(|s| s.len).sum()
+}
+
+/// Pairs of equally long pieces of two segment lists: `(message offset, len, a, b)`.
+fn zip_segments(a: &[Seg], b: &[Seg]) -> Vec<(usize, usize, Seg, Seg)> {
+    let mut out = Vec::new();
+    let (mut i, mut j, mut ai, mut bj, mut pos) = (0, 0, 0, 0, 0);
+    while i < a.len() && j < b.len() {
+        let n = (a[i].len - ai).min(b[j].len - bj);
+        out.push((
+            pos,
+            n,
+            Seg { buf: a[i].buf, off: a[i].off + ai, len: n },
+            Seg { buf: b[j].buf, off: b[j].off + bj, len: n },
+        ));
+        pos += n;
+        ai += n;
+        bj += n;
+        if ai == a[i].len {
+            i += 1;
+            ai = 0;
+        }
+        if bj == b[j].len {
+            j += 1;
+            bj = 0;
+        }
+    }
+    out
+}
+
+/// Calls `f(src_elems, piece)` for every part of `pieces` (message offset, length, payload)
+/// that overlaps the message elements `[e0, e0 + src.len())`.
+fn for_overlaps<T, P: Copy>(pieces: &[(usize, usize, P)], e0: usize, src: &[T], mut f: impl FnMut(&[T], P, usize)) {
+    let e1 = e0 + src.len();
+    // Pieces are sorted by offset: skip to the first that ends after e0.
+    let first = pieces.partition_point(|(off, len, _)| off + len <= e0);
+    for &(off, len, p) in &pieces[first..] {
+        if off >= e1 {
+            break;
+        }
+        let lo = off.max(e0);
+        let hi = (off + len).min(e1);
+        f(&src[lo - e0..hi - e0], p, lo - off);
+    }
+}
+
+fn as_elems<T: Element>(bytes: &[u8], scratch: &mut Vec<T>) -> Option<usize> {
+    match bytemuck::try_cast_slice::<u8, T>(bytes) {
+        Ok(_) => None,
+        Err(_) => {
+            // Misaligned piece (a transport's staging buffer): copy to aligned memory once.
+            *scratch = bytemuck::pod_collect_to_vec(bytes);
+            Some(scratch.len())
+        }
+    }
+}
+
+/// Runs `plan` on `tr` over `mem`. Every rank of the communicator must run its own plan of
+/// the same collective with the same tag.
+pub fn execute<T: Element>(plan: &Plan, tr: &dyn Transport, mem: &Memory<'_, T>, opt: &ExecOptions) -> Result<()> {
+    for phase in &plan.phases {
+        run_phase(phase, plan.nranks, tr, mem, opt)?;
+    }
+    Ok(())
+}
+
+fn run_phase<T: Element>(phase: &Phase, nranks: usize, tr: &dyn Transport, mem: &Memory<'_, T>, opt: &ExecOptions) -> Result<()> {
+    let es = std::mem::size_of::<T>();
+    let deadline = || Instant::now() + opt.timeout;
+    let mut staging: Vec<Vec<T>> = Vec::new();
+    let mut sends: Vec<Box<dyn SendOp>> = Vec::new();
+    let mut first_err: Option<Error> = None;
+
+    for step in &phase.steps {
+        if let Step::Send { peer, src } = step {
+            let segs = segments(mem, src);
+            let posted = if segs.len() <= 1 {
+                let (ptr, len) = match segs.first() {
+                    Some(s) => (mem.ptr_at(s.buf, s.off, s.len)?, s.len),
+                    None => (std::ptr::null(), 0),
+                };
+                // SAFETY: the send's memory is part of a caller buffer that outlives this call,
+                // and the plan never writes it during this phase; we wait for the send below.
+                unsafe { tr.isend(*peer, opt.tag, ptr as *const u8, len * es) }
+            } else {
+                let mut packed = Vec::with_capacity(total(&segs));
+                for s in &segs {
+                    // SAFETY: send sources are only read during the phase.
+                    packed.extend_from_slice(unsafe { mem.slice(s.buf, s.off, s.len) });
+                }
+                let (ptr, len) = (packed.as_ptr(), packed.len());
+                staging.push(packed);
+                // SAFETY: `packed` lives in `staging` (its heap block never moves) until the
+                // sends are waited for at the end of this function.
+                unsafe { tr.isend(*peer, opt.tag, ptr as *const u8, len * es) }
+            };
+            match posted {
+                Ok(op) => sends.push(op),
+                Err(e) => {
+                    first_err = Some(e);
+                    break;
+                }
+            }
+        }
+    }
+
+    if first_err.is_none() {
+        first_err = local_steps(phase, nranks, mem).err();
+    }
+    if first_err.is_none() {
+        for step in &phase.steps {
+            let r = match step {
+                Step::Recv { peer, dst } => recv_copy(tr, *peer, dst, mem, opt, deadline()),
+                Step::RecvReduce { peer, dst, with } => recv_reduce(tr, *peer, dst, with, mem, opt, deadline()),
+                _ => Ok(()),
+            };
+            if let Err(e) = r {
+                first_err = Some(e);
+                break;
+            }
+        }
+    }
+    // Always wait for the sends, even after an error: their memory must outlive them.
+    for s in sends {
+        if let Err(e) = s.wait(deadline()) {
+            first_err.get_or_insert(e);
+        }
+    }
+    drop(staging);
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+fn local_steps<T: Element>(phase: &Phase, nranks: usize, mem: &Memory<'_, T>) -> Result<()> {
+    for step in &phase.steps {
+        match step {
+            Step::Copy { src, dst } => {
+                let s = segments(mem, src);
+                let d = segments(mem, dst);
+                if total(&s) != total(&d) {
+                    return Err(Error::internal("copy between spans of different sizes"));
+                }
+                for (_, n, a, b) in zip_segments(&s, &d) {
+                    if mem.addr(a.buf, a.off) == mem.addr(b.buf, b.off) {
+                        continue; // in-place form: already where it belongs
+                    }
+                    // SAFETY: the plan writes `b` only here in this phase and `a` is not
+                    // written; distinct addresses of distinct blocks do not overlap.
+                    unsafe { mem.slice_mut(b.buf, b.off, n).copy_from_slice(mem.slice(a.buf, a.off, n)) };
+                }
+            }
+            Step::Average { dst } => {
+                for s in segments(mem, dst) {
+                    // SAFETY: the target of an average is touched by no other step of its phase.
+                    T::divide(unsafe { mem.slice_mut(s.buf, s.off, s.len) }, nranks);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn recv_copy<T: Element>(
+    tr: &dyn Transport,
+    peer: usize,
+    dst: &[Span],
+    mem: &Memory<'_, T>,
+    opt: &ExecOptions,
+    deadline: Instant,
+) -> Result<()> {
+    let segs = segments(mem, dst);
+    let es = std::mem::size_of::<T>();
+    if segs.len() == 1 {
+        let s = segs[0];
+        // SAFETY: the receive target is written by no other step of the phase and read by none.
+        let d = unsafe { mem.slice_mut(s.buf, s.off, s.len) };
+        return tr.recv_into(peer, opt.tag, bytemuck::cast_slice_mut(d), deadline);
+    }
+    let mut pieces = Vec::with_capacity(segs.len());
+    let mut pos = 0;
+    for s in &segs {
+        pieces.push((pos, s.len, *s));
+        pos += s.len;
+    }
+    let mut tmp: Vec<T> = Vec::new();
+    tr.recv(peer, opt.tag, pos * es, deadline, &mut |off, bytes| {
+        let src: &[T] = match as_elems::<T>(bytes, &mut tmp) {
+            None => bytemuck::cast_slice(bytes),
+            Some(_) => &tmp,
+        };
+        for_overlaps(&pieces, off / es, src, |part, s, at| {
+            // SAFETY: as above: receive targets are exclusive to this step.
+            unsafe { mem.slice_mut(s.buf, s.off + at, part.len()) }.copy_from_slice(part);
+        });
+    })
+}
+
+fn recv_reduce<T: Element>(
+    tr: &dyn Transport,
+    peer: usize,
+    dst: &[Span],
+    with: &[Span],
+    mem: &Memory<'_, T>,
+    opt: &ExecOptions,
+    deadline: Instant,
+) -> Result<()> {
+    let d = segments(mem, dst);
+    let w = segments(mem, with);
+    if total(&d) != total(&w) {
+        return Err(Error::internal("reduce operand and target differ in size"));
+    }
+    let es = std::mem::size_of::<T>();
+    let pieces: Vec<(usize, usize, (Seg, Seg))> =
+        zip_segments(&d, &w).into_iter().map(|(pos, n, a, b)| (pos, n, (a, b))).collect();
+    let op = opt.op;
+    let mut tmp: Vec<T> = Vec::new();
+    tr.recv(peer, opt.tag, total(&d) * es, deadline, &mut |off, bytes| {
+        let src: &[T] = match as_elems::<T>(bytes, &mut tmp) {
+            None => bytemuck::cast_slice(bytes),
+            Some(_) => &tmp,
+        };
+        for_overlaps(&pieces, off / es, src, |part, (ds, ws), at| {
+            let n = part.len();
+            if mem.addr(ds.buf, ds.off + at) == mem.addr(ws.buf, ws.off + at) {
+                // SAFETY: an in-place reduction; the target is exclusive to this step.
+                T::reduce_into(op, unsafe { mem.slice_mut(ds.buf, ds.off + at, n) }, part);
+            } else {
+                // SAFETY: target and operand are distinct blocks (never partially overlapping),
+                // and the target is exclusive to this step.
+                unsafe {
+                    T::reduce3(op, mem.slice_mut(ds.buf, ds.off + at, n), mem.slice(ws.buf, ws.off + at, n), part)
+                };
+            }
+        });
+    })
+}

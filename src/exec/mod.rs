@@ -1,0 +1,7 @@
+//! The executor: runs a [`crate::plan::Plan`] on a transport and the host kernels.
+
+pub mod executor;
+pub mod memory;
+
+pub use executor::{execute, ExecOptions};
+pub use memory::{BlockLayout, Memory};

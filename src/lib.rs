@@ -1,0 +1,24 @@
+//! PCCL: hierarchical collectives for sharded training.
+//!
+//! Layers, top to bottom: the [`Communicator`] (front end), the planner ([`plan`]: algorithms
+//! as data), the executor ([`exec`]), the transports ([`transport`]), the device kernels
+//! ([`device`]), the [`topology`] and the cost [`model`].
+
+pub mod comm;
+pub mod config;
+pub mod device;
+pub mod dtype;
+pub mod error;
+pub mod exec;
+pub mod model;
+pub mod plan;
+pub mod topology;
+pub mod transport;
+
+pub use comm::communicator::Communicator;
+pub use comm::request::Request;
+pub use dtype::{DType, Element, ReduceOp};
+pub use error::{Error, ErrorKind, Result};
+pub use plan::{Algorithm, LevelAlgo};
+pub use topology::Topology;
+pub use transport::threads::ThreadWorld;

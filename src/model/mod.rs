@@ -1,0 +1,4 @@
+//! The α-β-γ cost model and the tuner that picks algorithms from it.
+
+pub mod cost;
+pub mod tuner;

@@ -1,0 +1,76 @@
+//! The two-level algorithms.
+//!
+//! All-gather: (1) among the ranks with the same local index on every node (all `M` such
+//! groups at once), (2) inside the node, each local rank contributing the `N` blocks it
+//! gathered. The blocks of local rank `m` sit at positions `nodes[n][m]` of the output, so
+//! step (2) sends strided block lists: the executor packs and unpacks them, which *is* the
+//! local transpose of the layout, fused into the copy the transfer makes anyway.
+//!
+//! Reduce-scatter is the mirror image: (1) inside the node, reduce-scatter units made of the
+//! `N` blocks destined to one local index (the transpose, fused again); (2) among ranks with
+//! the same local index. Every rank moves the minimal `(N-1)` blocks over the network.
+
+use super::{level_allgather, level_reduce_scatter, Buf, Level, LevelAlgo, Phase, Span, Spans, Step};
+use crate::topology::Topology;
+
+/// Two-level all-gather from `Input[0]` into `Output`.
+pub fn allgather(topo: &Topology, rank: usize, inter: LevelAlgo, intra: LevelAlgo) -> Vec<Phase> {
+    let mut ph = vec![Phase::of(vec![Step::Copy {
+        src: vec![Span::block(Buf::Input, 0)],
+        dst: vec![Span::block(Buf::Output, rank)],
+    }])];
+    ph.extend(allgather_in_output(topo, rank, inter, intra));
+    ph
+}
+
+/// Two-level all-gather of `Output` blocks, each rank's own block already in place.
+pub fn allgather_in_output(topo: &Topology, rank: usize, inter: LevelAlgo, intra: LevelAlgo) -> Vec<Phase> {
+    let nodes = topo.nodes();
+    let (n, m) = topo.position(rank);
+    let nn = nodes.len();
+    let mm = nodes[n].len();
+    let inter_group: Vec<usize> = (0..nn).map(|x| nodes[x][m]).collect();
+    let inter_units: Vec<Spans> = inter_group.iter().map(|&r| vec![Span::block(Buf::Output, r)]).collect();
+    let mut ph = level_allgather(inter, Level { group: &inter_group, me: n }, &inter_units);
+    let intra_units: Vec<Spans> = (0..mm)
+        .map(|lm| {
+            let mut v = Spans::new();
+            for node in nodes.iter() {
+                super::push_span(&mut v, Span::block(Buf::Output, node[lm]));
+            }
+            v
+        })
+        .collect();
+    ph.extend(level_allgather(intra, Level { group: &nodes[n], me: m }, &intra_units));
+    ph
+}
+
+/// Two-level reduce-scatter of `Input` (one block per rank) whose own result lands in `out`.
+pub fn reduce_scatter(topo: &Topology, rank: usize, inter: LevelAlgo, intra: LevelAlgo, out: Span) -> Vec<Phase> {
+    let nodes = topo.nodes();
+    let (n, m) = topo.position(rank);
+    let nn = nodes.len();
+    let mm = nodes[n].len();
+    let unit_of = |buf: Buf, lm: usize| -> Spans {
+        let mut v = Spans::new();
+        for node in nodes.iter() {
+            super::push_span(&mut v, Span::block(buf, node[lm]));
+        }
+        v
+    };
+    let mut ph = Vec::new();
+    // Where each block's node-local partial sum is after the intra-node level.
+    let partial = if mm > 1 {
+        let src: Vec<Spans> = (0..mm).map(|lm| unit_of(Buf::Input, lm)).collect();
+        let work: Vec<Spans> = (0..mm).map(|lm| unit_of(Buf::Scratch, lm)).collect();
+        ph.extend(level_reduce_scatter(intra, Level { group: &nodes[n], me: m }, &src, &work, &work[m].clone()));
+        Buf::Scratch
+    } else {
+        Buf::Input
+    };
+    let inter_group: Vec<usize> = (0..nn).map(|x| nodes[x][m]).collect();
+    let src: Vec<Spans> = inter_group.iter().map(|&r| vec![Span::block(partial, r)]).collect();
+    let work: Vec<Spans> = inter_group.iter().map(|&r| vec![Span::block(Buf::Scratch, r)]).collect();
+    ph.extend(level_reduce_scatter(inter, Level { group: &inter_group, me: n }, &src, &work, &vec![out]));
+    ph
+}

@@ -1,0 +1,412 @@
+//! Algorithms as data.
+//!
+//! A [`Plan`] is what one rank does for one collective: a list of [`Phase`]s, each a set of
+//! [`Step`]s (send, receive, receive-and-reduce, local copy, average) on *block spans*. The
+//! planner never touches memory or a transport: the executor runs plans, the checker
+//! ([`check`]) proves them correct symbolically for every rank, and the cost model times them.
+//!
+//! Blocks: every buffer of a collective is cut into blocks; for all-gather and reduce-scatter
+//! a block is one rank's share, for all-reduce the vector is cut into `P` balanced blocks.
+//! A message is the concatenation of its spans' blocks, in order, and the receiver's spans
+//! list the same blocks in the same order.
+//!
+//! Semantics of a phase: every read (send sources, copy sources, reduce operands) sees the
+//! state at the start of the phase; every write targets positions no other step of the phase
+//! reads or writes (the checker enforces this), so steps of a phase may run in any order.
+
+pub mod broadcast;
+pub mod check;
+pub mod hierarchical;
+pub mod recursive;
+pub mod ring;
+
+use crate::error::{Error, Result};
+use crate::topology::Topology;
+use std::fmt;
+use std::str::FromStr;
+
+/// Which buffer of a collective a span lies in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Buf {
+    /// The caller's input (send) buffer.
+    Input,
+    /// The caller's output (receive) buffer.
+    Output,
+    /// Executor-owned working space, laid out like the input (reduce-scatter) or output.
+    Scratch,
+}
+
+/// A run of `len` consecutive blocks of buffer `buf`, starting at block `start`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Span {
+    /// The buffer.
+    pub buf: Buf,
+    /// First block.
+    pub start: usize,
+    /// Number of blocks.
+    pub len: usize,
+}
+
+impl Span {
+    /// One block.
+    pub fn block(buf: Buf, index: usize) -> Self {
+        Span { buf, start: index, len: 1 }
+    }
+}
+
+/// A list of spans, merged where adjacent.
+pub type Spans = Vec<Span>;
+
+/// Appends `s` to `v`, merging it with the last span when they are adjacent.
+pub fn push_span(v: &mut Spans, s: Span) {
+    if s.len == 0 {
+        return;
+    }
+    if let Some(last) = v.last_mut() {
+        if last.buf == s.buf && last.start + last.len == s.start {
+            last.len += s.len;
+            return;
+        }
+    }
+    v.push(s);
+}
+
+/// Concatenates span lists, merging adjacent spans.
+pub fn concat<'a>(parts: impl IntoIterator<Item = &'a Spans>) -> Spans {
+    let mut v = Spans::new();
+    for p in parts {
+        for s in p {
+            push_span(&mut v, *s);
+        }
+    }
+    v
+}
+
+/// Total blocks in a span list.
+pub fn blocks(spans: &[Span]) -> usize {
+    spans.iter().map(|s| s.len).sum()
+}
+
+/// One action of a phase.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Send the blocks of `src` to communicator rank `peer`.
+    Send { peer: usize, src: Spans },
+    /// Receive a message from `peer` into `dst`.
+    Recv { peer: usize, dst: Spans },
+    /// Receive a message from `peer` and store `with ⊕ message` into `dst`
+    /// (`with` may equal `dst`: an in-place reduction).
+    RecvReduce { peer: usize, dst: Spans, with: Spans },
+    /// Local copy of `src` to `dst` (the same number of blocks).
+    Copy { src: Spans, dst: Spans },
+    /// Divide `dst` by the number of ranks (the last act of an average).
+    Average { dst: Spans },
+}
+
+/// Steps that run together; see the module docs for their semantics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Phase {
+    /// The steps of this phase.
+    pub steps: Vec<Step>,
+}
+
+impl Phase {
+    /// A phase of the given steps.
+    pub fn of(steps: Vec<Step>) -> Self {
+        Phase { steps }
+    }
+}
+
+/// The collective a plan implements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Collective {
+    /// Every rank contributes one block; every rank gets all `P` in rank order.
+    AllGather,
+    /// Every rank contributes `P` blocks; rank `i` gets the reduction of everyone's block `i`.
+    ReduceScatter {
+        /// Whether the result is divided by `P` at the end.
+        average: bool,
+    },
+    /// Reduce-scatter followed by all-gather over `P` balanced blocks.
+    AllReduce {
+        /// Whether the result is divided by `P`.
+        average: bool,
+    },
+    /// The root's one block reaches every rank.
+    Broadcast {
+        /// The rank whose data is sent.
+        root: usize,
+    },
+    /// No data; no rank leaves before every rank has entered.
+    Barrier,
+}
+
+/// Per-level algorithm choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LevelAlgo {
+    /// Ring: `k-1` steps, one block per step.
+    Ring,
+    /// Recursive doubling / halving (XOR pairs for powers of two, Bruck-style dissemination
+    /// otherwise): `ceil(lg k)` steps.
+    Rd,
+}
+
+/// The algorithm of a whole collective.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// One level over all ranks.
+    Flat(LevelAlgo),
+    /// Two levels: `inter` among ranks with the same local index, `intra` within a node.
+    Hier {
+        /// Algorithm among nodes.
+        inter: LevelAlgo,
+        /// Algorithm inside a node.
+        intra: LevelAlgo,
+    },
+}
+
+impl Algorithm {
+    /// The name printed by `PCCL_DEBUG=INFO` and accepted by `PCCL_ALGO` / `--algo`.
+    pub fn name(self) -> String {
+        match self {
+            Algorithm::Flat(LevelAlgo::Ring) => "ring".into(),
+            Algorithm::Flat(LevelAlgo::Rd) => "rd".into(),
+            Algorithm::Hier { inter: LevelAlgo::Rd, intra: LevelAlgo::Ring } => "hier-rd".into(),
+            Algorithm::Hier { inter: LevelAlgo::Ring, intra: LevelAlgo::Ring } => "hier-ring".into(),
+            Algorithm::Hier { inter, intra } => {
+                format!("hier-{}-{}", level_name(inter), level_name(intra))
+            }
+        }
+    }
+}
+
+fn level_name(l: LevelAlgo) -> &'static str {
+    match l {
+        LevelAlgo::Ring => "ring",
+        LevelAlgo::Rd => "rd",
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let lvl = |x: &str| match x {
+            "ring" => Some(LevelAlgo::Ring),
+            "rd" => Some(LevelAlgo::Rd),
+            _ => None,
+        };
+        let parsed = match s {
+            "ring" => Some(Algorithm::Flat(LevelAlgo::Ring)),
+            "rd" => Some(Algorithm::Flat(LevelAlgo::Rd)),
+            "hier-rd" => Some(Algorithm::Hier { inter: LevelAlgo::Rd, intra: LevelAlgo::Ring }),
+            "hier-ring" => Some(Algorithm::Hier { inter: LevelAlgo::Ring, intra: LevelAlgo::Ring }),
+            _ => s.strip_prefix("hier-").and_then(|rest| {
+                let (a, b) = rest.split_once('-')?;
+                Some(Algorithm::Hier { inter: lvl(a)?, intra: lvl(b)? })
+            }),
+        };
+        parsed.ok_or_else(|| {
+            Error::invalid(format!(
+                "unknown algorithm '{s}': expected ring, rd, hier-rd, hier-ring or hier-INTER-INTRA \
+                 with INTER, INTRA in {{ring, rd}}"
+            ))
+        })
+    }
+}
+
+/// What one rank does for one collective.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The collective.
+    pub collective: Collective,
+    /// The algorithm that produced the plan (after any fallback).
+    pub algorithm: Algorithm,
+    /// This rank.
+    pub rank: usize,
+    /// Ranks in the communicator.
+    pub nranks: usize,
+    /// The phases, in order.
+    pub phases: Vec<Phase>,
+}
+
+impl Plan {
+    /// Number of messages this rank sends.
+    pub fn sends(&self) -> usize {
+        self.phases
+            .iter()
+            .flat_map(|p| &p.steps)
+            .filter(|s| matches!(s, Step::Send { .. }))
+            .count()
+    }
+}
+
+/// One level of a plan: the ranks taking part, in the order the algorithm numbers them, and
+/// this rank's index among them.
+#[derive(Clone, Copy, Debug)]
+pub struct Level<'a> {
+    /// Communicator ranks of the members.
+    pub group: &'a [usize],
+    /// This rank's index in `group`.
+    pub me: usize,
+}
+
+impl Level<'_> {
+    /// Members in the level.
+    pub fn size(&self) -> usize {
+        self.group.len()
+    }
+    /// Communicator rank of member `i` (taken modulo the size).
+    pub fn peer(&self, i: usize) -> usize {
+        self.group[i % self.group.len()]
+    }
+}
+
+/// Builds the plan of `rank` for `collective` with `algorithm` on `topo`. A hierarchical
+/// algorithm on nodes of unequal size falls back to the flat one of its inter-node level
+/// (the returned plan's `algorithm` says so).
+pub fn build(collective: Collective, algorithm: Algorithm, topo: &Topology, rank: usize) -> Result<Plan> {
+    let p = topo.nranks();
+    if rank >= p {
+        return Err(Error::invalid(format!("rank {rank} is outside a communicator of {p} ranks")));
+    }
+    let algorithm = effective_algorithm(algorithm, topo);
+    let phases = match collective {
+        Collective::Barrier => broadcast::barrier(rank, p),
+        Collective::Broadcast { root } => {
+            if root >= p {
+                return Err(Error::invalid(format!(
+                    "broadcast root {root} is outside a communicator of {p} ranks"
+                )));
+            }
+            broadcast::binomial(rank, p, root)
+        }
+        Collective::AllGather => match algorithm {
+            Algorithm::Flat(a) => flat_allgather(a, rank, p),
+            Algorithm::Hier { inter, intra } => hierarchical::allgather(topo, rank, inter, intra),
+        },
+        Collective::ReduceScatter { average } => {
+            let mut ph = match algorithm {
+                Algorithm::Flat(a) => flat_reduce_scatter(a, rank, p, Span::block(Buf::Output, 0)),
+                Algorithm::Hier { inter, intra } => {
+                    hierarchical::reduce_scatter(topo, rank, inter, intra, Span::block(Buf::Output, 0))
+                }
+            };
+            if average {
+                ph.push(Phase::of(vec![Step::Average { dst: vec![Span::block(Buf::Output, 0)] }]));
+            }
+            ph
+        }
+        Collective::AllReduce { average } => {
+            let mine = Span::block(Buf::Output, rank);
+            let mut ph = match algorithm {
+                Algorithm::Flat(a) => flat_reduce_scatter(a, rank, p, mine),
+                Algorithm::Hier { inter, intra } => hierarchical::reduce_scatter(topo, rank, inter, intra, mine),
+            };
+            if average {
+                ph.push(Phase::of(vec![Step::Average { dst: vec![mine] }]));
+            }
+            ph.extend(match algorithm {
+                Algorithm::Flat(a) => flat_allgather_in_output(a, rank, p),
+                Algorithm::Hier { inter, intra } => hierarchical::allgather_in_output(topo, rank, inter, intra),
+            });
+            ph
+        }
+    };
+    Ok(Plan { collective, algorithm, rank, nranks: p, phases })
+}
+
+/// The algorithm that will actually run: hierarchical needs nodes of equal size and more
+/// than one level; otherwise the flat algorithm of the inter-node level.
+pub fn effective_algorithm(algorithm: Algorithm, topo: &Topology) -> Algorithm {
+    match algorithm {
+        Algorithm::Hier { inter, .. } if !topo.is_regular() => Algorithm::Flat(inter),
+        a => a,
+    }
+}
+
+fn flat_units(p: usize, buf: Buf) -> Vec<Spans> {
+    (0..p).map(|b| vec![Span::block(buf, b)]).collect()
+}
+
+fn flat_group(p: usize) -> Vec<usize> {
+    (0..p).collect()
+}
+
+fn flat_allgather(a: LevelAlgo, rank: usize, p: usize) -> Vec<Phase> {
+    let mut ph = vec![Phase::of(vec![Step::Copy {
+        src: vec![Span::block(Buf::Input, 0)],
+        dst: vec![Span::block(Buf::Output, rank)],
+    }])];
+    ph.extend(flat_allgather_in_output(a, rank, p));
+    ph
+}
+
+fn flat_allgather_in_output(a: LevelAlgo, rank: usize, p: usize) -> Vec<Phase> {
+    let group = flat_group(p);
+    let lvl = Level { group: &group, me: rank };
+    let units = flat_units(p, Buf::Output);
+    level_allgather(a, lvl, &units)
+}
+
+fn flat_reduce_scatter(a: LevelAlgo, rank: usize, p: usize, out: Span) -> Vec<Phase> {
+    let group = flat_group(p);
+    let lvl = Level { group: &group, me: rank };
+    let src = flat_units(p, Buf::Input);
+    let work = flat_units(p, Buf::Scratch);
+    level_reduce_scatter(a, lvl, &src, &work, &vec![out])
+}
+
+/// All-gather among the members of `lvl`: member `i` owns `units[i]` (already in place) and
+/// ends with every unit.
+pub fn level_allgather(a: LevelAlgo, lvl: Level<'_>, units: &[Spans]) -> Vec<Phase> {
+    match a {
+        LevelAlgo::Ring => ring::allgather(lvl, units),
+        LevelAlgo::Rd => recursive::allgather(lvl, units),
+    }
+}
+
+/// Reduce-scatter among the members of `lvl`: every member holds its contribution to unit
+/// `j` at `src[j]`; member `i` ends with the reduction of all contributions to unit `i` at
+/// `out`, using `work[j]` as scratch for partial sums.
+pub fn level_reduce_scatter(a: LevelAlgo, lvl: Level<'_>, src: &[Spans], work: &[Spans], out: &Spans) -> Vec<Phase> {
+    if lvl.size() == 1 {
+        return vec![Phase::of(vec![Step::Copy { src: src[0].clone(), dst: out.clone() }])];
+    }
+    match a {
+        LevelAlgo::Ring => ring::reduce_scatter(lvl, src, work, out),
+        LevelAlgo::Rd => recursive::reduce_scatter(lvl, src, work, out),
+    }
+}
+
+/// Tracks, while a reduce-scatter is generated, whether a unit's partial sum lives in the
+/// source (never reduced yet) or in the work area.
+pub(crate) struct Partials<'a> {
+    src: &'a [Spans],
+    work: &'a [Spans],
+    written: Vec<bool>,
+}
+
+impl<'a> Partials<'a> {
+    pub(crate) fn new(src: &'a [Spans], work: &'a [Spans]) -> Self {
+        Partials { src, work, written: vec![false; src.len()] }
+    }
+    /// Where unit `u`'s current partial sum is.
+    pub(crate) fn current(&self, u: usize) -> &'a Spans {
+        if self.written[u] {
+            &self.work[u]
+        } else {
+            &self.src[u]
+        }
+    }
+    /// Where unit `u`'s next partial sum goes (and records it).
+    pub(crate) fn next(&mut self, u: usize) -> &'a Spans {
+        self.written[u] = true;
+        &self.work[u]
+    }
+}

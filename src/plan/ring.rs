@@ -1,0 +1,40 @@
+//! Ring all-gather and reduce-scatter: `k-1` steps, each moving one unit to the next member.
+
+use super::{Level, Partials, Phase, Spans, Step};
+
+/// Ring all-gather: at step `t` member `i` forwards unit `i-t` and receives unit `i-t-1`.
+pub fn allgather(lvl: Level<'_>, units: &[Spans]) -> Vec<Phase> {
+    let k = lvl.size();
+    let i = lvl.me;
+    (0..k.saturating_sub(1))
+        .map(|t| {
+            let su = (i + k - t) % k;
+            let ru = (i + 2 * k - t - 1) % k;
+            Phase::of(vec![
+                Step::Send { peer: lvl.peer(i + 1), src: units[su].clone() },
+                Step::Recv { peer: lvl.peer(i + k - 1), dst: units[ru].clone() },
+            ])
+        })
+        .collect()
+}
+
+/// Ring reduce-scatter: at step `t` member `i` sends its partial sum of unit `i-t-1` and folds
+/// the received partial of unit `i-t-2` into its own; the last step lands unit `i` in `out`.
+pub fn reduce_scatter(lvl: Level<'_>, src: &[Spans], work: &[Spans], out: &Spans) -> Vec<Phase> {
+    let k = lvl.size();
+    let i = lvl.me;
+    let mut parts = Partials::new(src, work);
+    (0..k - 1)
+        .map(|t| {
+            let su = (i + 2 * k - t - 1) % k;
+            let ru = (i + 2 * k - t - 2) % k;
+            let send = parts.current(su).clone();
+            let with = parts.current(ru).clone();
+            let dst = if t == k - 2 { out.clone() } else { parts.next(ru).clone() };
+            Phase::of(vec![
+                Step::Send { peer: lvl.peer(i + 1), src: send },
+                Step::RecvReduce { peer: lvl.peer(i + k - 1), dst, with },
+            ])
+        })
+        .collect()
+}

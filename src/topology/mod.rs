@@ -1,0 +1,94 @@
+//! Which ranks share a node, and each rank's local index.
+
+/// The node structure of a communicator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Topology {
+    nodes: Vec<Vec<usize>>,
+    position: Vec<(usize, usize)>,
+}
+
+impl Topology {
+    /// Groups ranks by a per-rank node key (a host id), nodes ordered by their lowest rank and
+    /// ranks inside a node in rank order.
+    pub fn from_node_keys(keys: &[u64]) -> Self {
+        let mut nodes: Vec<Vec<usize>> = Vec::new();
+        let mut index: Vec<(u64, usize)> = Vec::new();
+        for (r, &k) in keys.iter().enumerate() {
+            match index.iter().find(|(key, _)| *key == k) {
+                Some(&(_, n)) => nodes[n].push(r),
+                None => {
+                    index.push((k, nodes.len()));
+                    nodes.push(vec![r]);
+                }
+            }
+        }
+        Self::from_nodes(nodes)
+    }
+
+    /// `p` ranks on nodes of `m` consecutive ranks (the last node may be smaller).
+    pub fn uniform(p: usize, m: usize) -> Self {
+        let m = m.max(1);
+        let keys: Vec<u64> = (0..p).map(|r| (r / m) as u64).collect();
+        Self::from_node_keys(&keys)
+    }
+
+    /// Builds from explicit node membership lists (every rank exactly once).
+    pub fn from_nodes(nodes: Vec<Vec<usize>>) -> Self {
+        let p: usize = nodes.iter().map(Vec::len).sum();
+        let mut position = vec![(0, 0); p];
+        for (n, node) in nodes.iter().enumerate() {
+            for (m, &r) in node.iter().enumerate() {
+                position[r] = (n, m);
+            }
+        }
+        Topology { nodes, position }
+    }
+
+    /// Number of ranks.
+    pub fn nranks(&self) -> usize {
+        self.position.len()
+    }
+    /// The nodes, each a list of communicator ranks.
+    pub fn nodes(&self) -> &[Vec<usize>] {
+        &self.nodes
+    }
+    /// `(node, local index)` of `rank`.
+    pub fn position(&self, rank: usize) -> (usize, usize) {
+        self.position[rank]
+    }
+    /// True when every node has the same number of ranks (the hierarchical algorithms need it).
+    pub fn is_regular(&self) -> bool {
+        self.nodes.windows(2).all(|w| w[0].len() == w[1].len())
+    }
+    /// Ranks per node when all nodes are the same size.
+    pub fn ranks_per_node(&self) -> Option<usize> {
+        self.is_regular().then(|| self.nodes.first().map_or(1, Vec::len))
+    }
+    /// A short description such as `2x4` or `irregular [4, 2]`.
+    pub fn describe(&self) -> String {
+        match self.ranks_per_node() {
+            Some(m) => format!("{}x{}", self.nodes.len(), m),
+            None => format!("irregular {:?}", self.nodes.iter().map(Vec::len).collect::<Vec<_>>()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interleaved_host_keys_group_into_nodes() {
+        let t = Topology::from_node_keys(&[7, 9, 7, 9]);
+        assert_eq!(t.nodes(), &[vec![0, 2], vec![1, 3]]);
+        assert_eq!(t.position(3), (1, 1));
+        assert_eq!(t.describe(), "2x2");
+    }
+
+    #[test]
+    fn partial_last_node_is_irregular() {
+        let t = Topology::uniform(6, 4);
+        assert!(!t.is_regular());
+        assert_eq!(t.describe(), "irregular [4, 2]");
+    }
+}

@@ -1,0 +1,82 @@
+//! Transports move bytes between the ranks of a communicator. They know nothing of plans.
+//!
+//! The contract is point-to-point and ordered: messages between one pair of ranks arrive in
+//! the order they were posted, and a receive names the exact length it expects (a mismatch is
+//! an error naming both ranks, which catches ranks that disagree on counts).
+
+pub mod threads;
+
+#[cfg(feature = "mpi")]
+pub mod mpi;
+
+use crate::error::Result;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Identifies the collective a message belongs to (a per-communicator sequence number).
+pub type Tag = u32;
+
+/// A posted send.
+pub trait SendOp: Send {
+    /// Blocks until the data has been handed over (the buffer may then be reused), or the
+    /// deadline passes.
+    fn wait(self: Box<Self>, deadline: Instant) -> Result<()>;
+}
+
+/// Point-to-point transport among the ranks of one communicator.
+pub trait Transport: Send + Sync {
+    /// This rank.
+    fn rank(&self) -> usize;
+    /// Number of ranks.
+    fn size(&self) -> usize;
+    /// Short name (`threads`, `mpi`).
+    fn name(&self) -> &'static str;
+    /// A key equal on ranks that share a node (host), used to build the topology.
+    fn node_key(&self) -> u64;
+
+    /// Posts a send of `len` bytes at `ptr` to `peer`.
+    ///
+    /// # Safety
+    /// The `len` bytes at `ptr` must stay valid and unmodified until the returned op's
+    /// `wait` has returned (successfully or not).
+    unsafe fn isend(&self, peer: usize, tag: Tag, ptr: *const u8, len: usize) -> Result<Box<dyn SendOp>>;
+
+    /// Receives the next message from `peer`, which must be exactly `len` bytes, handing it to
+    /// `sink` as consecutive `(offset, bytes)` pieces in order.
+    fn recv(
+        &self,
+        peer: usize,
+        tag: Tag,
+        len: usize,
+        deadline: Instant,
+        sink: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()>;
+
+    /// Receives the next message from `peer` straight into `dst` (exactly `dst.len()` bytes).
+    fn recv_into(&self, peer: usize, tag: Tag, dst: &mut [u8], deadline: Instant) -> Result<()> {
+        let len = dst.len();
+        self.recv(peer, tag, len, deadline, &mut |off, b| dst[off..off + b.len()].copy_from_slice(b))
+    }
+
+    /// The transport of a sub-communicator made of `members` (ranks of this transport, in
+    /// the new rank order; this rank among them). `ctx` is a key every member computed the
+    /// same way and no other live sub-communicator of the same parent shares.
+    fn subset(&self, members: &[usize], ctx: u64) -> Result<Arc<dyn Transport>>;
+}
+
+/// A 64-bit FNV-1a hash, used for host-name node keys and sub-communicator contexts.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// This host's name, for node grouping.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}

@@ -1,0 +1,121 @@
+//! Symbolic proofs that every algorithm delivers exactly the right contributions to every
+//! output block, for every rank count 1..=64 and every N x M node shape, in-place and not.
+
+use pccl::plan::check::check_plans;
+use pccl::plan::{build, Algorithm, Collective, LevelAlgo, Plan};
+use pccl::Topology;
+
+const ALGOS: [Algorithm; 6] = [
+    Algorithm::Flat(LevelAlgo::Ring),
+    Algorithm::Flat(LevelAlgo::Rd),
+    Algorithm::Hier { inter: LevelAlgo::Rd, intra: LevelAlgo::Ring },
+    Algorithm::Hier { inter: LevelAlgo::Ring, intra: LevelAlgo::Ring },
+    Algorithm::Hier { inter: LevelAlgo::Rd, intra: LevelAlgo::Rd },
+    Algorithm::Hier { inter: LevelAlgo::Ring, intra: LevelAlgo::Rd },
+];
+
+fn plans(coll: Collective, algo: Algorithm, topo: &Topology) -> Vec<Plan> {
+    (0..topo.nranks()).map(|r| build(coll, algo, topo, r).expect("plan builds")).collect()
+}
+
+fn check_all(coll: Collective, algo: Algorithm, topo: &Topology) {
+    let ps = plans(coll, algo, topo);
+    for inplace in [false, true] {
+        if let Err(e) = check_plans(coll, &ps, inplace) {
+            panic!("{coll:?} {algo} on {} (inplace={inplace}): {e}", topo.describe());
+        }
+    }
+}
+
+fn collectives(p: usize) -> Vec<Collective> {
+    vec![
+        Collective::AllGather,
+        Collective::ReduceScatter { average: false },
+        Collective::ReduceScatter { average: true },
+        Collective::AllReduce { average: false },
+        Collective::AllReduce { average: true },
+        Collective::Broadcast { root: 0 },
+        Collective::Broadcast { root: p - 1 },
+        Collective::Barrier,
+    ]
+}
+
+#[test]
+fn every_algorithm_is_correct_for_every_rank_count_and_node_shape_up_to_64() {
+    for p in 1..=64usize {
+        for m in (1..=p).filter(|m| p % m == 0) {
+            let topo = Topology::uniform(p, m);
+            for coll in collectives(p) {
+                for algo in ALGOS {
+                    check_all(coll, algo, &topo);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn interleaved_rank_placement_is_handled() {
+    // Round-robin placement: rank r on node r % N.
+    for (n, m) in [(2, 3), (3, 2), (4, 4), (3, 5)] {
+        let keys: Vec<u64> = (0..n * m).map(|r| (r % n) as u64).collect();
+        let topo = Topology::from_node_keys(&keys);
+        for coll in collectives(n * m) {
+            for algo in ALGOS {
+                check_all(coll, algo, &topo);
+            }
+        }
+    }
+}
+
+#[test]
+fn unequal_nodes_fall_back_to_a_correct_flat_algorithm() {
+    for sizes in [vec![4, 2], vec![3, 1], vec![1, 2, 3], vec![5, 5, 2]] {
+        let mut nodes = Vec::new();
+        let mut r = 0;
+        for s in sizes {
+            nodes.push((r..r + s).collect::<Vec<_>>());
+            r += s;
+        }
+        let topo = Topology::from_nodes(nodes);
+        for coll in collectives(r) {
+            for algo in ALGOS {
+                let ps = plans(coll, algo, &topo);
+                assert!(matches!(ps[0].algorithm, Algorithm::Flat(_)));
+                check_all(coll, algo, &topo);
+            }
+        }
+    }
+}
+
+#[test]
+fn large_rank_counts_are_correct() {
+    // Thousands of ranks: the scalable algorithms, in a few shapes.
+    let cases: [(usize, usize, Algorithm); 6] = [
+        (1000, 8, Algorithm::Hier { inter: LevelAlgo::Rd, intra: LevelAlgo::Ring }),
+        (1000, 1, Algorithm::Flat(LevelAlgo::Rd)),
+        (2048, 8, Algorithm::Hier { inter: LevelAlgo::Rd, intra: LevelAlgo::Ring }),
+        (2048, 1, Algorithm::Flat(LevelAlgo::Ring)),
+        (4096, 8, Algorithm::Hier { inter: LevelAlgo::Rd, intra: LevelAlgo::Ring }),
+        (4096, 64, Algorithm::Hier { inter: LevelAlgo::Ring, intra: LevelAlgo::Rd }),
+    ];
+    for (p, m, algo) in cases {
+        let topo = Topology::uniform(p, m);
+        for coll in [Collective::AllGather, Collective::ReduceScatter { average: true }] {
+            let ps = plans(coll, algo, &topo);
+            check_plans(coll, &ps, false).unwrap_or_else(|e| panic!("{coll:?} {algo} P={p} M={m}: {e}"));
+        }
+    }
+}
+
+#[test]
+fn logarithmic_algorithms_take_ceil_log2_steps() {
+    for p in [5usize, 8, 12, 1000] {
+        let topo = Topology::uniform(p, p);
+        let plan = build(Collective::AllGather, Algorithm::Flat(LevelAlgo::Rd), &topo, 0).unwrap();
+        let steps = (usize::BITS - (p - 1).leading_zeros()) as usize;
+        assert_eq!(plan.sends(), steps, "P={p}");
+        let ring = build(Collective::AllGather, Algorithm::Flat(LevelAlgo::Ring), &topo, 0).unwrap();
+        assert_eq!(ring.sends(), p - 1);
+    }
+}
