@@ -15,7 +15,7 @@ pub mod plan;
 pub mod topology;
 pub mod transport;
 
-pub use comm::communicator::Communicator;
+pub use comm::communicator::{Communicator, RawCollective};
 pub use comm::request::Request;
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, ErrorKind, Result};

@@ -8,21 +8,38 @@ use pccl::Topology;
 const ALGOS: [Algorithm; 6] = [
     Algorithm::Flat(LevelAlgo::Ring),
     Algorithm::Flat(LevelAlgo::Rd),
-    Algorithm::Hier { inter: LevelAlgo::Rd, intra: LevelAlgo::Ring },
-    Algorithm::Hier { inter: LevelAlgo::Ring, intra: LevelAlgo::Ring },
-    Algorithm::Hier { inter: LevelAlgo::Rd, intra: LevelAlgo::Rd },
-    Algorithm::Hier { inter: LevelAlgo::Ring, intra: LevelAlgo::Rd },
+    Algorithm::Hier {
+        inter: LevelAlgo::Rd,
+        intra: LevelAlgo::Ring,
+    },
+    Algorithm::Hier {
+        inter: LevelAlgo::Ring,
+        intra: LevelAlgo::Ring,
+    },
+    Algorithm::Hier {
+        inter: LevelAlgo::Rd,
+        intra: LevelAlgo::Rd,
+    },
+    Algorithm::Hier {
+        inter: LevelAlgo::Ring,
+        intra: LevelAlgo::Rd,
+    },
 ];
 
 fn plans(coll: Collective, algo: Algorithm, topo: &Topology) -> Vec<Plan> {
-    (0..topo.nranks()).map(|r| build(coll, algo, topo, r).expect("plan builds")).collect()
+    (0..topo.nranks())
+        .map(|r| build(coll, algo, topo, r).expect("plan builds"))
+        .collect()
 }
 
 fn check_all(coll: Collective, algo: Algorithm, topo: &Topology) {
     let ps = plans(coll, algo, topo);
     for inplace in [false, true] {
         if let Err(e) = check_plans(coll, &ps, inplace) {
-            panic!("{coll:?} {algo} on {} (inplace={inplace}): {e}", topo.describe());
+            panic!(
+                "{coll:?} {algo} on {} (inplace={inplace}): {e}",
+                topo.describe()
+            );
         }
     }
 }
@@ -92,18 +109,50 @@ fn unequal_nodes_fall_back_to_a_correct_flat_algorithm() {
 fn large_rank_counts_are_correct() {
     // Thousands of ranks: the scalable algorithms, in a few shapes.
     let cases: [(usize, usize, Algorithm); 6] = [
-        (1000, 8, Algorithm::Hier { inter: LevelAlgo::Rd, intra: LevelAlgo::Ring }),
+        (
+            1000,
+            8,
+            Algorithm::Hier {
+                inter: LevelAlgo::Rd,
+                intra: LevelAlgo::Ring,
+            },
+        ),
         (1000, 1, Algorithm::Flat(LevelAlgo::Rd)),
-        (2048, 8, Algorithm::Hier { inter: LevelAlgo::Rd, intra: LevelAlgo::Ring }),
+        (
+            2048,
+            8,
+            Algorithm::Hier {
+                inter: LevelAlgo::Rd,
+                intra: LevelAlgo::Ring,
+            },
+        ),
         (2048, 1, Algorithm::Flat(LevelAlgo::Ring)),
-        (4096, 8, Algorithm::Hier { inter: LevelAlgo::Rd, intra: LevelAlgo::Ring }),
-        (4096, 64, Algorithm::Hier { inter: LevelAlgo::Ring, intra: LevelAlgo::Rd }),
+        (
+            4096,
+            8,
+            Algorithm::Hier {
+                inter: LevelAlgo::Rd,
+                intra: LevelAlgo::Ring,
+            },
+        ),
+        (
+            4096,
+            64,
+            Algorithm::Hier {
+                inter: LevelAlgo::Ring,
+                intra: LevelAlgo::Rd,
+            },
+        ),
     ];
     for (p, m, algo) in cases {
         let topo = Topology::uniform(p, m);
-        for coll in [Collective::AllGather, Collective::ReduceScatter { average: true }] {
+        for coll in [
+            Collective::AllGather,
+            Collective::ReduceScatter { average: true },
+        ] {
             let ps = plans(coll, algo, &topo);
-            check_plans(coll, &ps, false).unwrap_or_else(|e| panic!("{coll:?} {algo} P={p} M={m}: {e}"));
+            check_plans(coll, &ps, false)
+                .unwrap_or_else(|e| panic!("{coll:?} {algo} P={p} M={m}: {e}"));
         }
     }
 }
@@ -112,10 +161,22 @@ fn large_rank_counts_are_correct() {
 fn logarithmic_algorithms_take_ceil_log2_steps() {
     for p in [5usize, 8, 12, 1000] {
         let topo = Topology::uniform(p, p);
-        let plan = build(Collective::AllGather, Algorithm::Flat(LevelAlgo::Rd), &topo, 0).unwrap();
+        let plan = build(
+            Collective::AllGather,
+            Algorithm::Flat(LevelAlgo::Rd),
+            &topo,
+            0,
+        )
+        .unwrap();
         let steps = (usize::BITS - (p - 1).leading_zeros()) as usize;
         assert_eq!(plan.sends(), steps, "P={p}");
-        let ring = build(Collective::AllGather, Algorithm::Flat(LevelAlgo::Ring), &topo, 0).unwrap();
+        let ring = build(
+            Collective::AllGather,
+            Algorithm::Flat(LevelAlgo::Ring),
+            &topo,
+            0,
+        )
+        .unwrap();
         assert_eq!(ring.sends(), p - 1);
     }
 }

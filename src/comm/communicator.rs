@@ -15,6 +15,19 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
+/// A collective named for the raw-pointer entry points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RawCollective {
+    /// All-gather (`count` = elements sent per rank).
+    AllGather,
+    /// Reduce-scatter (`count` = elements received per rank).
+    ReduceScatter(ReduceOp),
+    /// All-reduce (`count` = elements).
+    AllReduce(ReduceOp),
+    /// Broadcast from the given root (`count` = elements).
+    Broadcast(usize),
+}
+
 /// A group of ranks that run collectives together (MPI's communicator, NCCL's `ncclComm_t`).
 ///
 /// Every rank must call the same collectives in the same order with matching counts. A
@@ -293,6 +306,85 @@ impl Communicator {
         unsafe { self.inner.submit(call, ()) }
     }
 
+    // ---- raw-pointer entry points (the C ABI) ----------------------------------------------
+
+    /// Runs `coll` on raw buffers with NCCL's conventions: `count` is the all-gather send
+    /// count, the reduce-scatter receive count, the all-reduce / broadcast element count. The
+    /// in-place forms are recognised from the addresses (all-gather: `send == recv +
+    /// rank*count`; reduce-scatter: `recv == send + rank*count`; all-reduce and broadcast:
+    /// `send == recv`); any other overlap is an error.
+    ///
+    /// # Safety
+    /// The buffers must be valid for the element counts the collective implies and stay
+    /// untouched by others until the call returns.
+    pub unsafe fn raw_collective<T: Element>(&self, coll: RawCollective, send: *const T, recv: *mut T, count: usize) -> Result<()> {
+        let call = self.raw_call(coll, send, recv, count)?;
+        self.inner.run_blocking(call)
+    }
+
+    /// Non-blocking [`Communicator::raw_collective`].
+    ///
+    /// # Safety
+    /// As for [`Communicator::raw_collective`], until the request has completed.
+    pub unsafe fn raw_collective_async<T: Element>(&self, coll: RawCollective, send: *const T, recv: *mut T, count: usize) -> Result<Request<()>> {
+        let call = self.raw_call(coll, send, recv, count)?;
+        self.inner.submit(call, ())
+    }
+
+    /// Non-blocking barrier for the C ABI.
+    pub fn raw_barrier_async(&self) -> Result<Request<()>> {
+        self.barrier_async()
+    }
+
+    unsafe fn raw_call<T: Element>(&self, coll: RawCollective, send: *const T, recv: *mut T, count: usize) -> Result<Call<T>> {
+        let p = self.size();
+        let es = std::mem::size_of::<T>();
+        let (in_len, out_len) = match coll {
+            RawCollective::AllGather => (count, len_mul(count, p, "all_gather")?),
+            RawCollective::ReduceScatter(_) => (len_mul(count, p, "reduce_scatter")?, count),
+            RawCollective::AllReduce(_) | RawCollective::Broadcast(_) => (count, count),
+        };
+        len_mul(in_len.max(out_len), es, "buffer size in bytes")?;
+        let needs_send = match coll {
+            RawCollective::Broadcast(root) => root == self.rank(),
+            _ => true,
+        };
+        if (needs_send && in_len > 0 && send.is_null()) || (out_len > 0 && recv.is_null()) {
+            return Err(Error::invalid("a buffer pointer is NULL but the count is above zero"));
+        }
+        let align = std::mem::align_of::<T>();
+        if (in_len > 0 && needs_send && send as usize % align != 0) || (out_len > 0 && recv as usize % align != 0) {
+            return Err(Error::invalid(format!("buffers of dtype {} must be aligned to {align} bytes", T::DTYPE)));
+        }
+        let (s0, s1) = (send as usize, send as usize + in_len * es);
+        let (r0, r1) = (recv as usize, recv as usize + out_len * es);
+        let overlap = needs_send && in_len > 0 && out_len > 0 && s0 < r1 && r0 < s1;
+        let inplace = match coll {
+            RawCollective::AllGather => s0 == r0 + self.rank() * count * es,
+            RawCollective::ReduceScatter(_) => r0 == s0 + self.rank() * count * es,
+            RawCollective::AllReduce(_) | RawCollective::Broadcast(_) => s0 == r0,
+        };
+        if overlap && !inplace {
+            return Err(Error::invalid(
+                "send and receive buffers overlap without being the in-place form \
+                 (all-gather: send = recv + rank*count; reduce-scatter: recv = send + rank*count; \
+                 all-reduce/broadcast: send = recv)",
+            ));
+        }
+        match coll {
+            RawCollective::AllGather => self.all_gather_call(send, in_len, recv, out_len),
+            RawCollective::ReduceScatter(op) => self.reduce_scatter_call(send, in_len, recv, out_len, op),
+            RawCollective::AllReduce(op) => self.all_reduce_call(send, in_len, recv, out_len, op),
+            RawCollective::Broadcast(root) => {
+                let mut c = self.broadcast_call(recv, count, root)?;
+                if needs_send {
+                    c.input.0 = send;
+                }
+                Ok(c)
+            }
+        }
+    }
+
     // ---- sub-communicators ----------------------------------------------------------------
 
     /// Splits into sub-communicators as `MPI_Comm_split`: ranks passing the same `color` form
@@ -424,7 +516,7 @@ impl Inner {
             return Ok(*a);
         }
         let rank = self.transport.rank();
-        let (best, scored) = tuner::choose(coll, &self.topo, rank, block_bytes, &self.cfg.model)?;
+        let (best, scored) = tuner::choose(coll, &self.topo, block_bytes, &self.cfg.model)?;
         if self.cfg.debug >= DebugLevel::Info && rank == 0 {
             let table: Vec<String> = scored.iter().map(|(a, t)| format!("{a} {:.1}us", t * 1e6)).collect();
             eprintln!(

@@ -1,0 +1,47 @@
+//! Shared helpers of the collective tests: deterministic inputs and straightforward references.
+#![allow(dead_code)]
+
+use pccl::{Element, ReduceOp};
+
+/// The value rank `rank` contributes at element `i` for `op`: small integers, so every
+/// dtype (f16 and i8 included) represents every partial sum exactly and the reduction order
+/// cannot change a bit of the result.
+pub fn value<T: Element>(rank: usize, i: usize, op: ReduceOp) -> T {
+    let v = match op {
+        ReduceOp::Sum | ReduceOp::Avg => ((rank * 7 + i * 3) % 5) as i64,
+        ReduceOp::Prod => {
+            if (rank + i) % 5 == 0 {
+                2
+            } else {
+                1
+            }
+        }
+        ReduceOp::Min | ReduceOp::Max => {
+            ((rank * 13 + i * 7) % 23) as i64 - 11 * i64::from(T::DTYPE.is_float())
+        }
+    };
+    T::from_i64(v)
+}
+
+/// Rank `rank`'s input vector of `n` elements.
+pub fn input<T: Element>(rank: usize, n: usize, op: ReduceOp) -> Vec<T> {
+    (0..n).map(|i| value::<T>(rank, i, op)).collect()
+}
+
+/// The reduction over `p` ranks of element `i`, with the library's own element kernels
+/// applied one element at a time, in rank order.
+pub fn reduced<T: Element>(p: usize, i: usize, op: ReduceOp) -> T {
+    let mut acc = [value::<T>(0, i, op)];
+    for r in 1..p {
+        T::reduce_into(op, &mut acc, &[value::<T>(r, i, op)]);
+    }
+    if op == ReduceOp::Avg {
+        T::divide(&mut acc, p);
+    }
+    acc[0]
+}
+
+/// Compares bit for bit.
+pub fn same_bits<T: Element>(a: &[T], b: &[T]) -> bool {
+    bytemuck::cast_slice::<T, u8>(a) == bytemuck::cast_slice::<T, u8>(b)
+}
