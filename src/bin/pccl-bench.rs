@@ -1,1 +1,534 @@
-fn main() {}
+//! `pccl-bench`: osu-style latency and nccl-tests-style bandwidth of PCCL's collectives,
+//! on thread-ranks (`--ranks P`) or on the MPI world (under `mpiexec`), side by side with
+//! MPI's own collective on the same buffers when MPI is the transport.
+
+use clap::Parser;
+use pccl::config::{parse_bytes, Config};
+use pccl::{Communicator, DType, Element, RawCollective, ReduceOp};
+use std::time::Instant;
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "pccl-bench",
+    about = "Benchmark PCCL all-gather / reduce-scatter / all-reduce"
+)]
+struct Args {
+    /// Thread-ranks to run (ignored under mpiexec, where the ranks are the MPI world).
+    #[arg(long)]
+    ranks: Option<usize>,
+    /// Pretend nodes of this many consecutive ranks (sets PCCL_RANKS_PER_NODE).
+    #[arg(long)]
+    ranks_per_node: Option<usize>,
+    /// Collective: allgather, reducescatter, allreduce (or all).
+    #[arg(long, default_value = "allgather")]
+    coll: String,
+    /// Algorithm: auto, hier-rd, hier-ring, ring, rd (or hier-INTER-INTRA).
+    #[arg(long, default_value = "auto")]
+    algo: String,
+    /// Bytes per rank, MIN:MAX (doubling), with K/M/G suffixes.
+    #[arg(short = 'm', default_value = "1K:16M")]
+    sizes: String,
+    /// Timed iterations per size (default: fewer for larger sizes).
+    #[arg(short = 'i')]
+    iters: Option<usize>,
+    /// Warm-up iterations per size.
+    #[arg(short = 'x', default_value_t = 2)]
+    warmup: usize,
+    /// Element type.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// Reduction operator.
+    #[arg(long, default_value = "sum")]
+    op: String,
+    /// Validate every size's result; exit non-zero on any wrong element.
+    #[arg(long)]
+    check: bool,
+    /// Print the results as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Transport: auto (mpi under mpiexec, else threads), threads, mpi.
+    #[arg(long, default_value = "auto")]
+    transport: String,
+    /// Do not time MPI's native collective beside PCCL's.
+    #[arg(long)]
+    no_mpi_compare: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Coll {
+    AllGather,
+    ReduceScatter,
+    AllReduce,
+}
+
+impl Coll {
+    fn name(self) -> &'static str {
+        match self {
+            Coll::AllGather => "allgather",
+            Coll::ReduceScatter => "reducescatter",
+            Coll::AllReduce => "allreduce",
+        }
+    }
+    fn osu_title(self) -> &'static str {
+        match self {
+            Coll::AllGather => "Allgather",
+            Coll::ReduceScatter => "Reduce_scatter",
+            Coll::AllReduce => "Allreduce",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Row {
+    coll: Coll,
+    bytes: usize,
+    count: usize,
+    avg_us: f64,
+    min_us: f64,
+    max_us: f64,
+    iters: usize,
+    algbw: f64,
+    busbw: f64,
+    algo: String,
+    mpi_us: Option<f64>,
+    wrong: u64,
+}
+
+fn fail(msg: impl std::fmt::Display) -> ! {
+    eprintln!("pccl-bench: {msg}");
+    std::process::exit(2);
+}
+
+fn sizes(spec: &str) -> Result<Vec<usize>, String> {
+    let (a, b) = spec.split_once(':').unwrap_or((spec, spec));
+    let lo = parse_bytes(a).map_err(|e| e.to_string())?;
+    let hi = parse_bytes(b).map_err(|e| e.to_string())?;
+    if lo == 0 || lo > hi {
+        return Err(format!("-m {spec}: need 0 < MIN <= MAX"));
+    }
+    let mut v = Vec::new();
+    let mut s = lo;
+    while s <= hi {
+        v.push(s);
+        s = s.saturating_mul(2);
+    }
+    Ok(v)
+}
+
+/// The value rank `r` holds at element `i` (exact in every dtype after summing 1000 ranks).
+fn val<T: Element>(r: usize, i: usize) -> T {
+    T::from_i64(((r * 7 + i * 3) % 5) as i64)
+}
+
+fn expected<T: Element>(p: usize, i: usize, op: ReduceOp) -> T {
+    let mut acc = [val::<T>(0, i)];
+    for r in 1..p {
+        T::reduce_into(op, &mut acc, &[val::<T>(r, i)]);
+    }
+    if op == ReduceOp::Avg {
+        T::divide(&mut acc, p);
+    }
+    acc[0]
+}
+
+/// Timing and checks of one size, on one rank.
+struct Native<'a> {
+    #[cfg(feature = "mpi")]
+    mpi: Option<&'a pccl::transport::mpi::MpiTransport>,
+    #[cfg(not(feature = "mpi"))]
+    _p: std::marker::PhantomData<&'a ()>,
+}
+
+fn run_size<T: Element>(
+    comm: &Communicator,
+    native: &Native<'_>,
+    coll: Coll,
+    op: ReduceOp,
+    bytes: usize,
+    args: &Args,
+) -> pccl::Result<Row> {
+    let (r, p) = (comm.rank(), comm.size());
+    let es = std::mem::size_of::<T>();
+    let count = (bytes / es).max(1);
+    let (in_len, out_len) = match coll {
+        Coll::AllGather => (count, count * p),
+        Coll::ReduceScatter => (count * p, count),
+        Coll::AllReduce => (count, count),
+    };
+    let input: Vec<T> = (0..in_len).map(|i| val::<T>(r, i)).collect();
+    let mut output: Vec<T> = vec![T::from_i64(0); out_len];
+    let raw = match coll {
+        Coll::AllGather => RawCollective::AllGather,
+        Coll::ReduceScatter => RawCollective::ReduceScatter(op),
+        Coll::AllReduce => RawCollective::AllReduce(op),
+    };
+    let run_once = |out: &mut Vec<T>| -> pccl::Result<()> {
+        match coll {
+            Coll::AllGather => comm.all_gather(&input, out),
+            Coll::ReduceScatter => comm.reduce_scatter(&input, out, op),
+            Coll::AllReduce => comm.all_reduce(&input, out, op),
+        }
+    };
+    let total_bytes = out_len.max(in_len) * es;
+    let iters = args
+        .iters
+        .unwrap_or_else(|| ((1usize << 28) / total_bytes.max(1)).clamp(3, 200));
+    for _ in 0..args.warmup {
+        run_once(&mut output)?;
+    }
+    comm.barrier()?;
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        run_once(&mut output)?;
+    }
+    let mine = t0.elapsed().as_secs_f64() / iters as f64;
+    let mut wrong = 0u64;
+    if args.check {
+        let want = |i: usize| -> T {
+            match coll {
+                Coll::AllGather => val::<T>(i / count, i % count),
+                Coll::ReduceScatter => expected::<T>(p, r * count + i, op),
+                Coll::AllReduce => expected::<T>(p, i, op),
+            }
+        };
+        wrong = output
+            .iter()
+            .enumerate()
+            .filter(|(i, x)| bytemuck::bytes_of(*x) != bytemuck::bytes_of(&want(*i)))
+            .count() as u64;
+    }
+    let mpi_mine = {
+        #[cfg(feature = "mpi")]
+        {
+            match native.mpi {
+                Some(m)
+                    if !args.no_mpi_compare
+                        && T::DTYPE != DType::F16
+                        && T::DTYPE != DType::BF16
+                        && op != ReduceOp::Avg =>
+                {
+                    for _ in 0..args.warmup {
+                        // SAFETY: the buffers have the lengths the collective implies.
+                        unsafe {
+                            m.native_collective(
+                                raw,
+                                T::DTYPE,
+                                input.as_ptr() as *const u8,
+                                output.as_mut_ptr() as *mut u8,
+                                count,
+                            )?
+                        };
+                    }
+                    comm.barrier()?;
+                    let t0 = Instant::now();
+                    for _ in 0..iters {
+                        // SAFETY: as above.
+                        unsafe {
+                            m.native_collective(
+                                raw,
+                                T::DTYPE,
+                                input.as_ptr() as *const u8,
+                                output.as_mut_ptr() as *mut u8,
+                                count,
+                            )?
+                        };
+                    }
+                    Some(t0.elapsed().as_secs_f64() / iters as f64)
+                }
+                _ => None,
+            }
+        }
+        #[cfg(not(feature = "mpi"))]
+        {
+            let _ = (native, raw);
+            None::<f64>
+        }
+    };
+    // Min / max / mean across ranks, and the wrong-element total.
+    let mut stats = [
+        mine,
+        -mine,
+        mine / p as f64,
+        mpi_mine.unwrap_or(0.0) / p as f64,
+        wrong as f64,
+    ];
+    let mut mx = [0f64; 2];
+    comm.all_reduce(&stats[..2], &mut mx, ReduceOp::Max)?;
+    let mut sums = [0f64; 3];
+    comm.all_reduce(&stats[2..], &mut sums, ReduceOp::Sum)?;
+    stats = [-mx[1], mx[0], sums[0], sums[1], sums[2]];
+    let avg = stats[2];
+    // nccl-tests conventions: size = the whole buffer; busbw factor (n-1)/n, 2(n-1)/n for all-reduce.
+    let size = total_bytes as f64;
+    let algbw = size / avg / 1e9;
+    let factor = match coll {
+        Coll::AllReduce => 2.0 * (p as f64 - 1.0) / p as f64,
+        _ => (p as f64 - 1.0) / p as f64,
+    };
+    let coll_key = match coll {
+        Coll::AllGather => pccl::plan::Collective::AllGather,
+        Coll::ReduceScatter => pccl::plan::Collective::ReduceScatter {
+            average: op == ReduceOp::Avg,
+        },
+        Coll::AllReduce => pccl::plan::Collective::AllReduce {
+            average: op == ReduceOp::Avg,
+        },
+    };
+    let block_bytes = match coll {
+        Coll::AllReduce => count.div_ceil(p) * es,
+        _ => count * es,
+    };
+    Ok(Row {
+        coll,
+        bytes: count * es,
+        count,
+        avg_us: avg * 1e6,
+        min_us: stats[0] * 1e6,
+        max_us: stats[1] * 1e6,
+        iters,
+        algbw,
+        busbw: algbw * factor,
+        algo: comm.algorithm_for(coll_key, block_bytes)?.name(),
+        mpi_us: mpi_mine.map(|_| stats[3] * 1e6),
+        wrong: stats[4] as u64,
+    })
+}
+
+fn bench_rank(comm: &Communicator, native: &Native<'_>, args: &Args) -> pccl::Result<Vec<Row>> {
+    let colls: Vec<Coll> = match args.coll.as_str() {
+        "allgather" => vec![Coll::AllGather],
+        "reducescatter" => vec![Coll::ReduceScatter],
+        "allreduce" => vec![Coll::AllReduce],
+        "all" => vec![Coll::AllGather, Coll::ReduceScatter, Coll::AllReduce],
+        other => {
+            return Err(pccl::Error::invalid(format!(
+                "--coll {other}: expected allgather, reducescatter, allreduce or all"
+            )))
+        }
+    };
+    let dtype: DType = args.dtype.parse()?;
+    let op: ReduceOp = args.op.parse()?;
+    dtype.check_op(op)?;
+    let szs = sizes(&args.sizes).map_err(pccl::Error::invalid)?;
+    let mut rows = Vec::new();
+    for coll in colls {
+        if comm.rank() == 0 && !args.json {
+            print_header(comm, coll, args, native_present(native));
+        }
+        for &b in &szs {
+            macro_rules! go {
+                ($t:ty) => {
+                    run_size::<$t>(comm, native, coll, op, b, args)?
+                };
+            }
+            let row = match dtype {
+                DType::I8 => go!(i8),
+                DType::U8 => go!(u8),
+                DType::I32 => go!(i32),
+                DType::U32 => go!(u32),
+                DType::I64 => go!(i64),
+                DType::U64 => go!(u64),
+                DType::F16 => go!(half::f16),
+                DType::BF16 => go!(half::bf16),
+                DType::F32 => go!(f32),
+                DType::F64 => go!(f64),
+            };
+            if comm.rank() == 0 && !args.json {
+                print_row(&row, args.check);
+            }
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+fn native_present(native: &Native<'_>) -> bool {
+    #[cfg(feature = "mpi")]
+    {
+        native.mpi.is_some()
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        let _ = native;
+        false
+    }
+}
+
+fn print_header(comm: &Communicator, coll: Coll, args: &Args, mpi: bool) {
+    println!(
+        "# OSU MPI {} Latency Test (PCCL {})",
+        coll.osu_title(),
+        env!("CARGO_PKG_VERSION")
+    );
+    println!(
+        "# {} ranks over {} as {} nodes ({}), algo {}, dtype {}, op {}",
+        comm.size(),
+        comm.transport_name(),
+        comm.topology().nodes().len(),
+        comm.topology().describe(),
+        args.algo,
+        args.dtype,
+        args.op
+    );
+    let mut h = format!(
+        "# {:<12} {:>15} {:>15} {:>15} {:>10} {:>13} {:>12} {:>12}  {:<10}",
+        "Size",
+        "Avg Latency(us)",
+        "Min Latency(us)",
+        "Max Latency(us)",
+        "Iterations",
+        "count",
+        "algbw(GB/s)",
+        "busbw(GB/s)",
+        "algo"
+    );
+    if mpi && !args.no_mpi_compare {
+        h.push_str(&format!(" {:>12} {:>10}", "MPI Avg(us)", "PCCL/MPI"));
+    }
+    if args.check {
+        h.push_str(&format!(" {:>7}", "#wrong"));
+    }
+    println!("{h}");
+}
+
+fn print_row(r: &Row, check: bool) {
+    let mut s = format!(
+        "{:<14} {:>15.2} {:>15.2} {:>15.2} {:>10} {:>13} {:>12.3} {:>12.3}  {:<10}",
+        r.bytes, r.avg_us, r.min_us, r.max_us, r.iters, r.count, r.algbw, r.busbw, r.algo
+    );
+    if let Some(m) = r.mpi_us {
+        s.push_str(&format!(" {:>12.2} {:>10.3}", m, r.avg_us / m));
+    }
+    if check {
+        s.push_str(&format!(" {:>7}", r.wrong));
+    }
+    println!("{s}");
+}
+
+fn json(rows: &[Row], comm_desc: &serde_json::Value) -> String {
+    let v: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "coll": r.coll.name(), "bytes": r.bytes, "count": r.count,
+                "avg_us": r.avg_us, "min_us": r.min_us, "max_us": r.max_us, "iters": r.iters,
+                "algbw_gbs": r.algbw, "busbw_gbs": r.busbw, "algo": r.algo,
+                "mpi_avg_us": r.mpi_us, "ratio_vs_mpi": r.mpi_us.map(|m| r.avg_us / m), "wrong": r.wrong,
+            })
+        })
+        .collect();
+    serde_json::to_string_pretty(&serde_json::json!({ "comm": comm_desc, "results": v }))
+        .unwrap_or_default()
+}
+
+fn report(comm: &Communicator, rows: &[Row], args: &Args) -> u64 {
+    let wrong: u64 = rows.iter().map(|r| r.wrong).sum();
+    if comm.rank() == 0 && args.json {
+        let desc = serde_json::json!({
+            "ranks": comm.size(), "transport": comm.transport_name(),
+            "nodes": comm.topology().nodes().len(), "shape": comm.topology().describe(),
+            "dtype": args.dtype, "op": args.op, "algo": args.algo,
+        });
+        println!("{}", json(rows, &desc));
+    }
+    if comm.rank() == 0 && args.check {
+        if wrong == 0 {
+            eprintln!("# check: all results correct");
+        } else {
+            eprintln!("# check: {wrong} wrong elements");
+        }
+    }
+    wrong
+}
+
+fn config(args: &Args) -> Config {
+    let mut cfg = Config::from_env().unwrap_or_else(|e| fail(e));
+    if let Some(m) = args.ranks_per_node {
+        if m == 0 {
+            fail("--ranks-per-node must be at least 1");
+        }
+        cfg.ranks_per_node = Some(m);
+    }
+    if args.algo != "auto" {
+        cfg.algo = Some(args.algo.parse().unwrap_or_else(|e| fail(e)));
+    }
+    cfg
+}
+
+fn use_mpi(args: &Args) -> bool {
+    match args.transport.as_str() {
+        "threads" => false,
+        "mpi" => true,
+        "auto" => {
+            #[cfg(feature = "mpi")]
+            {
+                pccl::transport::mpi::launched_by_mpiexec()
+            }
+            #[cfg(not(feature = "mpi"))]
+            {
+                false
+            }
+        }
+        other => fail(format!(
+            "--transport {other}: expected auto, threads or mpi"
+        )),
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn run_mpi(args: &Args, cfg: Config) -> u64 {
+    use pccl::transport::mpi::{finalize, init, MpiTransport};
+    init().unwrap_or_else(|e| fail(e));
+    let wrong = {
+        let t = MpiTransport::world(cfg.chunk_bytes).unwrap_or_else(|e| fail(e));
+        // A second duplicate of the world for MPI's own collectives.
+        let native_t = MpiTransport::world(cfg.chunk_bytes).unwrap_or_else(|e| fail(e));
+        let comm =
+            Communicator::with_config(std::sync::Arc::new(t), cfg).unwrap_or_else(|e| fail(e));
+        let native = Native {
+            mpi: Some(&native_t),
+        };
+        let rows = bench_rank(&comm, &native, args)
+            .unwrap_or_else(|e| fail(format!("rank {}: {e}", comm.rank())));
+        report(&comm, &rows, args)
+    };
+    finalize();
+    wrong
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_args: &Args, _cfg: Config) -> u64 {
+    fail("this pccl-bench was built without the `mpi` feature (cargo build --features mpi)")
+}
+
+fn main() {
+    let args = Args::parse();
+    let cfg = config(&args);
+    let wrong = if use_mpi(&args) {
+        run_mpi(&args, cfg)
+    } else {
+        let p = args.ranks.unwrap_or(8);
+        if p == 0 {
+            fail("--ranks must be at least 1");
+        }
+        let res = Communicator::run_threads(p, cfg, |comm| {
+            let native = Native {
+                #[cfg(feature = "mpi")]
+                mpi: None,
+                #[cfg(not(feature = "mpi"))]
+                _p: std::marker::PhantomData,
+            };
+            let rows = bench_rank(&comm, &native, &args)?;
+            Ok::<u64, pccl::Error>(report(&comm, &rows, &args))
+        })
+        .unwrap_or_else(|e| fail(e));
+        let mut wrong = 0;
+        for r in res {
+            wrong = r.unwrap_or_else(|e| fail(e));
+        }
+        wrong
+    };
+    if wrong > 0 {
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,569 @@
+//! MPI transport (rsmpi's `mpi` crate over MPICH or Open MPI): non-blocking point-to-point,
+//! large messages in pieces of `PCCL_CHUNK_SIZE` (so reductions overlap the next piece, and
+//! no MPI count reaches 2^31), every wait bounded by the timeout.
+//!
+//! Every MPI call is short (no blocking call, waits poll `MPI_Test`), so when MPI gives less
+//! than `MPI_THREAD_MULTIPLE` a process-wide lock around each call is enough for several
+//! communicators to progress from several threads.
+
+use super::{fnv1a, hostname, SendOp, Tag, Transport};
+use crate::dtype::{DType, ReduceOp};
+use crate::error::{Error, Result};
+use mpi::ffi;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+/// Largest tag every MPI library supports (MPI guarantees `MPI_TAG_UB >= 32767`).
+const TAG_SPACE: u32 = 32767;
+
+static SERIALIZE: OnceLock<bool> = OnceLock::new();
+static MPI_LOCK: Mutex<()> = Mutex::new(());
+static UNIVERSE: Mutex<Option<mpi::environment::Universe>> = Mutex::new(None);
+
+/// Runs one MPI call under the process lock when MPI is not fully thread-safe.
+fn call<R>(f: impl FnOnce() -> R) -> R {
+    if *SERIALIZE.get().unwrap_or(&true) {
+        let _g = MPI_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        f()
+    } else {
+        f()
+    }
+}
+
+fn check(rc: i32, what: &str) -> Result<()> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        let mut buf = vec![0u8; 1024];
+        let mut len = 0i32;
+        // SAFETY: `buf` has room for MPI_MAX_ERROR_STRING (<= 1024 in MPICH and Open MPI).
+        unsafe { ffi::MPI_Error_string(rc, buf.as_mut_ptr() as *mut _, &mut len) };
+        buf.truncate(len.max(0) as usize);
+        Err(Error::system(format!(
+            "{what} failed: {}",
+            String::from_utf8_lossy(&buf)
+        )))
+    }
+}
+
+/// Initialises MPI (`MPI_THREAD_MULTIPLE` requested) unless the application already did.
+/// [`finalize`] ends it; an application that initialised MPI itself finalises it itself.
+pub fn init() -> Result<()> {
+    let mut u = UNIVERSE.lock().unwrap_or_else(|e| e.into_inner());
+    if !mpi::environment::is_initialized() {
+        let (universe, level) = mpi::initialize_with_threading(mpi::Threading::Multiple)
+            .ok_or_else(|| Error::system("MPI_Init_thread failed"))?;
+        let _ = SERIALIZE.set(level != mpi::Threading::Multiple);
+        *u = Some(universe);
+    } else {
+        let _ = SERIALIZE.set(mpi::environment::threading_support() != mpi::Threading::Multiple);
+    }
+    Ok(())
+}
+
+/// Finalises MPI if [`init`] started it. Call after every communicator is dropped.
+pub fn finalize() {
+    UNIVERSE.lock().unwrap_or_else(|e| e.into_inner()).take();
+}
+
+/// True when this process was started by an MPI launcher (mpiexec/srun set these).
+pub fn launched_by_mpiexec() -> bool {
+    [
+        "PMI_RANK",
+        "PMI_SIZE",
+        "PMIX_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "MPI_LOCALNRANKS",
+        "HYDRA_CONTROL_FD",
+    ]
+    .iter()
+    .any(|v| std::env::var_os(v).is_some())
+}
+
+/// A transport over an MPI communicator (a private duplicate with errors returned).
+pub struct MpiTransport {
+    comm: ffi::MPI_Comm,
+    rank: usize,
+    size: usize,
+    node: u64,
+    chunk: usize,
+}
+
+// SAFETY: an MPI communicator handle may be used from any thread; calls are serialised by
+// `call` when the library is not MPI_THREAD_MULTIPLE.
+unsafe impl Send for MpiTransport {}
+// SAFETY: as above.
+unsafe impl Sync for MpiTransport {}
+
+impl Drop for MpiTransport {
+    fn drop(&mut self) {
+        if mpi::environment::is_initialized() && !is_finalized() {
+            // SAFETY: `comm` is our own duplicate, freed once here.
+            call(|| unsafe { ffi::MPI_Comm_free(&mut self.comm) });
+        }
+    }
+}
+
+fn is_finalized() -> bool {
+    let mut f = 0;
+    // SAFETY: MPI_Finalized may be called at any time.
+    unsafe { ffi::MPI_Finalized(&mut f) };
+    f != 0
+}
+
+impl MpiTransport {
+    /// A transport over a duplicate of `MPI_COMM_WORLD` (initialising MPI if needed).
+    pub fn world(chunk_bytes: usize) -> Result<MpiTransport> {
+        init()?;
+        // SAFETY: reading the world handle exported by the MPI shim.
+        Self::dup(unsafe { ffi::RSMPI_COMM_WORLD }, chunk_bytes)
+    }
+
+    /// The transport of a Fortran communicator handle (`MPI_Comm_c2f`), the one ABI
+    /// MPICH and Open MPI share.
+    /// Pieces are `PCCL_CHUNK_SIZE` bytes.
+    pub fn from_fint(fcomm: i32) -> Result<Arc<dyn Transport>> {
+        let chunk_bytes = crate::config::Config::from_env()?.chunk_bytes;
+        if !mpi::environment::is_initialized() {
+            return Err(Error::usage(
+                "MPI is not initialised: call MPI_Init before pcclCommInitMPI",
+            ));
+        }
+        let _ = SERIALIZE.set(mpi::environment::threading_support() != mpi::Threading::Multiple);
+        // SAFETY: converting a handle the application gave us; MPI validates it.
+        let comm = unsafe { ffi::RSMPI_Comm_f2c(fcomm) };
+        Ok(Arc::new(Self::dup(comm, chunk_bytes)?))
+    }
+
+    fn dup(parent: ffi::MPI_Comm, chunk_bytes: usize) -> Result<Self> {
+        // SAFETY: an uninitialised handle is written by MPI_Comm_dup before any use.
+        let mut comm: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
+        // SAFETY: `parent` is a valid communicator (MPI reports otherwise).
+        check(
+            call(|| unsafe { ffi::MPI_Comm_dup(parent, &mut comm) }),
+            "MPI_Comm_dup",
+        )?;
+        Self::adopt(comm, chunk_bytes)
+    }
+
+    fn adopt(comm: ffi::MPI_Comm, chunk_bytes: usize) -> Result<Self> {
+        let (mut rank, mut size) = (0i32, 0i32);
+        // SAFETY: `comm` is a valid communicator we own.
+        unsafe {
+            check(
+                call(|| ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN)),
+                "MPI_Comm_set_errhandler",
+            )?;
+            check(
+                call(|| ffi::MPI_Comm_rank(comm, &mut rank)),
+                "MPI_Comm_rank",
+            )?;
+            check(
+                call(|| ffi::MPI_Comm_size(comm, &mut size)),
+                "MPI_Comm_size",
+            )?;
+        }
+        let node = Self::node_key(comm)?;
+        Ok(MpiTransport {
+            comm,
+            rank: rank as usize,
+            size: size as usize,
+            node,
+            chunk: chunk_bytes.max(4096),
+        })
+    }
+
+    /// The node key: the hostname hash of the lowest rank in this rank's shared-memory
+    /// communicator (`MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`).
+    fn node_key(comm: ffi::MPI_Comm) -> Result<u64> {
+        // SAFETY: handles are written by MPI before use; buffers outlive the calls.
+        unsafe {
+            let mut shm: ffi::MPI_Comm = std::mem::zeroed();
+            check(
+                call(|| {
+                    ffi::MPI_Comm_split_type(
+                        comm,
+                        ffi::RSMPI_COMM_TYPE_SHARED,
+                        0,
+                        ffi::RSMPI_INFO_NULL,
+                        &mut shm,
+                    )
+                }),
+                "MPI_Comm_split_type",
+            )?;
+            let mut key = fnv1a(hostname().as_bytes());
+            let rc = call(|| {
+                ffi::MPI_Bcast(
+                    &mut key as *mut u64 as *mut _,
+                    1,
+                    ffi::RSMPI_UINT64_T,
+                    0,
+                    shm,
+                )
+            });
+            call(|| ffi::MPI_Comm_free(&mut shm));
+            check(rc, "MPI_Bcast")?;
+            Ok(key)
+        }
+    }
+
+    /// Runs MPI's own collective on the same buffers (for side-by-side benchmarks).
+    ///
+    /// # Safety
+    /// Buffers as for [`crate::Communicator::raw_collective`] with `count` elements of `dtype`.
+    pub unsafe fn native_collective(
+        &self,
+        coll: crate::RawCollective,
+        dtype: DType,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+    ) -> Result<()> {
+        let dt = match dtype {
+            DType::I8 => ffi::RSMPI_INT8_T,
+            DType::U8 => ffi::RSMPI_UINT8_T,
+            DType::I32 => ffi::RSMPI_INT32_T,
+            DType::U32 => ffi::RSMPI_UINT32_T,
+            DType::I64 => ffi::RSMPI_INT64_T,
+            DType::U64 => ffi::RSMPI_UINT64_T,
+            DType::F32 => ffi::RSMPI_FLOAT,
+            DType::F64 => ffi::RSMPI_DOUBLE,
+            DType::F16 | DType::BF16 => {
+                return Err(Error::invalid(format!(
+                    "MPI has no standard {dtype} type to compare with"
+                )))
+            }
+        };
+        let mpi_op = |op: ReduceOp| match op {
+            ReduceOp::Sum => Ok(ffi::RSMPI_SUM),
+            ReduceOp::Prod => Ok(ffi::RSMPI_PROD),
+            ReduceOp::Min => Ok(ffi::RSMPI_MIN),
+            ReduceOp::Max => Ok(ffi::RSMPI_MAX),
+            ReduceOp::Avg => Err(Error::invalid("MPI has no average operator")),
+        };
+        let n =
+            i32::try_from(count).map_err(|_| Error::invalid("MPI counts must be below 2^31"))?;
+        let rc = match coll {
+            crate::RawCollective::AllGather => call(|| {
+                ffi::MPI_Allgather(send as *const _, n, dt, recv as *mut _, n, dt, self.comm)
+            }),
+            crate::RawCollective::ReduceScatter(op) => {
+                let o = mpi_op(op)?;
+                call(|| {
+                    ffi::MPI_Reduce_scatter_block(
+                        send as *const _,
+                        recv as *mut _,
+                        n,
+                        dt,
+                        o,
+                        self.comm,
+                    )
+                })
+            }
+            crate::RawCollective::AllReduce(op) => {
+                let o = mpi_op(op)?;
+                call(|| ffi::MPI_Allreduce(send as *const _, recv as *mut _, n, dt, o, self.comm))
+            }
+            crate::RawCollective::Broadcast(root) => {
+                call(|| ffi::MPI_Bcast(recv as *mut _, n, dt, root as i32, self.comm))
+            }
+        };
+        check(rc, "native MPI collective")
+    }
+
+    fn pieces(&self, len: usize) -> usize {
+        len.div_ceil(self.chunk).max(1)
+    }
+
+    fn piece(&self, len: usize, k: usize) -> (usize, usize) {
+        let off = k * self.chunk;
+        (off, self.chunk.min(len - off.min(len)))
+    }
+
+    fn mpi_tag(tag: Tag) -> i32 {
+        (tag % TAG_SPACE) as i32
+    }
+
+    /// Polls `req` until done; `Err` on timeout (after cancelling it) or on an MPI error.
+    fn wait_one(
+        &self,
+        req: &mut ffi::MPI_Request,
+        deadline: Instant,
+        peer: usize,
+        what: &str,
+    ) -> Result<ffi::MPI_Status> {
+        // SAFETY: MPI_Status is plain data that MPI_Test fills in.
+        let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+        let mut spins = 0u32;
+        loop {
+            let mut flag = 0;
+            // SAFETY: `req` is a live request we posted.
+            let rc = call(|| unsafe { ffi::MPI_Test(req, &mut flag, &mut status) });
+            check(rc, what)?;
+            if flag != 0 {
+                if status.MPI_ERROR != 0 {
+                    check(status.MPI_ERROR, what)?;
+                }
+                return Ok(status);
+            }
+            spins += 1;
+            if spins % 64 == 0 && Instant::now() >= deadline {
+                // SAFETY: cancelling and freeing our own request.
+                call(|| unsafe {
+                    ffi::MPI_Cancel(req);
+                    ffi::MPI_Request_free(req);
+                });
+                return Err(Error::timeout(format!(
+                    "rank {} timed out in {what} with rank {peer}; it may have died or be running a \
+                     different collective (raise PCCL_TIMEOUT if it is only slow)",
+                    self.rank
+                )));
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    fn check_count(&self, status: &ffi::MPI_Status, want: usize, peer: usize) -> Result<()> {
+        let mut got = 0i32;
+        // SAFETY: `status` came from a completed receive.
+        check(
+            call(|| unsafe { ffi::MPI_Get_count(status, ffi::RSMPI_UINT8_T, &mut got) }),
+            "MPI_Get_count",
+        )?;
+        if got as usize != want {
+            return Err(Error::remote(format!(
+                "rank {} expected a piece of {want} bytes from rank {peer} but got {got}: do all ranks \
+                 pass the same count and dtype?",
+                self.rank
+            )));
+        }
+        Ok(())
+    }
+
+    fn irecv(&self, ptr: *mut u8, len: usize, peer: usize, tag: Tag) -> Result<ffi::MPI_Request> {
+        // SAFETY: the request handle is written by MPI_Irecv before use.
+        let mut req: ffi::MPI_Request = unsafe { std::mem::zeroed() };
+        // SAFETY: the caller keeps `len` bytes at `ptr` valid until the request completes.
+        let rc = call(|| unsafe {
+            ffi::MPI_Irecv(
+                ptr as *mut _,
+                len as i32,
+                ffi::RSMPI_UINT8_T,
+                peer as i32,
+                Self::mpi_tag(tag),
+                self.comm,
+                &mut req,
+            )
+        });
+        check(rc, "MPI_Irecv")?;
+        Ok(req)
+    }
+}
+
+struct MpiSend {
+    reqs: Vec<ffi::MPI_Request>,
+    transport_rank: usize,
+    peer: usize,
+}
+
+// SAFETY: MPI requests may be completed from any thread (serialised when needed).
+unsafe impl Send for MpiSend {}
+
+impl SendOp for MpiSend {
+    fn wait(mut self: Box<Self>, deadline: Instant) -> Result<()> {
+        for req in self.reqs.iter_mut() {
+            let mut spins = 0u32;
+            loop {
+                let mut flag = 0;
+                // SAFETY: MPI_Status is plain data; `req` is a live request we posted.
+                let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+                check(
+                    call(|| unsafe { ffi::MPI_Test(req, &mut flag, &mut status) }),
+                    "MPI_Isend",
+                )?;
+                if flag != 0 {
+                    break;
+                }
+                spins += 1;
+                if spins % 64 == 0 && Instant::now() >= deadline {
+                    // SAFETY: cancelling our own request.
+                    call(|| unsafe {
+                        ffi::MPI_Cancel(req);
+                        ffi::MPI_Request_free(req);
+                    });
+                    return Err(Error::timeout(format!(
+                        "rank {} could not hand a message to rank {}; it may have died or be running a \
+                         different collective (raise PCCL_TIMEOUT if it is only slow)",
+                        self.transport_rank, self.peer
+                    )));
+                }
+                std::thread::yield_now();
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Transport for MpiTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn name(&self) -> &'static str {
+        "mpi"
+    }
+    fn node_key(&self) -> u64 {
+        self.node
+    }
+
+    unsafe fn isend(
+        &self,
+        peer: usize,
+        tag: Tag,
+        ptr: *const u8,
+        len: usize,
+    ) -> Result<Box<dyn SendOp>> {
+        let mut reqs = Vec::with_capacity(self.pieces(len));
+        for k in 0..self.pieces(len) {
+            let (off, n) = self.piece(len, k);
+            // SAFETY: the request handle is written by MPI_Isend before use.
+            let mut req: ffi::MPI_Request = std::mem::zeroed();
+            let p = if n == 0 { ptr } else { ptr.add(off) };
+            // SAFETY: the caller keeps the bytes valid until the op's wait returns.
+            let rc = call(|| {
+                ffi::MPI_Isend(
+                    p as *const _,
+                    n as i32,
+                    ffi::RSMPI_UINT8_T,
+                    peer as i32,
+                    Self::mpi_tag(tag),
+                    self.comm,
+                    &mut req,
+                )
+            });
+            check(rc, "MPI_Isend")?;
+            reqs.push(req);
+        }
+        Ok(Box::new(MpiSend {
+            reqs,
+            transport_rank: self.rank,
+            peer,
+        }))
+    }
+
+    fn recv(
+        &self,
+        peer: usize,
+        tag: Tag,
+        len: usize,
+        deadline: Instant,
+        sink: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        let n = self.pieces(len);
+        const DEPTH: usize = 3;
+        let depth = DEPTH.min(n);
+        // u64 words keep every dtype aligned for the reduction kernels.
+        let mut bufs: Vec<Vec<u64>> = (0..depth)
+            .map(|_| vec![0u64; self.chunk.min(len).div_ceil(8).max(1)])
+            .collect();
+        let mut reqs: Vec<ffi::MPI_Request> = Vec::with_capacity(depth);
+        for (k, b) in bufs.iter_mut().enumerate().take(depth) {
+            let (_, m) = self.piece(len, k);
+            reqs.push(self.irecv(b.as_mut_ptr() as *mut u8, m, peer, tag)?);
+        }
+        for k in 0..n {
+            let slot = k % depth;
+            let (off, m) = self.piece(len, k);
+            let status = match self.wait_one(&mut reqs[slot], deadline, peer, "receive") {
+                Ok(s) => s,
+                Err(e) => {
+                    self.cancel_rest(&mut reqs, slot);
+                    return Err(e);
+                }
+            };
+            if let Err(e) = self.check_count(&status, m, peer) {
+                self.cancel_rest(&mut reqs, slot);
+                return Err(e);
+            }
+            let bytes: &[u8] = bytemuck::cast_slice(&bufs[slot]);
+            sink(off, &bytes[..m]);
+            if k + depth < n {
+                let (_, m2) = self.piece(len, k + depth);
+                reqs[slot] = self.irecv(bufs[slot].as_mut_ptr() as *mut u8, m2, peer, tag)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn recv_into(&self, peer: usize, tag: Tag, dst: &mut [u8], deadline: Instant) -> Result<()> {
+        let len = dst.len();
+        let n = self.pieces(len);
+        let base = dst.as_mut_ptr();
+        let mut reqs = Vec::with_capacity(n);
+        for k in 0..n {
+            let (off, m) = self.piece(len, k);
+            // SAFETY: `off` is within `dst` (or 0 for an empty message).
+            let p = if m == 0 {
+                base
+            } else {
+                unsafe { base.add(off) }
+            };
+            reqs.push(self.irecv(p, m, peer, tag)?);
+        }
+        for k in 0..n {
+            let (_, m) = self.piece(len, k);
+            let r = self
+                .wait_one(&mut reqs[k], deadline, peer, "receive")
+                .and_then(|s| self.check_count(&s, m, peer));
+            if let Err(e) = r {
+                self.cancel_rest(&mut reqs, k);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn subset(&self, members: &[usize], ctx: u64) -> Result<Arc<dyn Transport>> {
+        let ranks: Vec<i32> = members.iter().map(|&m| m as i32).collect();
+        // SAFETY: handles are written by MPI before use; `ranks` outlives the calls.
+        unsafe {
+            let mut group: ffi::MPI_Group = std::mem::zeroed();
+            let mut sub: ffi::MPI_Group = std::mem::zeroed();
+            let mut comm: ffi::MPI_Comm = std::mem::zeroed();
+            check(
+                call(|| ffi::MPI_Comm_group(self.comm, &mut group)),
+                "MPI_Comm_group",
+            )?;
+            check(
+                call(|| ffi::MPI_Group_incl(group, ranks.len() as i32, ranks.as_ptr(), &mut sub)),
+                "MPI_Group_incl",
+            )?;
+            let tag = (ctx % u64::from(TAG_SPACE)) as i32;
+            let rc = call(|| ffi::MPI_Comm_create_group(self.comm, sub, tag, &mut comm));
+            call(|| {
+                ffi::MPI_Group_free(&mut sub);
+                ffi::MPI_Group_free(&mut group);
+            });
+            check(rc, "MPI_Comm_create_group")?;
+            Ok(Arc::new(Self::adopt(comm, self.chunk)?))
+        }
+    }
+}
+
+impl MpiTransport {
+    fn cancel_rest(&self, reqs: &mut [ffi::MPI_Request], done: usize) {
+        for (i, r) in reqs.iter_mut().enumerate() {
+            if i != done {
+                // SAFETY: cancelling requests we posted and never completed.
+                call(|| unsafe {
+                    if *r != ffi::RSMPI_REQUEST_NULL {
+                        ffi::MPI_Cancel(r);
+                        ffi::MPI_Request_free(r);
+                    }
+                });
+            }
+        }
+    }
+}
