@@ -56,11 +56,15 @@ impl Default for Config {
 }
 
 fn var(name: &str) -> Option<String> {
-    std::env::var(name).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+    std::env::var(name)
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
 }
 
 fn parse_num<T: std::str::FromStr>(name: &str, v: &str) -> Result<T> {
-    v.parse().map_err(|_| Error::invalid(format!("{name}={v} is not a valid number")))
+    v.parse()
+        .map_err(|_| Error::invalid(format!("{name}={v} is not a valid number")))
 }
 
 /// Parses a byte size such as `4096`, `64K`, `16M`, `1G`.
@@ -72,10 +76,13 @@ pub fn parse_bytes(v: &str) -> Result<usize> {
         Some('G') => (&v[..v.len() - 1], 1 << 30),
         _ => (v, 1),
     };
-    let n: usize = num
-        .parse()
-        .map_err(|_| Error::invalid(format!("'{v}' is not a byte size (e.g. 4096, 64K, 16M, 1G)")))?;
-    n.checked_mul(mult).ok_or_else(|| Error::invalid(format!("byte size '{v}' overflows")))
+    let n: usize = num.parse().map_err(|_| {
+        Error::invalid(format!(
+            "'{v}' is not a byte size (e.g. 4096, 64K, 16M, 1G)"
+        ))
+    })?;
+    n.checked_mul(mult)
+        .ok_or_else(|| Error::invalid(format!("byte size '{v}' overflows")))
 }
 
 impl Config {
@@ -87,7 +94,11 @@ impl Config {
                 "WARN" | "VERSION" => DebugLevel::Warn,
                 "INFO" => DebugLevel::Info,
                 "TRACE" => DebugLevel::Trace,
-                _ => return Err(Error::invalid(format!("PCCL_DEBUG={v}: expected WARN, INFO or TRACE"))),
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "PCCL_DEBUG={v}: expected WARN, INFO or TRACE"
+                    )))
+                }
             };
         }
         if let Some(v) = var("PCCL_ALGO") {
@@ -105,14 +116,18 @@ impl Config {
         if let Some(v) = var("PCCL_TIMEOUT") {
             let s: f64 = parse_num("PCCL_TIMEOUT", &v)?;
             if !(s > 0.0 && s.is_finite()) {
-                return Err(Error::invalid("PCCL_TIMEOUT must be a positive number of seconds"));
+                return Err(Error::invalid(
+                    "PCCL_TIMEOUT must be a positive number of seconds",
+                ));
             }
             c.timeout = Duration::from_secs_f64(s);
         }
         if let Some(v) = var("PCCL_CHUNK_SIZE") {
             let b = parse_bytes(&v)?;
             if b < 4096 {
-                return Err(Error::invalid("PCCL_CHUNK_SIZE must be at least 4096 bytes"));
+                return Err(Error::invalid(
+                    "PCCL_CHUNK_SIZE must be at least 4096 bytes",
+                ));
             }
             c.chunk_bytes = b & !63;
         }

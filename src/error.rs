@@ -29,7 +29,10 @@ pub struct Error {
 impl Error {
     /// Builds an error of `kind` with `message`.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error { kind, message: message.into() }
+        Error {
+            kind,
+            message: message.into(),
+        }
     }
     /// Shorthand for [`ErrorKind::InvalidArgument`].
     pub fn invalid(message: impl Into<String>) -> Self {

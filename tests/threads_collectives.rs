@@ -422,8 +422,8 @@ fn a_rank_that_never_arrives_ends_in_a_timeout_error() {
         comm.all_gather(&[1.0; 10], &mut out)
     })
     .unwrap();
-    for r in 0..2 {
-        let e = res[r].as_ref().unwrap_err();
+    for r in &res[..2] {
+        let e = r.as_ref().unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
     }
 }

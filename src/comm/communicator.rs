@@ -71,7 +71,8 @@ struct Call<T> {
 unsafe impl<T: Send> Send for Call<T> {}
 
 fn len_mul(a: usize, b: usize, what: &str) -> Result<usize> {
-    a.checked_mul(b).ok_or_else(|| Error::invalid(format!("{what}: count {a} x {b} ranks overflows usize")))
+    a.checked_mul(b)
+        .ok_or_else(|| Error::invalid(format!("{what}: count {a} x {b} ranks overflows usize")))
 }
 
 impl Communicator {
@@ -88,7 +89,8 @@ impl Communicator {
             Some(m) => Topology::uniform(p, m),
             None => {
                 // Exchange host keys with a flat ring on a provisional single-node topology.
-                let provisional = Communicator::build(transport.clone(), Topology::uniform(p, p), cfg.clone());
+                let provisional =
+                    Communicator::build(transport.clone(), Topology::uniform(p, p), cfg.clone());
                 let mut keys = vec![0u64; p];
                 provisional.all_gather(&[transport.node_key()], &mut keys)?;
                 Topology::from_node_keys(&keys)
@@ -125,7 +127,11 @@ impl Communicator {
 
     /// Runs `f` on `p` thread-ranks, each with its own communicator, and returns their
     /// results in rank order. The embedded way to use PCCL without MPI.
-    pub fn run_threads<R: Send>(p: usize, cfg: Config, f: impl Fn(Communicator) -> R + Sync) -> Result<Vec<R>> {
+    pub fn run_threads<R: Send>(
+        p: usize,
+        cfg: Config,
+        f: impl Fn(Communicator) -> R + Sync,
+    ) -> Result<Vec<R>> {
         if p == 0 {
             return Err(Error::invalid("a thread world needs at least one rank"));
         }
@@ -146,7 +152,10 @@ impl Communicator {
                 .collect::<Result<_>>()?;
             handles
                 .into_iter()
-                .map(|h| h.join().map_err(|_| Error::internal("a rank thread panicked"))?)
+                .map(|h| {
+                    h.join()
+                        .map_err(|_| Error::internal("a rank thread panicked"))?
+                })
                 .collect()
         })
     }
@@ -182,7 +191,12 @@ impl Communicator {
     /// Gathers every rank's `input` into `output` in rank order
     /// (`output.len() == input.len() * size()`).
     pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
-        let call = self.all_gather_call(input.as_ptr(), input.len(), output.as_mut_ptr(), output.len())?;
+        let call = self.all_gather_call(
+            input.as_ptr(),
+            input.len(),
+            output.as_mut_ptr(),
+            output.len(),
+        )?;
         // SAFETY: both slices are borrowed for the whole blocking call.
         unsafe { self.inner.run_blocking(call) }
     }
@@ -200,8 +214,19 @@ impl Communicator {
 
     /// Reduces everyone's `input` with `op` and leaves block `rank()` of the result in
     /// `output` (`input.len() == output.len() * size()`).
-    pub fn reduce_scatter<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
-        let call = self.reduce_scatter_call::<T>(input.as_ptr(), input.len(), output.as_mut_ptr(), output.len(), op)?;
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let call = self.reduce_scatter_call::<T>(
+            input.as_ptr(),
+            input.len(),
+            output.as_mut_ptr(),
+            output.len(),
+            op,
+        )?;
         // SAFETY: both slices are borrowed for the whole blocking call.
         unsafe { self.inner.run_blocking(call) }
     }
@@ -219,15 +244,27 @@ impl Communicator {
     }
 
     /// Reduces everyone's `input` with `op` into every rank's `output` (same lengths).
-    pub fn all_reduce<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
-        let call = self.all_reduce_call::<T>(input.as_ptr(), input.len(), output.as_mut_ptr(), output.len(), op)?;
+    pub fn all_reduce<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let call = self.all_reduce_call::<T>(
+            input.as_ptr(),
+            input.len(),
+            output.as_mut_ptr(),
+            output.len(),
+            op,
+        )?;
         // SAFETY: both slices are borrowed for the whole blocking call.
         unsafe { self.inner.run_blocking(call) }
     }
 
     /// In-place all-reduce.
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let call = self.all_reduce_call::<T>(buf.as_ptr(), buf.len(), buf.as_mut_ptr(), buf.len(), op)?;
+        let call =
+            self.all_reduce_call::<T>(buf.as_ptr(), buf.len(), buf.as_mut_ptr(), buf.len(), op)?;
         // SAFETY: `buf` is borrowed for the whole call; the aliasing is the in-place form.
         unsafe { self.inner.run_blocking(call) }
     }
@@ -263,14 +300,20 @@ impl Communicator {
     }
 
     /// Non-blocking [`Communicator::reduce_scatter`].
-    pub fn reduce_scatter_async<T, I, O>(&self, input: I, mut output: O, op: ReduceOp) -> Result<Request<(I, O)>>
+    pub fn reduce_scatter_async<T, I, O>(
+        &self,
+        input: I,
+        mut output: O,
+        op: ReduceOp,
+    ) -> Result<Request<(I, O)>>
     where
         T: Element,
         I: AsRef<[T]> + Send + 'static,
         O: AsMut<[T]> + Send + 'static,
     {
         let (i, o) = (input.as_ref(), output.as_mut());
-        let call = self.reduce_scatter_call::<T>(i.as_ptr(), i.len(), o.as_mut_ptr(), o.len(), op)?;
+        let call =
+            self.reduce_scatter_call::<T>(i.as_ptr(), i.len(), o.as_mut_ptr(), o.len(), op)?;
         // SAFETY: as in `all_gather_async`.
         unsafe { self.inner.submit(call, (input, output)) }
     }
@@ -317,7 +360,13 @@ impl Communicator {
     /// # Safety
     /// The buffers must be valid for the element counts the collective implies and stay
     /// untouched by others until the call returns.
-    pub unsafe fn raw_collective<T: Element>(&self, coll: RawCollective, send: *const T, recv: *mut T, count: usize) -> Result<()> {
+    pub unsafe fn raw_collective<T: Element>(
+        &self,
+        coll: RawCollective,
+        send: *const T,
+        recv: *mut T,
+        count: usize,
+    ) -> Result<()> {
         let call = self.raw_call(coll, send, recv, count)?;
         self.inner.run_blocking(call)
     }
@@ -326,7 +375,13 @@ impl Communicator {
     ///
     /// # Safety
     /// As for [`Communicator::raw_collective`], until the request has completed.
-    pub unsafe fn raw_collective_async<T: Element>(&self, coll: RawCollective, send: *const T, recv: *mut T, count: usize) -> Result<Request<()>> {
+    pub unsafe fn raw_collective_async<T: Element>(
+        &self,
+        coll: RawCollective,
+        send: *const T,
+        recv: *mut T,
+        count: usize,
+    ) -> Result<Request<()>> {
         let call = self.raw_call(coll, send, recv, count)?;
         self.inner.submit(call, ())
     }
@@ -336,7 +391,13 @@ impl Communicator {
         self.barrier_async()
     }
 
-    unsafe fn raw_call<T: Element>(&self, coll: RawCollective, send: *const T, recv: *mut T, count: usize) -> Result<Call<T>> {
+    unsafe fn raw_call<T: Element>(
+        &self,
+        coll: RawCollective,
+        send: *const T,
+        recv: *mut T,
+        count: usize,
+    ) -> Result<Call<T>> {
         let p = self.size();
         let es = std::mem::size_of::<T>();
         let (in_len, out_len) = match coll {
@@ -350,11 +411,18 @@ impl Communicator {
             _ => true,
         };
         if (needs_send && in_len > 0 && send.is_null()) || (out_len > 0 && recv.is_null()) {
-            return Err(Error::invalid("a buffer pointer is NULL but the count is above zero"));
+            return Err(Error::invalid(
+                "a buffer pointer is NULL but the count is above zero",
+            ));
         }
         let align = std::mem::align_of::<T>();
-        if (in_len > 0 && needs_send && send as usize % align != 0) || (out_len > 0 && recv as usize % align != 0) {
-            return Err(Error::invalid(format!("buffers of dtype {} must be aligned to {align} bytes", T::DTYPE)));
+        if (in_len > 0 && needs_send && send as usize % align != 0)
+            || (out_len > 0 && recv as usize % align != 0)
+        {
+            return Err(Error::invalid(format!(
+                "buffers of dtype {} must be aligned to {align} bytes",
+                T::DTYPE
+            )));
         }
         let (s0, s1) = (send as usize, send as usize + in_len * es);
         let (r0, r1) = (recv as usize, recv as usize + out_len * es);
@@ -373,7 +441,9 @@ impl Communicator {
         }
         match coll {
             RawCollective::AllGather => self.all_gather_call(send, in_len, recv, out_len),
-            RawCollective::ReduceScatter(op) => self.reduce_scatter_call(send, in_len, recv, out_len, op),
+            RawCollective::ReduceScatter(op) => {
+                self.reduce_scatter_call(send, in_len, recv, out_len, op)
+            }
             RawCollective::AllReduce(op) => self.all_reduce_call(send, in_len, recv, out_len, op),
             RawCollective::Broadcast(root) => {
                 let mut c = self.broadcast_call(recv, count, root)?;
@@ -401,9 +471,16 @@ impl Communicator {
         members.sort_by_key(|&r| (all[2 * r + 1], r));
         let ctx = fnv1a(&[u64::from(tag).to_le_bytes(), u64::from(color).to_le_bytes()].concat());
         let transport = self.inner.transport.subset(&members, ctx)?;
-        let keys: Vec<u64> = members.iter().map(|&r| self.inner.topo.position(r).0 as u64).collect();
+        let keys: Vec<u64> = members
+            .iter()
+            .map(|&r| self.inner.topo.position(r).0 as u64)
+            .collect();
         let topo = Topology::from_node_keys(&keys);
-        Ok(Some(Communicator::build(transport, topo, self.inner.cfg.clone())))
+        Ok(Some(Communicator::build(
+            transport,
+            topo,
+            self.inner.cfg.clone(),
+        )))
     }
 
     // ---- argument checking ----------------------------------------------------------------
@@ -418,7 +495,13 @@ impl Communicator {
         Ok(len / p)
     }
 
-    fn all_gather_call<T: Element>(&self, inp: *const T, in_len: usize, out: *mut T, out_len: usize) -> Result<Call<T>> {
+    fn all_gather_call<T: Element>(
+        &self,
+        inp: *const T,
+        in_len: usize,
+        out: *mut T,
+        out_len: usize,
+    ) -> Result<Call<T>> {
         let p = self.size();
         let need = len_mul(in_len, p, "all_gather")?;
         if out_len != need {
@@ -430,13 +513,34 @@ impl Communicator {
             coll: Collective::AllGather,
             op: ReduceOp::Sum,
             block_bytes: in_len * std::mem::size_of::<T>(),
-            input: (inp, in_len, BlockLayout::Uniform { count: in_len, parts: 1 }),
-            output: (out, out_len, BlockLayout::Uniform { count: in_len, parts: p }),
+            input: (
+                inp,
+                in_len,
+                BlockLayout::Uniform {
+                    count: in_len,
+                    parts: 1,
+                },
+            ),
+            output: (
+                out,
+                out_len,
+                BlockLayout::Uniform {
+                    count: in_len,
+                    parts: p,
+                },
+            ),
             scratch: BlockLayout::Uniform { count: 0, parts: 0 },
         })
     }
 
-    fn reduce_scatter_call<T: Element>(&self, inp: *const T, in_len: usize, out: *mut T, out_len: usize, op: ReduceOp) -> Result<Call<T>> {
+    fn reduce_scatter_call<T: Element>(
+        &self,
+        inp: *const T,
+        in_len: usize,
+        out: *mut T,
+        out_len: usize,
+        op: ReduceOp,
+    ) -> Result<Call<T>> {
         T::DTYPE.check_op(op)?;
         let p = self.size();
         let need = len_mul(out_len, p, "reduce_scatter")?;
@@ -445,18 +549,37 @@ impl Communicator {
                 "reduce_scatter: input holds {in_len} elements but {p} ranks x {out_len} needs {need}"
             )));
         }
-        let lay = BlockLayout::Uniform { count: out_len, parts: p };
+        let lay = BlockLayout::Uniform {
+            count: out_len,
+            parts: p,
+        };
         Ok(Call {
-            coll: Collective::ReduceScatter { average: op == ReduceOp::Avg },
+            coll: Collective::ReduceScatter {
+                average: op == ReduceOp::Avg,
+            },
             op,
             block_bytes: out_len * std::mem::size_of::<T>(),
             input: (inp, in_len, lay),
-            output: (out, out_len, BlockLayout::Uniform { count: out_len, parts: 1 }),
+            output: (
+                out,
+                out_len,
+                BlockLayout::Uniform {
+                    count: out_len,
+                    parts: 1,
+                },
+            ),
             scratch: lay,
         })
     }
 
-    fn all_reduce_call<T: Element>(&self, inp: *const T, in_len: usize, out: *mut T, out_len: usize, op: ReduceOp) -> Result<Call<T>> {
+    fn all_reduce_call<T: Element>(
+        &self,
+        inp: *const T,
+        in_len: usize,
+        out: *mut T,
+        out_len: usize,
+        op: ReduceOp,
+    ) -> Result<Call<T>> {
         T::DTYPE.check_op(op)?;
         if in_len != out_len {
             return Err(Error::invalid(format!(
@@ -464,9 +587,14 @@ impl Communicator {
             )));
         }
         let p = self.size();
-        let lay = BlockLayout::Balanced { total: in_len, parts: p };
+        let lay = BlockLayout::Balanced {
+            total: in_len,
+            parts: p,
+        };
         Ok(Call {
-            coll: Collective::AllReduce { average: op == ReduceOp::Avg },
+            coll: Collective::AllReduce {
+                average: op == ReduceOp::Avg,
+            },
             op,
             block_bytes: in_len.div_ceil(p) * std::mem::size_of::<T>(),
             input: (inp, in_len, lay),
@@ -482,7 +610,10 @@ impl Communicator {
                 self.size()
             )));
         }
-        let lay = BlockLayout::Uniform { count: len, parts: 1 };
+        let lay = BlockLayout::Uniform {
+            count: len,
+            parts: 1,
+        };
         Ok(Call {
             coll: Collective::Broadcast { root },
             op: ReduceOp::Sum,
@@ -518,7 +649,10 @@ impl Inner {
         let rank = self.transport.rank();
         let (best, scored) = tuner::choose(coll, &self.topo, block_bytes, &self.cfg.model)?;
         if self.cfg.debug >= DebugLevel::Info && rank == 0 {
-            let table: Vec<String> = scored.iter().map(|(a, t)| format!("{a} {:.1}us", t * 1e6)).collect();
+            let table: Vec<String> = scored
+                .iter()
+                .map(|(a, t)| format!("{a} {:.1}us", t * 1e6))
+                .collect();
             eprintln!(
                 "PCCL INFO {:?} {} B/block on {} ({}): {} [model: {}]",
                 coll,
@@ -567,7 +701,11 @@ impl Inner {
     /// # Safety
     /// The buffers `call` points to must stay valid and untouched until the job completes;
     /// the callers guarantee it by moving their owners into `keep`.
-    unsafe fn submit<T: Element, K: Send + 'static>(self: &Arc<Self>, call: Call<T>, keep: K) -> Result<Request<K>> {
+    unsafe fn submit<T: Element, K: Send + 'static>(
+        self: &Arc<Self>,
+        call: Call<T>,
+        keep: K,
+    ) -> Result<Request<K>> {
         let tag = self.seq.fetch_add(1, Ordering::SeqCst);
         let plan = self.plan(call.coll, call.block_bytes)?;
         let (req, done) = pair();
@@ -580,7 +718,10 @@ impl Inner {
         });
         let mut w = lock(&self.worker);
         if w.is_none() {
-            *w = Some(Worker::start(format!("pccl-progress-{}", self.transport.rank())).inspect_err(|_| self.outstanding.done())?);
+            *w = Some(
+                Worker::start(format!("pccl-progress-{}", self.transport.rank()))
+                    .inspect_err(|_| self.outstanding.done())?,
+            );
         }
         if let Some(worker) = w.as_ref() {
             if let Err(e) = worker.submit(job) {
@@ -603,8 +744,18 @@ impl Inner {
         let s_len = s.len();
         // SAFETY: the front end guarantees input/output validity (see `run_blocking` and
         // `submit`); the scratch slice is owned by the lock guard held for the whole call.
-        let mem = unsafe { Memory::from_raw(call.input, call.output, (s.as_mut_ptr(), s_len, call.scratch))? };
-        let opt = ExecOptions { tag, timeout: self.cfg.timeout, op: call.op };
+        let mem = unsafe {
+            Memory::from_raw(
+                call.input,
+                call.output,
+                (s.as_mut_ptr(), s_len, call.scratch),
+            )?
+        };
+        let opt = ExecOptions {
+            tag,
+            timeout: self.cfg.timeout,
+            op: call.op,
+        };
         execute(plan, self.transport.as_ref(), &mem, &opt)
     }
 }

@@ -62,7 +62,9 @@ impl Worker {
 
     /// Queues a job behind the ones already queued.
     pub fn submit(&self, job: Job) -> Result<()> {
-        self.tx.send(job).map_err(|_| Error::internal("the progress thread has stopped"))
+        self.tx
+            .send(job)
+            .map_err(|_| Error::internal("the progress thread has stopped"))
     }
 }
 

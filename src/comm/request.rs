@@ -21,7 +21,10 @@ pub(crate) struct Completer<R> {
 
 /// A new request and the handle that completes it.
 pub(crate) fn pair<R>() -> (Request<R>, Completer<R>) {
-    let slot = Arc::new(Slot { value: Mutex::new(None), cv: Condvar::new() });
+    let slot = Arc::new(Slot {
+        value: Mutex::new(None),
+        cv: Condvar::new(),
+    });
     (Request { slot: slot.clone() }, Completer { slot })
 }
 
@@ -46,13 +49,19 @@ impl<R> Request<R> {
 
     /// True once the collective has finished (successfully or not); never blocks.
     pub fn test(&self) -> bool {
-        self.slot.value.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+        self.slot
+            .value
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
     }
 }
 
 impl<R> std::fmt::Debug for Request<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Request").field("completed", &self.test()).finish()
+        f.debug_struct("Request")
+            .field("completed", &self.test())
+            .finish()
     }
 }
 

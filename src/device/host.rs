@@ -15,12 +15,14 @@ macro_rules! int_element {
                 let n = dst.len().min(src.len());
                 let (dst, src) = (&mut dst[..n], &src[..n]);
                 match op {
-                    ReduceOp::Sum | ReduceOp::Avg => {
-                        dst.iter_mut().zip(src).for_each(|(d, s)| *d = d.wrapping_add(*s))
-                    }
-                    ReduceOp::Prod => {
-                        dst.iter_mut().zip(src).for_each(|(d, s)| *d = d.wrapping_mul(*s))
-                    }
+                    ReduceOp::Sum | ReduceOp::Avg => dst
+                        .iter_mut()
+                        .zip(src)
+                        .for_each(|(d, s)| *d = d.wrapping_add(*s)),
+                    ReduceOp::Prod => dst
+                        .iter_mut()
+                        .zip(src)
+                        .for_each(|(d, s)| *d = d.wrapping_mul(*s)),
                     ReduceOp::Min => dst.iter_mut().zip(src).for_each(|(d, s)| *d = (*d).min(*s)),
                     ReduceOp::Max => dst.iter_mut().zip(src).for_each(|(d, s)| *d = (*d).max(*s)),
                 }
@@ -30,7 +32,9 @@ macro_rules! int_element {
                 let (dst, a, b) = (&mut dst[..n], &a[..n], &b[..n]);
                 let it = dst.iter_mut().zip(a.iter().zip(b));
                 match op {
-                    ReduceOp::Sum | ReduceOp::Avg => it.for_each(|(d, (x, y))| *d = x.wrapping_add(*y)),
+                    ReduceOp::Sum | ReduceOp::Avg => {
+                        it.for_each(|(d, (x, y))| *d = x.wrapping_add(*y))
+                    }
                     ReduceOp::Prod => it.for_each(|(d, (x, y))| *d = x.wrapping_mul(*y)),
                     ReduceOp::Min => it.for_each(|(d, (x, y))| *d = (*x).min(*y)),
                     ReduceOp::Max => it.for_each(|(d, (x, y))| *d = (*x).max(*y)),
@@ -59,7 +63,9 @@ macro_rules! float_element {
                 let n = dst.len().min(src.len());
                 let (dst, src) = (&mut dst[..n], &src[..n]);
                 match op {
-                    ReduceOp::Sum | ReduceOp::Avg => dst.iter_mut().zip(src).for_each(|(d, s)| *d += *s),
+                    ReduceOp::Sum | ReduceOp::Avg => {
+                        dst.iter_mut().zip(src).for_each(|(d, s)| *d += *s)
+                    }
                     ReduceOp::Prod => dst.iter_mut().zip(src).for_each(|(d, s)| *d *= *s),
                     ReduceOp::Min => dst.iter_mut().zip(src).for_each(|(d, s)| *d = d.min(*s)),
                     ReduceOp::Max => dst.iter_mut().zip(src).for_each(|(d, s)| *d = d.max(*s)),
@@ -117,7 +123,11 @@ macro_rules! half_element {
                 let n = dst.len().min(x.len()).min(y.len());
                 let mut a = [0f32; TILE];
                 let mut b = [0f32; TILE];
-                for ((d, xs), ys) in dst[..n].chunks_mut(TILE).zip(x[..n].chunks(TILE)).zip(y[..n].chunks(TILE)) {
+                for ((d, xs), ys) in dst[..n]
+                    .chunks_mut(TILE)
+                    .zip(x[..n].chunks(TILE))
+                    .zip(y[..n].chunks(TILE))
+                {
                     let k = d.len();
                     xs.convert_to_f32_slice(&mut a[..k]);
                     ys.convert_to_f32_slice(&mut b[..k]);
@@ -127,7 +137,8 @@ macro_rules! half_element {
             }
             fn divide(dst: &mut [Self], n: usize) {
                 let n = n as f32;
-                dst.iter_mut().for_each(|d| *d = <$t>::from_f32(d.to_f32() / n));
+                dst.iter_mut()
+                    .for_each(|d| *d = <$t>::from_f32(d.to_f32() / n));
             }
             fn from_i64(v: i64) -> Self {
                 <$t>::from_f32(v as f32)
@@ -157,14 +168,14 @@ mod tests {
         let b: Vec<bf16> = (0..n).map(|i| bf16::from_f32((i % 7) as f32)).collect();
         let mut d = vec![bf16::ZERO; n];
         <bf16 as Element>::reduce3(ReduceOp::Sum, &mut d, &a, &b);
-        for i in 0..n {
-            assert_eq!(d[i].to_f32(), ((i % 50) + (i % 7)) as f32);
+        for (i, x) in d.iter().enumerate() {
+            assert_eq!(x.to_f32(), ((i % 50) + (i % 7)) as f32);
         }
         let mut m: Vec<f16> = a.iter().map(|x| f16::from_f32(x.to_f32())).collect();
         let bh: Vec<f16> = b.iter().map(|x| f16::from_f32(x.to_f32())).collect();
         <f16 as Element>::reduce_into(ReduceOp::Max, &mut m, &bh);
-        for i in 0..n {
-            assert_eq!(m[i].to_f32(), ((i % 50).max(i % 7)) as f32);
+        for (i, x) in m.iter().enumerate() {
+            assert_eq!(x.to_f32(), ((i % 50).max(i % 7)) as f32);
         }
     }
 

@@ -42,7 +42,11 @@ fn segments<T>(mem: &Memory<'_, T>, spans: &[Span]) -> Vec<Seg> {
                 continue;
             }
         }
-        v.push(Seg { buf: s.buf, off: r.start, len: r.len() });
+        v.push(Seg {
+            buf: s.buf,
+            off: r.start,
+            len: r.len(),
+        });
     }
     v
 }
@@ -60,8 +64,16 @@ fn zip_segments(a: &[Seg], b: &[Seg]) -> Vec<(usize, usize, Seg, Seg)> {
         out.push((
             pos,
             n,
-            Seg { buf: a[i].buf, off: a[i].off + ai, len: n },
-            Seg { buf: b[j].buf, off: b[j].off + bj, len: n },
+            Seg {
+                buf: a[i].buf,
+                off: a[i].off + ai,
+                len: n,
+            },
+            Seg {
+                buf: b[j].buf,
+                off: b[j].off + bj,
+                len: n,
+            },
         ));
         pos += n;
         ai += n;
@@ -80,7 +92,12 @@ fn zip_segments(a: &[Seg], b: &[Seg]) -> Vec<(usize, usize, Seg, Seg)> {
 
 /// Calls `f(src_elems, piece)` for every part of `pieces` (message offset, length, payload)
 /// that overlaps the message elements `[e0, e0 + src.len())`.
-fn for_overlaps<T, P: Copy>(pieces: &[(usize, usize, P)], e0: usize, src: &[T], mut f: impl FnMut(&[T], P, usize)) {
+fn for_overlaps<T, P: Copy>(
+    pieces: &[(usize, usize, P)],
+    e0: usize,
+    src: &[T],
+    mut f: impl FnMut(&[T], P, usize),
+) {
     let e1 = e0 + src.len();
     // Pieces are sorted by offset: skip to the first that ends after e0.
     let first = pieces.partition_point(|(off, len, _)| off + len <= e0);
@@ -107,14 +124,25 @@ fn as_elems<T: Element>(bytes: &[u8], scratch: &mut Vec<T>) -> Option<usize> {
 
 /// Runs `plan` on `tr` over `mem`. Every rank of the communicator must run its own plan of
 /// the same collective with the same tag.
-pub fn execute<T: Element>(plan: &Plan, tr: &dyn Transport, mem: &Memory<'_, T>, opt: &ExecOptions) -> Result<()> {
+pub fn execute<T: Element>(
+    plan: &Plan,
+    tr: &dyn Transport,
+    mem: &Memory<'_, T>,
+    opt: &ExecOptions,
+) -> Result<()> {
     for phase in &plan.phases {
         run_phase(phase, plan.nranks, tr, mem, opt)?;
     }
     Ok(())
 }
 
-fn run_phase<T: Element>(phase: &Phase, nranks: usize, tr: &dyn Transport, mem: &Memory<'_, T>, opt: &ExecOptions) -> Result<()> {
+fn run_phase<T: Element>(
+    phase: &Phase,
+    nranks: usize,
+    tr: &dyn Transport,
+    mem: &Memory<'_, T>,
+    opt: &ExecOptions,
+) -> Result<()> {
     let es = std::mem::size_of::<T>();
     let deadline = || Instant::now() + opt.timeout;
     let mut staging: Vec<Vec<T>> = Vec::new();
@@ -161,7 +189,9 @@ fn run_phase<T: Element>(phase: &Phase, nranks: usize, tr: &dyn Transport, mem: 
         for step in &phase.steps {
             let r = match step {
                 Step::Recv { peer, dst } => recv_copy(tr, *peer, dst, mem, opt, deadline()),
-                Step::RecvReduce { peer, dst, with } => recv_reduce(tr, *peer, dst, with, mem, opt, deadline()),
+                Step::RecvReduce { peer, dst, with } => {
+                    recv_reduce(tr, *peer, dst, with, mem, opt, deadline())
+                }
                 _ => Ok(()),
             };
             if let Err(e) = r {
@@ -198,7 +228,10 @@ fn local_steps<T: Element>(phase: &Phase, nranks: usize, mem: &Memory<'_, T>) ->
                     }
                     // SAFETY: the plan writes `b` only here in this phase and `a` is not
                     // written; distinct addresses of distinct blocks do not overlap.
-                    unsafe { mem.slice_mut(b.buf, b.off, n).copy_from_slice(mem.slice(a.buf, a.off, n)) };
+                    unsafe {
+                        mem.slice_mut(b.buf, b.off, n)
+                            .copy_from_slice(mem.slice(a.buf, a.off, n))
+                    };
                 }
             }
             Step::Average { dst } => {
@@ -263,27 +296,40 @@ fn recv_reduce<T: Element>(
         return Err(Error::internal("reduce operand and target differ in size"));
     }
     let es = std::mem::size_of::<T>();
-    let pieces: Vec<(usize, usize, (Seg, Seg))> =
-        zip_segments(&d, &w).into_iter().map(|(pos, n, a, b)| (pos, n, (a, b))).collect();
+    let pieces: Vec<(usize, usize, (Seg, Seg))> = zip_segments(&d, &w)
+        .into_iter()
+        .map(|(pos, n, a, b)| (pos, n, (a, b)))
+        .collect();
     let op = opt.op;
     let mut tmp: Vec<T> = Vec::new();
-    tr.recv(peer, opt.tag, total(&d) * es, deadline, &mut |off, bytes| {
-        let src: &[T] = match as_elems::<T>(bytes, &mut tmp) {
-            None => bytemuck::cast_slice(bytes),
-            Some(_) => &tmp,
-        };
-        for_overlaps(&pieces, off / es, src, |part, (ds, ws), at| {
-            let n = part.len();
-            if mem.addr(ds.buf, ds.off + at) == mem.addr(ws.buf, ws.off + at) {
-                // SAFETY: an in-place reduction; the target is exclusive to this step.
-                T::reduce_into(op, unsafe { mem.slice_mut(ds.buf, ds.off + at, n) }, part);
-            } else {
-                // SAFETY: target and operand are distinct blocks (never partially overlapping),
-                // and the target is exclusive to this step.
-                unsafe {
-                    T::reduce3(op, mem.slice_mut(ds.buf, ds.off + at, n), mem.slice(ws.buf, ws.off + at, n), part)
-                };
-            }
-        });
-    })
+    tr.recv(
+        peer,
+        opt.tag,
+        total(&d) * es,
+        deadline,
+        &mut |off, bytes| {
+            let src: &[T] = match as_elems::<T>(bytes, &mut tmp) {
+                None => bytemuck::cast_slice(bytes),
+                Some(_) => &tmp,
+            };
+            for_overlaps(&pieces, off / es, src, |part, (ds, ws), at| {
+                let n = part.len();
+                if mem.addr(ds.buf, ds.off + at) == mem.addr(ws.buf, ws.off + at) {
+                    // SAFETY: an in-place reduction; the target is exclusive to this step.
+                    T::reduce_into(op, unsafe { mem.slice_mut(ds.buf, ds.off + at, n) }, part);
+                } else {
+                    // SAFETY: target and operand are distinct blocks (never partially overlapping),
+                    // and the target is exclusive to this step.
+                    unsafe {
+                        T::reduce3(
+                            op,
+                            mem.slice_mut(ds.buf, ds.off + at, n),
+                            mem.slice(ws.buf, ws.off + at, n),
+                            part,
+                        )
+                    };
+                }
+            });
+        },
+    )
 }

@@ -102,9 +102,21 @@ impl<'a, T> Memory<'a, T> {
         check("output", output.1, &output.2)?;
         check("scratch", scratch.1, &scratch.2)?;
         Ok(Memory {
-            input: Region { ptr: input.0 as *mut T, len: input.1, layout: input.2 },
-            output: Region { ptr: output.0, len: output.1, layout: output.2 },
-            scratch: Region { ptr: scratch.0, len: scratch.1, layout: scratch.2 },
+            input: Region {
+                ptr: input.0 as *mut T,
+                len: input.1,
+                layout: input.2,
+            },
+            output: Region {
+                ptr: output.0,
+                len: output.1,
+                layout: output.2,
+            },
+            scratch: Region {
+                ptr: scratch.0,
+                len: scratch.1,
+                layout: scratch.2,
+            },
             _borrow: PhantomData,
         })
     }
@@ -121,7 +133,9 @@ impl<'a, T> Memory<'a, T> {
     pub fn ptr_at(&self, b: Buf, off: usize, len: usize) -> Result<*const T> {
         let r = self.region(b);
         if off + len > r.len {
-            return Err(Error::internal(format!("{len} elements at {off} run past {b:?}")));
+            return Err(Error::internal(format!(
+                "{len} elements at {off} run past {b:?}"
+            )));
         }
         // SAFETY: `off` is within the region (checked above), so the offset stays in bounds.
         Ok(unsafe { r.ptr.add(off) })

@@ -43,8 +43,15 @@ impl FromStr for CostParams {
         let v: Vec<f64> = s.split(',').map(|x| x.trim().parse::<f64>()).collect::<std::result::Result<_, _>>().map_err(|_| {
             Error::invalid(format!("PCCL_MODEL='{s}': expected five numbers a_intra_us,bw_intra_GBps,a_inter_us,bw_inter_GBps,bw_reduce_GBps"))
         })?;
-        if v.len() != 5 || v.iter().any(|x| !(x.is_finite() && *x >= 0.0)) || v[1] == 0.0 || v[3] == 0.0 || v[4] == 0.0 {
-            return Err(Error::invalid(format!("PCCL_MODEL='{s}': expected five non-negative numbers, bandwidths above zero")));
+        if v.len() != 5
+            || v.iter().any(|x| !(x.is_finite() && *x >= 0.0))
+            || v[1] == 0.0
+            || v[3] == 0.0
+            || v[4] == 0.0
+        {
+            return Err(Error::invalid(format!(
+                "PCCL_MODEL='{s}': expected five non-negative numbers, bandwidths above zero"
+            )));
         }
         Ok(CostParams {
             alpha_intra: v[0] * 1e-6,
@@ -79,7 +86,11 @@ pub fn plan_time(plan: &Plan, topo: &Topology, block_bytes: f64, prm: &CostParam
                     Step::Average { .. } => continue,
                 };
                 let inter = topo.position(peer).0 != my_node;
-                let (a, b) = if inter { (prm.alpha_inter, prm.beta_inter) } else { (prm.alpha_intra, prm.beta_intra) };
+                let (a, b) = if inter {
+                    (prm.alpha_inter, prm.beta_inter)
+                } else {
+                    (prm.alpha_intra, prm.beta_intra)
+                };
                 slowest = slowest.max(a + n as f64 * block_bytes * b);
             }
             slowest + reduce

@@ -7,7 +7,10 @@ use crate::topology::Topology;
 
 /// The algorithms worth considering on `topo`.
 pub fn candidates(topo: &Topology) -> Vec<Algorithm> {
-    let mut v = vec![Algorithm::Flat(LevelAlgo::Ring), Algorithm::Flat(LevelAlgo::Rd)];
+    let mut v = vec![
+        Algorithm::Flat(LevelAlgo::Ring),
+        Algorithm::Flat(LevelAlgo::Rd),
+    ];
     if let Some(m) = topo.ranks_per_node() {
         if m > 1 && topo.nodes().len() > 1 {
             for inter in [LevelAlgo::Rd, LevelAlgo::Ring] {
@@ -25,7 +28,12 @@ pub fn candidates(topo: &Topology) -> Vec<Algorithm> {
 ///
 /// Every rank must choose the same algorithm, so the score depends only on the topology: the
 /// slowest of a few fixed sample ranks (first, middle, last), not on the calling rank.
-pub fn choose(coll: Collective, topo: &Topology, block_bytes: usize, prm: &CostParams) -> Result<(Algorithm, Vec<(Algorithm, f64)>)> {
+pub fn choose(
+    coll: Collective,
+    topo: &Topology,
+    block_bytes: usize,
+    prm: &CostParams,
+) -> Result<(Algorithm, Vec<(Algorithm, f64)>)> {
     let p = topo.nranks();
     let mut samples = vec![0, p / 2, p.saturating_sub(1)];
     samples.dedup();
@@ -53,15 +61,32 @@ mod tests {
     #[test]
     fn many_small_blocks_across_nodes_prefer_logarithmic_inter_node_steps() {
         let topo = Topology::uniform(64, 4);
-        let prm = CostParams { alpha_inter: 20e-6, ..CostParams::default() };
+        let prm = CostParams {
+            alpha_inter: 20e-6,
+            ..CostParams::default()
+        };
         let (best, _) = choose(Collective::AllGather, &topo, 1024, &prm).unwrap();
-        assert!(matches!(best, Algorithm::Flat(LevelAlgo::Rd) | Algorithm::Hier { inter: LevelAlgo::Rd, .. }), "{best}");
+        assert!(
+            matches!(
+                best,
+                Algorithm::Flat(LevelAlgo::Rd)
+                    | Algorithm::Hier {
+                        inter: LevelAlgo::Rd,
+                        ..
+                    }
+            ),
+            "{best}"
+        );
     }
 
     #[test]
     fn a_slow_network_prefers_the_hierarchy() {
         let topo = Topology::uniform(16, 4);
-        let prm = CostParams { beta_inter: 1.0 / 1e9, beta_intra: 1.0 / 50e9, ..CostParams::default() };
+        let prm = CostParams {
+            beta_inter: 1.0 / 1e9,
+            beta_intra: 1.0 / 50e9,
+            ..CostParams::default()
+        };
         let (best, _) = choose(Collective::AllGather, &topo, 1 << 20, &prm).unwrap();
         assert!(matches!(best, Algorithm::Hier { .. }), "{best}");
     }

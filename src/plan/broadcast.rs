@@ -7,15 +7,24 @@ pub fn binomial(rank: usize, p: usize, root: usize) -> Vec<Phase> {
     let mut phases = Vec::new();
     let out = vec![Span::block(Buf::Output, 0)];
     if rank == root {
-        phases.push(Phase::of(vec![Step::Copy { src: vec![Span::block(Buf::Input, 0)], dst: out.clone() }]));
+        phases.push(Phase::of(vec![Step::Copy {
+            src: vec![Span::block(Buf::Input, 0)],
+            dst: out.clone(),
+        }]));
     }
     let v = (rank + p - root) % p;
     let mut mask = 1;
     while mask < p {
         if v < mask && v + mask < p {
-            phases.push(Phase::of(vec![Step::Send { peer: (v + mask + root) % p, src: out.clone() }]));
+            phases.push(Phase::of(vec![Step::Send {
+                peer: (v + mask + root) % p,
+                src: out.clone(),
+            }]));
         } else if v >= mask && v < 2 * mask {
-            phases.push(Phase::of(vec![Step::Recv { peer: (v - mask + root) % p, dst: out.clone() }]));
+            phases.push(Phase::of(vec![Step::Recv {
+                peer: (v - mask + root) % p,
+                dst: out.clone(),
+            }]));
         }
         mask <<= 1;
     }
@@ -28,8 +37,14 @@ pub fn barrier(rank: usize, p: usize) -> Vec<Phase> {
     let mut dist = 1;
     while dist < p {
         phases.push(Phase::of(vec![
-            Step::Send { peer: (rank + dist) % p, src: vec![] },
-            Step::Recv { peer: (rank + p - dist) % p, dst: vec![] },
+            Step::Send {
+                peer: (rank + dist) % p,
+                src: vec![],
+            },
+            Step::Recv {
+                peer: (rank + p - dist) % p,
+                dst: vec![],
+            },
         ]));
         dist <<= 1;
     }

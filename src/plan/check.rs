@@ -25,7 +25,8 @@ impl RankSet {
     }
     /// Union; `Err` if the sets overlap (a contribution would be counted twice).
     fn union_disjoint(&self, other: &RankSet) -> Result<RankSet, ()> {
-        let mut v: SmallVec<[(u32, u32); 4]> = self.0.iter().chain(other.0.iter()).copied().collect();
+        let mut v: SmallVec<[(u32, u32); 4]> =
+            self.0.iter().chain(other.0.iter()).copied().collect();
         v.sort_unstable();
         let mut out: SmallVec<[(u32, u32); 2]> = SmallVec::new();
         for (a, b) in v {
@@ -44,7 +45,8 @@ impl RankSet {
     }
     /// Union allowing overlap.
     fn union(&self, other: &RankSet) -> RankSet {
-        let mut v: SmallVec<[(u32, u32); 4]> = self.0.iter().chain(other.0.iter()).copied().collect();
+        let mut v: SmallVec<[(u32, u32); 4]> =
+            self.0.iter().chain(other.0.iter()).copied().collect();
         v.sort_unstable();
         let mut out: SmallVec<[(u32, u32); 2]> = SmallVec::new();
         for (a, b) in v {
@@ -116,14 +118,22 @@ impl Layout {
             Collective::Broadcast { root } if rank == root => (0, root),
             _ => return None,
         };
-        Some(Content { block: block as u32, from: RankSet::one(from), avg: false })
+        Some(Content {
+            block: block as u32,
+            from: RankSet::one(from),
+            avg: false,
+        })
     }
     /// The logical block a position must hold, where positions are tied to blocks.
     fn expected_block(&self, rank: usize, ph: Phys, idx: usize) -> Option<u32> {
         match (self.coll, ph) {
-            (Collective::AllGather, Phys::Out) | (Collective::AllGather, Phys::Scr) => Some(idx as u32),
+            (Collective::AllGather, Phys::Out) | (Collective::AllGather, Phys::Scr) => {
+                Some(idx as u32)
+            }
             (Collective::ReduceScatter { .. }, Phys::Out) => Some(rank as u32),
-            (Collective::ReduceScatter { .. }, _) | (Collective::AllReduce { .. }, _) => Some(idx as u32),
+            (Collective::ReduceScatter { .. }, _) | (Collective::AllReduce { .. }, _) => {
+                Some(idx as u32)
+            }
             _ => None,
         }
     }
@@ -143,7 +153,9 @@ struct Msg {
 }
 
 fn positions(spans: &[Span]) -> impl Iterator<Item = (Buf, usize)> + '_ {
-    spans.iter().flat_map(|s| (s.start..s.start + s.len).map(move |i| (s.buf, i)))
+    spans
+        .iter()
+        .flat_map(|s| (s.start..s.start + s.len).map(move |i| (s.buf, i)))
 }
 
 struct Sim<'a> {
@@ -156,7 +168,9 @@ impl Sim<'_> {
     fn read(&self, rank: usize, buf: Buf, idx: usize) -> Result<Cell, String> {
         let (ph, i) = self.lay.phys(rank, buf, idx);
         if i >= self.lay.len(ph) {
-            return Err(format!("rank {rank} reads {buf:?}[{idx}] outside its buffer"));
+            return Err(format!(
+                "rank {rank} reads {buf:?}[{idx}] outside its buffer"
+            ));
         }
         let s = &self.st[rank];
         Ok(match ph {
@@ -169,12 +183,16 @@ impl Sim<'_> {
         })
     }
     fn read_spans(&self, rank: usize, spans: &[Span]) -> Result<Vec<Cell>, String> {
-        positions(spans).map(|(b, i)| self.read(rank, b, i)).collect()
+        positions(spans)
+            .map(|(b, i)| self.read(rank, b, i))
+            .collect()
     }
     fn write(&mut self, rank: usize, buf: Buf, idx: usize, c: Cell) -> Result<(), String> {
         let (ph, i) = self.lay.phys(rank, buf, idx);
         if i >= self.lay.len(ph) {
-            return Err(format!("rank {rank} writes {buf:?}[{idx}] outside its buffer"));
+            return Err(format!(
+                "rank {rank} writes {buf:?}[{idx}] outside its buffer"
+            ));
         }
         if let (Some(want), Some(got)) = (self.lay.expected_block(rank, ph, i), c.as_ref()) {
             if want != got.block {
@@ -197,7 +215,11 @@ impl Sim<'_> {
     fn write_spans(&mut self, rank: usize, spans: &[Span], cells: Vec<Cell>) -> Result<(), String> {
         let pos: Vec<(Buf, usize)> = positions(spans).collect();
         if pos.len() != cells.len() {
-            return Err(format!("rank {rank}: {} blocks written into {} positions", cells.len(), pos.len()));
+            return Err(format!(
+                "rank {rank}: {} blocks written into {} positions",
+                cells.len(),
+                pos.len()
+            ));
         }
         for ((b, i), c) in pos.into_iter().zip(cells) {
             self.write(rank, b, i, c)?;
@@ -210,10 +232,16 @@ fn combine(rank: usize, a: &Cell, b: &Cell) -> Result<Cell, String> {
     match (a, b) {
         (Some(x), Some(y)) => {
             if x.block != y.block {
-                return Err(format!("rank {rank} reduces block {} with block {}", x.block, y.block));
+                return Err(format!(
+                    "rank {rank} reduces block {} with block {}",
+                    x.block, y.block
+                ));
             }
             if x.avg || y.avg {
-                return Err(format!("rank {rank} reduces an already averaged block {}", x.block));
+                return Err(format!(
+                    "rank {rank} reduces an already averaged block {}",
+                    x.block
+                ));
             }
             let from = x.from.union_disjoint(&y.from).map_err(|_| {
                 format!(
@@ -221,7 +249,11 @@ fn combine(rank: usize, a: &Cell, b: &Cell) -> Result<Cell, String> {
                     x.block, x.from, y.from
                 )
             })?;
-            Ok(Some(Content { block: x.block, from, avg: false }))
+            Ok(Some(Content {
+                block: x.block,
+                from,
+                avg: false,
+            }))
         }
         _ => Err(format!("rank {rank} reduces an uninitialised block")),
     }
@@ -246,7 +278,9 @@ fn check_hazards(lay: &Layout, plan: &Plan) -> Result<(), String> {
                 Step::Send { src, .. } | Step::Copy { src, .. } => rd(src),
                 Step::RecvReduce { dst, with, .. } => {
                     if blocks(dst) != blocks(with) {
-                        return Err(format!("rank {r} phase {pi}: reduce operand and target differ in length"));
+                        return Err(format!(
+                            "rank {r} phase {pi}: reduce operand and target differ in length"
+                        ));
                     }
                     for ((wb, wi), (db, di)) in positions(with).zip(positions(dst)) {
                         let w = lay.phys(r, wb, wi);
@@ -260,12 +294,19 @@ fn check_hazards(lay: &Layout, plan: &Plan) -> Result<(), String> {
         }
         for (si, step) in phase.steps.iter().enumerate() {
             let dst = match step {
-                Step::Recv { dst, .. } | Step::RecvReduce { dst, .. } | Step::Copy { dst, .. } | Step::Average { dst } => dst,
+                Step::Recv { dst, .. }
+                | Step::RecvReduce { dst, .. }
+                | Step::Copy { dst, .. }
+                | Step::Average { dst } => dst,
                 Step::Send { .. } => continue,
             };
             if let Step::Copy { src, .. } = step {
                 if blocks(src) != blocks(dst) {
-                    return Err(format!("rank {r} phase {pi}: copy of {} blocks into {}", blocks(src), blocks(dst)));
+                    return Err(format!(
+                        "rank {r} phase {pi}: copy of {} blocks into {}",
+                        blocks(src),
+                        blocks(dst)
+                    ));
                 }
             }
             for (b, i) in positions(dst) {
@@ -277,7 +318,9 @@ fn check_hazards(lay: &Layout, plan: &Plan) -> Result<(), String> {
                 }
                 if let Some(&reader) = reads.get(&ph) {
                     if !(reader == si && copy_to_itself) {
-                        return Err(format!("rank {r} phase {pi}: {b:?}[{i}] is written while read"));
+                        return Err(format!(
+                            "rank {r} phase {pi}: {b:?}[{i}] is written while read"
+                        ));
                     }
                 }
             }
@@ -293,7 +336,10 @@ pub fn check_plans(coll: Collective, plans: &[Plan], inplace: bool) -> Result<()
     let lay = Layout { coll, p, inplace };
     for (r, plan) in plans.iter().enumerate() {
         if plan.rank != r || plan.nranks != p {
-            return Err(format!("plan {r} claims rank {} of {}", plan.rank, plan.nranks));
+            return Err(format!(
+                "plan {r} claims rank {} of {}",
+                plan.rank, plan.nranks
+            ));
         }
         check_hazards(&lay, plan)?;
     }
@@ -335,7 +381,9 @@ pub fn check_plans(coll: Collective, plans: &[Plan], inplace: bool) -> Result<()
         let mut all_done = true;
         for r in 0..p {
             let plan = &sim.plans[r];
-            let Some(ph) = plan.phases.get(phase[r]) else { continue };
+            let Some(ph) = plan.phases.get(phase[r]) else {
+                continue;
+            };
             all_done = false;
             if !posted[r] {
                 // Reads see the state at the start of the phase: take them all first.
@@ -352,9 +400,15 @@ pub fn check_plans(coll: Collective, plans: &[Plan], inplace: bool) -> Result<()
                             consumed.push(false);
                             sent[r].push(id);
                             let heard = sim.st[r].heard.clone();
-                            queues.entry((r, *peer)).or_default().push_back(Msg { id, cells, heard });
+                            queues.entry((r, *peer)).or_default().push_back(Msg {
+                                id,
+                                cells,
+                                heard,
+                            });
                         }
-                        Step::Copy { src, dst } => copies.push((dst.clone(), sim.read_spans(r, src)?)),
+                        Step::Copy { src, dst } => {
+                            copies.push((dst.clone(), sim.read_spans(r, src)?))
+                        }
                         _ => {}
                     }
                 }
@@ -371,7 +425,9 @@ pub fn check_plans(coll: Collective, plans: &[Plan], inplace: bool) -> Result<()
                                     sim.write(r, b, i, Some(c))?;
                                 }
                                 other => {
-                                    return Err(format!("rank {r} averages {b:?}[{i}] holding {other:?}"));
+                                    return Err(format!(
+                                        "rank {r} averages {b:?}[{i}] holding {other:?}"
+                                    ));
                                 }
                             }
                         }
@@ -390,7 +446,9 @@ pub fn check_plans(coll: Collective, plans: &[Plan], inplace: bool) -> Result<()
                     Step::RecvReduce { peer, dst, with } => (*peer, dst, Some(with)),
                     _ => continue,
                 };
-                let Some(msg) = queues.get_mut(&(peer, r)).and_then(|q| q.pop_front()) else { continue };
+                let Some(msg) = queues.get_mut(&(peer, r)).and_then(|q| q.pop_front()) else {
+                    continue;
+                };
                 consumed[msg.id] = true;
                 if msg.cells.len() != blocks(dst) {
                     return Err(format!(
@@ -404,18 +462,19 @@ pub fn check_plans(coll: Collective, plans: &[Plan], inplace: bool) -> Result<()
                     None => msg.cells,
                     Some(with) => {
                         let mine = sim.read_spans(r, with)?;
-                        mine.iter().zip(&msg.cells).map(|(a, b)| combine(r, a, b)).collect::<Result<Vec<_>, _>>()?
+                        mine.iter()
+                            .zip(&msg.cells)
+                            .map(|(a, b)| combine(r, a, b))
+                            .collect::<Result<Vec<_>, _>>()?
                     }
                 };
                 sim.write_spans(r, dst, cells)?;
                 recv_done[r][si] = true;
                 progress = true;
             }
-            let recvs_done = ph
-                .steps
-                .iter()
-                .enumerate()
-                .all(|(si, s)| !matches!(s, Step::Recv { .. } | Step::RecvReduce { .. }) || recv_done[r][si]);
+            let recvs_done = ph.steps.iter().enumerate().all(|(si, s)| {
+                !matches!(s, Step::Recv { .. } | Step::RecvReduce { .. }) || recv_done[r][si]
+            });
             if recvs_done && sent[r].iter().all(|&id| consumed[id]) {
                 phase[r] += 1;
                 posted[r] = false;
@@ -435,7 +494,9 @@ pub fn check_plans(coll: Collective, plans: &[Plan], inplace: bool) -> Result<()
         }
     }
     if let Some(((s, d), _)) = queues.iter().find(|(_, q)| !q.is_empty()) {
-        return Err(format!("message from rank {s} to rank {d} was never received"));
+        return Err(format!(
+            "message from rank {s} to rank {d} was never received"
+        ));
     }
     verify(&sim, coll, p)
 }
@@ -445,9 +506,15 @@ fn verify(sim: &Sim<'_>, coll: Collective, p: usize) -> Result<(), String> {
     for r in 0..p {
         let expect = |idx: usize, block: usize, from: RankSet, avg: bool| -> Result<(), String> {
             let got = sim.read(r, Buf::Output, idx)?;
-            let want = Some(Content { block: block as u32, from, avg });
+            let want = Some(Content {
+                block: block as u32,
+                from,
+                avg,
+            });
             if got != want {
-                return Err(format!("rank {r}: Output[{idx}] holds {got:?}, expected {want:?}"));
+                return Err(format!(
+                    "rank {r}: Output[{idx}] holds {got:?}, expected {want:?}"
+                ));
             }
             Ok(())
         };
@@ -466,7 +533,10 @@ fn verify(sim: &Sim<'_>, coll: Collective, p: usize) -> Result<(), String> {
             Collective::Broadcast { root } => expect(0, 0, RankSet::one(root), false)?,
             Collective::Barrier => {
                 if sim.st[r].heard != all {
-                    return Err(format!("rank {r} leaves the barrier having heard only from {:?}", sim.st[r].heard));
+                    return Err(format!(
+                        "rank {r} leaves the barrier having heard only from {:?}",
+                        sim.st[r].heard
+                    ));
                 }
             }
         }
@@ -481,13 +551,19 @@ mod tests {
     use crate::topology::Topology;
 
     fn plans(coll: Collective, algo: Algorithm, topo: &Topology) -> Vec<Plan> {
-        (0..topo.nranks()).map(|r| build(coll, algo, topo, r).unwrap()).collect()
+        (0..topo.nranks())
+            .map(|r| build(coll, algo, topo, r).unwrap())
+            .collect()
     }
 
     #[test]
     fn checker_rejects_a_plan_that_drops_a_step() {
         let topo = Topology::uniform(4, 4);
-        let mut ps = plans(Collective::AllGather, Algorithm::Flat(LevelAlgo::Ring), &topo);
+        let mut ps = plans(
+            Collective::AllGather,
+            Algorithm::Flat(LevelAlgo::Ring),
+            &topo,
+        );
         ps[2].phases.pop();
         assert!(check_plans(Collective::AllGather, &ps, false).is_err());
     }
@@ -495,7 +571,11 @@ mod tests {
     #[test]
     fn checker_rejects_double_counting() {
         let topo = Topology::uniform(2, 2);
-        let mut ps = plans(Collective::ReduceScatter { average: false }, Algorithm::Flat(LevelAlgo::Ring), &topo);
+        let mut ps = plans(
+            Collective::ReduceScatter { average: false },
+            Algorithm::Flat(LevelAlgo::Ring),
+            &topo,
+        );
         // Reduce the received block with the output a second time.
         let extra = ps[0].phases[0].clone();
         ps[0].phases.push(extra);
@@ -508,8 +588,14 @@ mod tests {
     fn checker_detects_deadlock() {
         let topo = Topology::uniform(2, 2);
         let mut ps = plans(Collective::Barrier, Algorithm::Flat(LevelAlgo::Ring), &topo);
-        ps[0].phases = vec![Phase::of(vec![Step::Recv { peer: 1, dst: vec![] }])];
-        ps[1].phases = vec![Phase::of(vec![Step::Recv { peer: 0, dst: vec![] }])];
+        ps[0].phases = vec![Phase::of(vec![Step::Recv {
+            peer: 1,
+            dst: vec![],
+        }])];
+        ps[1].phases = vec![Phase::of(vec![Step::Recv {
+            peer: 0,
+            dst: vec![],
+        }])];
         let e = check_plans(Collective::Barrier, &ps, false).unwrap_err();
         assert!(e.contains("deadlock"), "{e}");
     }

@@ -10,7 +10,9 @@
 //! `N` blocks destined to one local index (the transpose, fused again); (2) among ranks with
 //! the same local index. Every rank moves the minimal `(N-1)` blocks over the network.
 
-use super::{level_allgather, level_reduce_scatter, Buf, Level, LevelAlgo, Phase, Span, Spans, Step};
+use super::{
+    level_allgather, level_reduce_scatter, Buf, Level, LevelAlgo, Phase, Span, Spans, Step,
+};
 use crate::topology::Topology;
 
 /// Two-level all-gather from `Input[0]` into `Output`.
@@ -24,14 +26,29 @@ pub fn allgather(topo: &Topology, rank: usize, inter: LevelAlgo, intra: LevelAlg
 }
 
 /// Two-level all-gather of `Output` blocks, each rank's own block already in place.
-pub fn allgather_in_output(topo: &Topology, rank: usize, inter: LevelAlgo, intra: LevelAlgo) -> Vec<Phase> {
+pub fn allgather_in_output(
+    topo: &Topology,
+    rank: usize,
+    inter: LevelAlgo,
+    intra: LevelAlgo,
+) -> Vec<Phase> {
     let nodes = topo.nodes();
     let (n, m) = topo.position(rank);
     let nn = nodes.len();
     let mm = nodes[n].len();
     let inter_group: Vec<usize> = (0..nn).map(|x| nodes[x][m]).collect();
-    let inter_units: Vec<Spans> = inter_group.iter().map(|&r| vec![Span::block(Buf::Output, r)]).collect();
-    let mut ph = level_allgather(inter, Level { group: &inter_group, me: n }, &inter_units);
+    let inter_units: Vec<Spans> = inter_group
+        .iter()
+        .map(|&r| vec![Span::block(Buf::Output, r)])
+        .collect();
+    let mut ph = level_allgather(
+        inter,
+        Level {
+            group: &inter_group,
+            me: n,
+        },
+        &inter_units,
+    );
     let intra_units: Vec<Spans> = (0..mm)
         .map(|lm| {
             let mut v = Spans::new();
@@ -41,12 +58,25 @@ pub fn allgather_in_output(topo: &Topology, rank: usize, inter: LevelAlgo, intra
             v
         })
         .collect();
-    ph.extend(level_allgather(intra, Level { group: &nodes[n], me: m }, &intra_units));
+    ph.extend(level_allgather(
+        intra,
+        Level {
+            group: &nodes[n],
+            me: m,
+        },
+        &intra_units,
+    ));
     ph
 }
 
 /// Two-level reduce-scatter of `Input` (one block per rank) whose own result lands in `out`.
-pub fn reduce_scatter(topo: &Topology, rank: usize, inter: LevelAlgo, intra: LevelAlgo, out: Span) -> Vec<Phase> {
+pub fn reduce_scatter(
+    topo: &Topology,
+    rank: usize,
+    inter: LevelAlgo,
+    intra: LevelAlgo,
+    out: Span,
+) -> Vec<Phase> {
     let nodes = topo.nodes();
     let (n, m) = topo.position(rank);
     let nn = nodes.len();
@@ -63,14 +93,38 @@ pub fn reduce_scatter(topo: &Topology, rank: usize, inter: LevelAlgo, intra: Lev
     let partial = if mm > 1 {
         let src: Vec<Spans> = (0..mm).map(|lm| unit_of(Buf::Input, lm)).collect();
         let work: Vec<Spans> = (0..mm).map(|lm| unit_of(Buf::Scratch, lm)).collect();
-        ph.extend(level_reduce_scatter(intra, Level { group: &nodes[n], me: m }, &src, &work, &work[m].clone()));
+        ph.extend(level_reduce_scatter(
+            intra,
+            Level {
+                group: &nodes[n],
+                me: m,
+            },
+            &src,
+            &work,
+            &work[m].clone(),
+        ));
         Buf::Scratch
     } else {
         Buf::Input
     };
     let inter_group: Vec<usize> = (0..nn).map(|x| nodes[x][m]).collect();
-    let src: Vec<Spans> = inter_group.iter().map(|&r| vec![Span::block(partial, r)]).collect();
-    let work: Vec<Spans> = inter_group.iter().map(|&r| vec![Span::block(Buf::Scratch, r)]).collect();
-    ph.extend(level_reduce_scatter(inter, Level { group: &inter_group, me: n }, &src, &work, &vec![out]));
+    let src: Vec<Spans> = inter_group
+        .iter()
+        .map(|&r| vec![Span::block(partial, r)])
+        .collect();
+    let work: Vec<Spans> = inter_group
+        .iter()
+        .map(|&r| vec![Span::block(Buf::Scratch, r)])
+        .collect();
+    ph.extend(level_reduce_scatter(
+        inter,
+        Level {
+            group: &inter_group,
+            me: n,
+        },
+        &src,
+        &work,
+        &vec![out],
+    ));
     ph
 }

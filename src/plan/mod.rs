@@ -50,7 +50,11 @@ pub struct Span {
 impl Span {
     /// One block.
     pub fn block(buf: Buf, index: usize) -> Self {
-        Span { buf, start: index, len: 1 }
+        Span {
+            buf,
+            start: index,
+            len: 1,
+        }
     }
 }
 
@@ -96,7 +100,11 @@ pub enum Step {
     Recv { peer: usize, dst: Spans },
     /// Receive a message from `peer` and store `with ⊕ message` into `dst`
     /// (`with` may equal `dst`: an in-place reduction).
-    RecvReduce { peer: usize, dst: Spans, with: Spans },
+    RecvReduce {
+        peer: usize,
+        dst: Spans,
+        with: Spans,
+    },
     /// Local copy of `src` to `dst` (the same number of blocks).
     Copy { src: Spans, dst: Spans },
     /// Divide `dst` by the number of ranks (the last act of an average).
@@ -171,8 +179,14 @@ impl Algorithm {
         match self {
             Algorithm::Flat(LevelAlgo::Ring) => "ring".into(),
             Algorithm::Flat(LevelAlgo::Rd) => "rd".into(),
-            Algorithm::Hier { inter: LevelAlgo::Rd, intra: LevelAlgo::Ring } => "hier-rd".into(),
-            Algorithm::Hier { inter: LevelAlgo::Ring, intra: LevelAlgo::Ring } => "hier-ring".into(),
+            Algorithm::Hier {
+                inter: LevelAlgo::Rd,
+                intra: LevelAlgo::Ring,
+            } => "hier-rd".into(),
+            Algorithm::Hier {
+                inter: LevelAlgo::Ring,
+                intra: LevelAlgo::Ring,
+            } => "hier-ring".into(),
             Algorithm::Hier { inter, intra } => {
                 format!("hier-{}-{}", level_name(inter), level_name(intra))
             }
@@ -204,11 +218,20 @@ impl FromStr for Algorithm {
         let parsed = match s {
             "ring" => Some(Algorithm::Flat(LevelAlgo::Ring)),
             "rd" => Some(Algorithm::Flat(LevelAlgo::Rd)),
-            "hier-rd" => Some(Algorithm::Hier { inter: LevelAlgo::Rd, intra: LevelAlgo::Ring }),
-            "hier-ring" => Some(Algorithm::Hier { inter: LevelAlgo::Ring, intra: LevelAlgo::Ring }),
+            "hier-rd" => Some(Algorithm::Hier {
+                inter: LevelAlgo::Rd,
+                intra: LevelAlgo::Ring,
+            }),
+            "hier-ring" => Some(Algorithm::Hier {
+                inter: LevelAlgo::Ring,
+                intra: LevelAlgo::Ring,
+            }),
             _ => s.strip_prefix("hier-").and_then(|rest| {
                 let (a, b) = rest.split_once('-')?;
-                Some(Algorithm::Hier { inter: lvl(a)?, intra: lvl(b)? })
+                Some(Algorithm::Hier {
+                    inter: lvl(a)?,
+                    intra: lvl(b)?,
+                })
             }),
         };
         parsed.ok_or_else(|| {
@@ -270,10 +293,17 @@ impl Level<'_> {
 /// Builds the plan of `rank` for `collective` with `algorithm` on `topo`. A hierarchical
 /// algorithm on nodes of unequal size falls back to the flat one of its inter-node level
 /// (the returned plan's `algorithm` says so).
-pub fn build(collective: Collective, algorithm: Algorithm, topo: &Topology, rank: usize) -> Result<Plan> {
+pub fn build(
+    collective: Collective,
+    algorithm: Algorithm,
+    topo: &Topology,
+    rank: usize,
+) -> Result<Plan> {
     let p = topo.nranks();
     if rank >= p {
-        return Err(Error::invalid(format!("rank {rank} is outside a communicator of {p} ranks")));
+        return Err(Error::invalid(format!(
+            "rank {rank} is outside a communicator of {p} ranks"
+        )));
     }
     let algorithm = effective_algorithm(algorithm, topo);
     let phases = match collective {
@@ -293,12 +323,18 @@ pub fn build(collective: Collective, algorithm: Algorithm, topo: &Topology, rank
         Collective::ReduceScatter { average } => {
             let mut ph = match algorithm {
                 Algorithm::Flat(a) => flat_reduce_scatter(a, rank, p, Span::block(Buf::Output, 0)),
-                Algorithm::Hier { inter, intra } => {
-                    hierarchical::reduce_scatter(topo, rank, inter, intra, Span::block(Buf::Output, 0))
-                }
+                Algorithm::Hier { inter, intra } => hierarchical::reduce_scatter(
+                    topo,
+                    rank,
+                    inter,
+                    intra,
+                    Span::block(Buf::Output, 0),
+                ),
             };
             if average {
-                ph.push(Phase::of(vec![Step::Average { dst: vec![Span::block(Buf::Output, 0)] }]));
+                ph.push(Phase::of(vec![Step::Average {
+                    dst: vec![Span::block(Buf::Output, 0)],
+                }]));
             }
             ph
         }
@@ -306,19 +342,29 @@ pub fn build(collective: Collective, algorithm: Algorithm, topo: &Topology, rank
             let mine = Span::block(Buf::Output, rank);
             let mut ph = match algorithm {
                 Algorithm::Flat(a) => flat_reduce_scatter(a, rank, p, mine),
-                Algorithm::Hier { inter, intra } => hierarchical::reduce_scatter(topo, rank, inter, intra, mine),
+                Algorithm::Hier { inter, intra } => {
+                    hierarchical::reduce_scatter(topo, rank, inter, intra, mine)
+                }
             };
             if average {
                 ph.push(Phase::of(vec![Step::Average { dst: vec![mine] }]));
             }
             ph.extend(match algorithm {
                 Algorithm::Flat(a) => flat_allgather_in_output(a, rank, p),
-                Algorithm::Hier { inter, intra } => hierarchical::allgather_in_output(topo, rank, inter, intra),
+                Algorithm::Hier { inter, intra } => {
+                    hierarchical::allgather_in_output(topo, rank, inter, intra)
+                }
             });
             ph
         }
     };
-    Ok(Plan { collective, algorithm, rank, nranks: p, phases })
+    Ok(Plan {
+        collective,
+        algorithm,
+        rank,
+        nranks: p,
+        phases,
+    })
 }
 
 /// The algorithm that will actually run: hierarchical needs nodes of equal size and more
@@ -349,14 +395,20 @@ fn flat_allgather(a: LevelAlgo, rank: usize, p: usize) -> Vec<Phase> {
 
 fn flat_allgather_in_output(a: LevelAlgo, rank: usize, p: usize) -> Vec<Phase> {
     let group = flat_group(p);
-    let lvl = Level { group: &group, me: rank };
+    let lvl = Level {
+        group: &group,
+        me: rank,
+    };
     let units = flat_units(p, Buf::Output);
     level_allgather(a, lvl, &units)
 }
 
 fn flat_reduce_scatter(a: LevelAlgo, rank: usize, p: usize, out: Span) -> Vec<Phase> {
     let group = flat_group(p);
-    let lvl = Level { group: &group, me: rank };
+    let lvl = Level {
+        group: &group,
+        me: rank,
+    };
     let src = flat_units(p, Buf::Input);
     let work = flat_units(p, Buf::Scratch);
     level_reduce_scatter(a, lvl, &src, &work, &vec![out])
@@ -374,9 +426,18 @@ pub fn level_allgather(a: LevelAlgo, lvl: Level<'_>, units: &[Spans]) -> Vec<Pha
 /// Reduce-scatter among the members of `lvl`: every member holds its contribution to unit
 /// `j` at `src[j]`; member `i` ends with the reduction of all contributions to unit `i` at
 /// `out`, using `work[j]` as scratch for partial sums.
-pub fn level_reduce_scatter(a: LevelAlgo, lvl: Level<'_>, src: &[Spans], work: &[Spans], out: &Spans) -> Vec<Phase> {
+pub fn level_reduce_scatter(
+    a: LevelAlgo,
+    lvl: Level<'_>,
+    src: &[Spans],
+    work: &[Spans],
+    out: &Spans,
+) -> Vec<Phase> {
     if lvl.size() == 1 {
-        return vec![Phase::of(vec![Step::Copy { src: src[0].clone(), dst: out.clone() }])];
+        return vec![Phase::of(vec![Step::Copy {
+            src: src[0].clone(),
+            dst: out.clone(),
+        }])];
     }
     match a {
         LevelAlgo::Ring => ring::reduce_scatter(lvl, src, work, out),
@@ -394,7 +455,11 @@ pub(crate) struct Partials<'a> {
 
 impl<'a> Partials<'a> {
     pub(crate) fn new(src: &'a [Spans], work: &'a [Spans]) -> Self {
-        Partials { src, work, written: vec![false; src.len()] }
+        Partials {
+            src,
+            work,
+            written: vec![false; src.len()],
+        }
     }
     /// Where unit `u`'s current partial sum is.
     pub(crate) fn current(&self, u: usize) -> &'a Spans {

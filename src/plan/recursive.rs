@@ -27,8 +27,14 @@ pub fn allgather(lvl: Level<'_>, units: &[Spans]) -> Vec<Phase> {
             let mine = i & !(d - 1);
             let theirs = partner & !(d - 1);
             phases.push(Phase::of(vec![
-                Step::Send { peer: lvl.peer(partner), src: units_at(units, mine..mine + d) },
-                Step::Recv { peer: lvl.peer(partner), dst: units_at(units, theirs..theirs + d) },
+                Step::Send {
+                    peer: lvl.peer(partner),
+                    src: units_at(units, mine..mine + d),
+                },
+                Step::Recv {
+                    peer: lvl.peer(partner),
+                    dst: units_at(units, theirs..theirs + d),
+                },
             ]));
             d <<= 1;
         }
@@ -37,7 +43,10 @@ pub fn allgather(lvl: Level<'_>, units: &[Spans]) -> Vec<Phase> {
         while dist < k {
             let c = dist.min(k - dist);
             phases.push(Phase::of(vec![
-                Step::Send { peer: lvl.peer(i + k - dist), src: units_at(units, (0..c).map(|x| (i + x) % k)) },
+                Step::Send {
+                    peer: lvl.peer(i + k - dist),
+                    src: units_at(units, (0..c).map(|x| (i + x) % k)),
+                },
                 Step::Recv {
                     peer: lvl.peer(i + dist),
                     dst: units_at(units, (0..c).map(|x| (i + dist + x) % k)),
@@ -60,7 +69,11 @@ pub fn reduce_scatter(lvl: Level<'_>, src: &[Spans], work: &[Spans], out: &Spans
         let mut d = k / 2;
         while d >= 1 {
             let mid = lo + (hi - lo) / 2;
-            let (keep, give) = if i & d == 0 { (lo..mid, mid..hi) } else { (mid..hi, lo..mid) };
+            let (keep, give) = if i & d == 0 {
+                (lo..mid, mid..hi)
+            } else {
+                (mid..hi, lo..mid)
+            };
             let send = concat(give.clone().map(|u| parts.current(u)).collect::<Vec<_>>());
             let with = concat(keep.clone().map(|u| parts.current(u)).collect::<Vec<_>>());
             let dst = if d == 1 {
@@ -73,8 +86,15 @@ pub fn reduce_scatter(lvl: Level<'_>, src: &[Spans], work: &[Spans], out: &Spans
                 concat(v)
             };
             phases.push(Phase::of(vec![
-                Step::Send { peer: lvl.peer(i ^ d), src: send },
-                Step::RecvReduce { peer: lvl.peer(i ^ d), dst, with },
+                Step::Send {
+                    peer: lvl.peer(i ^ d),
+                    src: send,
+                },
+                Step::RecvReduce {
+                    peer: lvl.peer(i ^ d),
+                    dst,
+                    with,
+                },
             ]));
             lo = keep.start;
             hi = keep.end;
@@ -85,7 +105,11 @@ pub fn reduce_scatter(lvl: Level<'_>, src: &[Spans], work: &[Spans], out: &Spans
         for j in (0..steps).rev() {
             let dist = 1usize << j;
             let c = dist.min(k - dist);
-            let send = concat((0..c).map(|x| parts.current((i + dist + x) % k)).collect::<Vec<_>>());
+            let send = concat(
+                (0..c)
+                    .map(|x| parts.current((i + dist + x) % k))
+                    .collect::<Vec<_>>(),
+            );
             let mine: Vec<usize> = (0..c).map(|x| (i + x) % k).collect();
             let with = concat(mine.iter().map(|&u| parts.current(u)).collect::<Vec<_>>());
             let dst = if j == 0 {
@@ -98,8 +122,15 @@ pub fn reduce_scatter(lvl: Level<'_>, src: &[Spans], work: &[Spans], out: &Spans
                 concat(v)
             };
             phases.push(Phase::of(vec![
-                Step::Send { peer: lvl.peer(i + dist), src: send },
-                Step::RecvReduce { peer: lvl.peer(i + k - dist), dst, with },
+                Step::Send {
+                    peer: lvl.peer(i + dist),
+                    src: send,
+                },
+                Step::RecvReduce {
+                    peer: lvl.peer(i + k - dist),
+                    dst,
+                    with,
+                },
             ]));
         }
     }

@@ -11,8 +11,14 @@ pub fn allgather(lvl: Level<'_>, units: &[Spans]) -> Vec<Phase> {
             let su = (i + k - t) % k;
             let ru = (i + 2 * k - t - 1) % k;
             Phase::of(vec![
-                Step::Send { peer: lvl.peer(i + 1), src: units[su].clone() },
-                Step::Recv { peer: lvl.peer(i + k - 1), dst: units[ru].clone() },
+                Step::Send {
+                    peer: lvl.peer(i + 1),
+                    src: units[su].clone(),
+                },
+                Step::Recv {
+                    peer: lvl.peer(i + k - 1),
+                    dst: units[ru].clone(),
+                },
             ])
         })
         .collect()
@@ -30,10 +36,21 @@ pub fn reduce_scatter(lvl: Level<'_>, src: &[Spans], work: &[Spans], out: &Spans
             let ru = (i + 2 * k - t - 2) % k;
             let send = parts.current(su).clone();
             let with = parts.current(ru).clone();
-            let dst = if t == k - 2 { out.clone() } else { parts.next(ru).clone() };
+            let dst = if t == k - 2 {
+                out.clone()
+            } else {
+                parts.next(ru).clone()
+            };
             Phase::of(vec![
-                Step::Send { peer: lvl.peer(i + 1), src: send },
-                Step::RecvReduce { peer: lvl.peer(i + k - 1), dst, with },
+                Step::Send {
+                    peer: lvl.peer(i + 1),
+                    src: send,
+                },
+                Step::RecvReduce {
+                    peer: lvl.peer(i + k - 1),
+                    dst,
+                    with,
+                },
             ])
         })
         .collect()

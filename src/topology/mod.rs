@@ -62,13 +62,17 @@ impl Topology {
     }
     /// Ranks per node when all nodes are the same size.
     pub fn ranks_per_node(&self) -> Option<usize> {
-        self.is_regular().then(|| self.nodes.first().map_or(1, Vec::len))
+        self.is_regular()
+            .then(|| self.nodes.first().map_or(1, Vec::len))
     }
     /// A short description such as `2x4` or `irregular [4, 2]`.
     pub fn describe(&self) -> String {
         match self.ranks_per_node() {
             Some(m) => format!("{}x{}", self.nodes.len(), m),
-            None => format!("irregular {:?}", self.nodes.iter().map(Vec::len).collect::<Vec<_>>()),
+            None => format!(
+                "irregular {:?}",
+                self.nodes.iter().map(Vec::len).collect::<Vec<_>>()
+            ),
         }
     }
 }

@@ -39,7 +39,13 @@ pub trait Transport: Send + Sync {
     /// # Safety
     /// The `len` bytes at `ptr` must stay valid and unmodified until the returned op's
     /// `wait` has returned (successfully or not).
-    unsafe fn isend(&self, peer: usize, tag: Tag, ptr: *const u8, len: usize) -> Result<Box<dyn SendOp>>;
+    unsafe fn isend(
+        &self,
+        peer: usize,
+        tag: Tag,
+        ptr: *const u8,
+        len: usize,
+    ) -> Result<Box<dyn SendOp>>;
 
     /// Receives the next message from `peer`, which must be exactly `len` bytes, handing it to
     /// `sink` as consecutive `(offset, bytes)` pieces in order.
@@ -55,7 +61,9 @@ pub trait Transport: Send + Sync {
     /// Receives the next message from `peer` straight into `dst` (exactly `dst.len()` bytes).
     fn recv_into(&self, peer: usize, tag: Tag, dst: &mut [u8], deadline: Instant) -> Result<()> {
         let len = dst.len();
-        self.recv(peer, tag, len, deadline, &mut |off, b| dst[off..off + b.len()].copy_from_slice(b))
+        self.recv(peer, tag, len, deadline, &mut |off, b| {
+            dst[off..off + b.len()].copy_from_slice(b)
+        })
     }
 
     /// The transport of a sub-communicator made of `members` (ranks of this transport, in

@@ -5,7 +5,7 @@
 //! once, the least any transfer can do. A sender that times out revokes its descriptor, so a
 //! late receiver never touches memory the sender has released.
 
-use super::{hostname, fnv1a, SendOp, Tag, Transport};
+use super::{fnv1a, hostname, SendOp, Tag, Transport};
 use crate::error::{Error, Result};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
@@ -55,7 +55,10 @@ pub struct Hub {
 
 impl Hub {
     fn channel(&self, ctx: u64, src: usize, dst: usize) -> Arc<Channel> {
-        lock(&self.channels).entry((ctx, src, dst)).or_default().clone()
+        lock(&self.channels)
+            .entry((ctx, src, dst))
+            .or_default()
+            .clone()
     }
 }
 
@@ -70,7 +73,10 @@ pub struct ThreadWorld {
 impl ThreadWorld {
     /// A world of `size` ranks.
     pub fn new(size: usize) -> Self {
-        ThreadWorld { hub: Arc::new(Hub::default()), size }
+        ThreadWorld {
+            hub: Arc::new(Hub::default()),
+            size,
+        }
     }
     /// Number of ranks.
     pub fn size(&self) -> usize {
@@ -79,7 +85,10 @@ impl ThreadWorld {
     /// The transport of `rank`.
     pub fn transport(&self, rank: usize) -> Result<Arc<dyn Transport>> {
         if rank >= self.size {
-            return Err(Error::invalid(format!("rank {rank} is outside a world of {} threads", self.size)));
+            return Err(Error::invalid(format!(
+                "rank {rank} is outside a world of {} threads",
+                self.size
+            )));
         }
         Ok(Arc::new(ThreadTransport {
             hub: self.hub.clone(),
@@ -116,19 +125,25 @@ impl SendOp for ThreadSend {
                 _ => {}
             }
             let now = Instant::now();
-            if now >= deadline {
-                if *s == POSTED {
-                    *s = REVOKED;
-                    return Err(Error::timeout(format!(
-                        "rank {} never received a message this rank sent it; it may have died or be \
-                         running a different collective (raise PCCL_TIMEOUT if it is only slow)",
-                        self.peer
-                    )));
-                }
-                // The receiver is copying right now: that finishes by itself.
+            // Past the deadline a posted send is revoked; a claimed one (the receiver is
+            // copying right now) finishes by itself.
+            if now >= deadline && *s == POSTED {
+                *s = REVOKED;
+                return Err(Error::timeout(format!(
+                    "rank {} never received a message this rank sent it; it may have died or be \
+                     running a different collective (raise PCCL_TIMEOUT if it is only slow)",
+                    self.peer
+                )));
             }
-            let wait = deadline.saturating_duration_since(now).max(std::time::Duration::from_millis(1));
-            s = self.state.cv.wait_timeout(s, wait).unwrap_or_else(|e| e.into_inner()).0;
+            let wait = deadline
+                .saturating_duration_since(now)
+                .max(std::time::Duration::from_millis(1));
+            s = self
+                .state
+                .cv
+                .wait_timeout(s, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
 }
@@ -147,11 +162,25 @@ impl Transport for ThreadTransport {
         self.node
     }
 
-    unsafe fn isend(&self, peer: usize, tag: Tag, ptr: *const u8, len: usize) -> Result<Box<dyn SendOp>> {
-        let dst = *self.world.get(peer).ok_or_else(|| Error::invalid(format!("no rank {peer}")))?;
+    unsafe fn isend(
+        &self,
+        peer: usize,
+        tag: Tag,
+        ptr: *const u8,
+        len: usize,
+    ) -> Result<Box<dyn SendOp>> {
+        let dst = *self
+            .world
+            .get(peer)
+            .ok_or_else(|| Error::invalid(format!("no rank {peer}")))?;
         let ch = self.hub.channel(self.ctx, self.world[self.rank], dst);
         let state = Arc::new(SendState::default());
-        lock(&ch.queue).push_back(Envelope { tag, ptr: ptr as usize, len, state: state.clone() });
+        lock(&ch.queue).push_back(Envelope {
+            tag,
+            ptr: ptr as usize,
+            len,
+            state: state.clone(),
+        });
         ch.cv.notify_all();
         Ok(Box::new(ThreadSend { state, peer }))
     }
@@ -164,7 +193,10 @@ impl Transport for ThreadTransport {
         deadline: Instant,
         sink: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
-        let src = *self.world.get(peer).ok_or_else(|| Error::invalid(format!("no rank {peer}")))?;
+        let src = *self
+            .world
+            .get(peer)
+            .ok_or_else(|| Error::invalid(format!("no rank {peer}")))?;
         let ch = self.hub.channel(self.ctx, src, self.world[self.rank]);
         let env = {
             let mut q = lock(&ch.queue);
@@ -181,13 +213,20 @@ impl Transport for ThreadTransport {
                         self.rank
                     )));
                 }
-                q = ch.cv.wait_timeout(q, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+                q = ch
+                    .cv
+                    .wait_timeout(q, deadline - now)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
             }
         };
         {
             let mut s = lock(&env.state.state);
             if *s == REVOKED {
-                return Err(Error::timeout(format!("rank {peer} gave up on its send to rank {}", self.rank)));
+                return Err(Error::timeout(format!(
+                    "rank {peer} gave up on its send to rank {}",
+                    self.rank
+                )));
             }
             *s = CLAIMED;
         }

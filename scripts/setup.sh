@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what PCCL's build, tests and benchmarks need on a Debian machine with Rust:
+# MPICH (headers + mpiexec), libclang (rsmpi's bindgen), hwloc and udev headers.
+set -euo pipefail
+pkgs=(mpich libmpich-dev libclang-dev libhwloc-dev libudev-dev pkg-config valgrind)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo=""
+  if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+  echo "setup: installing ${missing[*]}"
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null >/dev/null
+fi
+rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt clippy >/dev/null 2>&1 || true

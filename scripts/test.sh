@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, unit + integration tests (thread-ranks, symbolic
+# plan checks, MPI processes under mpiexec, the benchmark CLI, the C ABI). Installs what it needs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export CARGO_TERM_COLOR=never
+features="mpi"
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy (features: $features)"
+cargo clippy --release --all-targets --features "$features" -- -D warnings
+echo "== cargo test (features: $features)"
+cargo test --release --features "$features" 2>&1
