@@ -1,0 +1,153 @@
+//! The TCP transport on loopback: ranks as threads of this process, each with its own
+//! sockets, bootstrapped from a unique id.
+
+mod common;
+
+use common::{input, reduced, same_bits};
+use pccl::config::Config;
+use pccl::plan::{Algorithm, LevelAlgo};
+use pccl::transport::tcp::{TcpTransport, UniqueId};
+use pccl::{Communicator, ErrorKind, ReduceOp};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn on_tcp<R: Send>(p: usize, cfg: Config, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
+    let id = UniqueId::new(p, Duration::from_secs(30)).expect("rendezvous");
+    let bytes = id.to_bytes();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..p)
+            .map(|r| {
+                let cfg = cfg.clone();
+                let f = &f;
+                s.spawn(move || {
+                    let id = UniqueId::from_bytes(&bytes).expect("id parses");
+                    let t =
+                        TcpTransport::connect(&id, p, r, 256 * 1024, cfg.timeout).expect("connect");
+                    f(Communicator::with_config(Arc::new(t), cfg).expect("communicator"))
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
+}
+
+fn cfg(m: usize, algo: Algorithm) -> Config {
+    Config {
+        ranks_per_node: Some(m),
+        algo: Some(algo),
+        timeout: Duration::from_secs(30),
+        ..Config::default()
+    }
+}
+
+#[test]
+fn unique_id_round_trips_through_bytes() {
+    let id = UniqueId::new(1, Duration::from_millis(200)).unwrap();
+    assert_eq!(UniqueId::from_bytes(&id.to_bytes()).unwrap(), id);
+    assert_eq!(
+        UniqueId::from_bytes(&[0u8; 128]).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+}
+
+#[test]
+fn hierarchical_collectives_are_exact_over_tcp() {
+    for (p, m, algo) in [
+        (
+            4,
+            2,
+            Algorithm::Hier {
+                inter: LevelAlgo::Rd,
+                intra: LevelAlgo::Ring,
+            },
+        ),
+        (
+            6,
+            3,
+            Algorithm::Hier {
+                inter: LevelAlgo::Ring,
+                intra: LevelAlgo::Rd,
+            },
+        ),
+        (5, 1, Algorithm::Flat(LevelAlgo::Rd)),
+    ] {
+        let res = on_tcp(p, cfg(m, algo), |comm| -> Result<(), String> {
+            let (r, p) = (comm.rank(), comm.size());
+            for count in [0usize, 1, 7, 300_001] {
+                let mine = input::<f32>(r, count, ReduceOp::Sum);
+                let mut out = vec![0f32; count * p];
+                comm.all_gather(&mine, &mut out)
+                    .map_err(|e| e.to_string())?;
+                let want: Vec<f32> = (0..p)
+                    .flat_map(|q| input::<f32>(q, count, ReduceOp::Sum))
+                    .collect();
+                if !same_bits(&out, &want) {
+                    return Err(format!("all_gather count={count} wrong"));
+                }
+                let full = input::<f64>(r, count * p, ReduceOp::Avg);
+                let mut o = vec![0f64; count];
+                comm.reduce_scatter(&full, &mut o, ReduceOp::Avg)
+                    .map_err(|e| e.to_string())?;
+                let want: Vec<f64> = (r * count..(r + 1) * count)
+                    .map(|i| reduced::<f64>(p, i, ReduceOp::Avg))
+                    .collect();
+                if !same_bits(&o, &want) {
+                    return Err(format!("reduce_scatter count={count} wrong"));
+                }
+                let mut a = input::<i32>(r, count + 5, ReduceOp::Max);
+                comm.all_reduce_in_place(&mut a, ReduceOp::Max)
+                    .map_err(|e| e.to_string())?;
+                let want: Vec<i32> = (0..count + 5)
+                    .map(|i| reduced::<i32>(p, i, ReduceOp::Max))
+                    .collect();
+                if a != want {
+                    return Err(format!("all_reduce count={count} wrong"));
+                }
+            }
+            Ok(())
+        });
+        for r in res {
+            r.unwrap_or_else(|e| panic!("P={p} M={m} {algo}: {e}"));
+        }
+    }
+}
+
+#[test]
+fn split_builds_a_working_sub_mesh() {
+    let res = on_tcp(
+        4,
+        cfg(2, Algorithm::Flat(LevelAlgo::Ring)),
+        |comm| -> Result<(), String> {
+            let r = comm.rank();
+            let sub = comm
+                .split(Some((r / 2) as u32), 0)
+                .map_err(|e| e.to_string())?
+                .ok_or("no sub")?;
+            let mut v = vec![r as u64 + 1; 10];
+            sub.all_reduce_in_place(&mut v, ReduceOp::Sum)
+                .map_err(|e| e.to_string())?;
+            let want = if r < 2 { 3 } else { 7 };
+            if v.iter().any(|&x| x != want) {
+                return Err(format!("rank {r}: {v:?}"));
+            }
+            comm.barrier().map_err(|e| e.to_string())
+        },
+    );
+    res.into_iter().for_each(|r| r.unwrap());
+}
+
+#[test]
+fn a_peer_that_leaves_gives_an_error_not_a_hang() {
+    let mut c = cfg(1, Algorithm::Flat(LevelAlgo::Ring));
+    c.timeout = Duration::from_secs(2);
+    let res = on_tcp(3, c, |comm| {
+        if comm.rank() == 1 {
+            return Ok(()); // leaves: its sockets close when the communicator drops
+        }
+        let mut out = vec![0f32; 30];
+        comm.all_gather(&[1.0; 10], &mut out)
+    });
+    assert!(res[0].is_err() && res[2].is_err(), "{res:?}");
+}
