@@ -12,6 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 fn on_tcp<R: Send>(p: usize, cfg: Config, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
+    on_tcp_with(p, cfg, true, f)
+}
+
+fn on_tcp_with<R: Send>(p: usize, cfg: Config, shm: bool, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
     let id = UniqueId::new(p, Duration::from_secs(30)).expect("rendezvous");
     let bytes = id.to_bytes();
     std::thread::scope(|s| {
@@ -22,7 +26,7 @@ fn on_tcp<R: Send>(p: usize, cfg: Config, f: impl Fn(Communicator) -> R + Sync) 
                 s.spawn(move || {
                     let id = UniqueId::from_bytes(&bytes).expect("id parses");
                     let t =
-                        TcpTransport::connect(&id, p, r, 256 * 1024, cfg.timeout).expect("connect");
+                        TcpTransport::connect_with(&id, p, r, 256 * 1024, cfg.timeout, shm).expect("connect");
                     f(Communicator::with_config(Arc::new(t), cfg).expect("communicator"))
                 })
             })
@@ -53,27 +57,15 @@ fn unique_id_round_trips_through_bytes() {
 }
 
 #[test]
-fn hierarchical_collectives_are_exact_over_tcp() {
-    for (p, m, algo) in [
-        (
-            4,
-            2,
-            Algorithm::Hier {
-                inter: LevelAlgo::Rd,
-                intra: LevelAlgo::Ring,
-            },
-        ),
-        (
-            6,
-            3,
-            Algorithm::Hier {
-                inter: LevelAlgo::Ring,
-                intra: LevelAlgo::Rd,
-            },
-        ),
-        (5, 1, Algorithm::Flat(LevelAlgo::Rd)),
+fn hierarchical_collectives_are_exact_over_tcp_and_shared_memory() {
+    for (p, m, algo, shm) in [
+        (4, 2, Algorithm::Hier { inter: LevelAlgo::Rd, intra: LevelAlgo::Ring }, true),
+        (4, 2, Algorithm::Hier { inter: LevelAlgo::Rd, intra: LevelAlgo::Ring }, false),
+        (6, 3, Algorithm::Hier { inter: LevelAlgo::Ring, intra: LevelAlgo::Rd }, true),
+        (5, 1, Algorithm::Flat(LevelAlgo::Rd), false),
+        (5, 1, Algorithm::Flat(LevelAlgo::Ring), true),
     ] {
-        let res = on_tcp(p, cfg(m, algo), |comm| -> Result<(), String> {
+        let res = on_tcp_with(p, cfg(m, algo), shm, |comm| -> Result<(), String> {
             let (r, p) = (comm.rank(), comm.size());
             for count in [0usize, 1, 7, 300_001] {
                 let mine = input::<f32>(r, count, ReduceOp::Sum);
@@ -109,7 +101,7 @@ fn hierarchical_collectives_are_exact_over_tcp() {
             Ok(())
         });
         for r in res {
-            r.unwrap_or_else(|e| panic!("P={p} M={m} {algo}: {e}"));
+            r.unwrap_or_else(|e| panic!("P={p} M={m} {algo} shm={shm}: {e}"));
         }
     }
 }

@@ -8,6 +8,7 @@
 //! caller's memory; a receive reads the frame on the caller's thread, in pieces of
 //! `PCCL_CHUNK_SIZE`, so reductions overlap the rest of the transfer.
 
+use super::shm::{ring_path, Ring};
 use super::{fnv1a, hostname, SendOp, Tag, Transport};
 use crate::error::{Error, Result};
 use std::io::{Read, Write};
@@ -237,6 +238,8 @@ struct WriteJob {
 struct Peer {
     writer: Sender<WriteJob>,
     reader: Mutex<TcpStream>,
+    /// Inbound shared-memory ring, for a peer on this host.
+    shm_in: Option<Mutex<Ring>>,
 }
 
 /// The transport of one rank over TCP.
@@ -244,6 +247,8 @@ pub struct TcpTransport {
     rank: usize,
     peers: Vec<Option<Peer>>,
     nodes: Vec<u64>,
+    /// The job key (names shared-memory files and checks handshakes).
+    key: u64,
     chunk: usize,
     timeout: Duration,
 }
@@ -277,7 +282,30 @@ impl SendOp for TcpSend {
     }
 }
 
-fn writer_loop(mut s: TcpStream, rx: std::sync::mpsc::Receiver<WriteJob>) {
+/// Where a peer's writer thread puts messages.
+enum Outbound {
+    Socket(TcpStream),
+    Shm(Ring, Duration),
+}
+
+fn writer_loop(out: Outbound, rx: std::sync::mpsc::Receiver<WriteJob>) {
+    let mut s = match out {
+        Outbound::Socket(s) => s,
+        Outbound::Shm(ring, timeout) => {
+            while let Ok(job) = rx.recv() {
+                let bytes: &[u8] = if job.len == 0 {
+                    &[]
+                } else {
+                    // SAFETY: the sender keeps these bytes valid until `done` is set below.
+                    unsafe { std::slice::from_raw_parts(job.ptr as *const u8, job.len) }
+                };
+                let r = ring.push(u64::from(job.tag), bytes, Instant::now() + timeout);
+                *job.done.state.lock().unwrap_or_else(|e| e.into_inner()) = Some(r.map_err(|e| e.message().to_string()));
+                job.done.cv.notify_all();
+            }
+            return;
+        }
+    };
     while let Ok(job) = rx.recv() {
         let r = (|| -> std::io::Result<()> {
             let mut head = [0u8; 16];
@@ -300,12 +328,20 @@ fn writer_loop(mut s: TcpStream, rx: std::sync::mpsc::Receiver<WriteJob>) {
 
 impl TcpTransport {
     /// Joins the job of `id` as `rank` of `nranks`. Collective: every rank must call it.
-    pub fn connect(
+    /// Peers on the same host talk through shared memory unless `PCCL_SHM_DISABLE=1`.
+    pub fn connect(id: &UniqueId, nranks: usize, rank: usize, chunk_bytes: usize, timeout: Duration) -> Result<Self> {
+        let use_shm = std::env::var("PCCL_SHM_DISABLE").map(|v| v.trim() != "1").unwrap_or(true);
+        Self::connect_with(id, nranks, rank, chunk_bytes, timeout, use_shm)
+    }
+
+    /// [`TcpTransport::connect`] with the shared-memory choice made explicitly.
+    pub fn connect_with(
         id: &UniqueId,
         nranks: usize,
         rank: usize,
         chunk_bytes: usize,
         timeout: Duration,
+        use_shm: bool,
     ) -> Result<Self> {
         if rank >= nranks {
             return Err(Error::invalid(format!(
@@ -349,48 +385,95 @@ impl TcpTransport {
             })
             .collect::<Result<_>>()?;
         let nodes: Vec<u64> = table.iter().map(|(_, n)| *n).collect();
-        let streams = mesh(listener, &addrs, rank, id.key, deadline)?;
-        Self::from_streams(rank, streams, nodes, chunk_bytes, timeout)
+        Self::build(use_shm, listener, &addrs, rank, id.key, nodes, chunk_bytes, timeout, deadline)
+    }
+
+    /// Creates this rank's inbound rings from same-host peers, connects the mesh (whose
+    /// handshake guarantees every peer created its rings first), then maps the outbound rings.
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        use_shm: bool,
+        listener: TcpListener,
+        addrs: &[SocketAddr],
+        rank: usize,
+        key: u64,
+        nodes: Vec<u64>,
+        chunk: usize,
+        timeout: Duration,
+        deadline: Instant,
+    ) -> Result<Self> {
+        let local = |j: usize| use_shm && j != rank && nodes[j] == nodes[rank];
+        let mut inbound: Vec<Option<Ring>> = Vec::with_capacity(nodes.len());
+        for j in 0..nodes.len() {
+            inbound.push(if local(j) { Some(Ring::create(ring_path(key, j, rank))?) } else { None });
+        }
+        let streams = mesh(listener, addrs, rank, key, deadline)?;
+        let mut outbound: Vec<Option<Ring>> = Vec::with_capacity(nodes.len());
+        for j in 0..nodes.len() {
+            outbound.push(if local(j) { Some(Ring::open(ring_path(key, rank, j))?) } else { None });
+        }
+        // Nobody may return (and possibly exit, removing its ring files) before every local
+        // peer has mapped them: exchange a token with each.
+        let mut streams = streams;
+        for j in (0..nodes.len()).filter(|&j| local(j)) {
+            if let Some(st) = streams[j].as_mut() {
+                write_u64(st, key).and_then(|_| st.flush()).map_err(|e| io_err("shared-memory handshake", e))?;
+            }
+        }
+        for j in (0..nodes.len()).filter(|&j| local(j)) {
+            if let Some(st) = streams[j].as_mut() {
+                if read_u64(st).map_err(|e| io_err("shared-memory handshake", e))? != key {
+                    return Err(Error::remote(format!("rank {j} answered the shared-memory handshake wrongly")));
+                }
+            }
+        }
+        let mut t = Self::from_streams(rank, streams, inbound, outbound, nodes, chunk, timeout)?;
+        t.key = key;
+        Ok(t)
     }
 
     fn from_streams(
         rank: usize,
         streams: Vec<Option<TcpStream>>,
+        inbound: Vec<Option<Ring>>,
+        outbound: Vec<Option<Ring>>,
         nodes: Vec<u64>,
         chunk: usize,
         timeout: Duration,
     ) -> Result<Self> {
         let mut peers = Vec::with_capacity(streams.len());
-        for s in streams {
-            match s {
-                None => peers.push(None),
-                Some(s) => {
-                    s.set_nodelay(true)
-                        .map_err(|e| io_err("socket option", e))?;
-                    s.set_read_timeout(Some(timeout))
-                        .map_err(|e| io_err("socket option", e))?;
-                    s.set_write_timeout(Some(timeout))
-                        .map_err(|e| io_err("socket option", e))?;
-                    let w = s.try_clone().map_err(|e| io_err("socket clone", e))?;
-                    let (tx, rx) = channel();
-                    std::thread::Builder::new()
-                        .name("pccl-tcp-writer".into())
-                        .spawn(move || writer_loop(w, rx))
-                        .map_err(|e| Error::system(format!("cannot start a writer thread: {e}")))?;
-                    peers.push(Some(Peer {
-                        writer: tx,
-                        reader: Mutex::new(s),
-                    }));
-                }
-            }
+        for ((s, ring_in), ring_out) in streams.into_iter().zip(inbound).zip(outbound) {
+            let Some(s) = s else {
+                peers.push(None);
+                continue;
+            };
+            s.set_nodelay(true).map_err(|e| io_err("socket option", e))?;
+            s.set_read_timeout(Some(timeout)).map_err(|e| io_err("socket option", e))?;
+            s.set_write_timeout(Some(timeout)).map_err(|e| io_err("socket option", e))?;
+            let out = match ring_out {
+                Some(r) => Outbound::Shm(r, timeout),
+                None => Outbound::Socket(s.try_clone().map_err(|e| io_err("socket clone", e))?),
+            };
+            let (tx, rx) = channel();
+            std::thread::Builder::new()
+                .name("pccl-tcp-writer".into())
+                .spawn(move || writer_loop(out, rx))
+                .map_err(|e| Error::system(format!("cannot start a writer thread: {e}")))?;
+            peers.push(Some(Peer { writer: tx, reader: Mutex::new(s), shm_in: ring_in.map(Mutex::new) }));
         }
-        Ok(TcpTransport {
-            rank,
-            peers,
-            nodes,
-            chunk: chunk.max(4096),
-            timeout,
-        })
+        Ok(TcpTransport { rank, peers, nodes, key: 0, chunk: chunk.max(4096), timeout })
+    }
+
+    fn recv_shm(&self, ring: &Mutex<Ring>, peer: usize, tag: Tag, len: usize, deadline: Instant, sink: &mut dyn FnMut(usize, &[u8])) -> Result<()> {
+        let ring = ring.lock().unwrap_or_else(|e| e.into_inner());
+        match ring.pop(u64::from(tag), len, deadline, sink)? {
+            Ok(()) => Ok(()),
+            Err((got_tag, got_len)) => Err(Error::remote(format!(
+                "rank {} expected collective #{tag} of {len} bytes from rank {peer} but got #{got_tag} of \
+                 {got_len} bytes: do all ranks call the same collectives with the same counts?",
+                self.rank
+            ))),
+        }
     }
 
     fn peer(&self, p: usize) -> Result<&Peer> {
@@ -424,12 +507,20 @@ fn mesh(
     for (j, addr) in addrs.iter().enumerate().skip(rank + 1) {
         let mut s = connect_retry(*addr, deadline)
             .map_err(|e| io_err(&format!("cannot connect to rank {j}"), e))?;
+        s.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10))))
+            .map_err(|e| io_err("handshake", e))?;
+        // The acceptor answers only once it is in its own mesh phase, i.e. after it created
+        // its shared-memory rings.
         (|| -> std::io::Result<()> {
             write_u64(&mut s, key)?;
             write_u64(&mut s, rank as u64)?;
-            s.flush()
+            s.flush()?;
+            if read_u64(&mut s)? != key {
+                return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "handshake refused"));
+            }
+            Ok(())
         })()
-        .map_err(|e| io_err("handshake", e))?;
+        .map_err(|e| io_err(&format!("handshake with rank {j}"), e))?;
         streams[j] = Some(s);
     }
     listener
@@ -452,7 +543,7 @@ fn mesh(
                     continue;
                 };
                 let from = from as usize;
-                if k == key && from < rank && streams[from].is_none() {
+                if k == key && from < rank && streams[from].is_none() && write_u64(&mut s, key).and_then(|_| s.flush()).is_ok() {
                     streams[from] = Some(s);
                     need -= 1;
                 }
@@ -514,6 +605,9 @@ impl Transport for TcpTransport {
         sink: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
         let p = self.peer(peer)?;
+        if let Some(ring) = &p.shm_in {
+            return self.recv_shm(ring, peer, tag, len, deadline, sink);
+        }
         let mut s = p.reader.lock().unwrap_or_else(|e| e.into_inner());
         let wait = deadline
             .saturating_duration_since(Instant::now())
@@ -546,8 +640,10 @@ impl Transport for TcpTransport {
     fn recv_into(&self, peer: usize, tag: Tag, dst: &mut [u8], deadline: Instant) -> Result<()> {
         let len = dst.len();
         let mut pos = 0;
-        // Read the payload straight into place: the sink is handed the same bytes it wrote.
         let p = self.peer(peer)?;
+        if let Some(ring) = &p.shm_in {
+            return self.recv_shm(ring, peer, tag, len, deadline, &mut |off, b| dst[off..off + b.len()].copy_from_slice(b));
+        }
         let mut s = p.reader.lock().unwrap_or_else(|e| e.into_inner());
         let wait = deadline
             .saturating_duration_since(Instant::now())
@@ -619,14 +715,11 @@ impl Transport for TcpTransport {
         for s in sends {
             s.wait(deadline())?;
         }
-        let streams = mesh(listener, &addrs, me, ctx, deadline())?;
         let nodes = members.iter().map(|&m| self.nodes[m]).collect();
-        Ok(Arc::new(Self::from_streams(
-            me,
-            streams,
-            nodes,
-            self.chunk,
-            self.timeout,
-        )?))
+        // Ring files are named by the sub-job's key: unique to this job and this split.
+        let key = self.key ^ ctx.rotate_left(17);
+        let use_shm = self.peers.iter().flatten().any(|p| p.shm_in.is_some());
+        let t = Self::build(use_shm, listener, &addrs, me, key, nodes, self.chunk, self.timeout, deadline())?;
+        Ok(Arc::new(t))
     }
 }
