@@ -16,15 +16,25 @@ fn kernels(c: &mut Criterion) {
     let mut g = c.benchmark_group("host_64MiB");
     g.sample_size(20);
     g.throughput(Throughput::Bytes(2 * BYTES as u64));
-    g.bench_function("memcpy_f32", |b| b.iter(|| dst.copy_from_slice(black_box(&src))));
+    g.bench_function("memcpy_f32", |b| {
+        b.iter(|| dst.copy_from_slice(black_box(&src)))
+    });
     g.throughput(Throughput::Bytes(3 * BYTES as u64));
-    g.bench_function("sum_into_f32", |b| b.iter(|| f32::reduce_into(ReduceOp::Sum, &mut dst, black_box(&src))));
-    g.bench_function("sum3_f32", |b| b.iter(|| f32::reduce3(ReduceOp::Sum, &mut dst, black_box(&a), black_box(&src))));
-    g.bench_function("max_into_f32", |b| b.iter(|| f32::reduce_into(ReduceOp::Max, &mut dst, black_box(&src))));
+    g.bench_function("sum_into_f32", |b| {
+        b.iter(|| f32::reduce_into(ReduceOp::Sum, &mut dst, black_box(&src)))
+    });
+    g.bench_function("sum3_f32", |b| {
+        b.iter(|| f32::reduce3(ReduceOp::Sum, &mut dst, black_box(&a), black_box(&src)))
+    });
+    g.bench_function("max_into_f32", |b| {
+        b.iter(|| f32::reduce_into(ReduceOp::Max, &mut dst, black_box(&src)))
+    });
     let hn = BYTES / 2;
     let hs: Vec<bf16> = (0..hn).map(|i| bf16::from_f32((i % 7) as f32)).collect();
     let mut hd: Vec<bf16> = vec![bf16::ONE; hn];
-    g.bench_function("sum_into_bf16", |b| b.iter(|| bf16::reduce_into(ReduceOp::Sum, &mut hd, black_box(&hs))));
+    g.bench_function("sum_into_bf16", |b| {
+        b.iter(|| bf16::reduce_into(ReduceOp::Sum, &mut hd, black_box(&hs)))
+    });
     g.finish();
 }
 

@@ -17,24 +17,46 @@ use std::sync::Arc;
 const ALGOS: [Algorithm; 6] = [
     Algorithm::Flat(LevelAlgo::Ring),
     Algorithm::Flat(LevelAlgo::Rd),
-    Algorithm::Hier { inter: LevelAlgo::Rd, intra: LevelAlgo::Ring },
-    Algorithm::Hier { inter: LevelAlgo::Ring, intra: LevelAlgo::Ring },
-    Algorithm::Hier { inter: LevelAlgo::Rd, intra: LevelAlgo::Rd },
-    Algorithm::Hier { inter: LevelAlgo::Ring, intra: LevelAlgo::Rd },
+    Algorithm::Hier {
+        inter: LevelAlgo::Rd,
+        intra: LevelAlgo::Ring,
+    },
+    Algorithm::Hier {
+        inter: LevelAlgo::Ring,
+        intra: LevelAlgo::Ring,
+    },
+    Algorithm::Hier {
+        inter: LevelAlgo::Rd,
+        intra: LevelAlgo::Rd,
+    },
+    Algorithm::Hier {
+        inter: LevelAlgo::Ring,
+        intra: LevelAlgo::Rd,
+    },
 ];
 
-fn check<T: Element>(comm: &Communicator, count: usize, op: ReduceOp, inplace: bool) -> Result<(), String> {
+fn check<T: Element>(
+    comm: &Communicator,
+    count: usize,
+    op: ReduceOp,
+    inplace: bool,
+) -> Result<(), String> {
     let (r, p) = (comm.rank(), comm.size());
-    let tag = format!("{} count={count} op={op} inplace={inplace} algo-rank={r}/{p}", T::DTYPE);
+    let tag = format!(
+        "{} count={count} op={op} inplace={inplace} algo-rank={r}/{p}",
+        T::DTYPE
+    );
     let e = |what: &str, err: pccl::Error| format!("{what} {tag}: {err}");
     // all-gather
     let mine = input::<T>(r, count, op);
     let mut out = vec![T::from_i64(77); count * p];
     if inplace {
         out[r * count..(r + 1) * count].copy_from_slice(&mine);
-        comm.all_gather_in_place(&mut out).map_err(|x| e("all_gather", x))?;
+        comm.all_gather_in_place(&mut out)
+            .map_err(|x| e("all_gather", x))?;
     } else {
-        comm.all_gather(&mine, &mut out).map_err(|x| e("all_gather", x))?;
+        comm.all_gather(&mine, &mut out)
+            .map_err(|x| e("all_gather", x))?;
     }
     let want: Vec<T> = (0..p).flat_map(|q| input::<T>(q, count, op)).collect();
     if !same_bits(&out, &want) {
@@ -42,14 +64,18 @@ fn check<T: Element>(comm: &Communicator, count: usize, op: ReduceOp, inplace: b
     }
     // reduce-scatter
     let full = input::<T>(r, count * p, op);
-    let want: Vec<T> = (r * count..(r + 1) * count).map(|i| reduced::<T>(p, i, op)).collect();
+    let want: Vec<T> = (r * count..(r + 1) * count)
+        .map(|i| reduced::<T>(p, i, op))
+        .collect();
     let got = if inplace {
         let mut b = full.clone();
-        comm.reduce_scatter_in_place(&mut b, op).map_err(|x| e("reduce_scatter", x))?;
+        comm.reduce_scatter_in_place(&mut b, op)
+            .map_err(|x| e("reduce_scatter", x))?;
         b[r * count..(r + 1) * count].to_vec()
     } else {
         let mut o = vec![T::from_i64(77); count];
-        comm.reduce_scatter(&full, &mut o, op).map_err(|x| e("reduce_scatter", x))?;
+        comm.reduce_scatter(&full, &mut o, op)
+            .map_err(|x| e("reduce_scatter", x))?;
         o
     };
     if !same_bits(&got, &want) {
@@ -62,9 +88,11 @@ fn check<T: Element>(comm: &Communicator, count: usize, op: ReduceOp, inplace: b
     let mut o = vec![T::from_i64(77); n];
     if inplace {
         o.copy_from_slice(&mine);
-        comm.all_reduce_in_place(&mut o, op).map_err(|x| e("all_reduce", x))?;
+        comm.all_reduce_in_place(&mut o, op)
+            .map_err(|x| e("all_reduce", x))?;
     } else {
-        comm.all_reduce(&mine, &mut o, op).map_err(|x| e("all_reduce", x))?;
+        comm.all_reduce(&mine, &mut o, op)
+            .map_err(|x| e("all_reduce", x))?;
     }
     if !same_bits(&o, &want) {
         return Err(format!("all_reduce {tag}: wrong result"));
@@ -84,7 +112,11 @@ fn run(comm: &Communicator) -> Result<(), String> {
     check::<f64>(comm, 70_001, ReduceOp::Min, false)?;
     // broadcast from every root, barrier
     for root in 0..comm.size() {
-        let mut b: Vec<u32> = if comm.rank() == root { (0..999).collect() } else { vec![0; 999] };
+        let mut b: Vec<u32> = if comm.rank() == root {
+            (0..999).collect()
+        } else {
+            vec![0; 999]
+        };
         comm.broadcast(&mut b, root).map_err(|x| x.to_string())?;
         if b != (0..999).collect::<Vec<u32>>() {
             return Err(format!("broadcast from {root} wrong"));
@@ -101,10 +133,21 @@ fn main() {
         let base = Config::from_env().expect("PCCL_* settings");
         let world = Arc::new(MpiTransport::world(base.chunk_bytes).expect("MPI world"));
         // Small pieces so the chunked receive path is exercised at moderate sizes.
-        let world_comm = Communicator::with_config(world, Config { chunk_bytes: 64 * 1024, ..base.clone() }).expect("communicator");
+        let world_comm = Communicator::with_config(
+            world,
+            Config {
+                chunk_bytes: 64 * 1024,
+                ..base.clone()
+            },
+        )
+        .expect("communicator");
         rank = world_comm.rank();
         for algo in ALGOS {
-            let cfg = Config { algo: Some(algo), chunk_bytes: 64 * 1024, ..base.clone() };
+            let cfg = Config {
+                algo: Some(algo),
+                chunk_bytes: 64 * 1024,
+                ..base.clone()
+            };
             let t = Arc::new(MpiTransport::world(cfg.chunk_bytes).expect("MPI world"));
             let comm = Communicator::with_config(t, cfg).expect("communicator");
             if let Err(e) = run(&comm) {
@@ -117,8 +160,12 @@ fn main() {
         let p = world_comm.size();
         match world_comm.split(Some((r % 2) as u32), r as i32) {
             Ok(Some(sub)) => {
-                let a = sub.all_reduce_async(vec![r as i64; 1001], ReduceOp::Sum).expect("submit");
-                let b = world_comm.all_gather_async(vec![r as u32; 3], vec![0u32; 3 * p]).expect("submit");
+                let a = sub
+                    .all_reduce_async(vec![r as i64; 1001], ReduceOp::Sum)
+                    .expect("submit");
+                let b = world_comm
+                    .all_gather_async(vec![r as u32; 3], vec![0u32; 3 * p])
+                    .expect("submit");
                 let got = a.wait().expect("sub all_reduce");
                 let want: i64 = (0..p).filter(|q| q % 2 == r % 2).map(|q| q as i64).sum();
                 if got.iter().any(|&x| x != want) {
@@ -132,7 +179,10 @@ fn main() {
                 }
             }
             other => {
-                eprintln!("FAIL split: {other:?}", other = other.map(|c| c.map(|c| c.size())));
+                eprintln!(
+                    "FAIL split: {other:?}",
+                    other = other.map(|c| c.map(|c| c.size()))
+                );
                 failures += 1;
             }
         }

@@ -8,7 +8,10 @@ use std::process::Command;
 
 fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test path");
-    exe.parent().and_then(|d| d.parent()).expect("target/<profile>").to_path_buf()
+    exe.parent()
+        .and_then(|d| d.parent())
+        .expect("target/<profile>")
+        .to_path_buf()
 }
 
 fn mpiexec(k: usize, m: usize, prog: &str, args: &[&str]) {
@@ -32,7 +35,11 @@ fn mpiexec(k: usize, m: usize, prog: &str, args: &[&str]) {
 #[test]
 fn every_algorithm_is_correct_on_1_to_8_mpi_processes_in_every_node_shape() {
     let prog = target_dir().join("examples").join("mpi_check");
-    assert!(prog.exists(), "{} is built by `cargo test --features mpi`", prog.display());
+    assert!(
+        prog.exists(),
+        "{} is built by `cargo test --features mpi`",
+        prog.display()
+    );
     for k in 1..=8usize {
         for m in [1usize, 2, 4].into_iter().filter(|m| k % m == 0) {
             mpiexec(k, m, prog.to_str().unwrap(), &[]);
@@ -43,6 +50,30 @@ fn every_algorithm_is_correct_on_1_to_8_mpi_processes_in_every_node_shape() {
 #[test]
 fn benchmark_check_mode_passes_under_mpiexec() {
     let bench = env!("CARGO_BIN_EXE_pccl-bench");
-    mpiexec(4, 2, bench, &["--coll", "all", "-m", "1K:64K", "-i", "3", "--check", "--algo", "hier-rd"]);
-    mpiexec(3, 1, bench, &["--coll", "reducescatter", "-m", "4K:8K", "-i", "2", "--check", "--dtype", "bf16", "--op", "avg"]);
+    mpiexec(
+        4,
+        2,
+        bench,
+        &[
+            "--coll", "all", "-m", "1K:64K", "-i", "3", "--check", "--algo", "hier-rd",
+        ],
+    );
+    mpiexec(
+        3,
+        1,
+        bench,
+        &[
+            "--coll",
+            "reducescatter",
+            "-m",
+            "4K:8K",
+            "-i",
+            "2",
+            "--check",
+            "--dtype",
+            "bf16",
+            "--op",
+            "avg",
+        ],
+    );
 }

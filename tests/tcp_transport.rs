@@ -15,7 +15,12 @@ fn on_tcp<R: Send>(p: usize, cfg: Config, f: impl Fn(Communicator) -> R + Sync) 
     on_tcp_with(p, cfg, true, f)
 }
 
-fn on_tcp_with<R: Send>(p: usize, cfg: Config, shm: bool, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
+fn on_tcp_with<R: Send>(
+    p: usize,
+    cfg: Config,
+    shm: bool,
+    f: impl Fn(Communicator) -> R + Sync,
+) -> Vec<R> {
     let id = UniqueId::new(p, Duration::from_secs(30)).expect("rendezvous");
     let bytes = id.to_bytes();
     std::thread::scope(|s| {
@@ -25,8 +30,8 @@ fn on_tcp_with<R: Send>(p: usize, cfg: Config, shm: bool, f: impl Fn(Communicato
                 let f = &f;
                 s.spawn(move || {
                     let id = UniqueId::from_bytes(&bytes).expect("id parses");
-                    let t =
-                        TcpTransport::connect_with(&id, p, r, 256 * 1024, cfg.timeout, shm).expect("connect");
+                    let t = TcpTransport::connect_with(&id, p, r, 256 * 1024, cfg.timeout, shm)
+                        .expect("connect");
                     f(Communicator::with_config(Arc::new(t), cfg).expect("communicator"))
                 })
             })
@@ -59,9 +64,33 @@ fn unique_id_round_trips_through_bytes() {
 #[test]
 fn hierarchical_collectives_are_exact_over_tcp_and_shared_memory() {
     for (p, m, algo, shm) in [
-        (4, 2, Algorithm::Hier { inter: LevelAlgo::Rd, intra: LevelAlgo::Ring }, true),
-        (4, 2, Algorithm::Hier { inter: LevelAlgo::Rd, intra: LevelAlgo::Ring }, false),
-        (6, 3, Algorithm::Hier { inter: LevelAlgo::Ring, intra: LevelAlgo::Rd }, true),
+        (
+            4,
+            2,
+            Algorithm::Hier {
+                inter: LevelAlgo::Rd,
+                intra: LevelAlgo::Ring,
+            },
+            true,
+        ),
+        (
+            4,
+            2,
+            Algorithm::Hier {
+                inter: LevelAlgo::Rd,
+                intra: LevelAlgo::Ring,
+            },
+            false,
+        ),
+        (
+            6,
+            3,
+            Algorithm::Hier {
+                inter: LevelAlgo::Ring,
+                intra: LevelAlgo::Rd,
+            },
+            true,
+        ),
         (5, 1, Algorithm::Flat(LevelAlgo::Rd), false),
         (5, 1, Algorithm::Flat(LevelAlgo::Ring), true),
     ] {

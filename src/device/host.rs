@@ -122,11 +122,15 @@ impl Tile for f16 {
 impl Tile for bf16 {
     fn widen(src: &[Self], dst: &mut [f32]) {
         // A bf16 is the top half of an f32: a shift, which the compiler vectorises.
-        dst.iter_mut().zip(src).for_each(|(d, s)| *d = bf16_widen(*s));
+        dst.iter_mut()
+            .zip(src)
+            .for_each(|(d, s)| *d = bf16_widen(*s));
     }
     fn narrow(src: &[f32], dst: &mut [Self]) {
         // Round to nearest even, NaNs stay (quiet) NaNs; branch-free so it vectorises.
-        dst.iter_mut().zip(src).for_each(|(d, s)| *d = bf16_narrow(*s));
+        dst.iter_mut()
+            .zip(src)
+            .for_each(|(d, s)| *d = bf16_narrow(*s));
     }
 }
 
@@ -148,17 +152,27 @@ fn bf16_narrow(v: f32) -> bf16 {
 fn bf16_apply(op: ReduceOp, dst: &mut [bf16], a: &[bf16], b: &[bf16]) {
     let it = dst.iter_mut().zip(a.iter().zip(b));
     match op {
-        ReduceOp::Sum | ReduceOp::Avg => it.for_each(|(d, (x, y))| *d = bf16_narrow(bf16_widen(*x) + bf16_widen(*y))),
-        ReduceOp::Prod => it.for_each(|(d, (x, y))| *d = bf16_narrow(bf16_widen(*x) * bf16_widen(*y))),
-        ReduceOp::Min => it.for_each(|(d, (x, y))| *d = bf16_narrow(bf16_widen(*x).min(bf16_widen(*y)))),
-        ReduceOp::Max => it.for_each(|(d, (x, y))| *d = bf16_narrow(bf16_widen(*x).max(bf16_widen(*y)))),
+        ReduceOp::Sum | ReduceOp::Avg => {
+            it.for_each(|(d, (x, y))| *d = bf16_narrow(bf16_widen(*x) + bf16_widen(*y)))
+        }
+        ReduceOp::Prod => {
+            it.for_each(|(d, (x, y))| *d = bf16_narrow(bf16_widen(*x) * bf16_widen(*y)))
+        }
+        ReduceOp::Min => {
+            it.for_each(|(d, (x, y))| *d = bf16_narrow(bf16_widen(*x).min(bf16_widen(*y))))
+        }
+        ReduceOp::Max => {
+            it.for_each(|(d, (x, y))| *d = bf16_narrow(bf16_widen(*x).max(bf16_widen(*y))))
+        }
     }
 }
 
 fn bf16_apply_into(op: ReduceOp, dst: &mut [bf16], b: &[bf16]) {
     let it = dst.iter_mut().zip(b);
     match op {
-        ReduceOp::Sum | ReduceOp::Avg => it.for_each(|(d, y)| *d = bf16_narrow(bf16_widen(*d) + bf16_widen(*y))),
+        ReduceOp::Sum | ReduceOp::Avg => {
+            it.for_each(|(d, y)| *d = bf16_narrow(bf16_widen(*d) + bf16_widen(*y)))
+        }
         ReduceOp::Prod => it.for_each(|(d, y)| *d = bf16_narrow(bf16_widen(*d) * bf16_widen(*y))),
         ReduceOp::Min => it.for_each(|(d, y)| *d = bf16_narrow(bf16_widen(*d).min(bf16_widen(*y)))),
         ReduceOp::Max => it.for_each(|(d, y)| *d = bf16_narrow(bf16_widen(*d).max(bf16_widen(*y)))),
@@ -182,7 +196,11 @@ fn tiled3<T: Tile + Copy>(op: ReduceOp, dst: &mut [T], x: &[T], y: &[T]) {
     let n = dst.len().min(x.len()).min(y.len());
     let mut a = [0f32; TILE];
     let mut b = [0f32; TILE];
-    for ((d, xs), ys) in dst[..n].chunks_mut(TILE).zip(x[..n].chunks(TILE)).zip(y[..n].chunks(TILE)) {
+    for ((d, xs), ys) in dst[..n]
+        .chunks_mut(TILE)
+        .zip(x[..n].chunks(TILE))
+        .zip(y[..n].chunks(TILE))
+    {
         let k = d.len();
         T::widen(xs, &mut a[..k]);
         T::widen(ys, &mut b[..k]);
@@ -205,7 +223,8 @@ macro_rules! half_element {
             }
             fn divide(dst: &mut [Self], n: usize) {
                 let n = n as f32;
-                dst.iter_mut().for_each(|d| *d = <$t>::from_f32(d.to_f32() / n));
+                dst.iter_mut()
+                    .for_each(|d| *d = <$t>::from_f32(d.to_f32() / n));
             }
             fn from_i64(v: i64) -> Self {
                 <$t>::from_f32(v as f32)
@@ -249,7 +268,20 @@ mod tests {
 
     #[test]
     fn bf16_narrowing_matches_half_crate_rounding() {
-        let vals = [0.0f32, -0.0, 1.0, 1.00390625, 1.0078125, 3.14159, -2.5e-38, 1e38, 3.4e38, f32::INFINITY, f32::NEG_INFINITY, 1.0 + 1.0 / 256.0 + 1.0 / 512.0];
+        let vals = [
+            0.0f32,
+            -0.0,
+            1.0,
+            1.0 + 1.0 / 256.0,
+            1.0078125,
+            2.75,
+            -2.5e-38,
+            1e38,
+            3.4e38,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1.0 + 1.0 / 256.0 + 1.0 / 512.0,
+        ];
         let mut out = [bf16::ZERO; 12];
         <bf16 as Tile>::narrow(&vals, &mut out);
         for (v, o) in vals.iter().zip(out) {

@@ -58,9 +58,14 @@ impl Ring {
             .truncate(true)
             .open(&path)
             .map_err(|e| Error::system(format!("cannot create {}: {e}", path.display())))?;
-        f.set_len(RING_BYTES as u64).map_err(|e| Error::system(format!("cannot size {}: {e}", path.display())))?;
-        let map = MmapRaw::map_raw(&f).map_err(|e| Error::system(format!("cannot map {}: {e}", path.display())))?;
-        Ok(Ring { map, path: Some(path) })
+        f.set_len(RING_BYTES as u64)
+            .map_err(|e| Error::system(format!("cannot size {}: {e}", path.display())))?;
+        let map = MmapRaw::map_raw(&f)
+            .map_err(|e| Error::system(format!("cannot map {}: {e}", path.display())))?;
+        Ok(Ring {
+            map,
+            path: Some(path),
+        })
     }
 
     /// Maps the ring another process created at `path`, then unlinks the file (the mapping
@@ -71,9 +76,13 @@ impl Ring {
             .write(true)
             .open(&path)
             .map_err(|e| Error::system(format!("cannot open {}: {e}", path.display())))?;
-        let map = MmapRaw::map_raw(&f).map_err(|e| Error::system(format!("cannot map {}: {e}", path.display())))?;
+        let map = MmapRaw::map_raw(&f)
+            .map_err(|e| Error::system(format!("cannot map {}: {e}", path.display())))?;
         if map.len() < RING_BYTES {
-            return Err(Error::system(format!("{} is too small to be a PCCL ring", path.display())));
+            return Err(Error::system(format!(
+                "{} is too small to be a PCCL ring",
+                path.display()
+            )));
         }
         let _ = std::fs::remove_file(&path);
         Ok(Ring { map, path: None })
@@ -88,7 +97,11 @@ impl Ring {
     fn slot(&self, i: u64) -> *mut u8 {
         let k = (i % SLOTS) as usize;
         // SAFETY: slot `k` lies inside the mapping (RING_BYTES checked at creation/open).
-        unsafe { self.map.as_mut_ptr().add(RING_HEAD + k * (SLOT_HEAD + SLOT_BYTES)) }
+        unsafe {
+            self.map
+                .as_mut_ptr()
+                .add(RING_HEAD + k * (SLOT_HEAD + SLOT_BYTES))
+        }
     }
 
     fn wait(&self, deadline: Instant, ready: impl Fn() -> bool, what: &str) -> Result<()> {
@@ -114,7 +127,11 @@ impl Ring {
         let pieces = data.len().div_ceil(SLOT_BYTES).max(1);
         let mut t = tail.load(Ordering::Relaxed);
         for k in 0..pieces {
-            self.wait(deadline, || t - head.load(Ordering::Acquire) < SLOTS, "sending through shared memory")?;
+            self.wait(
+                deadline,
+                || t - head.load(Ordering::Acquire) < SLOTS,
+                "sending through shared memory",
+            )?;
             let off = k * SLOT_BYTES;
             let n = SLOT_BYTES.min(data.len() - off.min(data.len()));
             let s = self.slot(t);
@@ -135,12 +152,22 @@ impl Ring {
 
     /// Consumer side: hands the next message's pieces to `sink`; the message must carry
     /// `tag` and be `len` bytes.
-    pub fn pop(&self, tag: u64, len: usize, deadline: Instant, sink: &mut dyn FnMut(usize, &[u8])) -> Result<std::result::Result<(), (u64, u64)>> {
+    pub fn pop(
+        &self,
+        tag: u64,
+        len: usize,
+        deadline: Instant,
+        sink: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<std::result::Result<(), (u64, u64)>> {
         let (head, tail) = (self.counter(0), self.counter(1));
         let pieces = len.div_ceil(SLOT_BYTES).max(1);
         let mut h = head.load(Ordering::Relaxed);
         for k in 0..pieces {
-            self.wait(deadline, || tail.load(Ordering::Acquire) > h, "receiving through shared memory")?;
+            self.wait(
+                deadline,
+                || tail.load(Ordering::Acquire) > h,
+                "receiving through shared memory",
+            )?;
             let s = self.slot(h);
             // SAFETY: the producer published this slot (Acquire above) and will not touch it
             // again before the Release store of `head` below.

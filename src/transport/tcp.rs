@@ -300,7 +300,8 @@ fn writer_loop(out: Outbound, rx: std::sync::mpsc::Receiver<WriteJob>) {
                     unsafe { std::slice::from_raw_parts(job.ptr as *const u8, job.len) }
                 };
                 let r = ring.push(u64::from(job.tag), bytes, Instant::now() + timeout);
-                *job.done.state.lock().unwrap_or_else(|e| e.into_inner()) = Some(r.map_err(|e| e.message().to_string()));
+                *job.done.state.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(r.map_err(|e| e.message().to_string()));
                 job.done.cv.notify_all();
             }
             return;
@@ -329,8 +330,16 @@ fn writer_loop(out: Outbound, rx: std::sync::mpsc::Receiver<WriteJob>) {
 impl TcpTransport {
     /// Joins the job of `id` as `rank` of `nranks`. Collective: every rank must call it.
     /// Peers on the same host talk through shared memory unless `PCCL_SHM_DISABLE=1`.
-    pub fn connect(id: &UniqueId, nranks: usize, rank: usize, chunk_bytes: usize, timeout: Duration) -> Result<Self> {
-        let use_shm = std::env::var("PCCL_SHM_DISABLE").map(|v| v.trim() != "1").unwrap_or(true);
+    pub fn connect(
+        id: &UniqueId,
+        nranks: usize,
+        rank: usize,
+        chunk_bytes: usize,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let use_shm = std::env::var("PCCL_SHM_DISABLE")
+            .map(|v| v.trim() != "1")
+            .unwrap_or(true);
         Self::connect_with(id, nranks, rank, chunk_bytes, timeout, use_shm)
     }
 
@@ -385,7 +394,17 @@ impl TcpTransport {
             })
             .collect::<Result<_>>()?;
         let nodes: Vec<u64> = table.iter().map(|(_, n)| *n).collect();
-        Self::build(use_shm, listener, &addrs, rank, id.key, nodes, chunk_bytes, timeout, deadline)
+        Self::build(
+            use_shm,
+            listener,
+            &addrs,
+            rank,
+            id.key,
+            nodes,
+            chunk_bytes,
+            timeout,
+            deadline,
+        )
     }
 
     /// Creates this rank's inbound rings from same-host peers, connects the mesh (whose
@@ -405,25 +424,37 @@ impl TcpTransport {
         let local = |j: usize| use_shm && j != rank && nodes[j] == nodes[rank];
         let mut inbound: Vec<Option<Ring>> = Vec::with_capacity(nodes.len());
         for j in 0..nodes.len() {
-            inbound.push(if local(j) { Some(Ring::create(ring_path(key, j, rank))?) } else { None });
+            inbound.push(if local(j) {
+                Some(Ring::create(ring_path(key, j, rank))?)
+            } else {
+                None
+            });
         }
         let streams = mesh(listener, addrs, rank, key, deadline)?;
         let mut outbound: Vec<Option<Ring>> = Vec::with_capacity(nodes.len());
         for j in 0..nodes.len() {
-            outbound.push(if local(j) { Some(Ring::open(ring_path(key, rank, j))?) } else { None });
+            outbound.push(if local(j) {
+                Some(Ring::open(ring_path(key, rank, j))?)
+            } else {
+                None
+            });
         }
         // Nobody may return (and possibly exit, removing its ring files) before every local
         // peer has mapped them: exchange a token with each.
         let mut streams = streams;
         for j in (0..nodes.len()).filter(|&j| local(j)) {
             if let Some(st) = streams[j].as_mut() {
-                write_u64(st, key).and_then(|_| st.flush()).map_err(|e| io_err("shared-memory handshake", e))?;
+                write_u64(st, key)
+                    .and_then(|_| st.flush())
+                    .map_err(|e| io_err("shared-memory handshake", e))?;
             }
         }
         for j in (0..nodes.len()).filter(|&j| local(j)) {
             if let Some(st) = streams[j].as_mut() {
                 if read_u64(st).map_err(|e| io_err("shared-memory handshake", e))? != key {
-                    return Err(Error::remote(format!("rank {j} answered the shared-memory handshake wrongly")));
+                    return Err(Error::remote(format!(
+                        "rank {j} answered the shared-memory handshake wrongly"
+                    )));
                 }
             }
         }
@@ -447,9 +478,12 @@ impl TcpTransport {
                 peers.push(None);
                 continue;
             };
-            s.set_nodelay(true).map_err(|e| io_err("socket option", e))?;
-            s.set_read_timeout(Some(timeout)).map_err(|e| io_err("socket option", e))?;
-            s.set_write_timeout(Some(timeout)).map_err(|e| io_err("socket option", e))?;
+            s.set_nodelay(true)
+                .map_err(|e| io_err("socket option", e))?;
+            s.set_read_timeout(Some(timeout))
+                .map_err(|e| io_err("socket option", e))?;
+            s.set_write_timeout(Some(timeout))
+                .map_err(|e| io_err("socket option", e))?;
             let out = match ring_out {
                 Some(r) => Outbound::Shm(r, timeout),
                 None => Outbound::Socket(s.try_clone().map_err(|e| io_err("socket clone", e))?),
@@ -459,12 +493,31 @@ impl TcpTransport {
                 .name("pccl-tcp-writer".into())
                 .spawn(move || writer_loop(out, rx))
                 .map_err(|e| Error::system(format!("cannot start a writer thread: {e}")))?;
-            peers.push(Some(Peer { writer: tx, reader: Mutex::new(s), shm_in: ring_in.map(Mutex::new) }));
+            peers.push(Some(Peer {
+                writer: tx,
+                reader: Mutex::new(s),
+                shm_in: ring_in.map(Mutex::new),
+            }));
         }
-        Ok(TcpTransport { rank, peers, nodes, key: 0, chunk: chunk.max(4096), timeout })
+        Ok(TcpTransport {
+            rank,
+            peers,
+            nodes,
+            key: 0,
+            chunk: chunk.max(4096),
+            timeout,
+        })
     }
 
-    fn recv_shm(&self, ring: &Mutex<Ring>, peer: usize, tag: Tag, len: usize, deadline: Instant, sink: &mut dyn FnMut(usize, &[u8])) -> Result<()> {
+    fn recv_shm(
+        &self,
+        ring: &Mutex<Ring>,
+        peer: usize,
+        tag: Tag,
+        len: usize,
+        deadline: Instant,
+        sink: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
         let ring = ring.lock().unwrap_or_else(|e| e.into_inner());
         match ring.pop(u64::from(tag), len, deadline, sink)? {
             Ok(()) => Ok(()),
@@ -507,8 +560,12 @@ fn mesh(
     for (j, addr) in addrs.iter().enumerate().skip(rank + 1) {
         let mut s = connect_retry(*addr, deadline)
             .map_err(|e| io_err(&format!("cannot connect to rank {j}"), e))?;
-        s.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10))))
-            .map_err(|e| io_err("handshake", e))?;
+        s.set_read_timeout(Some(
+            deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(10)),
+        ))
+        .map_err(|e| io_err("handshake", e))?;
         // The acceptor answers only once it is in its own mesh phase, i.e. after it created
         // its shared-memory rings.
         (|| -> std::io::Result<()> {
@@ -516,7 +573,10 @@ fn mesh(
             write_u64(&mut s, rank as u64)?;
             s.flush()?;
             if read_u64(&mut s)? != key {
-                return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "handshake refused"));
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "handshake refused",
+                ));
             }
             Ok(())
         })()
@@ -543,7 +603,11 @@ fn mesh(
                     continue;
                 };
                 let from = from as usize;
-                if k == key && from < rank && streams[from].is_none() && write_u64(&mut s, key).and_then(|_| s.flush()).is_ok() {
+                if k == key
+                    && from < rank
+                    && streams[from].is_none()
+                    && write_u64(&mut s, key).and_then(|_| s.flush()).is_ok()
+                {
                     streams[from] = Some(s);
                     need -= 1;
                 }
@@ -642,7 +706,9 @@ impl Transport for TcpTransport {
         let mut pos = 0;
         let p = self.peer(peer)?;
         if let Some(ring) = &p.shm_in {
-            return self.recv_shm(ring, peer, tag, len, deadline, &mut |off, b| dst[off..off + b.len()].copy_from_slice(b));
+            return self.recv_shm(ring, peer, tag, len, deadline, &mut |off, b| {
+                dst[off..off + b.len()].copy_from_slice(b)
+            });
         }
         let mut s = p.reader.lock().unwrap_or_else(|e| e.into_inner());
         let wait = deadline
@@ -719,7 +785,17 @@ impl Transport for TcpTransport {
         // Ring files are named by the sub-job's key: unique to this job and this split.
         let key = self.key ^ ctx.rotate_left(17);
         let use_shm = self.peers.iter().flatten().any(|p| p.shm_in.is_some());
-        let t = Self::build(use_shm, listener, &addrs, me, key, nodes, self.chunk, self.timeout, deadline())?;
+        let t = Self::build(
+            use_shm,
+            listener,
+            &addrs,
+            me,
+            key,
+            nodes,
+            self.chunk,
+            self.timeout,
+            deadline(),
+        )?;
         Ok(Arc::new(t))
     }
 }

@@ -1,0 +1,925 @@
+//! NVIDIA GPU kernels: element-wise reductions and the hierarchical block transpose.
+//!
+//! The kernels live in `csrc/reduce.cu` and `csrc/transpose.cu`, are embedded in the library
+//! and compiled at run time by NVRTC, once per device (the loaded modules are cached for the
+//! life of the process). Everything goes through [`cudarc`] with dynamic loading: the crate
+//! builds without CUDA, and on a machine without the NVIDIA driver or NVRTC every entry point
+//! returns an [`ErrorKind::System`](crate::ErrorKind::System) error that says so (cudarc
+//! itself would panic; [`CudaDevice::open`] probes for the libraries first).
+//!
+//! Buffers are raw bytes ([`CudaSlice<u8>`] or views of one) tagged with a [`DType`] at the
+//! call, as the executor holds them. Every operation is stream-ordered on the stream the
+//! [`CudaDevice`] owns; [`CudaDevice::synchronize`] waits for it, and the download helpers
+//! synchronize themselves.
+//!
+//! Results are bit-identical to the host kernels ([`Element::reduce3`](crate::Element) and
+//! [`Element::divide`](crate::Element)): integers wrap, `f32`/`f64` round to nearest, `f16`
+//! and `bf16` are widened to `f32`, combined and rounded back once.
+
+use crate::dtype::{DType, Element, ReduceOp};
+use crate::error::{Error, Result};
+use cudarc::driver::{
+    sys, CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
+    LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Source of the reduction kernels (`csrc/reduce.cu`).
+pub const REDUCE_SOURCE: &str = include_str!("../../csrc/reduce.cu");
+/// Source of the block-transpose kernels (`csrc/transpose.cu`).
+pub const TRANSPOSE_SOURCE: &str = include_str!("../../csrc/transpose.cu");
+
+/// Independent 16-byte accesses per thread per input in the kernels (`PCCL_UNROLL`).
+const UNROLL: u32 = 4;
+/// Blocks of at least this many bytes are transposed by whole-run copies (a run of 256 bytes
+/// or more wastes at most one partly used 32-byte sector at each end); smaller ones through
+/// shared-memory tiles.
+const TILE_BELOW_BYTES: usize = 256;
+/// A destination row of a tile holds about this many bytes (`TM * s`) at most.
+const TILE_ROW_BYTES: usize = 512;
+/// The most source rows (`TM`) in a tile.
+const TILE_MAX_ROWS: usize = 64;
+/// A tile holds about this many bytes (`TM * TN * s`).
+const TILE_BYTES: usize = 16 << 10;
+/// The most source columns (`TN`) in a tile.
+const TILE_MAX_COLS: usize = 4096;
+
+fn cuda_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
+    move |e| Error::system(format!("CUDA {what} failed: {e}"))
+}
+
+/// Checks, once per process, that the NVIDIA driver library and NVRTC can be loaded and that
+/// the driver initialises. Returns a [`System`](crate::ErrorKind::System) error naming what
+/// is missing otherwise; no other function here touches cudarc before this succeeded.
+pub fn ensure_available() -> Result<()> {
+    static PROBE: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    PROBE
+        .get_or_init(|| {
+            // SAFETY: only tries to dlopen the driver library under its usual names (running
+            // its initialisers, nothing else) and closes it again.
+            if !unsafe { sys::is_culib_present() } {
+                return Err(
+                    "the NVIDIA driver library (libcuda.so.1 / libcuda.so) could not be loaded: \
+                     no NVIDIA driver is installed here, or it is not on the loader path"
+                        .to_string(),
+                );
+            }
+            nvrtc_present()?;
+            cudarc::driver::result::init().map_err(|e| {
+                if e.0 == sys::CUresult::CUDA_ERROR_STUB_LIBRARY {
+                    "cuInit failed: the libcuda.so found is the CUDA toolkit's stub, not the \
+                     driver: take the toolkit's lib64/stubs folder off LD_LIBRARY_PATH"
+                        .to_string()
+                } else {
+                    format!("cuInit failed: {e}")
+                }
+            })?;
+            Ok(())
+        })
+        .clone()
+        .map_err(|m| Error::system(format!("CUDA is not available: {m}")))
+}
+
+fn nvrtc_present() -> std::result::Result<(), String> {
+    // SAFETY: as above, a dlopen attempt of libnvrtc under its usual names.
+    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(
+            "NVRTC (libnvrtc.so / libnvrtc.so.12) could not be loaded: add the folder that holds \
+             it (the CUDA toolkit's lib64) to LD_LIBRARY_PATH"
+                .to_string(),
+        )
+    }
+}
+
+/// Checks that NVRTC alone can be loaded (compiling needs no GPU and no driver).
+pub fn ensure_nvrtc() -> Result<()> {
+    nvrtc_present().map_err(|m| Error::system(format!("CUDA is not available: {m}")))
+}
+
+/// The version of the installed driver's CUDA API, as `(major, minor)`.
+pub fn driver_version() -> Result<(i32, i32)> {
+    ensure_available()?;
+    let mut v: c_int = 0;
+    // SAFETY: the driver library is loaded (checked above) and `v` is a valid out-pointer.
+    let r = unsafe { sys::cuDriverGetVersion(&mut v) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(Error::system(format!("cuDriverGetVersion failed: {r:?}")));
+    }
+    Ok((v / 1000, (v % 1000) / 10))
+}
+
+/// The version of the NVRTC library in use, as `(major, minor)`.
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    ensure_nvrtc()?;
+    let (mut major, mut minor): (c_int, c_int) = (0, 0);
+    // SAFETY: NVRTC is loaded (checked above); both are valid out-pointers.
+    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| Error::system(format!("nvrtcVersion failed: {e:?}")))?;
+    Ok((major, minor))
+}
+
+/// A compiled kernel module: a CUBIN for the exact architecture, or PTX for the driver to
+/// finish when NVRTC does not know the device's architecture.
+#[derive(Clone, Debug)]
+pub enum KernelImage {
+    /// Machine code for one architecture (`sm_XY`).
+    Cubin(Vec<u8>),
+    /// PTX text for the driver's JIT (`compute_XY`, the newest NVRTC knows below the device).
+    Ptx(String),
+}
+
+impl KernelImage {
+    /// Size of the image in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            KernelImage::Cubin(b) => b.len(),
+            KernelImage::Ptx(s) => s.len(),
+        }
+    }
+    /// True when the image is empty (never, for a successful compile).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The two kernel modules compiled for one compute capability.
+#[derive(Clone, Debug)]
+pub struct KernelImages {
+    /// `csrc/reduce.cu`
+    pub reduce: KernelImage,
+    /// `csrc/transpose.cu`
+    pub transpose: KernelImage,
+}
+
+struct NvrtcProgram(cudarc::nvrtc::sys::nvrtcProgram);
+
+impl Drop for NvrtcProgram {
+    fn drop(&mut self) {
+        // SAFETY: the program was created by nvrtcCreateProgram and is destroyed only here.
+        let _ = unsafe { cudarc::nvrtc::result::destroy_program(self.0) };
+    }
+}
+
+fn supported_archs() -> Result<Vec<i32>> {
+    let mut num: c_int = 0;
+    // SAFETY: NVRTC is loaded; `num` is a valid out-pointer.
+    unsafe { cudarc::nvrtc::sys::nvrtcGetNumSupportedArchs(&mut num) }
+        .result()
+        .map_err(|e| Error::system(format!("nvrtcGetNumSupportedArchs failed: {e:?}")))?;
+    let mut archs = vec![0 as c_int; num.max(0) as usize];
+    // SAFETY: `archs` has room for the `num` entries NVRTC writes.
+    unsafe { cudarc::nvrtc::sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) }
+        .result()
+        .map_err(|e| Error::system(format!("nvrtcGetSupportedArchs failed: {e:?}")))?;
+    Ok(archs)
+}
+
+fn compile_one(name: &str, src: &str, arch_opt: &str, cubin: bool) -> Result<KernelImage> {
+    let c_src = CString::new(src)
+        .map_err(|_| Error::internal(format!("{name}: NUL byte in kernel source")))?;
+    let c_name = CString::new(name).map_err(|_| Error::internal("NUL byte in kernel name"))?;
+    let prog = NvrtcProgram(
+        cudarc::nvrtc::result::create_program(&c_src, Some(&c_name))
+            .map_err(|e| Error::system(format!("NVRTC could not create program {name}: {e:?}")))?,
+    );
+    let opts = [
+        arch_opt.to_string(),
+        format!("-DPCCL_UNROLL={UNROLL}"),
+        "-std=c++17".to_string(),
+    ];
+    // SAFETY: `prog` is a live program; the options are plain ASCII without NUL bytes.
+    let compiled = unsafe { cudarc::nvrtc::result::compile_program(prog.0, &opts) };
+    if let Err(e) = compiled {
+        // SAFETY: `prog` is live; the log is NUL-terminated by NVRTC.
+        let log = unsafe { cudarc::nvrtc::result::get_program_log(prog.0) }
+            .map(|l| {
+                // SAFETY: NVRTC writes a NUL-terminated log into the buffer it sized.
+                unsafe { CStr::from_ptr(l.as_ptr()) }
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .unwrap_or_default();
+        return Err(Error::system(format!(
+            "NVRTC failed to compile {name} ({arch_opt}): {e:?}\n{log}"
+        )));
+    }
+    if cubin {
+        let mut size = 0usize;
+        // SAFETY: `prog` compiled successfully for an sm_ target; `size` is a valid out-pointer.
+        unsafe { cudarc::nvrtc::sys::nvrtcGetCUBINSize(prog.0, &mut size) }
+            .result()
+            .map_err(|e| Error::system(format!("nvrtcGetCUBINSize failed: {e:?}")))?;
+        let mut buf = vec![0u8; size];
+        // SAFETY: `buf` holds the `size` bytes NVRTC reported.
+        unsafe { cudarc::nvrtc::sys::nvrtcGetCUBIN(prog.0, buf.as_mut_ptr() as *mut c_char) }
+            .result()
+            .map_err(|e| Error::system(format!("nvrtcGetCUBIN failed: {e:?}")))?;
+        Ok(KernelImage::Cubin(buf))
+    } else {
+        // SAFETY: `prog` compiled successfully.
+        let ptx = unsafe { cudarc::nvrtc::result::get_ptx(prog.0) }
+            .map_err(|e| Error::system(format!("nvrtcGetPTX failed: {e:?}")))?;
+        let bytes: Vec<u8> = ptx
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
+        Ok(KernelImage::Ptx(
+            String::from_utf8_lossy(&bytes).into_owned(),
+        ))
+    }
+}
+
+/// Compiles both kernel modules with NVRTC for compute capability `(major, minor)`. Needs only
+/// libnvrtc, no GPU or driver (the tests use this to check the sources on any machine).
+pub fn compile_kernels(major: i32, minor: i32) -> Result<KernelImages> {
+    ensure_nvrtc()?;
+    let want = major * 10 + minor;
+    let archs = supported_archs()?;
+    let (arch_opt, cubin) = if archs.contains(&want) {
+        (format!("--gpu-architecture=sm_{want}"), true)
+    } else {
+        let best = archs
+            .iter()
+            .copied()
+            .filter(|&a| a <= want)
+            .max()
+            .ok_or_else(|| {
+                Error::system(format!(
+                "NVRTC supports none of the architectures up to sm_{want} (it knows {archs:?}): \
+                 use an NVRTC that matches this GPU"
+            ))
+            })?;
+        (format!("--gpu-architecture=compute_{best}"), false)
+    };
+    Ok(KernelImages {
+        reduce: compile_one("reduce.cu", REDUCE_SOURCE, &arch_opt, cubin)?,
+        transpose: compile_one("transpose.cu", TRANSPOSE_SOURCE, &arch_opt, cubin)?,
+    })
+}
+
+/// The loaded kernels of one device, looked up by name.
+struct Kernels {
+    functions: HashMap<String, CudaFunction>,
+}
+
+impl Kernels {
+    fn get(&self, name: &str) -> Result<&CudaFunction> {
+        self.functions.get(name).ok_or_else(|| {
+            Error::internal(format!("kernel {name} missing from the compiled module"))
+        })
+    }
+}
+
+fn kernel_names() -> Vec<String> {
+    let mut v = Vec::new();
+    for d in DType::ALL {
+        for op in ["sum", "prod", "min", "max"] {
+            v.push(format!("pccl_reduce_{}_{}", d.name(), op));
+        }
+        if d.is_float() {
+            v.push(format!("pccl_divide_{}", d.name()));
+        }
+    }
+    for u in [1, 2, 4, 8, 16] {
+        v.push(format!("pccl_transpose_copy_{u}"));
+        v.push(format!("pccl_transpose_tile_{u}"));
+    }
+    v
+}
+
+fn load(ctx: &Arc<CudaContext>, image: KernelImage) -> Result<Arc<cudarc::driver::CudaModule>> {
+    let ptx = match image {
+        KernelImage::Cubin(b) => Ptx::from_binary(b),
+        KernelImage::Ptx(s) => Ptx::from_src(s),
+    };
+    ctx.load_module(ptx)
+        .map_err(cuda_err("module load (cuModuleLoadData)"))
+}
+
+/// A device's context and compiled kernels, shared by every [`CudaDevice`] opened on it.
+struct DeviceShared {
+    ctx: Arc<CudaContext>,
+    kernels: Kernels,
+    name: String,
+    capability: (i32, i32),
+    sms: u32,
+}
+
+fn shared_for(ordinal: usize) -> Result<Arc<DeviceShared>> {
+    static CACHE: OnceLock<Mutex<HashMap<usize, Arc<DeviceShared>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut map = cache
+        .lock()
+        .map_err(|_| Error::internal("CUDA module cache poisoned"))?;
+    if let Some(s) = map.get(&ordinal) {
+        return Ok(s.clone());
+    }
+    let count = CudaContext::device_count().map_err(cuda_err("cuDeviceGetCount"))?;
+    if ordinal >= count.max(0) as usize {
+        return Err(Error::invalid(format!(
+            "CUDA device {ordinal} does not exist: this machine has {count} CUDA device(s)"
+        )));
+    }
+    let ctx = CudaContext::new(ordinal).map_err(cuda_err("context creation"))?;
+    let capability = ctx
+        .compute_capability()
+        .map_err(cuda_err("compute capability query"))?;
+    let name = ctx.name().map_err(cuda_err("device name query"))?;
+    let sms = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(cuda_err("multiprocessor count query"))?
+        .max(1) as u32;
+    let images = compile_kernels(capability.0, capability.1)?;
+    let reduce = load(&ctx, images.reduce)?;
+    let transpose = load(&ctx, images.transpose)?;
+    let mut functions = HashMap::new();
+    for name in kernel_names() {
+        let module = if name.starts_with("pccl_transpose") {
+            &transpose
+        } else {
+            &reduce
+        };
+        let f = module
+            .load_function(&name)
+            .map_err(|e| Error::system(format!("CUDA kernel {name}: {e}")))?;
+        functions.insert(name, f);
+    }
+    let shared = Arc::new(DeviceShared {
+        ctx,
+        kernels: Kernels { functions },
+        name,
+        capability,
+        sms,
+    });
+    map.insert(ordinal, shared.clone());
+    Ok(shared)
+}
+
+/// Threads per block and the grid cap the kernels are launched with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchShape {
+    /// Threads per block (a multiple of 32, at most 1024).
+    pub threads: u32,
+    /// Grid cap: at most this many blocks per multiprocessor, the kernels looping over the
+    /// rest of the work with a grid stride. 0, the default, means no cap: one block per piece
+    /// of work (on an H100 this ran 3 to 5% faster than one resident wave, see
+    /// docs/BENCHMARKS-GPU.md).
+    pub blocks_per_sm: u32,
+}
+
+impl Default for LaunchShape {
+    fn default() -> Self {
+        LaunchShape {
+            threads: 512,
+            blocks_per_sm: 0,
+        }
+    }
+}
+
+/// One GPU with a stream of its own, on which every operation of this handle is ordered.
+pub struct CudaDevice {
+    shared: Arc<DeviceShared>,
+    stream: Arc<CudaStream>,
+    shape: LaunchShape,
+}
+
+/// A pair of timing events around work on a [`CudaDevice`]'s stream.
+pub struct EventTimer {
+    start: CudaEvent,
+    stop: CudaEvent,
+}
+
+impl EventTimer {
+    /// Records the start event on `dev`'s stream.
+    pub fn start(&self, dev: &CudaDevice) -> Result<()> {
+        self.start
+            .record(&dev.stream)
+            .map_err(cuda_err("event record"))
+    }
+    /// Records the stop event on `dev`'s stream.
+    pub fn stop(&self, dev: &CudaDevice) -> Result<()> {
+        self.stop
+            .record(&dev.stream)
+            .map_err(cuda_err("event record"))
+    }
+    /// Waits for the stop event and returns the milliseconds between the two events.
+    pub fn elapsed_ms(&self) -> Result<f64> {
+        self.start
+            .elapsed_ms(&self.stop)
+            .map(f64::from)
+            .map_err(cuda_err("event elapsed time"))
+    }
+}
+
+fn check_aligned(what: &str, ptr: u64, align: usize) -> Result<()> {
+    if ptr % align as u64 != 0 {
+        return Err(Error::invalid(format!(
+            "{what} buffer at {ptr:#x} is not aligned to its element size ({align} bytes)"
+        )));
+    }
+    Ok(())
+}
+
+fn overlaps(a: u64, b: u64, len: usize) -> bool {
+    let len = len as u64;
+    a < b + len && b < a + len
+}
+
+/// Elements before the first 16-byte boundary shared by all pointers (all of them when the
+/// pointers are aligned differently: the kernel then runs scalar).
+fn vector_head(ptrs: &[u64], n: usize, esize: usize) -> u64 {
+    let mis = ptrs[0] % 16;
+    if ptrs.iter().any(|p| p % 16 != mis) {
+        return n as u64;
+    }
+    (((16 - mis) % 16) / esize as u64).min(n as u64)
+}
+
+impl CudaDevice {
+    /// Number of CUDA devices, or a [`System`](crate::ErrorKind::System) error when CUDA is
+    /// not available.
+    pub fn count() -> Result<usize> {
+        ensure_available()?;
+        Ok(CudaContext::device_count()
+            .map_err(cuda_err("cuDeviceGetCount"))?
+            .max(0) as usize)
+    }
+
+    /// Opens device `ordinal`: probes for the driver and NVRTC, compiles the kernels the first
+    /// time this device is opened in the process, and creates a stream for this handle.
+    pub fn open(ordinal: usize) -> Result<CudaDevice> {
+        ensure_available()?;
+        let shared = shared_for(ordinal)?;
+        let stream = shared
+            .ctx
+            .new_stream()
+            .map_err(cuda_err("stream creation"))?;
+        Ok(CudaDevice {
+            shared,
+            stream,
+            shape: LaunchShape::default(),
+        })
+    }
+
+    /// The device's name (`NVIDIA H100 80GB HBM3`, ...).
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// Compute capability `(major, minor)`.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.shared.capability
+    }
+
+    /// Number of streaming multiprocessors.
+    pub fn multiprocessors(&self) -> u32 {
+        self.shared.sms
+    }
+
+    /// The cudarc context (shared by all handles on this device).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.shared.ctx
+    }
+
+    /// The stream this handle orders its work on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The launch shape in use.
+    pub fn launch_shape(&self) -> LaunchShape {
+        self.shape
+    }
+
+    /// Changes the launch shape (for tuning; the default suits large buffers on recent GPUs).
+    pub fn set_launch_shape(&mut self, shape: LaunchShape) -> Result<()> {
+        if shape.threads == 0 || shape.threads > 1024 || shape.threads % 32 != 0 {
+            return Err(Error::invalid(format!(
+                "threads per block must be a multiple of 32 in 32..=1024, not {}",
+                shape.threads
+            )));
+        }
+        self.shape = shape;
+        Ok(())
+    }
+
+    /// Waits until all work queued on this handle's stream has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(cuda_err("stream synchronize"))
+    }
+
+    /// Allocates `bytes` bytes of device memory, zeroed (stream-ordered).
+    pub fn alloc_zeroed(&self, bytes: usize) -> Result<CudaSlice<u8>> {
+        self.stream
+            .alloc_zeros::<u8>(bytes)
+            .map_err(cuda_err("allocation"))
+    }
+
+    /// Sets every byte of `buf` to `byte` (to poison outputs before a check, say).
+    pub fn fill(&self, buf: &mut impl DevicePtrMut<u8>, byte: u8) -> Result<()> {
+        let len = buf.len();
+        if len == 0 {
+            return Ok(());
+        }
+        let (p, _sync) = buf.device_ptr_mut(&self.stream);
+        // SAFETY: `p` addresses `len` bytes of device memory owned by `buf`, which stays
+        // mutably borrowed until the memset is queued; the stream orders it after earlier work.
+        unsafe { cudarc::driver::result::memset_d8_async(p, byte, len, self.stream.cu_stream()) }
+            .map_err(cuda_err("memset"))
+    }
+
+    /// Copies host elements into a new device buffer of bytes.
+    pub fn upload<T: Element>(&self, data: &[T]) -> Result<CudaSlice<u8>> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        self.stream
+            .clone_htod(bytes)
+            .map_err(cuda_err("host-to-device copy"))
+    }
+
+    /// Copies host elements into an existing device buffer, which must hold exactly as many bytes.
+    pub fn upload_into<T: Element>(
+        &self,
+        data: &[T],
+        dst: &mut impl DevicePtrMut<u8>,
+    ) -> Result<()> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        if dst.len() != bytes.len() {
+            return Err(Error::invalid(format!(
+                "upload of {} bytes into a device buffer of {} bytes",
+                bytes.len(),
+                dst.len()
+            )));
+        }
+        self.stream
+            .memcpy_htod(bytes, dst)
+            .map_err(cuda_err("host-to-device copy"))
+    }
+
+    /// Waits for this handle's stream, then copies a device buffer back as elements of `T`.
+    pub fn download<T: Element>(&self, src: &impl DevicePtr<u8>) -> Result<Vec<T>> {
+        let len = src.len();
+        if len % std::mem::size_of::<T>() != 0 {
+            return Err(Error::invalid(format!(
+                "device buffer of {len} bytes is not a whole number of {} elements",
+                T::DTYPE
+            )));
+        }
+        let mut bytes = vec![0u8; len];
+        self.stream
+            .memcpy_dtoh(src, &mut bytes)
+            .map_err(cuda_err("device-to-host copy"))?;
+        self.synchronize()?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// Device-to-device copy of all of `src` into the front of `dst` (stream-ordered).
+    pub fn copy(&self, src: &impl DevicePtr<u8>, dst: &mut impl DevicePtrMut<u8>) -> Result<()> {
+        if dst.len() < src.len() {
+            return Err(Error::invalid(format!(
+                "copy of {} bytes into a device buffer of {} bytes",
+                src.len(),
+                dst.len()
+            )));
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        let len = src.len();
+        let (s, _rs) = src.device_ptr(&self.stream);
+        let (d, _rd) = dst.device_ptr_mut(&self.stream);
+        // SAFETY: both pointers address at least `len` bytes owned by `src`/`dst`, which stay
+        // borrowed until the copy is queued; the stream orders it after earlier work on them.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(d, s, len, self.stream.cu_stream()) }
+            .map_err(cuda_err("device-to-device copy"))
+    }
+
+    /// Creates a pair of timing events for this device.
+    pub fn timer(&self) -> Result<EventTimer> {
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        Ok(EventTimer {
+            start: self
+                .shared
+                .ctx
+                .new_event(flags)
+                .map_err(cuda_err("event creation"))?,
+            stop: self
+                .shared
+                .ctx
+                .new_event(flags)
+                .map_err(cuda_err("event creation"))?,
+        })
+    }
+
+    /// Runs `work` (which queues device work on this handle's stream) between two events and
+    /// returns the device time in milliseconds.
+    pub fn time_ms(&self, mut work: impl FnMut(&Self) -> Result<()>) -> Result<f64> {
+        let t = self.timer()?;
+        t.start(self)?;
+        work(self)?;
+        t.stop(self)?;
+        t.elapsed_ms()
+    }
+
+    /// Launch configuration for `work_items` independent pieces of work of one block each.
+    fn config(&self, smem: u32, work_items: u64) -> LaunchConfig {
+        let cap = match self.shape.blocks_per_sm {
+            0 => i32::MAX as u64,
+            n => (self.shared.sms as u64 * n as u64).clamp(1, i32::MAX as u64),
+        };
+        LaunchConfig {
+            grid_dim: (work_items.clamp(1, cap) as u32, 1, 1),
+            block_dim: (self.shape.threads, 1, 1),
+            shared_mem_bytes: smem,
+        }
+    }
+
+    /// Work pieces of an element-wise kernel over `n` elements, `head` of them scalar.
+    fn elementwise_work(&self, n: u64, head: u64, esize: usize) -> u64 {
+        let w = (16 / esize) as u64;
+        let nvec = (n - head.min(n)) / w;
+        let scalars = n - nvec * w;
+        let threads = self.shape.threads as u64;
+        nvec.div_ceil(threads * UNROLL as u64)
+            .max(scalars.div_ceil(threads))
+    }
+
+    fn launch_elementwise(
+        &self,
+        kernel: &str,
+        op: ReduceOp,
+        dtype: DType,
+        ptrs: [u64; 3],
+        bytes: usize,
+    ) -> Result<()> {
+        let esize = dtype.size();
+        for (what, p) in ["destination", "first input", "second input"]
+            .iter()
+            .zip(ptrs)
+        {
+            check_aligned(what, p, esize)?;
+        }
+        if ptrs[0] != ptrs[1] && overlaps(ptrs[0], ptrs[1], bytes)
+            || ptrs[0] != ptrs[2] && overlaps(ptrs[0], ptrs[2], bytes)
+        {
+            return Err(Error::invalid(
+                "reduction destination partly overlaps an input: it must be the same buffer or disjoint",
+            ));
+        }
+        let n = (bytes / esize) as u64;
+        let head = vector_head(&ptrs, bytes / esize, esize);
+        let f = self.shared.kernels.get(kernel)?;
+        let cfg = self.config(0, self.elementwise_work(n, head, esize));
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&ptrs[0])
+            .arg(&ptrs[1])
+            .arg(&ptrs[2])
+            .arg(&n)
+            .arg(&head);
+        // SAFETY: the kernel `pccl_reduce_<dtype>_<op>(T* dst, const T* a, const T* b, u64 n,
+        // u64 head)` takes exactly these five arguments; all three pointers address `n`
+        // elements of `dtype` owned by buffers the caller keeps borrowed until this returns,
+        // are aligned to the element size (checked), and dst is either an input or disjoint.
+        unsafe { b.launch(cfg) }.map_err(|e| {
+            Error::system(format!(
+                "CUDA launch of {kernel} ({op}, {dtype}) failed: {e}"
+            ))
+        })?;
+        Ok(())
+    }
+
+    fn check_lengths(dtype: DType, lens: &[usize]) -> Result<usize> {
+        let bytes = lens[0];
+        if lens.iter().any(|&l| l != bytes) {
+            return Err(Error::invalid(format!(
+                "reduction buffers differ in length: {lens:?} bytes"
+            )));
+        }
+        if bytes % dtype.size() != 0 {
+            return Err(Error::invalid(format!(
+                "reduction buffers of {bytes} bytes are not a whole number of {dtype} elements"
+            )));
+        }
+        Ok(bytes)
+    }
+
+    /// `dst[i] = a[i] op b[i]` over buffers of `dtype` elements of equal byte length. For
+    /// [`ReduceOp::Avg`] this sums; finish with [`CudaDevice::divide`], as on the host.
+    pub fn reduce(
+        &self,
+        op: ReduceOp,
+        dtype: DType,
+        dst: &mut impl DevicePtrMut<u8>,
+        a: &impl DevicePtr<u8>,
+        b: &impl DevicePtr<u8>,
+    ) -> Result<()> {
+        dtype.check_op(op)?;
+        let bytes = Self::check_lengths(dtype, &[dst.len(), a.len(), b.len()])?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        let kernel = reduce_kernel(op, dtype);
+        let (pa, _ra) = a.device_ptr(&self.stream);
+        let (pb, _rb) = b.device_ptr(&self.stream);
+        let (pd, _rd) = dst.device_ptr_mut(&self.stream);
+        self.launch_elementwise(&kernel, op, dtype, [pd, pa, pb], bytes)
+    }
+
+    /// `dst[i] = dst[i] op src[i]` (in place), the device form of [`Element::reduce_into`].
+    pub fn reduce_into(
+        &self,
+        op: ReduceOp,
+        dtype: DType,
+        dst: &mut impl DevicePtrMut<u8>,
+        src: &impl DevicePtr<u8>,
+    ) -> Result<()> {
+        dtype.check_op(op)?;
+        let bytes = Self::check_lengths(dtype, &[dst.len(), src.len()])?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        let kernel = reduce_kernel(op, dtype);
+        let (ps, _rs) = src.device_ptr(&self.stream);
+        let (pd, _rd) = dst.device_ptr_mut(&self.stream);
+        self.launch_elementwise(&kernel, op, dtype, [pd, pd, ps], bytes)
+    }
+
+    /// `dst[i] /= n` for floating-point `dtype` (the division that finishes an average), in
+    /// the precision the host uses; a no-op for integer types, as on the host.
+    pub fn divide(&self, dtype: DType, dst: &mut impl DevicePtrMut<u8>, n: usize) -> Result<()> {
+        if n == 0 {
+            return Err(Error::invalid("divide by zero ranks"));
+        }
+        let bytes = Self::check_lengths(dtype, &[dst.len()])?;
+        if !dtype.is_float() || bytes == 0 {
+            return Ok(());
+        }
+        let esize = dtype.size();
+        let (pd, _rd) = dst.device_ptr_mut(&self.stream);
+        check_aligned("destination", pd, esize)?;
+        let count = (bytes / esize) as u64;
+        let head = vector_head(&[pd], bytes / esize, esize);
+        let kernel = format!("pccl_divide_{}", dtype.name());
+        let f = self.shared.kernels.get(&kernel)?;
+        let cfg = self.config(0, self.elementwise_work(count, head, esize));
+        let d32 = n as f32;
+        let d64 = n as f64;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&pd).arg(&count).arg(&head);
+        if dtype == DType::F64 {
+            b.arg(&d64);
+        } else {
+            b.arg(&d32);
+        }
+        // SAFETY: `pccl_divide_<dtype>(T* dst, u64 n, u64 head, D divisor)` takes these four
+        // arguments, the divisor as double for f64 and float otherwise; `pd` addresses
+        // `count` aligned elements of `dst`, mutably borrowed until this returns.
+        unsafe { b.launch(cfg) }
+            .map_err(|e| Error::system(format!("CUDA launch of {kernel} failed: {e}")))?;
+        Ok(())
+    }
+
+    /// Transposes an `m` x `n` grid of blocks of `block_bytes` bytes: `src` holds it as
+    /// `[m][n]` (block `(i, j)` at byte `(i*n + j) * block_bytes`), `dst` receives it as
+    /// `[n][m]`. Only the first `m * n * block_bytes` bytes of each buffer are touched; they
+    /// must not overlap.
+    pub fn transpose_blocks(
+        &self,
+        src: &impl DevicePtr<u8>,
+        dst: &mut impl DevicePtrMut<u8>,
+        m: usize,
+        n: usize,
+        block_bytes: usize,
+    ) -> Result<()> {
+        let total = m
+            .checked_mul(n)
+            .and_then(|x| x.checked_mul(block_bytes))
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "transpose of {m} x {n} blocks of {block_bytes} bytes overflows"
+                ))
+            })?;
+        if src.len() < total || dst.len() < total {
+            return Err(Error::invalid(format!(
+                "transpose of {m} x {n} blocks of {block_bytes} bytes needs {total} bytes, \
+                 buffers hold {} (source) and {} (destination)",
+                src.len(),
+                dst.len()
+            )));
+        }
+        if m >= i32::MAX as usize || n >= i32::MAX as usize {
+            return Err(Error::invalid(format!(
+                "transpose grid {m} x {n} is too large (each side < 2^31)"
+            )));
+        }
+        if total == 0 {
+            return Ok(());
+        }
+        let (ps, _rs) = src.device_ptr(&self.stream);
+        let (pd, _rd) = dst.device_ptr_mut(&self.stream);
+        if overlaps(ps, pd, total) {
+            return Err(Error::invalid("transpose source and destination overlap"));
+        }
+        if m == 1 || n == 1 {
+            // The layout does not change: a plain copy.
+            // SAFETY: both pointers address at least `total` bytes of the borrowed buffers,
+            // which do not overlap (checked).
+            return unsafe {
+                cudarc::driver::result::memcpy_dtod_async(pd, ps, total, self.stream.cu_stream())
+            }
+            .map_err(cuda_err("device-to-device copy"));
+        }
+        let unit = [16usize, 8, 4, 2, 1]
+            .into_iter()
+            .find(|&u| block_bytes % u == 0 && ps % u as u64 == 0 && pd % u as u64 == 0)
+            .unwrap_or(1);
+        let k = (block_bytes / unit) as u64;
+        let (mm, nn) = (m as u64, n as u64);
+        let threads = self.shape.threads;
+        if block_bytes >= TILE_BELOW_BYTES {
+            let chunk = threads as u64 * UNROLL as u64;
+            let work = if k >= chunk {
+                mm * nn * k.div_ceil(chunk)
+            } else {
+                (mm * nn).div_ceil(chunk / k)
+            };
+            let kernel = format!("pccl_transpose_copy_{unit}");
+            let f = self.shared.kernels.get(&kernel)?;
+            let cfg = self.config(0, work);
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&ps).arg(&pd).arg(&mm).arg(&nn).arg(&k);
+            // SAFETY: `pccl_transpose_copy_<unit>(const U* src, U* dst, u64 M, u64 N, u64 k)`
+            // takes these five arguments; both pointers are aligned to `unit` and address
+            // `m*n*k` units of disjoint buffers that stay borrowed until this returns.
+            unsafe { b.launch(cfg) }
+                .map_err(|e| Error::system(format!("CUDA launch of {kernel} failed: {e}")))?;
+        } else {
+            let tm = m.min((TILE_ROW_BYTES / block_bytes).clamp(1, TILE_MAX_ROWS));
+            let tn = n.min((TILE_BYTES / (tm * block_bytes)).clamp(1, TILE_MAX_COLS));
+            let tiles = mm.div_ceil(tm as u64) * nn.div_ceil(tn as u64);
+            let smem = tm * (tn * k as usize + 1) * unit;
+            let kernel = format!("pccl_transpose_tile_{unit}");
+            let f = self.shared.kernels.get(&kernel)?;
+            let cfg = self.config(smem as u32, tiles);
+            let k32 = k as u32;
+            let mut b = self.stream.launch_builder(f);
+            let (tm32, tn32) = (tm as u32, tn as u32);
+            b.arg(&ps)
+                .arg(&pd)
+                .arg(&mm)
+                .arg(&nn)
+                .arg(&k32)
+                .arg(&tm32)
+                .arg(&tn32);
+            // SAFETY: `pccl_transpose_tile_<unit>(const U* src, U* dst, u64 M, u64 N, u32 k,
+            // u32 TM, u32 TN)` takes these seven arguments and `smem` bytes of dynamic shared
+            // memory (TM*(TN*k+1) units: at most 16 KiB plus one unit per row, under the
+            // 48 KiB default); the pointers are aligned to `unit` and address `m*n*k` units of
+            // disjoint buffers.
+            unsafe { b.launch(cfg) }
+                .map_err(|e| Error::system(format!("CUDA launch of {kernel} failed: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// The inverse of [`CudaDevice::transpose_blocks`]: `src` holds the grid as `[n][m]`,
+    /// `dst` receives it as `[m][n]`.
+    pub fn untranspose_blocks(
+        &self,
+        src: &impl DevicePtr<u8>,
+        dst: &mut impl DevicePtrMut<u8>,
+        m: usize,
+        n: usize,
+        block_bytes: usize,
+    ) -> Result<()> {
+        self.transpose_blocks(src, dst, n, m, block_bytes)
+    }
+}
+
+fn reduce_kernel(op: ReduceOp, dtype: DType) -> String {
+    let op = if op == ReduceOp::Avg {
+        ReduceOp::Sum
+    } else {
+        op
+    };
+    format!("pccl_reduce_{}_{}", dtype.name(), op.name())
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("ordinal", &self.shared.ctx.ordinal())
+            .field("name", &self.shared.name)
+            .field("capability", &self.shared.capability)
+            .field("shape", &self.shape)
+            .finish()
+    }
+}
