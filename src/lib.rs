@@ -4,6 +4,7 @@
 //! as data), the executor ([`exec`]), the transports ([`transport`]), the device kernels
 //! ([`device`]), the [`topology`] and the cost [`model`].
 
+pub mod capi;
 pub mod comm;
 pub mod config;
 pub mod device;

@@ -21,7 +21,7 @@ fn on_tcp_with<R: Send>(
     shm: bool,
     f: impl Fn(Communicator) -> R + Sync,
 ) -> Vec<R> {
-    let id = UniqueId::new(p, Duration::from_secs(30)).expect("rendezvous");
+    let id = UniqueId::new(Duration::from_secs(30)).expect("rendezvous");
     let bytes = id.to_bytes();
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..p)
@@ -53,7 +53,7 @@ fn cfg(m: usize, algo: Algorithm) -> Config {
 
 #[test]
 fn unique_id_round_trips_through_bytes() {
-    let id = UniqueId::new(1, Duration::from_millis(200)).unwrap();
+    let id = UniqueId::new(Duration::from_millis(200)).unwrap();
     assert_eq!(UniqueId::from_bytes(&id.to_bytes()).unwrap(), id);
     assert_eq!(
         UniqueId::from_bytes(&[0u8; 128]).unwrap_err().kind(),

@@ -712,8 +712,20 @@ impl Inner {
         let me = self.clone();
         self.outstanding.add();
         let job = Box::new(move || {
-            let r = me.execute(&plan, call, tag).map(|()| keep);
+            // A panic inside a kernel must not leave the request or the queue stuck.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                me.execute(&plan, call, tag)
+            }))
+            .unwrap_or_else(|_| {
+                Err(Error::internal(
+                    "a collective panicked on the progress thread",
+                ))
+            })
+            .map(|()| keep);
             me.outstanding.done();
+            // Release the communicator before waking the waiter: the last reference must not
+            // be dropped on this thread after the application finalised MPI.
+            drop(me);
             done.complete(r);
         });
         let mut w = lock(&self.worker);

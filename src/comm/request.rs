@@ -14,9 +14,10 @@ pub struct Request<R> {
     slot: Arc<Slot<R>>,
 }
 
-/// The worker's end of a [`Request`].
+/// The worker's end of a [`Request`]. Dropped without completing (a panicking job), it
+/// completes the request with an error, so `wait` never hangs.
 pub(crate) struct Completer<R> {
-    slot: Arc<Slot<R>>,
+    slot: Option<Arc<Slot<R>>>,
 }
 
 /// A new request and the handle that completes it.
@@ -25,13 +26,30 @@ pub(crate) fn pair<R>() -> (Request<R>, Completer<R>) {
         value: Mutex::new(None),
         cv: Condvar::new(),
     });
-    (Request { slot: slot.clone() }, Completer { slot })
+    (
+        Request { slot: slot.clone() },
+        Completer { slot: Some(slot) },
+    )
+}
+
+fn fill<R>(slot: &Slot<R>, r: Result<R>) {
+    *slot.value.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+    slot.cv.notify_all();
 }
 
 impl<R> Completer<R> {
-    pub(crate) fn complete(self, r: Result<R>) {
-        *self.slot.value.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
-        self.slot.cv.notify_all();
+    pub(crate) fn complete(mut self, r: Result<R>) {
+        if let Some(slot) = self.slot.take() {
+            fill(&slot, r);
+        }
+    }
+}
+
+impl<R> Drop for Completer<R> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            fill(&slot, Err(lost()));
+        }
     }
 }
 

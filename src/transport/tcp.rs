@@ -97,9 +97,10 @@ fn read_str(s: &mut impl Read) -> std::io::Result<String> {
 }
 
 impl UniqueId {
-    /// Opens the rendezvous for a job of `nranks` ranks (served by a background thread until
-    /// every rank has reported, or `timeout` passes) and returns its id.
-    pub fn new(nranks: usize, timeout: Duration) -> Result<Self> {
+    /// Opens the rendezvous of a new job (served by a background thread until every rank has
+    /// reported, or `timeout` passes) and returns its id. The job's size is the `nranks`
+    /// every rank passes to [`TcpTransport::connect`].
+    pub fn new(timeout: Duration) -> Result<Self> {
         let listener = TcpListener::bind((advertised_ip(), 0))
             .or_else(|_| TcpListener::bind(("0.0.0.0", 0)))
             .map_err(|e| io_err("cannot open the rendezvous socket", e))?;
@@ -113,7 +114,7 @@ impl UniqueId {
         std::thread::Builder::new()
             .name("pccl-rendezvous".into())
             .spawn(move || {
-                if let Err(e) = serve_rendezvous(listener, key, nranks, timeout) {
+                if let Err(e) = serve_rendezvous(listener, key, timeout) {
                     eprintln!("PCCL WARN rendezvous: {e}");
                 }
             })
@@ -147,19 +148,16 @@ impl UniqueId {
 }
 
 /// Collects `(rank, address, node key)` from every rank and answers each with the table.
-fn serve_rendezvous(
-    listener: TcpListener,
-    key: u64,
-    nranks: usize,
-    timeout: Duration,
-) -> Result<()> {
+fn serve_rendezvous(listener: TcpListener, key: u64, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     listener
         .set_nonblocking(true)
         .map_err(|e| io_err("rendezvous", e))?;
-    let mut conns: Vec<Option<(TcpStream, String, u64)>> = (0..nranks).map(|_| None).collect();
+    // The job size comes from the first rank to report; every other must agree.
+    let mut nranks: Option<usize> = None;
+    let mut conns: Vec<Option<(TcpStream, String, u64)>> = Vec::new();
     let mut got = 0;
-    while got < nranks {
+    while nranks.is_none_or(|n| got < n) {
         match listener.accept() {
             Ok((mut s, _)) => {
                 s.set_nonblocking(false)
@@ -178,10 +176,12 @@ fn serve_rendezvous(
                 let Ok((k, rank, n, addr, node)) = hello else {
                     continue;
                 };
-                if k != key
-                    || n as usize != nranks
-                    || rank as usize >= nranks
-                    || conns[rank as usize].is_some()
+                let n = n as usize;
+                let size = *nranks.get_or_insert(n);
+                if conns.is_empty() {
+                    conns = (0..size).map(|_| None).collect();
+                }
+                if k != key || n != size || rank as usize >= size || conns[rank as usize].is_some()
                 {
                     let _ = write_u64(&mut s, 0);
                     continue;
@@ -192,7 +192,8 @@ fn serve_rendezvous(
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {
                     return Err(Error::timeout(format!(
-                        "only {got} of {nranks} ranks reached the rendezvous"
+                        "only {got} of {} ranks reached the rendezvous",
+                        nranks.map_or("?".to_string(), |n| n.to_string())
                     )));
                 }
                 std::thread::sleep(Duration::from_millis(2));

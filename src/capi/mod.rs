@@ -1,0 +1,1195 @@
+//! The C ABI: NCCL-shaped entry points over [`Communicator`], built into `libpccl.so` and
+//! `libpccl.a`. The header `include/pccl.h` is generated from this module by cbindgen
+//! (`cbindgen.toml`); `tests/capi.rs` fails when it is out of date and rewrites it with
+//! `PCCL_BLESS=1`.
+//!
+//! Conventions:
+//! - every entry point returns a `pcclResult_t` (or a string) and never unwinds: bad
+//!   arguments, destroyed handles and internal panics all come back as codes, with a message
+//!   for [`pcclGetLastError`];
+//! - `pcclDataType_t`, `pcclRedOp_t` and `pcclResult_t` are plain `int`s, so an out-of-range
+//!   value is an error, not undefined behaviour;
+//! - handles (`pcclComm_t`, `pcclRequest_t`, `pcclThreadWorld_t`) are numbered tokens checked
+//!   against a registry: using one after it was destroyed gives `pcclInvalidUsage`, passing
+//!   something PCCL never made gives `pcclInvalidArgument`;
+//! - buffers are host memory; the `stream` argument of the NCCL-shaped calls must be NULL.
+#![allow(non_camel_case_types, non_upper_case_globals, non_snake_case)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod handles;
+
+use crate::comm::request::Request;
+use crate::error::{Error, ErrorKind, Result};
+use crate::transport::Transport;
+use crate::{Communicator, DType, Element, RawCollective, ReduceOp, ThreadWorld};
+use handles::{lock, CommEntry};
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+// ---- types and constants -------------------------------------------------------------------
+
+/// Major version of this PCCL (also in `pcclGetVersion`).
+pub const PCCL_MAJOR: c_int = 0;
+/// Minor version of this PCCL.
+pub const PCCL_MINOR: c_int = 1;
+/// Patch level of this PCCL.
+pub const PCCL_PATCH: c_int = 0;
+/// `PCCL_MAJOR * 10000 + PCCL_MINOR * 100 + PCCL_PATCH`, as `pcclGetVersion` reports it.
+pub const PCCL_VERSION_CODE: c_int = 100;
+
+/// The colour to pass to `pcclCommSplit` on a rank that joins no new communicator
+/// (any negative colour does the same).
+pub const PCCL_SPLIT_NOCOLOR: c_int = -1;
+
+/// Result of a PCCL call. The codes PCCL shares with NCCL's `ncclResult_t` have its values.
+pub type pcclResult_t = c_int;
+/// The call succeeded.
+pub const pcclSuccess: pcclResult_t = 0;
+/// A device runtime call failed (NCCL's `ncclUnhandledCudaError`); not returned by a
+/// host-only build.
+pub const pcclUnhandledDeviceError: pcclResult_t = 1;
+/// The operating system (or the MPI library) failed: threads, memory, MPI calls.
+pub const pcclSystemError: pcclResult_t = 2;
+/// A bug in PCCL (including a caught panic); please report it with the message.
+pub const pcclInternalError: pcclResult_t = 3;
+/// An argument is wrong: NULL or misaligned buffer, unknown datatype or op, a count whose
+/// buffer overflows, a root outside the communicator, a handle PCCL never made.
+pub const pcclInvalidArgument: pcclResult_t = 4;
+/// The call is not valid now: a destroyed handle, a stream (device memory) on a host-only
+/// build, a library built without MPI, a thread-rank initialised twice.
+pub const pcclInvalidUsage: pcclResult_t = 5;
+/// Another rank sent what this one did not expect (ranks disagree on counts, datatypes or
+/// the order of collectives).
+pub const pcclRemoteError: pcclResult_t = 6;
+/// A peer did not answer within `PCCL_TIMEOUT` seconds (it may have died or be stuck).
+pub const pcclTimeout: pcclResult_t = 7;
+/// Number of result codes.
+pub const pcclNumResults: pcclResult_t = 8;
+
+/// Element type of a buffer (NCCL's `ncclDataType_t` values).
+pub type pcclDataType_t = c_int;
+/// `int8_t`.
+pub const pcclInt8: pcclDataType_t = 0;
+/// `char` (same as `pcclInt8`).
+pub const pcclChar: pcclDataType_t = 0;
+/// `uint8_t`.
+pub const pcclUint8: pcclDataType_t = 1;
+/// `int32_t`.
+pub const pcclInt32: pcclDataType_t = 2;
+/// `int` (same as `pcclInt32`).
+pub const pcclInt: pcclDataType_t = 2;
+/// `uint32_t`.
+pub const pcclUint32: pcclDataType_t = 3;
+/// `int64_t`.
+pub const pcclInt64: pcclDataType_t = 4;
+/// `uint64_t`.
+pub const pcclUint64: pcclDataType_t = 5;
+/// IEEE 754 binary16.
+pub const pcclFloat16: pcclDataType_t = 6;
+/// Same as `pcclFloat16`.
+pub const pcclHalf: pcclDataType_t = 6;
+/// `float`.
+pub const pcclFloat32: pcclDataType_t = 7;
+/// Same as `pcclFloat32`.
+pub const pcclFloat: pcclDataType_t = 7;
+/// `double`.
+pub const pcclFloat64: pcclDataType_t = 8;
+/// Same as `pcclFloat64`.
+pub const pcclDouble: pcclDataType_t = 8;
+/// bfloat16 (the upper half of a `float`).
+pub const pcclBfloat16: pcclDataType_t = 9;
+/// Number of datatypes.
+pub const pcclNumTypes: pcclDataType_t = 10;
+
+/// Reduction operator (NCCL's `ncclRedOp_t` values).
+pub type pcclRedOp_t = c_int;
+/// Element-wise sum.
+pub const pcclSum: pcclRedOp_t = 0;
+/// Element-wise product.
+pub const pcclProd: pcclRedOp_t = 1;
+/// Element-wise maximum.
+pub const pcclMax: pcclRedOp_t = 2;
+/// Element-wise minimum.
+pub const pcclMin: pcclRedOp_t = 3;
+/// Sum divided by the number of ranks (floating-point datatypes only).
+pub const pcclAvg: pcclRedOp_t = 4;
+/// Number of reduction operators.
+pub const pcclNumOps: pcclRedOp_t = 5;
+
+/// Opaque communicator; only ever used through a `pcclComm_t`.
+pub struct pcclComm {
+    _opaque: [u8; 0],
+}
+/// A communicator: a group of ranks that run collectives together (`ncclComm_t`).
+pub type pcclComm_t = *mut pcclComm;
+
+/// Opaque request; only ever used through a `pcclRequest_t`.
+pub struct pcclRequest {
+    _opaque: [u8; 0],
+}
+/// A non-blocking collective in flight: finish it with `pcclWait` (which frees it),
+/// poll it with `pcclTest`.
+pub type pcclRequest_t = *mut pcclRequest;
+
+/// Bytes of a [`pcclUniqueId`].
+pub const PCCL_UNIQUE_ID_BYTES: usize = 128;
+
+/// What the ranks of a job share to find each other (`ncclUniqueId`): made by
+/// `pcclGetUniqueId` on one rank, handed to the others by the application (torch does it
+/// through its store), passed to `pcclCommInitRank` on every rank.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct pcclUniqueId {
+    /// Opaque contents.
+    pub internal: [c_char; PCCL_UNIQUE_ID_BYTES],
+}
+
+/// Opaque thread world; only ever used through a `pcclThreadWorld_t`.
+pub struct pcclThreadWorld {
+    _opaque: [u8; 0],
+}
+/// A group of in-process ranks (one thread each) that `pcclCommInitThreads` joins.
+pub type pcclThreadWorld_t = *mut pcclThreadWorld;
+
+// ---- error reporting -----------------------------------------------------------------------
+
+/// A failed call: the error, and the communicator to record it on (if the call had one).
+struct Failure {
+    err: Error,
+    comm: Option<Arc<CommEntry>>,
+}
+
+impl From<Error> for Failure {
+    fn from(err: Error) -> Self {
+        Failure { err, comm: None }
+    }
+}
+
+type Outcome<T> = std::result::Result<T, Failure>;
+
+/// Attaches a communicator to an error, so `pcclGetLastError(comm)` reports it.
+trait OnComm<T> {
+    fn on(self, c: &Arc<CommEntry>) -> Outcome<T>;
+}
+
+impl<T> OnComm<T> for Result<T> {
+    fn on(self, c: &Arc<CommEntry>) -> Outcome<T> {
+        self.map_err(|err| Failure {
+            err,
+            comm: Some(c.clone()),
+        })
+    }
+}
+
+thread_local! {
+    /// Message of the last failed call on this thread.
+    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+    /// The string the last `pcclGetLastError` on this thread returned (kept alive here).
+    static SHOWN: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn code_of(kind: ErrorKind) -> pcclResult_t {
+    match kind {
+        ErrorKind::InvalidArgument => pcclInvalidArgument,
+        ErrorKind::InvalidUsage => pcclInvalidUsage,
+        ErrorKind::System => pcclSystemError,
+        ErrorKind::Remote => pcclRemoteError,
+        ErrorKind::Timeout => pcclTimeout,
+        ErrorKind::Internal => pcclInternalError,
+    }
+}
+
+/// Records `f` as the last error of this thread (and of its communicator) and returns its
+/// code.
+fn record(func: &str, f: Failure) -> pcclResult_t {
+    let msg = format!("{func}: {}", f.err.message());
+    if let Some(c) = &f.comm {
+        msg.clone_into(&mut lock(&c.last_error));
+    }
+    // A thread whose locals are already gone (exiting) just loses the message.
+    let _ = LAST_ERROR.try_with(|l| msg.clone_into(&mut l.borrow_mut()));
+    code_of(f.err.kind())
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    let what = p
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into());
+    format!("internal error (a panic inside PCCL: {what}); please report this")
+}
+
+/// Runs the body of entry point `func`: its error, or a panic, becomes a code and a message.
+fn entry(func: &'static str, body: impl FnOnce() -> Outcome<()>) -> pcclResult_t {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => pcclSuccess,
+        Ok(Err(f)) => record(func, f),
+        Err(p) => record(func, Error::internal(panic_message(p.as_ref())).into()),
+    }
+}
+
+/// Keeps `msg` in this thread's buffer and returns a pointer to it.
+fn show(msg: &str) -> *const c_char {
+    let c = CString::new(msg.replace('\0', "\\0")).unwrap_or_default();
+    SHOWN
+        .try_with(|s| {
+            *s.borrow_mut() = c;
+            s.borrow().as_ptr()
+        })
+        .unwrap_or(c"(the calling thread is exiting)".as_ptr())
+}
+
+// ---- argument conversion -------------------------------------------------------------------
+
+fn datatype(v: pcclDataType_t) -> Result<DType> {
+    Ok(match v {
+        pcclInt8 => DType::I8,
+        pcclUint8 => DType::U8,
+        pcclInt32 => DType::I32,
+        pcclUint32 => DType::U32,
+        pcclInt64 => DType::I64,
+        pcclUint64 => DType::U64,
+        pcclFloat16 => DType::F16,
+        pcclFloat32 => DType::F32,
+        pcclFloat64 => DType::F64,
+        pcclBfloat16 => DType::BF16,
+        _ => {
+            return Err(Error::invalid(format!(
+                "datatype {v} is not a pcclDataType_t (expected 0..{}: pcclInt8 ... pcclBfloat16)",
+                pcclNumTypes - 1
+            )))
+        }
+    })
+}
+
+fn red_op(v: pcclRedOp_t) -> Result<ReduceOp> {
+    Ok(match v {
+        pcclSum => ReduceOp::Sum,
+        pcclProd => ReduceOp::Prod,
+        pcclMax => ReduceOp::Max,
+        pcclMin => ReduceOp::Min,
+        pcclAvg => ReduceOp::Avg,
+        _ => {
+            return Err(Error::invalid(format!(
+                "op {v} is not a pcclRedOp_t (expected 0..{}: pcclSum pcclProd pcclMax pcclMin pcclAvg)",
+                pcclNumOps - 1
+            )))
+        }
+    })
+}
+
+fn no_stream(stream: *mut c_void) -> Result<()> {
+    if stream.is_null() {
+        Ok(())
+    } else {
+        Err(Error::usage(
+            "stream must be NULL: buffers are host memory, and device memory (CUDA/HIP streams) \
+             support is not built yet",
+        ))
+    }
+}
+
+fn int_of(v: usize, what: &str) -> Result<c_int> {
+    c_int::try_from(v).map_err(|_| Error::internal(format!("{what} {v} does not fit in an int")))
+}
+
+/// The element counts of the send and receive buffers of `coll` with NCCL's `count`.
+fn extents(coll: RawCollective, count: usize, p: usize) -> Result<(usize, usize)> {
+    let times_p = || {
+        count
+            .checked_mul(p)
+            .ok_or_else(|| Error::invalid(format!("count {count} x {p} ranks overflows size_t")))
+    };
+    Ok(match coll {
+        RawCollective::AllGather => (count, times_p()?),
+        RawCollective::ReduceScatter(_) => (times_p()?, count),
+        RawCollective::AllReduce(_) | RawCollective::Broadcast(_) => (count, count),
+    })
+}
+
+/// Checks that a buffer of `len` elements of `T` at `ptr` is one object Rust could address.
+fn check_buffer<T>(name: &str, ptr: usize, len: usize) -> Result<()> {
+    let es = std::mem::size_of::<T>();
+    let bytes = len
+        .checked_mul(es)
+        .filter(|&b| isize::try_from(b).is_ok())
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "{name} of {len} elements x {es} bytes overflows the address space"
+            ))
+        })?;
+    if len > 0 && ptr != 0 && ptr.checked_add(bytes).is_none() {
+        return Err(Error::invalid(format!(
+            "{name} at {ptr:#x} of {bytes} bytes wraps around the address space"
+        )));
+    }
+    Ok(())
+}
+
+/// Starts `coll` on buffers of `T`: blocking (returns `None`) or not (returns the request).
+///
+/// # Safety
+/// The buffers must be valid for the counts `coll` implies, until the call returns (blocking)
+/// or the request completes.
+unsafe fn typed<T: Element>(
+    comm: &Communicator,
+    coll: RawCollective,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    nonblocking: bool,
+) -> Result<Option<Request<()>>> {
+    let (in_len, out_len) = extents(coll, count, comm.size())?;
+    check_buffer::<T>("sendbuff", send as usize, in_len)?;
+    check_buffer::<T>("recvbuff", recv as usize, out_len)?;
+    let (send, recv) = (send.cast::<T>(), recv.cast::<T>());
+    // SAFETY: the caller guarantees the buffers for the counts of `coll` (checked above to
+    // be addressable), for as long as the collective runs.
+    unsafe {
+        if nonblocking {
+            comm.raw_collective_async(coll, send, recv, count).map(Some)
+        } else {
+            comm.raw_collective(coll, send, recv, count).map(|()| None)
+        }
+    }
+}
+
+/// The shared body of the collectives: validates `comm`, `datatype`, then runs.
+///
+/// # Safety
+/// As for `typed`.
+unsafe fn collective(
+    c: &Arc<CommEntry>,
+    coll: RawCollective,
+    dtype_code: pcclDataType_t,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    nonblocking: bool,
+) -> Outcome<Option<Request<()>>> {
+    let dt = datatype(dtype_code).on(c)?;
+    let comm = &c.comm;
+    // SAFETY: forwarded from the caller (see `typed`).
+    let r = unsafe {
+        match dt {
+            DType::I8 => typed::<i8>(comm, coll, send, recv, count, nonblocking),
+            DType::U8 => typed::<u8>(comm, coll, send, recv, count, nonblocking),
+            DType::I32 => typed::<i32>(comm, coll, send, recv, count, nonblocking),
+            DType::U32 => typed::<u32>(comm, coll, send, recv, count, nonblocking),
+            DType::I64 => typed::<i64>(comm, coll, send, recv, count, nonblocking),
+            DType::U64 => typed::<u64>(comm, coll, send, recv, count, nonblocking),
+            DType::F16 => typed::<half::f16>(comm, coll, send, recv, count, nonblocking),
+            DType::BF16 => typed::<half::bf16>(comm, coll, send, recv, count, nonblocking),
+            DType::F32 => typed::<f32>(comm, coll, send, recv, count, nonblocking),
+            DType::F64 => typed::<f64>(comm, coll, send, recv, count, nonblocking),
+        }
+    };
+    r.on(c)
+}
+
+fn root_of(root: c_int) -> Result<usize> {
+    usize::try_from(root).map_err(|_| {
+        Error::invalid(format!(
+            "root {root} is negative; it must be a rank of comm"
+        ))
+    })
+}
+
+/// Writes `v` through the out-pointer `out` (already checked non-NULL).
+///
+/// # Safety
+/// `out` must be valid for a write of one `T`.
+unsafe fn put<T>(out: *mut T, v: T) {
+    // SAFETY: the caller guarantees `out` is valid for a write.
+    unsafe { out.write(v) };
+}
+
+fn not_null<T>(p: *const T, arg: &str) -> Result<()> {
+    if p.is_null() {
+        Err(Error::invalid(format!("{arg} is NULL")))
+    } else {
+        Ok(())
+    }
+}
+
+/// Sets the out-handle `out` (if non-NULL) to NULL, so a failed call leaves no stale value.
+///
+/// # Safety
+/// `out` is NULL or valid for a write of one pointer.
+unsafe fn clear<T>(out: *mut *mut T) {
+    if !out.is_null() {
+        // SAFETY: non-NULL, so valid for a write (the caller's guarantee).
+        unsafe { out.write(std::ptr::null_mut()) };
+    }
+}
+
+// ---- library and errors --------------------------------------------------------------------
+
+/// Stores the version of this library, `major * 10000 + minor * 100 + patch`
+/// (`PCCL_VERSION_CODE`), in `*version`.
+///
+/// # Safety
+/// `version` must be NULL (an error) or point to a writable `int`.
+#[no_mangle]
+pub unsafe extern "C" fn pcclGetVersion(version: *mut c_int) -> pcclResult_t {
+    entry("pcclGetVersion", || {
+        not_null(version, "version")?;
+        // SAFETY: `version` is non-NULL and the caller promises it points to an int.
+        unsafe { put(version, PCCL_VERSION_CODE) };
+        Ok(())
+    })
+}
+
+/// A short, static description of a result code (also for unknown codes).
+#[no_mangle]
+pub extern "C" fn pcclGetErrorString(result: pcclResult_t) -> *const c_char {
+    let s: &'static CStr = match result {
+        pcclSuccess => c"no error",
+        pcclUnhandledDeviceError => c"unhandled device (CUDA/HIP) error",
+        pcclSystemError => c"unhandled system error (see pcclGetLastError)",
+        pcclInternalError => c"internal error - please report this issue",
+        pcclInvalidArgument => c"invalid argument (see pcclGetLastError)",
+        pcclInvalidUsage => c"invalid usage (see pcclGetLastError)",
+        pcclRemoteError => c"remote process exited or there was a network error",
+        pcclTimeout => c"timeout: a peer did not answer within PCCL_TIMEOUT",
+        _ => c"unknown result code",
+    };
+    s.as_ptr()
+}
+
+/// The message of the last failed call on `comm`, or of the calling thread's last failed
+/// call when `comm` is NULL; "" when there was none. The string stays valid until the next
+/// `pcclGetLastError` on the same thread. A handle that is not a live communicator gets a
+/// message saying so.
+#[no_mangle]
+pub extern "C" fn pcclGetLastError(comm: pcclComm_t) -> *const c_char {
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        if comm.is_null() {
+            let msg = LAST_ERROR
+                .try_with(|l| l.borrow().clone())
+                .unwrap_or_default();
+            return show(&msg);
+        }
+        match handles::comm(comm as usize, "comm", false) {
+            Ok(c) => {
+                let msg = lock(&c.last_error).clone();
+                show(&msg)
+            }
+            Err(e) => show(&format!("pcclGetLastError: {}", e.message())),
+        }
+    }));
+    r.unwrap_or(c"pcclGetLastError: internal error (a panic inside PCCL)".as_ptr())
+}
+
+// ---- communicators -------------------------------------------------------------------------
+
+/// Creates a world of `nranks` in-process ranks, to be joined by `nranks` threads with
+/// `pcclCommInitThreads`. Free it with `pcclThreadWorldDestroy` (communicators built
+/// from it stay valid).
+///
+/// # Safety
+/// `world` must be NULL (an error) or point to a writable `pcclThreadWorld_t`.
+#[no_mangle]
+pub unsafe extern "C" fn pcclThreadWorldCreate(
+    nranks: c_int,
+    world: *mut pcclThreadWorld_t,
+) -> pcclResult_t {
+    entry("pcclThreadWorldCreate", || {
+        not_null(world, "world")?;
+        // SAFETY: `world` is non-NULL and points to a writable handle (caller's promise).
+        unsafe { clear(world) };
+        let n = usize::try_from(nranks)
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| Error::invalid(format!("nranks {nranks} must be at least 1")))?;
+        let h = handles::add_world(ThreadWorld::new(n))?;
+        // SAFETY: as above.
+        unsafe { put(world, h as pcclThreadWorld_t) };
+        Ok(())
+    })
+}
+
+/// Releases a thread world. Communicators already built from it keep working; ranks not yet
+/// initialised can no longer join. NULL is a no-op.
+#[no_mangle]
+pub extern "C" fn pcclThreadWorldDestroy(world: pcclThreadWorld_t) -> pcclResult_t {
+    entry("pcclThreadWorldDestroy", || {
+        if !world.is_null() {
+            handles::world(world as usize, "world", true)?;
+        }
+        Ok(())
+    })
+}
+
+/// Builds the communicator of rank `rank` of `world`. Collective: every rank of the world
+/// must call it, each from its own thread, and it returns once all have. Reads the `PCCL_*`
+/// environment variables (`PCCL_RANKS_PER_NODE` makes the ranks pretend to be nodes).
+///
+/// # Safety
+/// `comm` must be NULL (an error) or point to a writable `pcclComm_t`.
+#[no_mangle]
+pub unsafe extern "C" fn pcclCommInitThreads(
+    comm: *mut pcclComm_t,
+    world: pcclThreadWorld_t,
+    rank: c_int,
+) -> pcclResult_t {
+    entry("pcclCommInitThreads", || {
+        not_null(comm, "comm")?;
+        // SAFETY: `comm` is non-NULL and points to a writable handle (caller's promise).
+        unsafe { clear(comm) };
+        let w = handles::world(world as usize, "world", false)?;
+        let size = w.world.size();
+        let r = usize::try_from(rank)
+            .ok()
+            .filter(|&r| r < size)
+            .ok_or_else(|| {
+                Error::invalid(format!("rank {rank} is not a rank of this world of {size}"))
+            })?;
+        if !lock(&w.claimed).insert(r) {
+            return Err(Error::usage(format!(
+                "rank {r} of this world already has (or is building) a communicator"
+            ))
+            .into());
+        }
+        let built = w
+            .world
+            .transport(r)
+            .and_then(Communicator::new)
+            .and_then(handles::add_comm);
+        match built {
+            Ok(h) => {
+                // SAFETY: as above.
+                unsafe { put(comm, h as pcclComm_t) };
+                Ok(())
+            }
+            Err(e) => {
+                lock(&w.claimed).remove(&r);
+                Err(e.into())
+            }
+        }
+    })
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_transport(fcomm: c_int) -> Result<Arc<dyn Transport>> {
+    crate::transport::mpi::MpiTransport::from_fint(fcomm)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_transport(_fcomm: c_int) -> Result<Arc<dyn Transport>> {
+    Err(Error::usage(
+        "this libpccl was built without MPI support; rebuild it with `cargo build --features mpi`",
+    ))
+}
+
+/// Builds a communicator over the ranks of an MPI communicator, given as its Fortran handle
+/// (`MPI_Comm_c2f(comm)`, an `MPI_Fint`), so that this header needs no `mpi.h`. Collective
+/// over the ranks of that communicator. Returns `pcclInvalidUsage` when the library was built
+/// without MPI.
+///
+/// # Safety
+/// `comm` must be NULL (an error) or point to a writable `pcclComm_t`.
+#[no_mangle]
+pub unsafe extern "C" fn pcclCommInitMPI(comm: *mut pcclComm_t, fcomm: c_int) -> pcclResult_t {
+    entry("pcclCommInitMPI", || {
+        not_null(comm, "comm")?;
+        // SAFETY: `comm` is non-NULL and points to a writable handle (caller's promise).
+        unsafe { clear(comm) };
+        let h = mpi_transport(fcomm)
+            .and_then(Communicator::new)
+            .and_then(handles::add_comm)?;
+        // SAFETY: as above.
+        unsafe { put(comm, h as pcclComm_t) };
+        Ok(())
+    })
+}
+
+/// Opens the rendezvous of a new job on this host and writes its id to `*uniqueId`
+/// (`ncclGetUniqueId`). Call it on one rank and give the id to every rank; the rendezvous is
+/// served by a background thread until all ranks have joined (the job size is the `nranks`
+/// they pass to `pcclCommInitRank`), or `PCCL_TIMEOUT` passes.
+///
+/// # Safety
+/// `uniqueId` must be NULL (an error) or point to a writable `pcclUniqueId`.
+#[no_mangle]
+pub unsafe extern "C" fn pcclGetUniqueId(unique_id: *mut pcclUniqueId) -> pcclResult_t {
+    entry("pcclGetUniqueId", || {
+        not_null(unique_id, "uniqueId")?;
+        let cfg = crate::config::Config::from_env()?;
+        let id = crate::transport::tcp::UniqueId::new(cfg.timeout)?;
+        let mut out = pcclUniqueId {
+            internal: [0; PCCL_UNIQUE_ID_BYTES],
+        };
+        for (o, b) in out.internal.iter_mut().zip(id.to_bytes()) {
+            *o = b as c_char;
+        }
+        // SAFETY: `unique_id` is non-NULL and writable (caller's promise).
+        unsafe { put(unique_id, out) };
+        Ok(())
+    })
+}
+
+/// Joins the job of `uniqueId` as `rank` of `nranks` (`ncclCommInitRank`): ranks on the same
+/// host talk through shared memory, others through TCP. Collective over all `nranks` ranks.
+///
+/// # Safety
+/// `comm` must be NULL (an error) or point to a writable `pcclComm_t`.
+#[no_mangle]
+pub unsafe extern "C" fn pcclCommInitRank(
+    comm: *mut pcclComm_t,
+    nranks: c_int,
+    unique_id: pcclUniqueId,
+    rank: c_int,
+) -> pcclResult_t {
+    entry("pcclCommInitRank", || {
+        not_null(comm, "comm")?;
+        // SAFETY: `comm` is non-NULL and points to a writable handle (caller's promise).
+        unsafe { clear(comm) };
+        if nranks < 1 || rank < 0 || rank >= nranks {
+            return Err(Error::invalid(format!(
+                "rank {rank} of {nranks}: need 0 <= rank < nranks"
+            ))
+            .into());
+        }
+        let bytes: Vec<u8> = unique_id.internal.iter().map(|&c| c as u8).collect();
+        let id = crate::transport::tcp::UniqueId::from_bytes(&bytes)?;
+        let cfg = crate::config::Config::from_env()?;
+        let t = crate::transport::tcp::TcpTransport::connect(
+            &id,
+            nranks as usize,
+            rank as usize,
+            cfg.chunk_bytes,
+            cfg.timeout,
+        )?;
+        let h = Communicator::with_config(Arc::new(t), cfg).and_then(handles::add_comm)?;
+        // SAFETY: as above.
+        unsafe { put(comm, h as pcclComm_t) };
+        Ok(())
+    })
+}
+
+/// Builds a communicator over `MPI_COMM_WORLD`, initialising MPI (thread level MULTIPLE) if
+/// the application has not (for callers without `mpi.h`, such as Python). Returns
+/// `pcclInvalidUsage` when the library was built without MPI.
+///
+/// # Safety
+/// `comm` must be NULL (an error) or point to a writable `pcclComm_t`.
+#[no_mangle]
+pub unsafe extern "C" fn pcclCommInitMPIWorld(comm: *mut pcclComm_t) -> pcclResult_t {
+    entry("pcclCommInitMPIWorld", || {
+        not_null(comm, "comm")?;
+        // SAFETY: `comm` is non-NULL and points to a writable handle (caller's promise).
+        unsafe { clear(comm) };
+        let h = mpi_world()
+            .and_then(Communicator::new)
+            .and_then(handles::add_comm)?;
+        // SAFETY: as above.
+        unsafe { put(comm, h as pcclComm_t) };
+        Ok(())
+    })
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_world() -> Result<Arc<dyn Transport>> {
+    let cfg = crate::config::Config::from_env()?;
+    Ok(Arc::new(crate::transport::mpi::MpiTransport::world(
+        cfg.chunk_bytes,
+    )?))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_world() -> Result<Arc<dyn Transport>> {
+    Err(Error::usage(
+        "this libpccl was built without MPI support; rebuild it with `cargo build --features mpi`",
+    ))
+}
+
+/// Frees a communicator. Requests still in flight on it keep it alive until they are waited
+/// for. Any later use of the handle returns `pcclInvalidUsage`. NULL is a no-op.
+#[no_mangle]
+pub extern "C" fn pcclCommDestroy(comm: pcclComm_t) -> pcclResult_t {
+    entry("pcclCommDestroy", || {
+        if !comm.is_null() {
+            handles::comm(comm as usize, "comm", true)?;
+        }
+        Ok(())
+    })
+}
+
+/// Frees a communicator without waiting for anything (for error paths; the same as
+/// `pcclCommDestroy` here, since destroying never waits). Collectives other ranks are
+/// still running with this one fail with `pcclTimeout`. NULL is a no-op.
+#[no_mangle]
+pub extern "C" fn pcclCommAbort(comm: pcclComm_t) -> pcclResult_t {
+    entry("pcclCommAbort", || {
+        if !comm.is_null() {
+            handles::comm(comm as usize, "comm", true)?;
+        }
+        Ok(())
+    })
+}
+
+/// Stores the number of ranks of `comm` in `*count`.
+///
+/// # Safety
+/// `count` must be NULL (an error) or point to a writable `int`.
+#[no_mangle]
+pub unsafe extern "C" fn pcclCommCount(comm: pcclComm_t, count: *mut c_int) -> pcclResult_t {
+    entry("pcclCommCount", || {
+        let c = handles::comm(comm as usize, "comm", false)?;
+        not_null(count, "count").on(&c)?;
+        let n = int_of(c.comm.size(), "size").on(&c)?;
+        // SAFETY: `count` is non-NULL and points to a writable int (caller's promise).
+        unsafe { put(count, n) };
+        Ok(())
+    })
+}
+
+/// Stores the rank of the caller in `comm` in `*rank`.
+///
+/// # Safety
+/// `rank` must be NULL (an error) or point to a writable `int`.
+#[no_mangle]
+pub unsafe extern "C" fn pcclCommUserRank(comm: pcclComm_t, rank: *mut c_int) -> pcclResult_t {
+    entry("pcclCommUserRank", || {
+        let c = handles::comm(comm as usize, "comm", false)?;
+        not_null(rank, "rank").on(&c)?;
+        let r = int_of(c.comm.rank(), "rank").on(&c)?;
+        // SAFETY: `rank` is non-NULL and points to a writable int (caller's promise).
+        unsafe { put(rank, r) };
+        Ok(())
+    })
+}
+
+/// Splits `comm` as `MPI_Comm_split`: ranks passing the same non-negative `color` form a new
+/// communicator, ordered by `key` then by rank in `comm`; a rank passing a negative color
+/// (`PCCL_SPLIT_NOCOLOR`) joins none and gets `*newcomm = NULL`. Collective over `comm`.
+///
+/// # Safety
+/// `newcomm` must be NULL (an error) or point to a writable `pcclComm_t`.
+#[no_mangle]
+pub unsafe extern "C" fn pcclCommSplit(
+    comm: pcclComm_t,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut pcclComm_t,
+) -> pcclResult_t {
+    entry("pcclCommSplit", || {
+        // SAFETY: `newcomm` is NULL or points to a writable handle (caller's promise).
+        unsafe { clear(newcomm) };
+        let c = handles::comm(comm as usize, "comm", false)?;
+        not_null(newcomm, "newcomm").on(&c)?;
+        let color = u32::try_from(color).ok();
+        if let Some(sub) = c.comm.split(color, key).on(&c)? {
+            let h = handles::add_comm(sub).on(&c)?;
+            // SAFETY: as above.
+            unsafe { put(newcomm, h as pcclComm_t) };
+        }
+        Ok(())
+    })
+}
+
+// ---- blocking collectives ------------------------------------------------------------------
+
+/// Gathers `sendcount` elements from every rank into `recvbuff` (`sendcount * nranks`
+/// elements) in rank order. In place when `sendbuff == recvbuff + rank * sendcount`
+/// (in elements). `stream` must be NULL.
+///
+/// # Safety
+/// `sendbuff` must be readable for `sendcount` elements and `recvbuff` writable for
+/// `sendcount * nranks`, and neither touched by others during the call.
+#[no_mangle]
+pub unsafe extern "C" fn pcclAllGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: pcclDataType_t,
+    comm: pcclComm_t,
+    stream: *mut c_void,
+) -> pcclResult_t {
+    entry("pcclAllGather", || {
+        let c = handles::comm(comm as usize, "comm", false)?;
+        no_stream(stream).on(&c)?;
+        // SAFETY: the buffers are valid for the counts (caller's promise, documented above).
+        unsafe {
+            collective(
+                &c,
+                RawCollective::AllGather,
+                datatype,
+                sendbuff,
+                recvbuff,
+                sendcount,
+                false,
+            )
+        }
+        .map(drop)
+    })
+}
+
+/// Reduces `recvcount * nranks` elements of every rank's `sendbuff` with `op` and leaves
+/// block `rank` of the result (`recvcount` elements) in `recvbuff`. In place when
+/// `recvbuff == sendbuff + rank * recvcount` (in elements). `stream` must be NULL.
+///
+/// # Safety
+/// `sendbuff` must be readable for `recvcount * nranks` elements and `recvbuff` writable for
+/// `recvcount`, and neither touched by others during the call.
+#[no_mangle]
+pub unsafe extern "C" fn pcclReduceScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: pcclDataType_t,
+    op: pcclRedOp_t,
+    comm: pcclComm_t,
+    stream: *mut c_void,
+) -> pcclResult_t {
+    entry("pcclReduceScatter", || {
+        let c = handles::comm(comm as usize, "comm", false)?;
+        no_stream(stream).on(&c)?;
+        let op = red_op(op).on(&c)?;
+        let coll = RawCollective::ReduceScatter(op);
+        // SAFETY: the buffers are valid for the counts (caller's promise, documented above).
+        unsafe { collective(&c, coll, datatype, sendbuff, recvbuff, recvcount, false) }.map(drop)
+    })
+}
+
+/// Reduces `count` elements of every rank's `sendbuff` with `op` into every rank's
+/// `recvbuff`. In place when `sendbuff == recvbuff`. `stream` must be NULL.
+///
+/// # Safety
+/// `sendbuff` must be readable and `recvbuff` writable for `count` elements, and neither
+/// touched by others during the call.
+#[no_mangle]
+pub unsafe extern "C" fn pcclAllReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: pcclDataType_t,
+    op: pcclRedOp_t,
+    comm: pcclComm_t,
+    stream: *mut c_void,
+) -> pcclResult_t {
+    entry("pcclAllReduce", || {
+        let c = handles::comm(comm as usize, "comm", false)?;
+        no_stream(stream).on(&c)?;
+        let op = red_op(op).on(&c)?;
+        let coll = RawCollective::AllReduce(op);
+        // SAFETY: the buffers are valid for the counts (caller's promise, documented above).
+        unsafe { collective(&c, coll, datatype, sendbuff, recvbuff, count, false) }.map(drop)
+    })
+}
+
+/// Copies `count` elements of `sendbuff` on rank `root` into `recvbuff` on every rank
+/// (`sendbuff` is read on `root` only). In place when `sendbuff == recvbuff`. `stream` must
+/// be NULL.
+///
+/// # Safety
+/// On `root`, `sendbuff` must be readable for `count` elements; everywhere `recvbuff` must
+/// be writable for `count`, and neither touched by others during the call.
+#[no_mangle]
+pub unsafe extern "C" fn pcclBroadcast(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: pcclDataType_t,
+    root: c_int,
+    comm: pcclComm_t,
+    stream: *mut c_void,
+) -> pcclResult_t {
+    entry("pcclBroadcast", || {
+        let c = handles::comm(comm as usize, "comm", false)?;
+        no_stream(stream).on(&c)?;
+        let coll = RawCollective::Broadcast(root_of(root).on(&c)?);
+        // SAFETY: the buffers are valid for the counts (caller's promise, documented above).
+        unsafe { collective(&c, coll, datatype, sendbuff, recvbuff, count, false) }.map(drop)
+    })
+}
+
+/// In-place broadcast of `count` elements of `buff` from `root` (NCCL's `ncclBcast`).
+///
+/// # Safety
+/// `buff` must be readable and writable for `count` elements and untouched by others during
+/// the call.
+#[no_mangle]
+pub unsafe extern "C" fn pcclBcast(
+    buff: *mut c_void,
+    count: usize,
+    datatype: pcclDataType_t,
+    root: c_int,
+    comm: pcclComm_t,
+    stream: *mut c_void,
+) -> pcclResult_t {
+    entry("pcclBcast", || {
+        let c = handles::comm(comm as usize, "comm", false)?;
+        no_stream(stream).on(&c)?;
+        let coll = RawCollective::Broadcast(root_of(root).on(&c)?);
+        // SAFETY: `buff` is valid for `count` elements (caller's promise, documented above).
+        unsafe { collective(&c, coll, datatype, buff, buff, count, false) }.map(drop)
+    })
+}
+
+/// Returns once every rank of `comm` has entered the barrier (after this rank's earlier
+/// non-blocking collectives).
+#[no_mangle]
+pub extern "C" fn pcclBarrier(comm: pcclComm_t) -> pcclResult_t {
+    entry("pcclBarrier", || {
+        let c = handles::comm(comm as usize, "comm", false)?;
+        c.comm.barrier().on(&c)
+    })
+}
+
+// ---- non-blocking collectives --------------------------------------------------------------
+
+/// Registers a started collective as a request and stores its handle in `*request`.
+///
+/// # Safety
+/// `request` must be non-NULL and valid for a write.
+unsafe fn hand_out(
+    request: *mut pcclRequest_t,
+    c: &Arc<CommEntry>,
+    req: Option<Request<()>>,
+    what: &'static str,
+) -> Outcome<()> {
+    let req = req
+        .ok_or_else(|| Error::internal("a non-blocking collective returned no request"))
+        .on(c)?;
+    let h = handles::add_request(req, c.clone(), what).on(c)?;
+    // SAFETY: the caller guarantees `request` is non-NULL and writable.
+    unsafe { put(request, h as pcclRequest_t) };
+    Ok(())
+}
+
+/// Validates the handle and the out-pointer of a non-blocking call.
+///
+/// # Safety
+/// `request` is NULL or valid for a write.
+unsafe fn start(comm: pcclComm_t, request: *mut pcclRequest_t) -> Outcome<Arc<CommEntry>> {
+    // SAFETY: the caller guarantees `request` is NULL or writable.
+    unsafe { clear(request) };
+    let c = handles::comm(comm as usize, "comm", false)?;
+    not_null(request, "request").on(&c)?;
+    Ok(c)
+}
+
+/// Non-blocking `pcclAllGather` on host memory: stores a request in `*request`; the buffers
+/// must stay valid and untouched until `pcclWait` on it returns.
+///
+/// # Safety
+/// As for `pcclAllGather`, until the request completes; `request` must be NULL (an error)
+/// or point to a writable `pcclRequest_t`.
+#[no_mangle]
+pub unsafe extern "C" fn pcclIallGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: pcclDataType_t,
+    comm: pcclComm_t,
+    request: *mut pcclRequest_t,
+) -> pcclResult_t {
+    entry("pcclIallGather", || {
+        // SAFETY: `request` is NULL or writable (caller's promise); the buffers stay valid
+        // until the request completes (caller's promise, documented above).
+        unsafe {
+            let c = start(comm, request)?;
+            let r = collective(
+                &c,
+                RawCollective::AllGather,
+                datatype,
+                sendbuff,
+                recvbuff,
+                sendcount,
+                true,
+            )?;
+            hand_out(request, &c, r, "pcclIallGather")
+        }
+    })
+}
+
+/// Non-blocking `pcclReduceScatter` on host memory (see `pcclIallGather`).
+///
+/// # Safety
+/// As for `pcclReduceScatter`, until the request completes; `request` must be NULL (an
+/// error) or point to a writable `pcclRequest_t`.
+#[no_mangle]
+pub unsafe extern "C" fn pcclIreduceScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: pcclDataType_t,
+    op: pcclRedOp_t,
+    comm: pcclComm_t,
+    request: *mut pcclRequest_t,
+) -> pcclResult_t {
+    entry("pcclIreduceScatter", || {
+        // SAFETY: as in `pcclIallGather`.
+        unsafe {
+            let c = start(comm, request)?;
+            let coll = RawCollective::ReduceScatter(red_op(op).on(&c)?);
+            let r = collective(&c, coll, datatype, sendbuff, recvbuff, recvcount, true)?;
+            hand_out(request, &c, r, "pcclIreduceScatter")
+        }
+    })
+}
+
+/// Non-blocking `pcclAllReduce` on host memory (see `pcclIallGather`).
+///
+/// # Safety
+/// As for `pcclAllReduce`, until the request completes; `request` must be NULL (an error)
+/// or point to a writable `pcclRequest_t`.
+#[no_mangle]
+pub unsafe extern "C" fn pcclIallReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: pcclDataType_t,
+    op: pcclRedOp_t,
+    comm: pcclComm_t,
+    request: *mut pcclRequest_t,
+) -> pcclResult_t {
+    entry("pcclIallReduce", || {
+        // SAFETY: as in `pcclIallGather`.
+        unsafe {
+            let c = start(comm, request)?;
+            let coll = RawCollective::AllReduce(red_op(op).on(&c)?);
+            let r = collective(&c, coll, datatype, sendbuff, recvbuff, count, true)?;
+            hand_out(request, &c, r, "pcclIallReduce")
+        }
+    })
+}
+
+/// Non-blocking `pcclBroadcast` on host memory (see `pcclIallGather`).
+///
+/// # Safety
+/// As for `pcclBroadcast`, until the request completes; `request` must be NULL (an error)
+/// or point to a writable `pcclRequest_t`.
+#[no_mangle]
+pub unsafe extern "C" fn pcclIbroadcast(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: pcclDataType_t,
+    root: c_int,
+    comm: pcclComm_t,
+    request: *mut pcclRequest_t,
+) -> pcclResult_t {
+    entry("pcclIbroadcast", || {
+        // SAFETY: as in `pcclIallGather`.
+        unsafe {
+            let c = start(comm, request)?;
+            let coll = RawCollective::Broadcast(root_of(root).on(&c)?);
+            let r = collective(&c, coll, datatype, sendbuff, recvbuff, count, true)?;
+            hand_out(request, &c, r, "pcclIbroadcast")
+        }
+    })
+}
+
+/// Non-blocking `pcclBarrier`: stores a request in `*request`.
+///
+/// # Safety
+/// `request` must be NULL (an error) or point to a writable `pcclRequest_t`.
+#[no_mangle]
+pub unsafe extern "C" fn pcclIbarrier(
+    comm: pcclComm_t,
+    request: *mut pcclRequest_t,
+) -> pcclResult_t {
+    entry("pcclIbarrier", || {
+        // SAFETY: `request` is NULL or writable (caller's promise).
+        unsafe {
+            let c = start(comm, request)?;
+            let r = c.comm.raw_barrier_async().on(&c)?;
+            hand_out(request, &c, Some(r), "pcclIbarrier")
+        }
+    })
+}
+
+/// Blocks until `request` has completed, frees it, and returns the collective's result
+/// (its message goes to `pcclGetLastError` of the communicator and of this thread).
+/// Using the handle afterwards returns `pcclInvalidUsage`.
+#[no_mangle]
+pub extern "C" fn pcclWait(request: pcclRequest_t) -> pcclResult_t {
+    entry("pcclWait", || {
+        let r = handles::request(request as usize, "request", true)?;
+        let req = lock(&r.req).take();
+        let req = req
+            .ok_or_else(|| Error::usage("request was already completed and freed by pcclWait"))
+            .on(&r.comm)?;
+        req.wait()
+            .map_err(|e| Error::new(e.kind(), format!("{}: {}", r.what, e.message())))
+            .on(&r.comm)
+    })
+}
+
+/// Stores in `*done` whether `request` has completed (1) or not (0), without blocking.
+/// It does not free the request: call `pcclWait` for the result, which then returns at
+/// once.
+///
+/// # Safety
+/// `done` must be NULL (an error) or point to a writable `int`.
+#[no_mangle]
+pub unsafe extern "C" fn pcclTest(request: pcclRequest_t, done: *mut c_int) -> pcclResult_t {
+    entry("pcclTest", || {
+        let r = handles::request(request as usize, "request", false)?;
+        not_null(done, "done").on(&r.comm)?;
+        let finished = lock(&r.req)
+            .as_ref()
+            .map(Request::test)
+            .ok_or_else(|| Error::usage("request was already completed and freed by pcclWait"))
+            .on(&r.comm)?;
+        // SAFETY: `done` is non-NULL and points to a writable int (caller's promise).
+        unsafe { put(done, c_int::from(finished)) };
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_constants_match_the_crate() {
+        let v = |s: &str| s.parse::<c_int>().unwrap();
+        assert_eq!(PCCL_MAJOR, v(env!("CARGO_PKG_VERSION_MAJOR")));
+        assert_eq!(PCCL_MINOR, v(env!("CARGO_PKG_VERSION_MINOR")));
+        assert_eq!(PCCL_PATCH, v(env!("CARGO_PKG_VERSION_PATCH")));
+        assert_eq!(
+            PCCL_VERSION_CODE,
+            PCCL_MAJOR * 10000 + PCCL_MINOR * 100 + PCCL_PATCH
+        );
+    }
+
+    #[test]
+    fn a_panic_becomes_an_internal_error_with_a_message() {
+        let rc = entry("pcclTestPanic", || panic!("deliberate"));
+        assert_eq!(rc, pcclInternalError);
+        // SAFETY: the pointer is valid until the next pcclGetLastError on this thread.
+        let msg = unsafe { CStr::from_ptr(pcclGetLastError(std::ptr::null_mut())) };
+        let msg = msg.to_str().unwrap();
+        assert!(msg.starts_with("pcclTestPanic: internal error"), "{msg}");
+        assert!(msg.contains("deliberate"), "{msg}");
+    }
+
+    #[test]
+    fn every_code_has_a_string() {
+        for rc in 0..pcclNumResults {
+            // SAFETY: pcclGetErrorString returns a static C string.
+            let s = unsafe { CStr::from_ptr(pcclGetErrorString(rc)) };
+            assert_ne!(s.to_str().unwrap(), "unknown result code", "code {rc}");
+        }
+    }
+
+    #[test]
+    fn handles_of_one_kind_are_rejected_as_another() {
+        let mut w: pcclThreadWorld_t = std::ptr::null_mut();
+        // SAFETY: `w` is a valid out-pointer.
+        assert_eq!(unsafe { pcclThreadWorldCreate(2, &mut w) }, pcclSuccess);
+        assert_eq!(pcclBarrier(w as pcclComm_t), pcclInvalidArgument);
+        assert_eq!(pcclWait(w as pcclRequest_t), pcclInvalidArgument);
+        assert_eq!(pcclThreadWorldDestroy(w), pcclSuccess);
+        assert_eq!(pcclThreadWorldDestroy(w), pcclInvalidUsage);
+        assert_eq!(pcclBarrier(w as pcclComm_t), pcclInvalidArgument);
+        assert_eq!(pcclBarrier(0x1234 as pcclComm_t), pcclInvalidArgument);
+    }
+}

@@ -1,0 +1,342 @@
+//! The C ABI from C and C++: the committed header matches the code, and C programs
+//! (`tests/c/`) built with the system `cc` against `libpccl.so` / `libpccl.a` run every
+//! collective, the non-blocking calls and a table of bad inputs on thread-ranks, for 1..=6
+//! ranks and several `PCCL_RANKS_PER_NODE` shapes; one runs under valgrind memcheck.
+//!
+//! Refresh `include/pccl.h` after changing `src/capi/` with
+//! `PCCL_BLESS=1 cargo test --test capi header`.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Where cargo put the `libpccl.so` and `libpccl.a` this test was built with: next to the
+/// test executable (`target/<profile>/deps/`). Cargo builds every crate type of the library
+/// for the integration tests, but copies them up to `target/<profile>/` only for
+/// `cargo build`, so the copies there may be stale or absent.
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("path of the test executable");
+    let dir = exe
+        .parent()
+        .expect("test executable has a directory")
+        .to_path_buf();
+    for lib in ["libpccl.so", "libpccl.a"] {
+        assert!(
+            dir.join(lib).exists(),
+            "{} is missing: cargo should build it with the library (crate-type cdylib, staticlib)",
+            dir.join(lib).display()
+        );
+    }
+    dir
+}
+
+/// Scratch directory for the C binaries of this test run.
+fn out_dir() -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("capi");
+    std::fs::create_dir_all(&d).expect("create the scratch directory");
+    d
+}
+
+/// Runs `cmd`, killing it after `limit`; returns (success, stdout + stderr).
+fn run(cmd: &mut Command, limit: Duration) -> (bool, String) {
+    let log = out_dir().join(format!(
+        "run-{}-{:?}.log",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let f = File::create(&log).expect("create a log file");
+    // `cargo test` puts target/<profile> on LD_LIBRARY_PATH, which outranks the programs'
+    // RUNPATH, and the libpccl.so there is whatever `cargo build` last copied up (other
+    // features, other sources): make the one this test was built with win.
+    let mut paths = vec![lib_dir()];
+    paths.extend(
+        std::env::var_os("LD_LIBRARY_PATH")
+            .iter()
+            .flat_map(std::env::split_paths),
+    );
+    let ld_path = std::env::join_paths(paths).expect("library paths without separators");
+    let mut child = cmd
+        .env("LD_LIBRARY_PATH", ld_path)
+        .stdin(Stdio::null())
+        .stdout(f.try_clone().expect("dup log file"))
+        .stderr(f)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait for the child") {
+            break Some(s);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut out = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    match status {
+        Some(s) => {
+            if !s.success() {
+                out.push_str(&format!("\n[exit status: {s}]"));
+            }
+            (s.success(), out)
+        }
+        None => {
+            out.push_str(&format!("\n[killed after {limit:?}]"));
+            (false, out)
+        }
+    }
+}
+
+fn tool_exists(name: &str) -> bool {
+    Command::new(name)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok()
+}
+
+/// Compiles `src` (C or C++ by `compiler`) into `name`, linked against the shared library
+/// (or, with `static_lib`, the static one); each binary is built once per test run.
+fn build(compiler: &str, src: &str, name: &str, static_lib: bool) -> PathBuf {
+    static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = out_dir().join(name);
+    if built.iter().any(|b| b == name) {
+        return exe;
+    }
+    let lib = lib_dir();
+    let mut cmd = Command::new(compiler);
+    let cxx = compiler.contains("++");
+    cmd.arg(if cxx { "-std=c++17" } else { "-std=c11" })
+        .args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-g", "-O1"])
+        .arg("-I")
+        .arg(root().join("include"))
+        .arg(root().join(src))
+        .arg("-o")
+        .arg(&exe);
+    if static_lib {
+        cmd.arg(lib.join("libpccl.a"))
+            .args(["-lpthread", "-ldl", "-lm"]);
+    } else {
+        cmd.arg("-L")
+            .arg(&lib)
+            .arg("-lpccl")
+            .arg(format!("-Wl,-rpath,{}", lib.display()))
+            .arg("-lpthread");
+    }
+    let (ok, out) = run(&mut cmd, Duration::from_secs(120));
+    assert!(ok, "compiling {src} failed:\n{out}");
+    built.push(name.to_string());
+    exe
+}
+
+/// Runs a built test program with `env` set; asserts it succeeded and returns its output.
+fn run_ok(exe: &Path, args: &[&str], env: &[(&str, &str)], limit: Duration) -> String {
+    let mut cmd = Command::new(exe);
+    cmd.args(args)
+        .env_remove("PCCL_RANKS_PER_NODE")
+        .env_remove("PCCL_ALGO")
+        .env_remove("PCCL_CHUNK_SIZE")
+        .env_remove("PCCL_DEBUG")
+        .env("PCCL_TIMEOUT", "60")
+        .envs(env.iter().copied());
+    let (ok, out) = run(&mut cmd, limit);
+    assert!(ok, "{} {args:?} with {env:?} failed:\n{out}", exe.display());
+    out
+}
+
+/// The "N checks, 0 failed" summary a C test program prints last, as the number of checks.
+fn checks_of(out: &str) -> usize {
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.contains(" checks, "))
+        .unwrap_or_else(|| panic!("no summary in:\n{out}"));
+    assert!(line.ends_with(" 0 failed"), "{line}");
+    let n = line
+        .rsplit(": ")
+        .next()
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok());
+    n.unwrap_or_else(|| panic!("cannot read the check count of: {line}"))
+}
+
+fn generated_header() -> String {
+    let config =
+        cbindgen::Config::from_file(root().join("cbindgen.toml")).expect("read cbindgen.toml");
+    let mut out = Vec::new();
+    cbindgen::Builder::new()
+        .with_config(config)
+        .with_src(root().join("src/capi/mod.rs"))
+        .generate()
+        .expect("cbindgen generates the header")
+        .write(&mut out);
+    String::from_utf8(out).expect("the header is UTF-8")
+}
+
+#[test]
+fn header_matches_the_code() {
+    let path = root().join("include/pccl.h");
+    let fresh = generated_header();
+    if std::env::var_os("PCCL_BLESS").is_some() {
+        std::fs::write(&path, &fresh).expect("write include/pccl.h");
+        return;
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == fresh,
+        "include/pccl.h is out of date with src/capi/: run `PCCL_BLESS=1 cargo test --test capi header` \
+         and commit the result"
+    );
+}
+
+/// Every collective, dtype, op, count and form, on 1..=6 ranks in several node shapes.
+#[test]
+fn collectives_from_c_on_thread_ranks() {
+    let exe = build("cc", "tests/c/collectives.c", "collectives", false);
+    let mut total = 0;
+    let mut runs = 0;
+    for p in 1..=6usize {
+        // Unset (one host), one rank per node, and nodes of 2 and 4 (unequal where p is odd
+        // or not a multiple of 4).
+        let mut shapes: Vec<Option<usize>> = vec![None, Some(1)];
+        shapes.extend([2, 4].into_iter().filter(|&m| m < p).map(Some));
+        for m in shapes {
+            let m_s = m.map(|m| m.to_string());
+            let mut env = vec![];
+            if let Some(m) = &m_s {
+                env.push(("PCCL_RANKS_PER_NODE", m.as_str()));
+            }
+            if p == 4 && m == Some(2) {
+                env.push(("PCCL_CHUNK_SIZE", "4096"));
+            }
+            let out = run_ok(&exe, &[&p.to_string()], &env, Duration::from_secs(120));
+            total += checks_of(&out);
+            runs += 1;
+        }
+    }
+    eprintln!("collectives from C: {runs} runs, {total} checks passed");
+}
+
+/// Each row of the bad-input table returns its code and message; nothing crashes or hangs.
+#[test]
+fn bad_inputs_from_c_return_codes_and_messages() {
+    let exe = build("cc", "tests/c/bad_input.c", "bad_input", false);
+    let args: &[&str] = if cfg!(feature = "mpi") { &["mpi"] } else { &[] };
+    let out = run_ok(&exe, args, &[], Duration::from_secs(120));
+    eprintln!("bad inputs from C: {} checks passed", checks_of(&out));
+}
+
+/// NCCL-style bootstrap: `pcclGetUniqueId` on one rank, `pcclCommInitRank` on all, then
+/// collectives over TCP / shared memory.
+#[test]
+fn unique_id_bootstrap_from_c() {
+    let exe = build("cc", "tests/c/unique_id.c", "unique_id", false);
+    let out = run_ok(&exe, &[], &[], Duration::from_secs(120));
+    eprintln!("unique id from C: {} checks passed", checks_of(&out));
+}
+
+/// The static library links into a C program on its own.
+#[test]
+fn static_library_links_and_runs() {
+    // With MPI inside, the static library also needs libmpi, which mpicc adds.
+    let cc = if cfg!(feature = "mpi") { "mpicc" } else { "cc" };
+    let exe = build(cc, "tests/c/collectives.c", "collectives_static", true);
+    let out = run_ok(
+        &exe,
+        &["3", "quick"],
+        &[("PCCL_RANKS_PER_NODE", "2")],
+        Duration::from_secs(120),
+    );
+    checks_of(&out);
+}
+
+/// The C++ example compiles against the header with `c++` and runs.
+#[test]
+fn cpp_example_builds_and_runs() {
+    if !tool_exists("c++") {
+        eprintln!("SKIPPED: no c++ compiler found");
+        return;
+    }
+    let exe = build("c++", "ffi/cpp/example.cpp", "cpp_example", false);
+    let out = run_ok(
+        &exe,
+        &["4"],
+        &[("PCCL_RANKS_PER_NODE", "2")],
+        Duration::from_secs(60),
+    );
+    assert!(out.contains("ok"), "{out}");
+}
+
+/// valgrind memcheck finds no error in a C program that runs collectives and the bad-input
+/// table (errors and definite leaks fail it).
+#[test]
+fn valgrind_memcheck_is_clean() {
+    if !tool_exists("valgrind") {
+        eprintln!("SKIPPED: valgrind not found; install it to run the memcheck test");
+        return;
+    }
+    let vg = |exe: &Path, args: &[&str], env: &[(&str, &str)]| {
+        let mut cmd = Command::new("valgrind");
+        cmd.args([
+            "--tool=memcheck",
+            "--error-exitcode=1",
+            "--leak-check=full",
+            "--errors-for-leak-kinds=definite",
+            "--fair-sched=yes",
+            "-q",
+        ])
+        .arg(exe)
+        .args(args)
+        .env_remove("PCCL_RANKS_PER_NODE")
+        .env("PCCL_TIMEOUT", "60")
+        .envs(env.iter().copied());
+        let (ok, out) = run(&mut cmd, Duration::from_secs(300));
+        assert!(
+            ok,
+            "valgrind reports errors in {} {args:?}:\n{out}",
+            exe.display()
+        );
+        out
+    };
+    let coll = build("cc", "tests/c/collectives.c", "collectives", false);
+    let out = vg(&coll, &["3", "quick"], &[("PCCL_RANKS_PER_NODE", "2")]);
+    let n = checks_of(&out);
+    let bad = build("cc", "tests/c/bad_input.c", "bad_input", false);
+    let args: &[&str] = if cfg!(feature = "mpi") { &["mpi"] } else { &[] };
+    let out = vg(&bad, args, &[]);
+    eprintln!(
+        "valgrind memcheck: clean over {} checks",
+        n + checks_of(&out)
+    );
+}
+
+/// `pcclCommInitMPI` from a C MPI program under `mpiexec` (libpccl built with `--features mpi`).
+#[cfg(feature = "mpi")]
+#[test]
+fn mpi_init_from_c_under_mpiexec() {
+    if !tool_exists("mpicc") || !tool_exists("mpiexec") {
+        eprintln!("SKIPPED: mpicc or mpiexec not found");
+        return;
+    }
+    let exe = build("mpicc", "tests/c/mpi_init.c", "mpi_init", false);
+    for p in [1, 3] {
+        let mut cmd = Command::new("mpiexec");
+        cmd.args(["-n", &p.to_string()])
+            .arg(&exe)
+            .env("PCCL_TIMEOUT", "60");
+        let (ok, out) = run(&mut cmd, Duration::from_secs(120));
+        assert!(ok, "mpiexec -n {p} mpi_init failed:\n{out}");
+        checks_of(&out);
+    }
+}
