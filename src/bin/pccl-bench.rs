@@ -52,6 +52,11 @@ struct Args {
     /// Do not time MPI's native collective beside PCCL's.
     #[arg(long)]
     no_mpi_compare: bool,
+    /// Measure the machine's copy bandwidth (every rank copying at once) and print how far each
+    /// all-gather is from its memory floor: every rank must read and write each of the P·size
+    /// bytes of its output at least once.
+    #[arg(long)]
+    floor: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -91,6 +96,7 @@ struct Row {
     busbw: f64,
     algo: String,
     mpi_us: Option<f64>,
+    floor_us: Option<f64>,
     wrong: u64,
 }
 
@@ -290,6 +296,7 @@ fn run_size<T: Element>(
         busbw: algbw * factor,
         algo: comm.algorithm_for(coll_key, block_bytes)?.name(),
         mpi_us: mpi_mine.map(|_| stats[3] * 1e6),
+        floor_us: None,
         wrong: stats[4] as u64,
     })
 }
@@ -310,6 +317,14 @@ fn bench_rank(comm: &Communicator, native: &Native<'_>, args: &Args) -> pccl::Re
     let op: ReduceOp = args.op.parse()?;
     dtype.check_op(op)?;
     let szs = sizes(&args.sizes).map_err(pccl::Error::invalid)?;
+    let copy_bw = if args.floor {
+        Some(machine_copy_bandwidth(comm)?)
+    } else {
+        None
+    };
+    if let (Some(bw), 0, false) = (copy_bw, comm.rank(), args.json) {
+        println!("# machine copy bandwidth, all {} ranks copying 64 MiB at once: {:.2} GB/s (read + write)", comm.size(), bw / 1e9);
+    }
     let mut rows = Vec::new();
     for coll in colls {
         if comm.rank() == 0 && !args.json {
@@ -321,7 +336,7 @@ fn bench_rank(comm: &Communicator, native: &Native<'_>, args: &Args) -> pccl::Re
                     run_size::<$t>(comm, native, coll, op, b, args)?
                 };
             }
-            let row = match dtype {
+            let mut row = match dtype {
                 DType::I8 => go!(i8),
                 DType::U8 => go!(u8),
                 DType::I32 => go!(i32),
@@ -333,6 +348,11 @@ fn bench_rank(comm: &Communicator, native: &Native<'_>, args: &Args) -> pccl::Re
                 DType::F32 => go!(f32),
                 DType::F64 => go!(f64),
             };
+            if let (Some(bw), Coll::AllGather) = (copy_bw, coll) {
+                // All P ranks each read and write P·size bytes of output at least once.
+                let p = comm.size() as f64;
+                row.floor_us = Some(p * 2.0 * p * row.bytes as f64 / bw * 1e6);
+            }
             if comm.rank() == 0 && !args.json {
                 print_row(&row, args.check);
             }
@@ -340,6 +360,24 @@ fn bench_rank(comm: &Communicator, native: &Native<'_>, args: &Args) -> pccl::Re
         }
     }
     Ok(rows)
+}
+
+/// Bytes per second read plus written by all ranks copying 64 MiB at the same time.
+fn machine_copy_bandwidth(comm: &Communicator) -> pccl::Result<f64> {
+    const N: usize = 64 << 20;
+    let src = vec![1u8; N];
+    let mut dst = vec![0u8; N];
+    dst.copy_from_slice(&src); // fault the pages in
+    comm.barrier()?;
+    let t0 = Instant::now();
+    for _ in 0..5 {
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+    }
+    let rate = 5.0 * 2.0 * N as f64 / t0.elapsed().as_secs_f64();
+    let mut total = [0f64];
+    comm.all_reduce(&[rate], &mut total, ReduceOp::Sum)?;
+    Ok(total[0])
 }
 
 fn native_present(native: &Native<'_>) -> bool {
@@ -385,6 +423,9 @@ fn print_header(comm: &Communicator, coll: Coll, args: &Args, mpi: bool) {
     if mpi && !args.no_mpi_compare {
         h.push_str(&format!(" {:>12} {:>10}", "MPI Avg(us)", "PCCL/MPI"));
     }
+    if args.floor && coll == Coll::AllGather {
+        h.push_str(&format!(" {:>10} {:>7}", "floor(us)", "xfloor"));
+    }
     if args.check {
         h.push_str(&format!(" {:>7}", "#wrong"));
     }
@@ -398,6 +439,9 @@ fn print_row(r: &Row, check: bool) {
     );
     if let Some(m) = r.mpi_us {
         s.push_str(&format!(" {:>12.2} {:>10.3}", m, r.avg_us / m));
+    }
+    if let Some(f) = r.floor_us {
+        s.push_str(&format!(" {:>10.1} {:>7.2}", f, r.avg_us / f));
     }
     if check {
         s.push_str(&format!(" {:>7}", r.wrong));
@@ -413,7 +457,8 @@ fn json(rows: &[Row], comm_desc: &serde_json::Value) -> String {
                 "coll": r.coll.name(), "bytes": r.bytes, "count": r.count,
                 "avg_us": r.avg_us, "min_us": r.min_us, "max_us": r.max_us, "iters": r.iters,
                 "algbw_gbs": r.algbw, "busbw_gbs": r.busbw, "algo": r.algo,
-                "mpi_avg_us": r.mpi_us, "ratio_vs_mpi": r.mpi_us.map(|m| r.avg_us / m), "wrong": r.wrong,
+                "mpi_avg_us": r.mpi_us, "ratio_vs_mpi": r.mpi_us.map(|m| r.avg_us / m),
+                "floor_us": r.floor_us, "x_floor": r.floor_us.map(|f| r.avg_us / f), "wrong": r.wrong,
             })
         })
         .collect();
