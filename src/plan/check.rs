@@ -571,17 +571,26 @@ mod tests {
     #[test]
     fn checker_rejects_double_counting() {
         let topo = Topology::uniform(2, 2);
-        let mut ps = plans(
-            Collective::ReduceScatter { average: false },
-            Algorithm::Flat(LevelAlgo::Ring),
-            &topo,
-        );
-        // Reduce the received block with the output a second time.
-        let extra = ps[0].phases[0].clone();
-        ps[0].phases.push(extra);
-        let extra = ps[1].phases[0].clone();
-        ps[1].phases.push(extra);
-        assert!(check_plans(Collective::ReduceScatter { average: false }, &ps, false).is_err());
+        let coll = Collective::ReduceScatter { average: false };
+        let mut ps = plans(coll, Algorithm::Flat(LevelAlgo::Ring), &topo);
+        assert!(check_plans(coll, &ps, false).is_ok());
+        // Each rank folds the peer's contribution into its result a second time.
+        for (r, p) in ps.iter_mut().enumerate() {
+            let out = vec![Span::block(Buf::Output, 0)];
+            p.phases.push(Phase::of(vec![
+                Step::Send {
+                    peer: 1 - r,
+                    src: vec![Span::block(Buf::Input, 1 - r)],
+                },
+                Step::RecvReduce {
+                    peer: 1 - r,
+                    dst: out.clone(),
+                    with: out,
+                },
+            ]));
+        }
+        let e = check_plans(coll, &ps, false).unwrap_err();
+        assert!(e.contains("twice"), "{e}");
     }
 
     #[test]
