@@ -237,6 +237,40 @@ fn bad_inputs_from_c_return_codes_and_messages() {
     eprintln!("bad inputs from C: {} checks passed", checks_of(&out));
 }
 
+/// The same collective table as `collectives_from_c_on_thread_ranks`, as real MPI processes
+/// (communicator from `pcclCommInitMPI`) under `mpiexec -n 1..6` in several node shapes.
+#[test]
+#[cfg(feature = "mpi")]
+fn collectives_from_c_under_mpiexec() {
+    let exe = build(
+        "mpicc",
+        "tests/c/collectives_mpi.c",
+        "collectives_mpi",
+        false,
+    );
+    let mut total = 0;
+    for p in 1..=6usize {
+        for m in [1usize, 2, 3].into_iter().filter(|m| p % m == 0) {
+            let mut cmd = Command::new("mpiexec");
+            cmd.args(["-n", &p.to_string()]).arg(&exe);
+            // Oversubscribed processes are slow on 2 cores: the full table at small sizes,
+            // the quick one above 4 processes.
+            if p > 4 {
+                cmd.arg("quick");
+            }
+            cmd.env("PCCL_TIMEOUT", "120")
+                .env("PCCL_RANKS_PER_NODE", m.to_string());
+            let (ok, out) = run(&mut cmd, Duration::from_secs(300));
+            assert!(
+                ok,
+                "mpiexec -n {p} (PCCL_RANKS_PER_NODE={m}) collectives_mpi failed:\n{out}"
+            );
+            total += checks_of(&out);
+        }
+    }
+    eprintln!("collectives from C under mpiexec: {total} checks passed");
+}
+
 /// NCCL-style bootstrap: `pcclGetUniqueId` on one rank, `pcclCommInitRank` on all, then
 /// collectives over TCP / shared memory.
 #[test]

@@ -243,8 +243,23 @@ static void test_split(struct rank_ctx *R, pcclComm_t comm) {
     }
 }
 
+#ifdef PCCL_TEST_MPI
+#include <mpi.h>
+/* One MPI process per rank: the communicator comes from MPI_COMM_WORLD's Fortran handle. */
+static pcclComm_t init_comm_mpi(struct rank_ctx *r) {
+    pcclComm_t comm = NULL;
+    if (!CALL(r, NULL, pcclCommInitMPI(&comm, (int)MPI_Comm_c2f(MPI_COMM_WORLD)))) return NULL;
+    return comm;
+}
+#else
+static pcclComm_t init_comm_mpi(struct rank_ctx *r) {
+    (void)r;
+    return NULL;
+}
+#endif
+
 static void rank_main(struct rank_ctx *R) {
-    pcclComm_t comm = init_comm(R);
+    pcclComm_t comm = R->world ? init_comm(R) : init_comm_mpi(R);
     if (!comm) return;
     int n = -1, me = -1, version = 0;
     CALL(R, comm, pcclCommCount(comm, &n));
@@ -289,6 +304,28 @@ static void rank_main(struct rank_ctx *R) {
     CALL(R, comm, pcclCommDestroy(comm));
 }
 
+#ifdef PCCL_TEST_MPI
+/* usage: mpiexec -n P collectives_mpi [quick] */
+int main(int argc, char **argv) {
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    struct rank_ctx ctx;
+    memset(&ctx, 0, sizeof ctx);
+    MPI_Comm_rank(MPI_COMM_WORLD, &ctx.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &ctx.nranks);
+    QUICK = argc > 1 && strcmp(argv[1], "quick") == 0;
+    rank_main(&ctx);
+    int totals[2] = {ctx.checks, ctx.failures}, sums[2] = {0, 0};
+    MPI_Reduce(totals, sums, 2, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+    if (ctx.rank == 0) {
+        const char *rpn = getenv("PCCL_RANKS_PER_NODE");
+        printf("collectives (MPI): %d processes, PCCL_RANKS_PER_NODE=%s%s: %d checks, %d failed\n",
+               ctx.nranks, rpn ? rpn : "(unset)", QUICK ? " (quick)" : "", sums[0], sums[1]);
+    }
+    MPI_Finalize();
+    return sums[1] == 0 ? 0 : 1;
+}
+#else
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s NRANKS [quick]\n", argv[0]);
@@ -303,3 +340,4 @@ int main(int argc, char **argv) {
            rpn ? rpn : "(unset)", QUICK ? " (quick)" : "", checks, failures);
     return failures == 0 ? 0 : 1;
 }
+#endif
