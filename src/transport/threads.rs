@@ -11,6 +11,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
+/// Polls (yielding the core) before sleeping on a condition variable.
+const SPINS: usize = 64;
+
 const POSTED: u8 = 0;
 const CLAIMED: u8 = 1;
 const DONE: u8 = 2;
@@ -117,6 +120,12 @@ struct ThreadSend {
 
 impl SendOp for ThreadSend {
     fn wait(self: Box<Self>, deadline: Instant) -> Result<()> {
+        for _ in 0..SPINS {
+            if *lock(&self.state.state) == DONE {
+                break;
+            }
+            std::thread::yield_now();
+        }
         let mut s = lock(&self.state.state);
         loop {
             match *s {
@@ -198,6 +207,14 @@ impl Transport for ThreadTransport {
             .get(peer)
             .ok_or_else(|| Error::invalid(format!("no rank {peer}")))?;
         let ch = self.hub.channel(self.ctx, src, self.world[self.rank]);
+        // A short polite spin first: a wake-up through the condition variable costs tens of
+        // microseconds, while the peer's message is often only a few away.
+        for _ in 0..SPINS {
+            if !lock(&ch.queue).is_empty() {
+                break;
+            }
+            std::thread::yield_now();
+        }
         let env = {
             let mut q = lock(&ch.queue);
             loop {
