@@ -3,7 +3,7 @@
 //! `dst = a + b` the same. The target: reductions move bytes at >= 70% of memcpy's rate.
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
-use half::bf16;
+use half::{bf16, f16};
 use pccl::{Element, ReduceOp};
 
 const BYTES: usize = 64 << 20;
@@ -34,6 +34,11 @@ fn kernels(c: &mut Criterion) {
     let mut hd: Vec<bf16> = vec![bf16::ONE; hn];
     g.bench_function("sum_into_bf16", |b| {
         b.iter(|| bf16::reduce_into(ReduceOp::Sum, &mut hd, black_box(&hs)))
+    });
+    let fs: Vec<f16> = (0..hn).map(|i| f16::from_f32((i % 7) as f32)).collect();
+    let mut fd: Vec<f16> = vec![f16::ONE; hn];
+    g.bench_function("sum_into_f16", |b| {
+        b.iter(|| f16::reduce_into(ReduceOp::Sum, &mut fd, black_box(&fs)))
     });
     g.finish();
 }
