@@ -4,7 +4,6 @@
 //! `f32` in small stack tiles, combined, and rounded back once per operation.
 
 use crate::dtype::{DType, Element, ReduceOp};
-use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 macro_rules! int_element {
@@ -96,49 +95,68 @@ macro_rules! float_element {
 float_element!(f32, DType::F32);
 float_element!(f64, DType::F64);
 
-/// Elements per stack tile for the half-precision kernels (3 tiles of f32 = 12 KiB).
-const TILE: usize = 1024;
-
-fn combine_f32(op: ReduceOp, d: &mut [f32], s: &[f32]) {
-    <f32 as Element>::reduce_into(op, d, s)
+/// A half-precision type, widened to f32 for arithmetic and rounded back once.
+trait Half: Copy {
+    fn widen(self) -> f32;
+    fn narrow(v: f32) -> Self;
 }
 
-/// Widens / narrows tiles of a half-precision type.
-trait Tile: Sized {
-    fn widen(src: &[Self], dst: &mut [f32]);
-    fn narrow(src: &[f32], dst: &mut [Self]);
+/// All ones where `c`, else zero: a select the vectoriser always accepts.
+#[inline(always)]
+fn mask(c: bool) -> u32 {
+    (c as u32).wrapping_neg()
 }
 
-impl Tile for f16 {
-    fn widen(src: &[Self], dst: &mut [f32]) {
-        // half picks F16C instructions at run time where the CPU has them.
-        src.convert_to_f32_slice(dst)
-    }
-    fn narrow(src: &[f32], dst: &mut [Self]) {
-        dst.convert_from_f32_slice(src)
-    }
+#[inline(always)]
+fn select(m: u32, a: u32, b: u32) -> u32 {
+    (a & m) | (b & !m)
 }
 
-impl Tile for bf16 {
-    fn widen(src: &[Self], dst: &mut [f32]) {
-        // A bf16 is the top half of an f32: a shift, which the compiler vectorises.
-        dst.iter_mut()
-            .zip(src)
-            .for_each(|(d, s)| *d = bf16_widen(*s));
-    }
-    fn narrow(src: &[f32], dst: &mut [Self]) {
-        // Round to nearest even, NaNs stay (quiet) NaNs; branch-free so it vectorises.
-        dst.iter_mut()
-            .zip(src)
-            .for_each(|(d, s)| *d = bf16_narrow(*s));
-    }
+/// f16 -> f32 without branches (exact for every input), so the compiler vectorises it: the
+/// exponent is rebiased by an add, subnormals renormalised by a float subtraction.
+#[inline(always)]
+fn f16_widen(h: f16) -> f32 {
+    let h = u32::from(h.to_bits());
+    let shifted = (h & 0x7fff) << 13;
+    let exp = shifted & (0x7c00 << 13);
+    let normal = shifted + ((127 - 15) << 23);
+    let infnan = normal + ((128 - 16) << 23);
+    let sub = (f32::from_bits(normal + (1 << 23)) - f32::from_bits(113 << 23)).to_bits();
+    let bits = select(
+        mask(exp == 0x7c00 << 13),
+        infnan,
+        select(mask(exp == 0), sub, normal),
+    );
+    f32::from_bits(bits | ((h & 0x8000) << 16))
 }
 
+/// f32 -> f16, round to nearest even, without branches; NaNs become quiet NaNs.
+#[inline(always)]
+fn f16_narrow(v: f32) -> f16 {
+    const DENORM_MAGIC: u32 = ((127 - 15) + (23 - 10) + 1) << 23;
+    let x = v.to_bits();
+    let sign = x & 0x8000_0000;
+    let a = x ^ sign;
+    let big = select(mask(a > 255 << 23), 0x7e00, 0x7c00);
+    let sub = (f32::from_bits(a) + f32::from_bits(DENORM_MAGIC))
+        .to_bits()
+        .wrapping_sub(DENORM_MAGIC);
+    let normal = a.wrapping_add(0xC800_0FFF + ((a >> 13) & 1)) >> 13;
+    let o = select(
+        mask(a >= (127 + 16) << 23),
+        big,
+        select(mask(a < 113 << 23), sub, normal),
+    );
+    f16::from_bits((o | (sign >> 16)) as u16)
+}
+
+/// bf16 -> f32: a bf16 is the top half of an f32.
 #[inline(always)]
 fn bf16_widen(x: bf16) -> f32 {
     f32::from_bits(u32::from(x.to_bits()) << 16)
 }
 
+/// f32 -> bf16, round to nearest even; NaNs stay (quiet) NaNs. Branch-free.
 #[inline(always)]
 fn bf16_narrow(v: f32) -> bf16 {
     let b = v.to_bits();
@@ -148,78 +166,65 @@ fn bf16_narrow(v: f32) -> bf16 {
     bf16::from_bits(if nan { quiet } else { rounded })
 }
 
-/// Fused bf16 kernels: widen, combine and round in one pass, which the compiler vectorises.
-fn bf16_apply(op: ReduceOp, dst: &mut [bf16], a: &[bf16], b: &[bf16]) {
+impl Half for f16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        f16_widen(self)
+    }
+    #[inline(always)]
+    fn narrow(v: f32) -> Self {
+        f16_narrow(v)
+    }
+}
+
+impl Half for bf16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        bf16_widen(self)
+    }
+    #[inline(always)]
+    fn narrow(v: f32) -> Self {
+        bf16_narrow(v)
+    }
+}
+
+/// Fused half-precision kernels: widen, combine in f32 and round once, in one pass that the
+/// compiler vectorises (the conversions are branch-free).
+fn fused3<T: Half>(op: ReduceOp, dst: &mut [T], a: &[T], b: &[T]) {
     let it = dst.iter_mut().zip(a.iter().zip(b));
     match op {
         ReduceOp::Sum | ReduceOp::Avg => {
-            it.for_each(|(d, (x, y))| *d = bf16_narrow(bf16_widen(*x) + bf16_widen(*y)))
+            it.for_each(|(d, (x, y))| *d = T::narrow(x.widen() + y.widen()))
         }
-        ReduceOp::Prod => {
-            it.for_each(|(d, (x, y))| *d = bf16_narrow(bf16_widen(*x) * bf16_widen(*y)))
-        }
-        ReduceOp::Min => {
-            it.for_each(|(d, (x, y))| *d = bf16_narrow(bf16_widen(*x).min(bf16_widen(*y))))
-        }
-        ReduceOp::Max => {
-            it.for_each(|(d, (x, y))| *d = bf16_narrow(bf16_widen(*x).max(bf16_widen(*y))))
-        }
+        ReduceOp::Prod => it.for_each(|(d, (x, y))| *d = T::narrow(x.widen() * y.widen())),
+        ReduceOp::Min => it.for_each(|(d, (x, y))| *d = T::narrow(x.widen().min(y.widen()))),
+        ReduceOp::Max => it.for_each(|(d, (x, y))| *d = T::narrow(x.widen().max(y.widen()))),
     }
 }
 
-fn bf16_apply_into(op: ReduceOp, dst: &mut [bf16], b: &[bf16]) {
+fn fused_into<T: Half>(op: ReduceOp, dst: &mut [T], b: &[T]) {
     let it = dst.iter_mut().zip(b);
     match op {
         ReduceOp::Sum | ReduceOp::Avg => {
-            it.for_each(|(d, y)| *d = bf16_narrow(bf16_widen(*d) + bf16_widen(*y)))
+            it.for_each(|(d, y)| *d = T::narrow(d.widen() + y.widen()))
         }
-        ReduceOp::Prod => it.for_each(|(d, y)| *d = bf16_narrow(bf16_widen(*d) * bf16_widen(*y))),
-        ReduceOp::Min => it.for_each(|(d, y)| *d = bf16_narrow(bf16_widen(*d).min(bf16_widen(*y)))),
-        ReduceOp::Max => it.for_each(|(d, y)| *d = bf16_narrow(bf16_widen(*d).max(bf16_widen(*y)))),
-    }
-}
-
-fn tiled_into<T: Tile + Copy>(op: ReduceOp, dst: &mut [T], src: &[T]) {
-    let n = dst.len().min(src.len());
-    let mut a = [0f32; TILE];
-    let mut b = [0f32; TILE];
-    for (d, s) in dst[..n].chunks_mut(TILE).zip(src[..n].chunks(TILE)) {
-        let k = d.len();
-        T::widen(d, &mut a[..k]);
-        T::widen(s, &mut b[..k]);
-        combine_f32(op, &mut a[..k], &b[..k]);
-        T::narrow(&a[..k], d);
-    }
-}
-
-fn tiled3<T: Tile + Copy>(op: ReduceOp, dst: &mut [T], x: &[T], y: &[T]) {
-    let n = dst.len().min(x.len()).min(y.len());
-    let mut a = [0f32; TILE];
-    let mut b = [0f32; TILE];
-    for ((d, xs), ys) in dst[..n]
-        .chunks_mut(TILE)
-        .zip(x[..n].chunks(TILE))
-        .zip(y[..n].chunks(TILE))
-    {
-        let k = d.len();
-        T::widen(xs, &mut a[..k]);
-        T::widen(ys, &mut b[..k]);
-        combine_f32(op, &mut a[..k], &b[..k]);
-        T::narrow(&a[..k], d);
+        ReduceOp::Prod => it.for_each(|(d, y)| *d = T::narrow(d.widen() * y.widen())),
+        ReduceOp::Min => it.for_each(|(d, y)| *d = T::narrow(d.widen().min(y.widen()))),
+        ReduceOp::Max => it.for_each(|(d, y)| *d = T::narrow(d.widen().max(y.widen()))),
     }
 }
 
 macro_rules! half_element {
-    ($t:ty, $dt:expr, $into:path, $three:path) => {
+    ($t:ty, $dt:expr) => {
         impl Element for $t {
             const DTYPE: DType = $dt;
             fn reduce_into(op: ReduceOp, dst: &mut [Self], src: &[Self]) {
                 let n = dst.len().min(src.len());
-                $into(op, &mut dst[..n], &src[..n])
+                fused_into(op, &mut dst[..n], &src[..n])
             }
             fn reduce3(op: ReduceOp, dst: &mut [Self], x: &[Self], y: &[Self]) {
                 let n = dst.len().min(x.len()).min(y.len());
-                $three(op, &mut dst[..n], &x[..n], &y[..n])
+                fused3(op, &mut dst[..n], &x[..n], &y[..n])
             }
             fn divide(dst: &mut [Self], n: usize) {
                 let n = n as f32;
@@ -233,9 +238,8 @@ macro_rules! half_element {
     };
 }
 
-// f16 goes through f32 tiles (F16C conversions); bf16 widens with a shift, fused in one pass.
-half_element!(f16, DType::F16, tiled_into, tiled3);
-half_element!(bf16, DType::BF16, bf16_apply_into, bf16_apply);
+half_element!(f16, DType::F16);
+half_element!(bf16, DType::BF16);
 
 #[cfg(test)]
 mod tests {
@@ -250,7 +254,7 @@ mod tests {
 
     #[test]
     fn half_kernels_match_f32_arithmetic_across_tiles() {
-        let n = TILE * 2 + 3;
+        let n = 2051;
         let a: Vec<bf16> = (0..n).map(|i| bf16::from_f32((i % 50) as f32)).collect();
         let b: Vec<bf16> = (0..n).map(|i| bf16::from_f32((i % 7) as f32)).collect();
         let mut d = vec![bf16::ZERO; n];
@@ -282,14 +286,54 @@ mod tests {
             f32::NEG_INFINITY,
             1.0 + 1.0 / 256.0 + 1.0 / 512.0,
         ];
-        let mut out = [bf16::ZERO; 12];
-        <bf16 as Tile>::narrow(&vals, &mut out);
+        let out: Vec<bf16> = vals.iter().map(|v| bf16_narrow(*v)).collect();
         for (v, o) in vals.iter().zip(out) {
             assert_eq!(o.to_bits(), bf16::from_f32(*v).to_bits(), "{v}");
         }
-        let mut nan = [bf16::ZERO];
-        <bf16 as Tile>::narrow(&[f32::NAN], &mut nan);
-        assert!(nan[0].is_nan());
+        assert!(bf16_narrow(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn f16_widening_is_exact_for_every_value() {
+        for b in 0..=u16::MAX {
+            let h = f16::from_bits(b);
+            let (ours, theirs) = (f16_widen(h), h.to_f32());
+            if h.is_nan() {
+                assert!(ours.is_nan(), "{b:#x}");
+            } else {
+                assert_eq!(ours.to_bits(), theirs.to_bits(), "{b:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn f16_narrowing_rounds_like_the_half_crate() {
+        // Every f16 value, every midpoint between neighbours, and a sweep of f32 bit patterns.
+        let mut vals: Vec<f32> = (0..=u16::MAX).map(|b| f16::from_bits(b).to_f32()).collect();
+        for b in 0..u16::MAX {
+            let (x, y) = (f16::from_bits(b).to_f64(), f16::from_bits(b + 1).to_f64());
+            vals.push(((x + y) / 2.0) as f32);
+        }
+        vals.extend((0..u32::MAX).step_by(4099).map(f32::from_bits));
+        vals.extend([
+            65504.0,
+            65519.0,
+            65520.0,
+            1e9,
+            -1e-9,
+            5.960_464_5e-8,
+            2.980_232_2e-8,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+        ]);
+        for v in vals {
+            let (ours, theirs) = (f16_narrow(v), f16::from_f32(v));
+            if v.is_nan() {
+                assert!(ours.is_nan(), "{v}");
+            } else {
+                assert_eq!(ours.to_bits(), theirs.to_bits(), "{v} ({:#x})", v.to_bits());
+            }
+        }
     }
 
     #[test]
