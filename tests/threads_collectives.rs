@@ -205,6 +205,24 @@ fn every_rank_count_and_node_shape_up_to_16() {
 }
 
 #[test]
+fn every_dtype_and_op_on_every_shape_up_to_16_with_the_tuned_algorithm() {
+    for p in 1..=16usize {
+        for m in (1..=p).filter(|m| p % m == 0) {
+            let res =
+                Communicator::run_threads(p, cfg(m, None), |comm| -> Result<Vec<u8>, String> {
+                    let mut digest = Vec::new();
+                    for op in ReduceOp::ALL {
+                        digest.extend(all_dtypes(&comm, 3, op, op == ReduceOp::Max)?);
+                    }
+                    Ok(digest)
+                })
+                .unwrap();
+            assert_all_ok_and_identical(res);
+        }
+    }
+}
+
+#[test]
 fn unequal_nodes_give_correct_results() {
     // PCCL_RANKS_PER_NODE=4 on 6 ranks: nodes of 4 and 2; the hierarchy falls back to flat.
     let res = Communicator::run_threads(
