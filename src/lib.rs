@@ -23,3 +23,8 @@ pub use error::{Error, ErrorKind, Result};
 pub use plan::{Algorithm, LevelAlgo};
 pub use topology::Topology;
 pub use transport::threads::ThreadWorld;
+
+/// The README's Rust examples, compiled and run as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

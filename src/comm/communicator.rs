@@ -231,8 +231,8 @@ impl Communicator {
         unsafe { self.inner.run_blocking(call) }
     }
 
-    /// In-place reduce-scatter: the result lands in block `rank()` of `buf`; the other
-    /// blocks are left unspecified... in practice untouched.
+    /// In-place reduce-scatter: the result lands in block `rank()` of `buf`; the other blocks
+    /// are not written (partial sums live in the communicator's scratch space).
     pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         let count = self.block_of(buf.len(), "reduce_scatter_in_place")?;
         let base = buf.as_mut_ptr();
