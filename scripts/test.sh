@@ -12,3 +12,5 @@ echo "== cargo clippy (features: $features)"
 cargo clippy --release --all-targets --features "$features" -- -D warnings
 echo "== cargo test (features: $features)"
 cargo test --release --features "$features" 2>&1
+echo "== python: torch.distributed backend, FSDP2 harness"
+scripts/test-python.sh

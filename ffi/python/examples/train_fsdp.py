@@ -1,0 +1,255 @@
+"""FSDP2 training harness: a small GPT-style decoder on the standard library's own source.
+
+    torchrun --nproc-per-node 4 ffi/python/examples/train_fsdp.py --backend pccl --steps 30
+    PCCL_RANKS_PER_NODE=2 torchrun --nproc-per-node 4 ffi/python/examples/train_fsdp.py
+
+Every transformer block is sharded with FSDP2 ``fully_shard`` (then the root module), so
+each step all-gathers parameters (forward and backward) and reduce-scatters gradients. The
+corpus is the text of Python's standard library modules, read from disk (byte-level
+"characters", vocabulary 256); nothing is downloaded. Each rank trains on its own batches
+drawn from a generator seeded by (seed, step, rank), so two runs with the same seed and
+world size see the same data whatever the backend.
+
+Prints per step: the loss (mean over ranks), tokens/s (all ranks) and the wall time the
+training loop spent blocked in collectives (issue + wait of every torch.distributed call
+FSDP makes), and a JSON summary line at the end (``--json-out`` writes it to a file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # ffi/python, for `pccl`
+
+
+# ---------------------------------------------------------------------------------------
+# Data: the standard library's source as bytes.
+
+def load_corpus(max_bytes: int) -> torch.Tensor:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.glob("*.py") if p.is_file())
+    chunks, total = [], 0
+    for p in files:
+        try:
+            b = p.read_bytes()
+        except OSError:
+            continue
+        chunks.append(b)
+        total += len(b)
+        if total >= max_bytes:
+            break
+    data = b"".join(chunks)[:max_bytes]
+    if len(data) < 10_000:
+        raise RuntimeError(f"stdlib corpus under {root} is too small ({len(data)} bytes)")
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.long)
+
+
+def get_batch(data, step, rank, seed, batch, seq):
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank)
+    ix = torch.randint(0, len(data) - seq - 1, (batch,), generator=g)
+    x = torch.stack([data[i:i + seq] for i in ix.tolist()])
+    y = torch.stack([data[i + 1:i + seq + 1] for i in ix.tolist()])
+    return x, y
+
+
+# ---------------------------------------------------------------------------------------
+# Model: pre-norm decoder blocks with causal self-attention and a GELU MLP.
+
+class Attention(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
+        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
+        y = (att @ v).transpose(1, 2).reshape(b, t, d)
+        return self.proj(y)
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d)
+        self.attn = Attention(d, heads)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab=256, d=128, layers=4, heads=4, seq=128):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(seq, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(t))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln(x))
+
+
+# ---------------------------------------------------------------------------------------
+# Time spent in collectives: wrap the torch.distributed entry points FSDP2 uses.
+
+class CommTimer:
+    NAMES = ("all_gather_single", "reduce_scatter_single", "all_gather_into_tensor",
+             "reduce_scatter_tensor", "all_reduce", "broadcast", "barrier")
+
+    def __init__(self):
+        self.seconds = 0.0
+        self.calls = 0
+
+    def install(self):
+        for name in self.NAMES:
+            fn = getattr(dist, name, None)
+            if fn is not None:
+                setattr(dist, name, self._wrap(fn))
+
+    def _wrap(self, fn):
+        timer = self
+
+        def wrapped(*args, **kwargs):
+            t0 = time.perf_counter()
+            work = fn(*args, **kwargs)
+            timer.seconds += time.perf_counter() - t0
+            timer.calls += 1
+            if work is not None and hasattr(work, "wait"):
+                return _TimedWork(work, timer)
+            return work
+
+        wrapped.__wrapped__ = fn
+        return wrapped
+
+
+class _TimedWork:
+    def __init__(self, work, timer):
+        self._work = work
+        self._timer = timer
+
+    def wait(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        r = self._work.wait(*args, **kwargs)
+        self._timer.seconds += time.perf_counter() - t0
+        return r
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+# ---------------------------------------------------------------------------------------
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", default="pccl", choices=["pccl", "gloo"])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--d-model", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--corpus-bytes", type=int, default=4 << 20)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    ap.add_argument("--json-out", default=None)
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    if args.backend == "pccl":
+        import pccl.torch  # noqa: F401  (registers the backend)
+    dist.init_process_group(args.backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(args.seed)
+    model = GPT(256, args.d_model, args.layers, args.heads, args.seq)
+    n_params = sum(p.numel() for p in model.parameters())
+    for blk in model.blocks:
+        fully_shard(blk, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    if args.backend == "gloo":
+        # gloo has no ReduceOp.AVG: reduce-scatter with SUM and divide afterwards.
+        model.set_force_sum_reduction_for_comms(True)
+        for blk in model.blocks:
+            blk.set_force_sum_reduction_for_comms(True)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    data = load_corpus(args.corpus_bytes)
+
+    timer = CommTimer()
+    timer.install()
+    if rank == 0 and not args.quiet:
+        print(f"backend={args.backend} world={world} params={n_params} corpus={len(data)} "
+              f"bytes batch={args.batch}x{args.seq}/rank", flush=True)
+    losses, step_times, comm_times = [], [], []
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        c0 = timer.seconds
+        x, y = get_batch(data, step, rank, args.seed, args.batch, args.seq)
+        logits = model(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        lt = loss.detach().clone().to(torch.float64)
+        dist.all_reduce(lt)  # SUM works on every backend; mean below
+        mean_loss = lt.item() / world
+        dt = time.perf_counter() - t0
+        losses.append(mean_loss)
+        step_times.append(dt)
+        comm_times.append(timer.seconds - c0)
+        if rank == 0 and not args.quiet:
+            tok_s = world * args.batch * args.seq / dt
+            print(f"step {step:3d} loss {mean_loss:.6f} tokens/s {tok_s:9.0f} "
+                  f"step {dt * 1e3:7.1f} ms comm {comm_times[-1] * 1e3:7.1f} ms", flush=True)
+    warm = step_times[1:] or step_times
+    summary = {
+        "backend": args.backend, "world": world, "steps": args.steps, "seed": args.seed,
+        "params": n_params, "losses": losses,
+        "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+        "mean_step_s": sum(warm) / len(warm) if warm else None,
+        "tokens_per_s": world * args.batch * args.seq * len(warm) / sum(warm) if warm else None,
+        "comm_s_total": sum(comm_times), "comm_calls": timer.calls,
+        "ranks_per_node": os.environ.get("PCCL_RANKS_PER_NODE"),
+    }
+    if rank == 0:
+        print("SUMMARY " + json.dumps({k: v for k, v in summary.items() if k != "losses"}),
+              flush=True)
+        if args.json_out:
+            with open(args.json_out, "w") as f:
+                json.dump(summary, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
