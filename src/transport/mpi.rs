@@ -55,15 +55,31 @@ pub fn init() -> Result<()> {
             .ok_or_else(|| Error::system("MPI_Init_thread failed"))?;
         let _ = SERIALIZE.set(level != mpi::Threading::Multiple);
         *u = Some(universe);
+        // A process that started MPI must finalise it, or the launcher (hydra) reports a bad
+        // termination and kills its peers: do it at exit if the program does not.
+        // SAFETY: registering a plain `extern "C" fn()` with the C runtime.
+        unsafe { libc::atexit(finalize_at_exit) };
     } else {
         let _ = SERIALIZE.set(mpi::environment::threading_support() != mpi::Threading::Multiple);
     }
     Ok(())
 }
 
-/// Finalises MPI if [`init`] started it. Call after every communicator is dropped.
+/// Finalises MPI if [`init`] started it. Call after every communicator is dropped (it also
+/// runs at process exit when the program did not call it).
 pub fn finalize() {
-    UNIVERSE.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let u = UNIVERSE.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if u.is_some() && !is_finalized() {
+        drop(u);
+    } else if let Some(u) = u {
+        // Already finalised by someone else: dropping the universe would finalise twice.
+        std::mem::forget(u);
+    }
+}
+
+extern "C" fn finalize_at_exit() {
+    // Nothing may unwind out of an atexit handler.
+    let _ = std::panic::catch_unwind(finalize);
 }
 
 /// True when this process was started by an MPI launcher (mpiexec/srun set these).
