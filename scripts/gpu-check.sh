@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # Every GPU check of PCCL in one script: the CUDA kernel tests (tests/cuda_kernels.rs, every
-# dtype x op against the host reference, transposes of many shapes) and the GPU benchmark
-# (src/bin/pccl-gpu-bench.rs: D2D copy ceiling, reductions, transpose, in GB/s and % of copy).
+# dtype x op against the host reference, transposes of many shapes), the device collectives
+# (tests/cuda_collectives.rs), the GPU benchmark (src/bin/pccl-gpu-bench.rs: D2D copy ceiling,
+# reductions, transpose, in GB/s and % of copy) and the host-staged device reduce-scatter
+# benchmark (src/bin/pccl-device-bench.rs; its arguments from $DEVICE_BENCH_ARGS).
 # Run it from the repository root on a machine with an NVIDIA GPU.
 #
-#   scripts/gpu-check.sh [-- BENCH_ARGS]   build with cargo (when it is installed), then run both
-#   scripts/gpu-check.sh --build-only      build both binaries into out/gpu-check/ (release), to
+#   scripts/gpu-check.sh [-- BENCH_ARGS]   build with cargo (when it is installed), then run them all
+#   scripts/gpu-check.sh --build-only      build the binaries into out/gpu-check/ (release), to
 #                                          carry to a GPU machine that has no Rust toolchain
 #   scripts/gpu-check.sh --no-build [-- BENCH_ARGS]
 #                                          run the binaries already in out/gpu-check/
 # BENCH_ARGS go to pccl-gpu-bench (e.g. -- --sweep). With neither flag, the script builds when
 # cargo is on PATH and otherwise runs what is in out/gpu-check/.
 #
-# Logs (tests.log, bench.log, env.log) go to $OUT when it is set, else to out/gpu-check/logs/.
+# Logs (tests.log, collectives.log, bench.log, device-bench.log, env.log) go to $OUT when it is
+# set, else to out/gpu-check/logs/.
 # With a GPU visible (nvidia-smi lists one), PCCL_REQUIRE_CUDA=1 makes the tests fail instead of
 # skipping when CUDA cannot be used. The exit status is non-zero if any check failed.
 set -uo pipefail
@@ -26,7 +29,7 @@ while [ $# -gt 0 ]; do
         --build-only) mode=build; shift ;;
         --no-build) mode=run; shift ;;
         --) shift; bench_args=("$@"); break ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) echo "gpu-check: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -34,18 +37,24 @@ done
 build() {
     export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}"
     mkdir -p "$BIN_DIR"
-    cargo build --release --features cuda --bin pccl-gpu-bench || return 1
-    local test_exe
-    test_exe=$(cargo test --release --features cuda --test cuda_kernels --no-run --message-format=json 2>/dev/null \
-        | grep -o '"executable":"[^"]*cuda_kernels[^"]*"' | tail -1 | sed 's/"executable":"//; s/"$//')
-    if [ -z "$test_exe" ] || [ ! -x "$test_exe" ]; then
-        cargo test --release --features cuda --test cuda_kernels --no-run   # show the errors
-        echo "gpu-check: could not build the cuda_kernels test" >&2
-        return 1
-    fi
-    cp "$test_exe" "$BIN_DIR/cuda_kernels"
+    cargo build --release --features cuda --bin pccl-gpu-bench --bin pccl-device-bench || return 1
+    local test_exe t
+    for t in cuda_kernels cuda_collectives; do
+        test_exe=$(cargo test --release --features cuda --test "$t" --no-run --message-format=json 2>/dev/null \
+            | grep -o "\"executable\":\"[^\"]*$t[^\"]*\"" | tail -1 | sed 's/"executable":"//; s/"$//')
+        if [ -z "$test_exe" ] || [ ! -x "$test_exe" ]; then
+            cargo test --release --features cuda --test "$t" --no-run   # show the errors
+            echo "gpu-check: could not build the $t test" >&2
+            return 1
+        fi
+        cp "$test_exe" "$BIN_DIR/$t"
+    done
     cp "$CARGO_TARGET_DIR/release/pccl-gpu-bench" "$BIN_DIR/pccl-gpu-bench"
-    if command -v strip >/dev/null; then strip "$BIN_DIR/cuda_kernels" "$BIN_DIR/pccl-gpu-bench"; fi
+    cp "$CARGO_TARGET_DIR/release/pccl-device-bench" "$BIN_DIR/pccl-device-bench"
+    if command -v strip >/dev/null; then
+        strip "$BIN_DIR/cuda_kernels" "$BIN_DIR/cuda_collectives" "$BIN_DIR/pccl-gpu-bench" \
+            "$BIN_DIR/pccl-device-bench"
+    fi
     ls -l "$BIN_DIR"
 }
 
@@ -59,7 +68,7 @@ fi
 if [ "$mode" = build_and_run ]; then
     build || exit 1
 fi
-for b in cuda_kernels pccl-gpu-bench; do
+for b in cuda_kernels cuda_collectives pccl-gpu-bench pccl-device-bench; do
     if [ ! -x "$BIN_DIR/$b" ]; then
         echo "gpu-check: $BIN_DIR/$b is missing: run scripts/gpu-check.sh --build-only where cargo is" >&2
         exit 1
@@ -112,7 +121,12 @@ fi
 status=0
 echo "## tests: $BIN_DIR/cuda_kernels --nocapture"
 "$BIN_DIR/cuda_kernels" --nocapture 2>&1 | tee "$LOG_DIR/tests.log" || status=1
+echo "## tests: $BIN_DIR/cuda_collectives --nocapture"
+"$BIN_DIR/cuda_collectives" --nocapture 2>&1 | tee "$LOG_DIR/collectives.log" || status=1
 echo "## bench: $BIN_DIR/pccl-gpu-bench ${bench_args[*]:-}"
 "$BIN_DIR/pccl-gpu-bench" "${bench_args[@]}" 2>&1 | tee "$LOG_DIR/bench.log" || status=1
+echo "## device bench: $BIN_DIR/pccl-device-bench ${DEVICE_BENCH_ARGS:-}"
+# shellcheck disable=SC2086
+"$BIN_DIR/pccl-device-bench" ${DEVICE_BENCH_ARGS:-} 2>&1 | tee "$LOG_DIR/device-bench.log" || status=1
 echo "## gpu-check: $([ $status = 0 ] && echo all checks passed || echo SOME CHECKS FAILED)"
 exit $status

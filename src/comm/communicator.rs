@@ -48,6 +48,8 @@ struct Inner {
     outstanding: Outstanding,
     choices: Mutex<HashMap<(Collective, u32), Algorithm>>,
     plans: Mutex<HashMap<(Collective, Algorithm), Arc<Plan>>>,
+    /// Working space of the device front end (`comm::device`), kept between calls.
+    device: Mutex<Option<Box<dyn std::any::Any + Send>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -121,6 +123,7 @@ impl Communicator {
                 outstanding: Outstanding::default(),
                 choices: Mutex::new(HashMap::new()),
                 plans: Mutex::new(HashMap::new()),
+                device: Mutex::new(None),
             }),
         }
     }
@@ -481,6 +484,33 @@ impl Communicator {
             topo,
             self.inner.cfg.clone(),
         )))
+    }
+
+    // ---- hooks for the device front end (comm::device) -------------------------------------
+
+    /// Takes the tag and plan of the next collective from the same sequence counter and plan
+    /// cache as the host path, after any queued non-blocking collectives have finished.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn next_collective(
+        &self,
+        coll: Collective,
+        block_bytes: usize,
+    ) -> Result<(u32, Arc<Plan>)> {
+        let tag = self.inner.seq.fetch_add(1, Ordering::SeqCst);
+        let plan = self.inner.plan(coll, block_bytes)?;
+        self.inner.outstanding.wait_idle();
+        Ok((tag, plan))
+    }
+
+    /// The transport, and the device front end's working space (locked for one collective).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn device_parts(
+        &self,
+    ) -> (
+        &dyn Transport,
+        std::sync::MutexGuard<'_, Option<Box<dyn std::any::Any + Send>>>,
+    ) {
+        (self.inner.transport.as_ref(), lock(&self.inner.device))
     }
 
     // ---- argument checking ----------------------------------------------------------------

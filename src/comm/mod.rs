@@ -1,5 +1,7 @@
 //! The public face: communicators, requests, and the per-communicator progress worker.
 
 pub mod communicator;
+#[cfg(feature = "cuda")]
+mod device;
 pub mod progress;
 pub mod request;

@@ -923,3 +923,206 @@ impl std::fmt::Debug for CudaDevice {
             .finish()
     }
 }
+
+/// Page-locked (pinned) host memory of one device's context: the staging area of the
+/// host-staged device collectives (`exec::device`). Copies between it and the device run
+/// asynchronously at full PCIe speed.
+pub struct PinnedBuffer {
+    ctx: Arc<CudaContext>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain host memory owned by this value; access goes through `&`/`&mut`.
+unsafe impl Send for PinnedBuffer {}
+// SAFETY: as above; shared access only reads through raw pointers the owner hands out.
+unsafe impl Sync for PinnedBuffer {}
+
+impl PinnedBuffer {
+    /// Allocates `len` bytes (at least one) of page-locked host memory in `dev`'s context.
+    pub fn new(dev: &CudaDevice, len: usize) -> Result<PinnedBuffer> {
+        let ctx = dev.shared.ctx.clone();
+        ctx.bind_to_thread().map_err(cuda_err("context bind"))?;
+        // SAFETY: cuMemHostAlloc with a valid size; the pointer is freed once, in Drop.
+        let ptr = unsafe { cudarc::driver::result::malloc_host(len.max(1), 0) }
+            .map_err(cuda_err("pinned host allocation (cuMemHostAlloc)"))?;
+        Ok(PinnedBuffer {
+            ctx,
+            ptr: ptr as *mut u8,
+            len,
+        })
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True when the buffer holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Start of the buffer.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+    /// Start of the buffer, for writing.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr
+    }
+    /// The bytes, for writing (callers make sure no device copy uses them meanwhile).
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` addresses `len` bytes owned by this value, borrowed mutably here.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: `ptr` came from cuMemHostAlloc and is freed only here; cuMemFreeHost waits
+        // for device work that still uses it.
+        let _ = unsafe { cudarc::driver::result::free_host(self.ptr as *mut std::ffi::c_void) };
+    }
+}
+
+/// Raw, stream-ordered operations on device addresses, for the device executor (which holds
+/// buffers as addresses, as the host executor holds pointers).
+impl CudaDevice {
+    /// Makes this device's context current on the calling thread (raw driver calls need it).
+    pub fn bind(&self) -> Result<()> {
+        self.shared
+            .ctx
+            .bind_to_thread()
+            .map_err(cuda_err("context bind"))
+    }
+
+    /// A new stream on this device (for work that should overlap this handle's stream).
+    pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
+        self.shared
+            .ctx
+            .new_stream()
+            .map_err(cuda_err("stream creation"))
+    }
+
+    /// A new event without timing (to order streams and to let the host wait for work).
+    pub fn new_event(&self) -> Result<CudaEvent> {
+        self.shared
+            .ctx
+            .new_event(None)
+            .map_err(cuda_err("event creation"))
+    }
+
+    /// Queues a copy of `len` bytes from device address `src` to host memory `dst` on `stream`.
+    ///
+    /// # Safety
+    /// `src` must address `len` readable device bytes and `dst` `len` writable host bytes
+    /// (page-locked for the copy to be asynchronous), both valid until the copy completes.
+    pub unsafe fn copy_dtoh_raw(
+        &self,
+        stream: &CudaStream,
+        dst: *mut u8,
+        src: u64,
+        len: usize,
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let d = std::slice::from_raw_parts_mut(dst, len);
+        cudarc::driver::result::memcpy_dtoh_async(d, src, stream.cu_stream())
+            .map_err(cuda_err("device-to-host copy"))
+    }
+
+    /// Queues a copy of `len` bytes from host memory `src` to device address `dst` on `stream`.
+    ///
+    /// # Safety
+    /// As [`CudaDevice::copy_dtoh_raw`], the other way round.
+    pub unsafe fn copy_htod_raw(
+        &self,
+        stream: &CudaStream,
+        dst: u64,
+        src: *const u8,
+        len: usize,
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let s = std::slice::from_raw_parts(src, len);
+        cudarc::driver::result::memcpy_htod_async(dst, s, stream.cu_stream())
+            .map_err(cuda_err("host-to-device copy"))
+    }
+
+    /// Queues a device-to-device copy of `len` bytes on this handle's stream.
+    ///
+    /// # Safety
+    /// Both addresses must hold `len` valid bytes until the copy completes; they must not
+    /// overlap.
+    pub unsafe fn copy_dtod_raw(&self, dst: u64, src: u64, len: usize) -> Result<()> {
+        if len == 0 || dst == src {
+            return Ok(());
+        }
+        cudarc::driver::result::memcpy_dtod_async(dst, src, len, self.stream.cu_stream())
+            .map_err(cuda_err("device-to-device copy"))
+    }
+
+    /// `dst = a op b` over `bytes` bytes of `dtype` at device addresses, on this handle's
+    /// stream ([`CudaDevice::reduce`] on raw addresses).
+    ///
+    /// # Safety
+    /// The three addresses must hold `bytes` valid bytes until the kernel completes; `dst`
+    /// equals an input or overlaps neither.
+    pub unsafe fn reduce_raw(
+        &self,
+        op: ReduceOp,
+        dtype: DType,
+        dst: u64,
+        a: u64,
+        b: u64,
+        bytes: usize,
+    ) -> Result<()> {
+        dtype.check_op(op)?;
+        if bytes % dtype.size() != 0 {
+            return Err(Error::invalid(format!(
+                "reduction of {bytes} bytes is not a whole number of {dtype} elements"
+            )));
+        }
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.launch_elementwise(&reduce_kernel(op, dtype), op, dtype, [dst, a, b], bytes)
+    }
+
+    /// `dst /= n` over `bytes` bytes of `dtype` at a device address ([`CudaDevice::divide`]
+    /// on a raw address).
+    ///
+    /// # Safety
+    /// `dst` must hold `bytes` valid bytes until the kernel completes.
+    pub unsafe fn divide_raw(&self, dtype: DType, dst: u64, bytes: usize, n: usize) -> Result<()> {
+        if n == 0 {
+            return Err(Error::invalid("divide by zero ranks"));
+        }
+        let bytes = Self::check_lengths(dtype, &[bytes])?;
+        if !dtype.is_float() || bytes == 0 {
+            return Ok(());
+        }
+        let esize = dtype.size();
+        check_aligned("destination", dst, esize)?;
+        let count = (bytes / esize) as u64;
+        let head = vector_head(&[dst], bytes / esize, esize);
+        let kernel = format!("pccl_divide_{}", dtype.name());
+        let f = self.shared.kernels.get(&kernel)?;
+        let cfg = self.config(0, self.elementwise_work(count, head, esize));
+        let d32 = n as f32;
+        let d64 = n as f64;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&dst).arg(&count).arg(&head);
+        if dtype == DType::F64 {
+            b.arg(&d64);
+        } else {
+            b.arg(&d32);
+        }
+        // SAFETY: as in `divide`: the kernel takes these four arguments; `dst` addresses
+        // `count` aligned elements the caller keeps valid.
+        unsafe { b.launch(cfg) }
+            .map_err(|e| Error::system(format!("CUDA launch of {kernel} failed: {e}")))?;
+        Ok(())
+    }
+}

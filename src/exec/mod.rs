@@ -1,5 +1,7 @@
 //! The executor: runs a [`crate::plan::Plan`] on a transport and the host kernels.
 
+#[cfg(feature = "cuda")]
+pub mod device;
 pub mod executor;
 pub mod memory;
 

@@ -1,0 +1,272 @@
+//! Collectives on device memory (`Communicator::*_device`, the host-staged device executor)
+//! against the host reference, for every dtype x op, several node shapes and every
+//! algorithm, with thread-ranks sharing one GPU (each rank its own stream and buffers) and
+//! outputs poisoned before every run.
+//!
+//! Built without the `cuda` feature this file is one test that says it was skipped; built
+//! with it on a machine without a GPU or driver, every test prints
+//! `skipped: no CUDA driver (reason)` and passes. `scripts/gpu-check.sh` runs it on a GPU.
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn cuda_collectives_skipped() {
+    println!("skipped: built without the cuda feature");
+}
+
+#[cfg(feature = "cuda")]
+#[path = "common.rs"]
+mod common;
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use super::common::{input, reduced, same_bits, value};
+    use half::{bf16, f16};
+    use pccl::config::Config;
+    use pccl::device::cuda::{self, CudaDevice};
+    use pccl::{Algorithm, Communicator, Element, ErrorKind, ReduceOp};
+
+    /// Whether CUDA can run here (after printing why not); with `PCCL_REQUIRE_CUDA=1` a
+    /// missing driver is a failure.
+    fn cuda_ok() -> bool {
+        if let Err(e) = cuda::ensure_available() {
+            assert_eq!(e.kind(), ErrorKind::System, "unexpected error kind: {e}");
+            if std::env::var("PCCL_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
+                panic!("PCCL_REQUIRE_CUDA=1 but CUDA is not usable: {e}");
+            }
+            println!("skipped: no CUDA driver ({})", e.message());
+            return false;
+        }
+        match CudaDevice::count() {
+            Ok(0) => {
+                println!("skipped: no CUDA driver (the driver reports no CUDA device)");
+                false
+            }
+            Ok(_) => true,
+            Err(e) => panic!("CUDA is available but counting devices failed: {e}"),
+        }
+    }
+
+    const SIZES: [usize; 4] = [0, 1, 7, 300_001];
+    const POISON: u8 = 0xa5;
+
+    fn check<T: Element>(what: &str, got: &[T], want: &[T]) {
+        if !same_bits(got, want) {
+            let i = got
+                .iter()
+                .zip(want)
+                .position(|(g, w)| bytemuck::bytes_of(g) != bytemuck::bytes_of(w))
+                .unwrap_or(0);
+            panic!(
+                "{what}: results differ (len {} vs {}); first at {i}: got {:?}, want {:?}",
+                got.len(),
+                want.len(),
+                got.get(i),
+                want.get(i)
+            );
+        }
+    }
+
+    fn poisoned(dev: &CudaDevice, bytes: usize) -> cudarc::driver::CudaSlice<u8> {
+        let mut b = dev.alloc_zeroed(bytes).unwrap();
+        dev.fill(&mut b, POISON).unwrap();
+        b
+    }
+
+    /// Every collective for one dtype on one rank.
+    fn run_dtype<T: Element>(c: &Communicator, dev: &CudaDevice, tag: &str) {
+        let (p, me) = (c.size(), c.rank());
+        let es = std::mem::size_of::<T>();
+        for &n in &SIZES {
+            let ctx = |coll: &str, op: Option<ReduceOp>| {
+                format!("{tag} {} {coll} {op:?} n={n} rank {me}/{p}", T::DTYPE)
+            };
+            // all-gather
+            let inp = dev.upload(&input::<T>(me, n, ReduceOp::Sum)).unwrap();
+            let mut out = poisoned(dev, n * p * es);
+            c.all_gather_device::<T>(dev, &inp, &mut out)
+                .unwrap_or_else(|e| panic!("{}: {e}", ctx("all_gather", None)));
+            let want: Vec<T> = (0..p)
+                .flat_map(|r| input::<T>(r, n, ReduceOp::Sum))
+                .collect();
+            check(
+                &ctx("all_gather", None),
+                &dev.download::<T>(&out).unwrap(),
+                &want,
+            );
+            // broadcast from the last rank
+            let root = p - 1;
+            let mut buf = if me == root {
+                dev.upload(&input::<T>(root, n, ReduceOp::Sum)).unwrap()
+            } else {
+                poisoned(dev, n * es)
+            };
+            c.broadcast_device::<T>(dev, &mut buf, root)
+                .unwrap_or_else(|e| panic!("{}: {e}", ctx("broadcast", None)));
+            check(
+                &ctx("broadcast", None),
+                &dev.download::<T>(&buf).unwrap(),
+                &input::<T>(root, n, ReduceOp::Sum),
+            );
+            for op in ReduceOp::ALL {
+                if T::DTYPE.check_op(op).is_err() {
+                    continue;
+                }
+                // reduce-scatter (global element index j = r*n + i)
+                let inp: Vec<T> = (0..n * p).map(|j| value::<T>(me, j, op)).collect();
+                let dinp = dev.upload(&inp).unwrap();
+                let mut out = poisoned(dev, n * es);
+                c.reduce_scatter_device::<T>(dev, &dinp, &mut out, op)
+                    .unwrap_or_else(|e| panic!("{}: {e}", ctx("reduce_scatter", Some(op))));
+                let want: Vec<T> = (0..n).map(|i| reduced::<T>(p, me * n + i, op)).collect();
+                check(
+                    &ctx("reduce_scatter", Some(op)),
+                    &dev.download::<T>(&out).unwrap(),
+                    &want,
+                );
+                // all-reduce, out of place and in place
+                let dinp = dev.upload(&input::<T>(me, n, op)).unwrap();
+                let mut out = poisoned(dev, n * es);
+                c.all_reduce_device::<T>(dev, &dinp, &mut out, op)
+                    .unwrap_or_else(|e| panic!("{}: {e}", ctx("all_reduce", Some(op))));
+                let want: Vec<T> = (0..n).map(|i| reduced::<T>(p, i, op)).collect();
+                check(
+                    &ctx("all_reduce", Some(op)),
+                    &dev.download::<T>(&out).unwrap(),
+                    &want,
+                );
+                let mut buf = dev.upload(&input::<T>(me, n, op)).unwrap();
+                c.all_reduce_device_in_place::<T>(dev, &mut buf, op)
+                    .unwrap_or_else(|e| panic!("{}: {e}", ctx("all_reduce_in_place", Some(op))));
+                check(
+                    &ctx("all_reduce_in_place", Some(op)),
+                    &dev.download::<T>(&buf).unwrap(),
+                    &want,
+                );
+            }
+        }
+    }
+
+    fn run_shape(p: usize, m: usize, algo: Option<&str>, chunk: usize) {
+        if !cuda_ok() {
+            return;
+        }
+        let cfg = Config {
+            ranks_per_node: Some(m),
+            algo: algo.map(|a| a.parse::<Algorithm>().unwrap()),
+            chunk_bytes: chunk,
+            ..Config::default()
+        };
+        let tag = format!("{}x{} {}", p / m, m, algo.unwrap_or("tuned"));
+        Communicator::run_threads(p, cfg, |c| {
+            let dev = CudaDevice::open(0).expect("open device 0");
+            run_dtype::<i8>(&c, &dev, &tag);
+            run_dtype::<u8>(&c, &dev, &tag);
+            run_dtype::<i32>(&c, &dev, &tag);
+            run_dtype::<u32>(&c, &dev, &tag);
+            run_dtype::<i64>(&c, &dev, &tag);
+            run_dtype::<u64>(&c, &dev, &tag);
+            run_dtype::<f16>(&c, &dev, &tag);
+            run_dtype::<bf16>(&c, &dev, &tag);
+            run_dtype::<f32>(&c, &dev, &tag);
+            run_dtype::<f64>(&c, &dev, &tag);
+        })
+        .expect("thread world");
+        println!("ok: {tag}");
+    }
+
+    #[test]
+    fn shape_2x2_every_algorithm() {
+        for algo in ["ring", "rd", "hier-rd", "hier-ring", "hier-rd-rd"] {
+            run_shape(4, 2, Some(algo), 1 << 16);
+        }
+    }
+
+    #[test]
+    fn shape_3x1_every_algorithm() {
+        for algo in ["ring", "rd", "hier-ring"] {
+            run_shape(3, 1, Some(algo), 1 << 20);
+        }
+    }
+
+    #[test]
+    fn shape_1x3_and_unequal_tuned() {
+        run_shape(3, 3, None, 1 << 18);
+        // 5 ranks on nodes of 2, 2, 1: the hierarchical algorithm falls back to flat.
+        run_shape(5, 2, Some("hier-rd"), 1 << 16);
+    }
+
+    #[test]
+    fn host_and_device_collectives_interleave() {
+        if !cuda_ok() {
+            return;
+        }
+        let cfg = Config {
+            ranks_per_node: Some(1),
+            ..Config::default()
+        };
+        Communicator::run_threads(2, cfg, |c| {
+            let dev = CudaDevice::open(0).expect("open device 0");
+            let me = c.rank();
+            for round in 0..3 {
+                let mut host = vec![me as f32 + round as f32; 1000];
+                c.all_reduce_in_place(&mut host, ReduceOp::Sum).unwrap();
+                assert!(host.iter().all(|&x| x == 1.0 + 2.0 * round as f32));
+                let mut d = dev.upload(&vec![me as f32; 1000]).unwrap();
+                c.all_reduce_device_in_place::<f32>(&dev, &mut d, ReduceOp::Sum)
+                    .unwrap();
+                assert!(dev.download::<f32>(&d).unwrap().iter().all(|&x| x == 1.0));
+                let req = c.barrier_async().unwrap();
+                let g = dev.upload(&[me as u32; 5]).unwrap();
+                let mut out = dev.alloc_zeroed(40).unwrap();
+                c.all_gather_device::<u32>(&dev, &g, &mut out).unwrap();
+                assert_eq!(
+                    dev.download::<u32>(&out).unwrap(),
+                    [0, 0, 0, 0, 0, 1, 1, 1, 1, 1]
+                );
+                req.wait().unwrap();
+                // In-place reduce-scatter and all-gather.
+                let mut rs = dev.upload(&[1u32, 2, 3, 4]).unwrap();
+                c.reduce_scatter_device_in_place::<u32>(&dev, &mut rs, ReduceOp::Sum)
+                    .unwrap();
+                let got = dev.download::<u32>(&rs).unwrap();
+                assert_eq!(
+                    &got[me * 2..me * 2 + 2],
+                    &[2 * (me as u32 * 2 + 1), 2 * (me as u32 * 2 + 2)]
+                );
+                let mut ag = dev.upload(&[9u32, 9, 9, 9]).unwrap();
+                let mine = dev.upload(&[me as u32 + 10; 2]).unwrap();
+                let mut view = ag.slice_mut(me * 8..me * 8 + 8);
+                dev.copy(&mine, &mut view).unwrap();
+                c.all_gather_device_in_place::<u32>(&dev, &mut ag).unwrap();
+                assert_eq!(dev.download::<u32>(&ag).unwrap(), [10, 10, 11, 11]);
+            }
+        })
+        .expect("thread world");
+    }
+
+    #[test]
+    fn bad_device_arguments_are_errors() {
+        if !cuda_ok() {
+            return;
+        }
+        let cfg = Config {
+            ranks_per_node: Some(1),
+            ..Config::default()
+        };
+        Communicator::run_threads(1, cfg, |c| {
+            let dev = CudaDevice::open(0).expect("open device 0");
+            let a = dev.alloc_zeroed(6).unwrap();
+            let mut b = dev.alloc_zeroed(8).unwrap();
+            let e = c.all_gather_device::<f32>(&dev, &a, &mut b).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+            let a = dev.alloc_zeroed(8).unwrap();
+            let e = c
+                .reduce_scatter_device::<i32>(&dev, &a, &mut b, ReduceOp::Avg)
+                .unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+            let e = c.broadcast_device::<f32>(&dev, &mut b, 3).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        })
+        .expect("thread world");
+    }
+}
