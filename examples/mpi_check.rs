@@ -9,31 +9,12 @@ mod common;
 use common::{input, reduced, same_bits};
 use half::bf16;
 use pccl::config::Config;
-use pccl::plan::{Algorithm, LevelAlgo};
+use pccl::plan::Algorithm;
 use pccl::transport::mpi::{finalize, MpiTransport};
 use pccl::{Communicator, Element, ReduceOp};
 use std::sync::Arc;
 
-const ALGOS: [Algorithm; 6] = [
-    Algorithm::Flat(LevelAlgo::Ring),
-    Algorithm::Flat(LevelAlgo::Rd),
-    Algorithm::Hier {
-        inter: LevelAlgo::Rd,
-        intra: LevelAlgo::Ring,
-    },
-    Algorithm::Hier {
-        inter: LevelAlgo::Ring,
-        intra: LevelAlgo::Ring,
-    },
-    Algorithm::Hier {
-        inter: LevelAlgo::Rd,
-        intra: LevelAlgo::Rd,
-    },
-    Algorithm::Hier {
-        inter: LevelAlgo::Ring,
-        intra: LevelAlgo::Rd,
-    },
-];
+const ALGOS: [Algorithm; 6] = Algorithm::ALL;
 
 fn check<T: Element>(
     comm: &Communicator,

@@ -5,26 +5,7 @@ use pccl::plan::check::check_plans;
 use pccl::plan::{build, Algorithm, Collective, LevelAlgo, Plan};
 use pccl::Topology;
 
-const ALGOS: [Algorithm; 6] = [
-    Algorithm::Flat(LevelAlgo::Ring),
-    Algorithm::Flat(LevelAlgo::Rd),
-    Algorithm::Hier {
-        inter: LevelAlgo::Rd,
-        intra: LevelAlgo::Ring,
-    },
-    Algorithm::Hier {
-        inter: LevelAlgo::Ring,
-        intra: LevelAlgo::Ring,
-    },
-    Algorithm::Hier {
-        inter: LevelAlgo::Rd,
-        intra: LevelAlgo::Rd,
-    },
-    Algorithm::Hier {
-        inter: LevelAlgo::Ring,
-        intra: LevelAlgo::Rd,
-    },
-];
+const ALGOS: [Algorithm; 6] = Algorithm::ALL;
 
 fn plans(coll: Collective, algo: Algorithm, topo: &Topology) -> Vec<Plan> {
     (0..topo.nranks())

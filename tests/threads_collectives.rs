@@ -6,30 +6,11 @@ mod common;
 use common::{input, reduced, same_bits, value};
 use half::{bf16, f16};
 use pccl::config::Config;
-use pccl::plan::{Algorithm, LevelAlgo};
+use pccl::plan::Algorithm;
 use pccl::{Communicator, Element, ErrorKind, ReduceOp};
 use std::time::Duration;
 
-const ALGOS: [Algorithm; 6] = [
-    Algorithm::Flat(LevelAlgo::Ring),
-    Algorithm::Flat(LevelAlgo::Rd),
-    Algorithm::Hier {
-        inter: LevelAlgo::Rd,
-        intra: LevelAlgo::Ring,
-    },
-    Algorithm::Hier {
-        inter: LevelAlgo::Ring,
-        intra: LevelAlgo::Ring,
-    },
-    Algorithm::Hier {
-        inter: LevelAlgo::Rd,
-        intra: LevelAlgo::Rd,
-    },
-    Algorithm::Hier {
-        inter: LevelAlgo::Ring,
-        intra: LevelAlgo::Rd,
-    },
-];
+const ALGOS: [Algorithm; 6] = Algorithm::ALL;
 
 fn cfg(m: usize, algo: Option<Algorithm>) -> Config {
     Config {

@@ -174,6 +174,28 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// Every algorithm: the two flat ones and the four two-level combinations.
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::Flat(LevelAlgo::Ring),
+        Algorithm::Flat(LevelAlgo::Rd),
+        Algorithm::Hier {
+            inter: LevelAlgo::Rd,
+            intra: LevelAlgo::Ring,
+        },
+        Algorithm::Hier {
+            inter: LevelAlgo::Ring,
+            intra: LevelAlgo::Ring,
+        },
+        Algorithm::Hier {
+            inter: LevelAlgo::Rd,
+            intra: LevelAlgo::Rd,
+        },
+        Algorithm::Hier {
+            inter: LevelAlgo::Ring,
+            intra: LevelAlgo::Rd,
+        },
+    ];
+
     /// The name printed by `PCCL_DEBUG=INFO` and accepted by `PCCL_ALGO` / `--algo`.
     pub fn name(self) -> String {
         match self {

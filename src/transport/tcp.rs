@@ -522,12 +522,32 @@ impl TcpTransport {
         let ring = ring.lock().unwrap_or_else(|e| e.into_inner());
         match ring.pop(u64::from(tag), len, deadline, sink)? {
             Ok(()) => Ok(()),
-            Err((got_tag, got_len)) => Err(Error::remote(format!(
-                "rank {} expected collective #{tag} of {len} bytes from rank {peer} but got #{got_tag} of \
-                 {got_len} bytes: do all ranks call the same collectives with the same counts?",
-                self.rank
-            ))),
+            Err((got_tag, got_len)) => Err(mismatch(self.rank, peer, tag, len, got_tag, got_len)),
         }
+    }
+
+    /// Locks `peer`'s socket and reads a frame header, which must announce `tag` and `len`.
+    fn read_header<'a>(
+        &self,
+        p: &'a Peer,
+        peer: usize,
+        tag: Tag,
+        len: usize,
+        deadline: Instant,
+    ) -> Result<(std::sync::MutexGuard<'a, TcpStream>, String)> {
+        let mut s = p.reader.lock().unwrap_or_else(|e| e.into_inner());
+        let wait = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        s.set_read_timeout(Some(wait.min(self.timeout)))
+            .map_err(|e| io_err("socket option", e))?;
+        let what = format!("rank {} receiving from rank {peer}", self.rank);
+        let got_tag = read_u64(&mut *s).map_err(|e| io_err(&what, e))?;
+        let got_len = read_u64(&mut *s).map_err(|e| io_err(&what, e))? as usize;
+        if got_tag != u64::from(tag) || got_len != len {
+            return Err(mismatch(self.rank, peer, tag, len, got_tag, got_len as u64));
+        }
+        Ok((s, what))
     }
 
     fn peer(&self, p: usize) -> Result<&Peer> {
@@ -536,6 +556,14 @@ impl TcpTransport {
             .and_then(Option::as_ref)
             .ok_or_else(|| Error::invalid(format!("rank {p} is not a peer of rank {}", self.rank)))
     }
+}
+
+/// The error of a frame that is not the one this rank expected.
+fn mismatch(rank: usize, peer: usize, tag: Tag, len: usize, got_tag: u64, got_len: u64) -> Error {
+    Error::remote(format!(
+        "rank {rank} expected collective #{tag} of {len} bytes from rank {peer} but got #{got_tag} of \
+         {got_len} bytes: do all ranks call the same collectives with the same counts?"
+    ))
 }
 
 fn connect_retry(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream> {
@@ -673,22 +701,7 @@ impl Transport for TcpTransport {
         if let Some(ring) = &p.shm_in {
             return self.recv_shm(ring, peer, tag, len, deadline, sink);
         }
-        let mut s = p.reader.lock().unwrap_or_else(|e| e.into_inner());
-        let wait = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1));
-        s.set_read_timeout(Some(wait.min(self.timeout)))
-            .map_err(|e| io_err("socket option", e))?;
-        let what = format!("rank {} receiving from rank {peer}", self.rank);
-        let got_tag = read_u64(&mut *s).map_err(|e| io_err(&what, e))?;
-        let got_len = read_u64(&mut *s).map_err(|e| io_err(&what, e))? as usize;
-        if got_tag != u64::from(tag) || got_len != len {
-            return Err(Error::remote(format!(
-                "rank {} expected collective #{tag} of {len} bytes from rank {peer} but got #{got_tag} of \
-                 {got_len} bytes: do all ranks call the same collectives with the same counts?",
-                self.rank
-            )));
-        }
+        let (mut s, what) = self.read_header(p, peer, tag, len, deadline)?;
         // u64 words keep every dtype aligned for the reduction kernels.
         let mut buf = vec![0u64; self.chunk.min(len).div_ceil(8).max(1)];
         let mut off = 0;
@@ -711,22 +724,7 @@ impl Transport for TcpTransport {
                 dst[off..off + b.len()].copy_from_slice(b)
             });
         }
-        let mut s = p.reader.lock().unwrap_or_else(|e| e.into_inner());
-        let wait = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1));
-        s.set_read_timeout(Some(wait.min(self.timeout)))
-            .map_err(|e| io_err("socket option", e))?;
-        let what = format!("rank {} receiving from rank {peer}", self.rank);
-        let got_tag = read_u64(&mut *s).map_err(|e| io_err(&what, e))?;
-        let got_len = read_u64(&mut *s).map_err(|e| io_err(&what, e))? as usize;
-        if got_tag != u64::from(tag) || got_len != len {
-            return Err(Error::remote(format!(
-                "rank {} expected collective #{tag} of {len} bytes from rank {peer} but got #{got_tag} of \
-                 {got_len} bytes: do all ranks call the same collectives with the same counts?",
-                self.rank
-            )));
-        }
+        let (mut s, what) = self.read_header(p, peer, tag, len, deadline)?;
         while pos < len {
             let n = s.read(&mut dst[pos..]).map_err(|e| io_err(&what, e))?;
             if n == 0 {
