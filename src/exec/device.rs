@@ -24,6 +24,7 @@
 //! depends only on local device work.
 
 use super::memory::BlockLayout;
+use super::segments::{parts, segments, total, zip_segments, Seg};
 use crate::device::cuda::{CudaDevice, PinnedBuffer};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
@@ -121,97 +122,6 @@ impl DeviceMemory {
         }
         Ok(r.ptr + (off * self.es) as u64)
     }
-}
-
-/// A contiguous run of elements in one buffer.
-#[derive(Clone, Copy, Debug)]
-struct Seg {
-    buf: Buf,
-    off: usize,
-    len: usize,
-}
-
-fn segments(mem: &DeviceMemory, spans: &[Span]) -> Vec<Seg> {
-    let mut v: Vec<Seg> = Vec::with_capacity(spans.len());
-    for s in spans {
-        let r = mem.elems(*s);
-        if r.is_empty() {
-            continue;
-        }
-        if let Some(last) = v.last_mut() {
-            if last.buf == s.buf && last.off + last.len == r.start {
-                last.len += r.len();
-                continue;
-            }
-        }
-        v.push(Seg {
-            buf: s.buf,
-            off: r.start,
-            len: r.len(),
-        });
-    }
-    v
-}
-
-fn total(segs: &[Seg]) -> usize {
-    segs.iter().map(|s| s.len).sum()
-}
-
-/// The parts of `segs` (laid end to end as a message) overlapping message elements
-/// `lo..hi`: `(message offset, segment part)`.
-fn parts(segs: &[Seg], lo: usize, hi: usize) -> Vec<(usize, Seg)> {
-    let mut out = Vec::new();
-    let mut pos = 0;
-    for s in segs {
-        let (a, b) = (pos.max(lo), (pos + s.len).min(hi));
-        if a < b {
-            out.push((
-                a,
-                Seg {
-                    buf: s.buf,
-                    off: s.off + (a - pos),
-                    len: b - a,
-                },
-            ));
-        }
-        pos += s.len;
-        if pos >= hi {
-            break;
-        }
-    }
-    out
-}
-
-/// Pairs of equally long pieces of two segment lists: `(message offset, a, b)`.
-fn zip_segments(a: &[Seg], b: &[Seg]) -> Vec<(usize, Seg, Seg)> {
-    let mut out = Vec::new();
-    let (mut i, mut j, mut ai, mut bj, mut pos) = (0, 0, 0, 0, 0);
-    while i < a.len() && j < b.len() {
-        let n = (a[i].len - ai).min(b[j].len - bj);
-        let sa = Seg {
-            buf: a[i].buf,
-            off: a[i].off + ai,
-            len: n,
-        };
-        let sb = Seg {
-            buf: b[j].buf,
-            off: b[j].off + bj,
-            len: n,
-        };
-        out.push((pos, sa, sb));
-        pos += n;
-        ai += n;
-        bj += n;
-        if ai == a[i].len {
-            i += 1;
-            ai = 0;
-        }
-        if bj == b[j].len {
-            j += 1;
-            bj = 0;
-        }
-    }
-    out
 }
 
 fn cuda_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
@@ -394,7 +304,7 @@ fn run_phase<T: Element>(
     let mut at = 0usize;
     for step in &phase.steps {
         if let Step::Send { peer, src } = step {
-            let segs = segments(mem, src);
+            let segs = segments(src, |sp| mem.elems(sp));
             let elems = total(&segs);
             msgs.push(SendMsg {
                 peer: *peer,
@@ -493,7 +403,7 @@ fn run_phase<T: Element>(
     for step in &phase.steps {
         match step {
             Step::Recv { peer, dst } => {
-                let d = segments(mem, dst);
+                let d = segments(dst, |sp| mem.elems(sp));
                 recvs.push(RecvMsg {
                     peer: *peer,
                     elems: total(&d),
@@ -502,8 +412,8 @@ fn run_phase<T: Element>(
                 });
             }
             Step::RecvReduce { peer, dst, with } => {
-                let d = segments(mem, dst);
-                let w = segments(mem, with);
+                let d = segments(dst, |sp| mem.elems(sp));
+                let w = segments(with, |sp| mem.elems(sp));
                 if total(&d) != total(&w) {
                     first_err
                         .get_or_insert(Error::internal("reduce operand and target differ in size"));
@@ -654,8 +564,8 @@ fn local_steps<T: Element>(
     for step in &phase.steps {
         match step {
             Step::Copy { src, dst } => {
-                let s = segments(mem, src);
-                let d = segments(mem, dst);
+                let s = segments(src, |sp| mem.elems(sp));
+                let d = segments(dst, |sp| mem.elems(sp));
                 if total(&s) != total(&d) {
                     return Err(Error::internal("copy between spans of different sizes"));
                 }
@@ -669,7 +579,7 @@ fn local_steps<T: Element>(
                 }
             }
             Step::Average { dst } => {
-                for s in segments(mem, dst) {
+                for s in segments(dst, |sp| mem.elems(sp)) {
                     let p = mem.addr(s.buf, s.off, s.len)?;
                     // SAFETY: a checked device range no other step of the phase touches.
                     unsafe { dev.divide_raw(T::DTYPE, p, s.len * es, nranks)? };

@@ -4,9 +4,10 @@
 //! overlaps the transfer of the next.
 
 use super::memory::Memory;
+use super::segments::{segments, total, zip_segments, Seg};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::plan::{Buf, Phase, Plan, Span, Step};
+use crate::plan::{Phase, Plan, Span, Step};
 use crate::transport::{SendOp, Tag, Transport};
 use std::time::{Duration, Instant};
 
@@ -19,75 +20,6 @@ pub struct ExecOptions {
     pub timeout: Duration,
     /// Reduction operator (ignored by plans without reductions).
     pub op: ReduceOp,
-}
-
-/// A contiguous run of elements in one buffer.
-#[derive(Clone, Copy, Debug)]
-struct Seg {
-    buf: Buf,
-    off: usize,
-    len: usize,
-}
-
-fn segments<T>(mem: &Memory<'_, T>, spans: &[Span]) -> Vec<Seg> {
-    let mut v: Vec<Seg> = Vec::with_capacity(spans.len());
-    for s in spans {
-        let r = mem.elems(*s);
-        if r.is_empty() {
-            continue;
-        }
-        if let Some(last) = v.last_mut() {
-            if last.buf == s.buf && last.off + last.len == r.start {
-                last.len += r.len();
-                continue;
-            }
-        }
-        v.push(Seg {
-            buf: s.buf,
-            off: r.start,
-            len: r.len(),
-        });
-    }
-    v
-}
-
-fn total(segs: &[Seg]) -> usize {
-    segs.iter().map(|s| s.len).sum()
-}
-
-/// Pairs of equally long pieces of two segment lists: `(message offset, len, a, b)`.
-fn zip_segments(a: &[Seg], b: &[Seg]) -> Vec<(usize, usize, Seg, Seg)> {
-    let mut out = Vec::new();
-    let (mut i, mut j, mut ai, mut bj, mut pos) = (0, 0, 0, 0, 0);
-    while i < a.len() && j < b.len() {
-        let n = (a[i].len - ai).min(b[j].len - bj);
-        out.push((
-            pos,
-            n,
-            Seg {
-                buf: a[i].buf,
-                off: a[i].off + ai,
-                len: n,
-            },
-            Seg {
-                buf: b[j].buf,
-                off: b[j].off + bj,
-                len: n,
-            },
-        ));
-        pos += n;
-        ai += n;
-        bj += n;
-        if ai == a[i].len {
-            i += 1;
-            ai = 0;
-        }
-        if bj == b[j].len {
-            j += 1;
-            bj = 0;
-        }
-    }
-    out
 }
 
 /// Calls `f(src_elems, piece)` for every part of `pieces` (message offset, length, payload)
@@ -151,7 +83,7 @@ fn run_phase<T: Element>(
 
     for step in &phase.steps {
         if let Step::Send { peer, src } = step {
-            let segs = segments(mem, src);
+            let segs = segments(src, |sp| mem.elems(sp));
             let posted = if segs.len() <= 1 {
                 let (ptr, len) = match segs.first() {
                     Some(s) => (mem.ptr_at(s.buf, s.off, s.len)?, s.len),
@@ -217,12 +149,13 @@ fn local_steps<T: Element>(phase: &Phase, nranks: usize, mem: &Memory<'_, T>) ->
     for step in &phase.steps {
         match step {
             Step::Copy { src, dst } => {
-                let s = segments(mem, src);
-                let d = segments(mem, dst);
+                let s = segments(src, |sp| mem.elems(sp));
+                let d = segments(dst, |sp| mem.elems(sp));
                 if total(&s) != total(&d) {
                     return Err(Error::internal("copy between spans of different sizes"));
                 }
-                for (_, n, a, b) in zip_segments(&s, &d) {
+                for (_, a, b) in zip_segments(&s, &d) {
+                    let n = a.len;
                     if mem.addr(a.buf, a.off) == mem.addr(b.buf, b.off) {
                         continue; // in-place form: already where it belongs
                     }
@@ -235,7 +168,7 @@ fn local_steps<T: Element>(phase: &Phase, nranks: usize, mem: &Memory<'_, T>) ->
                 }
             }
             Step::Average { dst } => {
-                for s in segments(mem, dst) {
+                for s in segments(dst, |sp| mem.elems(sp)) {
                     // SAFETY: the target of an average is touched by no other step of its phase.
                     T::divide(unsafe { mem.slice_mut(s.buf, s.off, s.len) }, nranks);
                 }
@@ -254,7 +187,7 @@ fn recv_copy<T: Element>(
     opt: &ExecOptions,
     deadline: Instant,
 ) -> Result<()> {
-    let segs = segments(mem, dst);
+    let segs = segments(dst, |sp| mem.elems(sp));
     let es = std::mem::size_of::<T>();
     if segs.len() == 1 {
         let s = segs[0];
@@ -290,15 +223,15 @@ fn recv_reduce<T: Element>(
     opt: &ExecOptions,
     deadline: Instant,
 ) -> Result<()> {
-    let d = segments(mem, dst);
-    let w = segments(mem, with);
+    let d = segments(dst, |sp| mem.elems(sp));
+    let w = segments(with, |sp| mem.elems(sp));
     if total(&d) != total(&w) {
         return Err(Error::internal("reduce operand and target differ in size"));
     }
     let es = std::mem::size_of::<T>();
     let pieces: Vec<(usize, usize, (Seg, Seg))> = zip_segments(&d, &w)
         .into_iter()
-        .map(|(pos, n, a, b)| (pos, n, (a, b)))
+        .map(|(pos, a, b)| (pos, a.len, (a, b)))
         .collect();
     let op = opt.op;
     let mut tmp: Vec<T> = Vec::new();

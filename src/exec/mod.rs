@@ -4,6 +4,7 @@
 pub mod device;
 pub mod executor;
 pub mod memory;
+mod segments;
 
 pub use executor::{execute, ExecOptions};
 pub use memory::{BlockLayout, Memory};
