@@ -52,6 +52,21 @@ fn advertised_ip() -> std::net::IpAddr {
         .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
 }
 
+/// A listening socket on the advertised address (any address if that fails), and the
+/// address peers should dial.
+fn listen() -> Result<(TcpListener, SocketAddr)> {
+    let listener = TcpListener::bind((advertised_ip(), 0))
+        .or_else(|_| TcpListener::bind(("0.0.0.0", 0)))
+        .map_err(|e| io_err("cannot open a listening socket", e))?;
+    let mut addr = listener
+        .local_addr()
+        .map_err(|e| io_err("listening address", e))?;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(advertised_ip());
+    }
+    Ok((listener, addr))
+}
+
 fn random_key() -> u64 {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -101,15 +116,7 @@ impl UniqueId {
     /// reported, or `timeout` passes) and returns its id. The job's size is the `nranks`
     /// every rank passes to [`TcpTransport::connect`].
     pub fn new(timeout: Duration) -> Result<Self> {
-        let listener = TcpListener::bind((advertised_ip(), 0))
-            .or_else(|_| TcpListener::bind(("0.0.0.0", 0)))
-            .map_err(|e| io_err("cannot open the rendezvous socket", e))?;
-        let mut addr = listener
-            .local_addr()
-            .map_err(|e| io_err("rendezvous address", e))?;
-        if addr.ip().is_unspecified() {
-            addr.set_ip(advertised_ip());
-        }
+        let (listener, addr) = listen()?;
         let key = random_key();
         std::thread::Builder::new()
             .name("pccl-rendezvous".into())
@@ -358,15 +365,7 @@ impl TcpTransport {
                 "rank {rank} is outside a job of {nranks} ranks"
             )));
         }
-        let listener = TcpListener::bind((advertised_ip(), 0))
-            .or_else(|_| TcpListener::bind(("0.0.0.0", 0)))
-            .map_err(|e| io_err("cannot open a listening socket", e))?;
-        let mut me = listener
-            .local_addr()
-            .map_err(|e| io_err("listening address", e))?;
-        if me.ip().is_unspecified() {
-            me.set_ip(advertised_ip());
-        }
+        let (listener, me) = listen()?;
         let node = fnv1a(hostname().as_bytes());
         let deadline = Instant::now() + timeout;
         let mut root = connect_retry(id.addr, deadline)
@@ -742,15 +741,7 @@ impl Transport for TcpTransport {
             .iter()
             .position(|&m| m == self.rank)
             .ok_or_else(|| Error::internal("subset without this rank"))?;
-        let listener = TcpListener::bind((advertised_ip(), 0))
-            .or_else(|_| TcpListener::bind(("0.0.0.0", 0)))
-            .map_err(|e| io_err("cannot open a listening socket", e))?;
-        let mut addr = listener
-            .local_addr()
-            .map_err(|e| io_err("listening address", e))?;
-        if addr.ip().is_unspecified() {
-            addr.set_ip(advertised_ip());
-        }
+        let (listener, addr) = listen()?;
         let mine = addr.to_string().into_bytes();
         let mut lens = [0u8; 64];
         lens[..mine.len().min(64)].copy_from_slice(&mine[..mine.len().min(64)]);
