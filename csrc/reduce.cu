@@ -1,4 +1,5 @@
-// PCCL device reductions, compiled at run time by NVRTC (see src/device/cuda.rs).
+// PCCL device reductions, compiled at run time by NVRTC (see src/device/cuda.rs) or hipRTC
+// (src/device/hip.rs).
 //
 // Self-contained: no headers, so that any NVRTC finds everything it needs.
 //
@@ -42,6 +43,14 @@ struct alignas(16) Vec16 {
     u32 w[4];
 };
 
+#if defined(__HIP__)
+// hipRTC (src/device/hip.rs): the same conversions with clang builtins instead of PTX.
+// _Float16 conversions round to nearest even, as cvt.rn does.
+__device__ __forceinline__ float f16_to_f32(u16 h) { return (float)__builtin_bit_cast(_Float16, h); }
+__device__ __forceinline__ u16 f32_to_f16(float f) { return __builtin_bit_cast(u16, (_Float16)f); }
+__device__ __forceinline__ u32 f32_bits(float f) { return __builtin_bit_cast(u32, f); }
+__device__ __forceinline__ float bits_f32(u32 u) { return __builtin_bit_cast(float, u); }
+#else
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -65,6 +74,7 @@ __device__ __forceinline__ float bits_f32(u32 u) {
     asm("mov.b32 %0, %1;" : "=f"(f) : "r"(u));
     return f;
 }
+#endif
 
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return bits_f32(((u32)h) << 16); }
 

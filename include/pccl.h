@@ -397,7 +397,7 @@ pcclResult_t pcclCommSplit(pcclComm_t comm, int color, int key, pcclComm_t *newc
 /**
  * Gathers `sendcount` elements from every rank into `recvbuff` (`sendcount * nranks`
  * elements) in rank order. In place when `sendbuff == recvbuff + rank * sendcount`
- * (in elements). `stream` must be NULL.
+ * (in elements). `stream`: NULL for host buffers, else the CUDA stream of device buffers.
  *
  * # Safety
  * `sendbuff` must be readable for `sendcount` elements and `recvbuff` writable for
@@ -413,7 +413,7 @@ pcclResult_t pcclAllGather(const void *sendbuff,
 /**
  * Reduces `recvcount * nranks` elements of every rank's `sendbuff` with `op` and leaves
  * block `rank` of the result (`recvcount` elements) in `recvbuff`. In place when
- * `recvbuff == sendbuff + rank * recvcount` (in elements). `stream` must be NULL.
+ * `recvbuff == sendbuff + rank * recvcount` (in elements). `stream`: NULL for host buffers, else the CUDA stream of device buffers.
  *
  * # Safety
  * `sendbuff` must be readable for `recvcount * nranks` elements and `recvbuff` writable for
@@ -429,7 +429,7 @@ pcclResult_t pcclReduceScatter(const void *sendbuff,
 
 /**
  * Reduces `count` elements of every rank's `sendbuff` with `op` into every rank's
- * `recvbuff`. In place when `sendbuff == recvbuff`. `stream` must be NULL.
+ * `recvbuff`. In place when `sendbuff == recvbuff`. `stream`: NULL for host buffers, else the CUDA stream of device buffers.
  *
  * # Safety
  * `sendbuff` must be readable and `recvbuff` writable for `count` elements, and neither
@@ -445,8 +445,8 @@ pcclResult_t pcclAllReduce(const void *sendbuff,
 
 /**
  * Copies `count` elements of `sendbuff` on rank `root` into `recvbuff` on every rank
- * (`sendbuff` is read on `root` only). In place when `sendbuff == recvbuff`. `stream` must
- * be NULL.
+ * (`sendbuff` is read on `root` only). In place when `sendbuff == recvbuff`. `stream`: NULL for
+ * host buffers, else the CUDA stream of device buffers.
  *
  * # Safety
  * On `root`, `sendbuff` must be readable for `count` elements; everywhere `recvbuff` must

@@ -14,8 +14,11 @@
 # BENCH_ARGS go to pccl-gpu-bench (e.g. -- --sweep). With neither flag, the script builds when
 # cargo is on PATH and otherwise runs what is in out/gpu-check/.
 #
-# Logs (tests.log, collectives.log, bench.log, device-bench.log, env.log) go to $OUT when it is
-# set, else to out/gpu-check/logs/.
+# Then pccl-bench -d cuda --check (host-staged, then with the NCCL level) and the torch backend on
+# CUDA tensors (ffi/python/tests/test_cuda.py, with out/gpu-check/libpccl.so).
+# Logs (tests.log, collectives.log, bench.log, device-bench.log, pccl-bench-cuda.log,
+# torch-cuda.log, env.log) go to $OUT when it is set, else to out/gpu-check/logs/.
+# NCCL is found through PCCL_NCCL_LIBRARY, else python's nvidia.nccl wheel, else ldconfig.
 # With a GPU visible (nvidia-smi lists one), PCCL_REQUIRE_CUDA=1 makes the tests fail instead of
 # skipping when CUDA cannot be used. The exit status is non-zero if any check failed.
 set -uo pipefail
@@ -37,7 +40,8 @@ done
 build() {
     export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}"
     mkdir -p "$BIN_DIR"
-    cargo build --release --features cuda --bin pccl-gpu-bench --bin pccl-device-bench || return 1
+    cargo build --release --features cuda --lib --bin pccl-gpu-bench --bin pccl-device-bench \
+        --bin pccl-bench || return 1
     local test_exe t
     for t in cuda_kernels cuda_collectives; do
         test_exe=$(cargo test --release --features cuda --test "$t" --no-run --message-format=json 2>/dev/null \
@@ -51,9 +55,11 @@ build() {
     done
     cp "$CARGO_TARGET_DIR/release/pccl-gpu-bench" "$BIN_DIR/pccl-gpu-bench"
     cp "$CARGO_TARGET_DIR/release/pccl-device-bench" "$BIN_DIR/pccl-device-bench"
+    cp "$CARGO_TARGET_DIR/release/pccl-bench" "$BIN_DIR/pccl-bench"
+    cp "$CARGO_TARGET_DIR/release/libpccl.so" "$BIN_DIR/libpccl.so"
     if command -v strip >/dev/null; then
         strip "$BIN_DIR/cuda_kernels" "$BIN_DIR/cuda_collectives" "$BIN_DIR/pccl-gpu-bench" \
-            "$BIN_DIR/pccl-device-bench"
+            "$BIN_DIR/pccl-device-bench" "$BIN_DIR/pccl-bench" "$BIN_DIR/libpccl.so"
     fi
     ls -l "$BIN_DIR"
 }
@@ -68,7 +74,7 @@ fi
 if [ "$mode" = build_and_run ]; then
     build || exit 1
 fi
-for b in cuda_kernels cuda_collectives pccl-gpu-bench pccl-device-bench; do
+for b in cuda_kernels cuda_collectives pccl-gpu-bench pccl-device-bench pccl-bench libpccl.so; do
     if [ ! -x "$BIN_DIR/$b" ]; then
         echo "gpu-check: $BIN_DIR/$b is missing: run scripts/gpu-check.sh --build-only where cargo is" >&2
         exit 1
@@ -106,6 +112,13 @@ export LD_LIBRARY_PATH="${extra}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q GPU; then
     export PCCL_REQUIRE_CUDA=1
 fi
+# NCCL: its soname is libnccl.so.2; PyTorch's pip wheels keep it in site-packages/nvidia/nccl.
+if [ -z "${PCCL_NCCL_LIBRARY:-}" ]; then
+    nccl=$(python3 -c 'import nvidia.nccl, os, glob; d = list(nvidia.nccl.__path__)[0]; print((glob.glob(os.path.join(d, "lib", "libnccl.so*")) or [""])[0])' 2>/dev/null)
+    [ -z "$nccl" ] && nccl=$(ldconfig -p 2>/dev/null | grep -o '/[^ ]*libnccl.so.2' | head -1)
+    [ -n "$nccl" ] && export PCCL_NCCL_LIBRARY="$nccl"
+fi
+[ -n "${PCCL_NCCL_LIBRARY:-}" ] && [ -n "${PCCL_REQUIRE_CUDA:-}" ] && export PCCL_REQUIRE_NCCL=1
 
 {
     echo "## gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
@@ -115,7 +128,7 @@ fi
     echo "libcuda: $(ldconfig -p 2>/dev/null | grep -o '/[^ ]*libcuda.so[^ ]*' | head -2 | tr '\n' ' ')"
     echo "libnvrtc dirs: ${extra:-none}"
     for d in "${nvrtc_dirs[@]:-}"; do [ -n "$d" ] && ls -l "$d"/libnvrtc.so* 2>/dev/null; done
-    echo "PCCL_REQUIRE_CUDA=${PCCL_REQUIRE_CUDA:-0}"
+    echo "PCCL_REQUIRE_CUDA=${PCCL_REQUIRE_CUDA:-0} PCCL_NCCL_LIBRARY=${PCCL_NCCL_LIBRARY:-none}"
 } 2>&1 | tee "$LOG_DIR/env.log"
 
 status=0
@@ -128,5 +141,18 @@ echo "## bench: $BIN_DIR/pccl-gpu-bench ${bench_args[*]:-}"
 echo "## device bench: $BIN_DIR/pccl-device-bench ${DEVICE_BENCH_ARGS:-}"
 # shellcheck disable=SC2086
 "$BIN_DIR/pccl-device-bench" ${DEVICE_BENCH_ARGS:-} 2>&1 | tee "$LOG_DIR/device-bench.log" || status=1
+echo "## pccl-bench -d cuda (CUDA events; NCCL level off, then on with one rank per node)"
+{
+    PCCL_NCCL=0 "$BIN_DIR/pccl-bench" -d cuda --ranks 2 --check --coll all -m 1K:64M &&
+    PCCL_RANKS_PER_NODE=1 "$BIN_DIR/pccl-bench" -d cuda --ranks 2 --check --coll all -m 1K:64M
+} 2>&1 | tee "$LOG_DIR/pccl-bench-cuda.log" || status=1
+echo "## torch backend on CUDA tensors (ffi/python/tests/test_cuda.py)"
+if python3 -c 'import torch, pytest; assert torch.cuda.is_available()' 2>/dev/null; then
+    PCCL_LIBRARY="$PWD/$BIN_DIR/libpccl.so" PYTHONUNBUFFERED=1 \
+        python3 -m pytest -q -s ffi/python/tests/test_cuda.py -p no:cacheprovider 2>&1 \
+        | tee "$LOG_DIR/torch-cuda.log" || status=1
+else
+    echo "skipped: python3 has no torch with CUDA (or no pytest)" | tee "$LOG_DIR/torch-cuda.log"
+fi
 echo "## gpu-check: $([ $status = 0 ] && echo all checks passed || echo SOME CHECKS FAILED)"
 exit $status

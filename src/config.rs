@@ -8,6 +8,7 @@
 //! | `PCCL_TIMEOUT` | seconds any single wait may take before a timeout error | `300` |
 //! | `PCCL_CHUNK_SIZE` | bytes per pipelined piece of a large message | `1048576` |
 //! | `PCCL_MODEL` | cost-model parameters `a_intra,bw_intra,a_inter,bw_inter,bw_reduce` (µs, GB/s) | built in |
+//! | `PCCL_NCCL` | intra-node level of device collectives on NCCL: `auto`, `1` (required), `0` (never) | `auto` |
 
 use crate::error::{Error, Result};
 use crate::model::cost::CostParams;
@@ -25,6 +26,17 @@ pub enum DebugLevel {
     Trace,
 }
 
+/// Whether device collectives run their intra-node level on NCCL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NcclMode {
+    /// Use NCCL where every rank can load it and no two ranks of a node share a GPU.
+    Auto,
+    /// Use NCCL, and fail the first device collective with the reason when it cannot be used.
+    On,
+    /// Never: every level runs through the transport (host-staged).
+    Off,
+}
+
 /// Settings of a communicator.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -40,6 +52,8 @@ pub struct Config {
     pub chunk_bytes: usize,
     /// Cost-model parameters for the tuner.
     pub model: CostParams,
+    /// NCCL for the intra-node level of device collectives.
+    pub nccl: NcclMode,
 }
 
 impl Default for Config {
@@ -51,6 +65,7 @@ impl Default for Config {
             timeout: Duration::from_secs(300),
             chunk_bytes: 1 << 20,
             model: CostParams::default(),
+            nccl: NcclMode::Auto,
         }
     }
 }
@@ -133,6 +148,18 @@ impl Config {
         }
         if let Some(v) = var("PCCL_MODEL") {
             c.model = v.parse()?;
+        }
+        if let Some(v) = var("PCCL_NCCL") {
+            c.nccl = match v.to_ascii_lowercase().as_str() {
+                "auto" => NcclMode::Auto,
+                "1" | "on" | "yes" => NcclMode::On,
+                "0" | "off" | "no" => NcclMode::Off,
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "PCCL_NCCL={v}: expected auto, 1 or 0"
+                    )))
+                }
+            };
         }
         Ok(c)
     }

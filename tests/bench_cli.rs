@@ -82,3 +82,68 @@ fn bad_arguments_exit_non_zero_with_a_message() {
         assert!(!out.stderr.is_empty(), "{args:?} should explain");
     }
 }
+
+/// Whether `-d cuda` can run here: `Err(reason)` without the `cuda` feature, a driver or a
+/// device.
+fn cuda_devices() -> Result<usize, String> {
+    #[cfg(feature = "cuda")]
+    {
+        match pccl::device::cuda::CudaDevice::count() {
+            Ok(0) => Err("the driver reports no CUDA device".to_string()),
+            Ok(n) => Ok(n),
+            Err(e) => Err(e.message().to_string()),
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err("built without the cuda feature".to_string())
+    }
+}
+
+#[test]
+fn cuda_device_checks_every_collective_or_says_why_not() {
+    let out = bench(&[
+        "-d", "cuda", "--ranks", "2", "--check", "--coll", "all", "-m", "1K:1M",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let reason = match cuda_devices() {
+        Ok(n) => {
+            println!("{n} CUDA device(s)");
+            None
+        }
+        Err(reason) => Some(reason),
+    };
+    if let Some(reason) = reason {
+        assert!(!out.status.success(), "-d cuda should fail here: {text}");
+        assert!(!err.contains("panicked"), "{err}");
+        if cfg!(feature = "cuda") {
+            assert!(
+                err.contains("pccl-bench: no CUDA device: "),
+                "unclear error: {err}"
+            );
+            if std::env::var("PCCL_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
+                panic!("PCCL_REQUIRE_CUDA=1 but CUDA is not usable: {reason}");
+            }
+        } else {
+            assert!(err.contains("--features cuda"), "unclear error: {err}");
+        }
+        println!("skipped: no CUDA device ({reason})");
+        return;
+    }
+    assert!(out.status.success(), "{text}\n{err}");
+    assert!(text.contains("# device cuda: rank 0 on GPU 0"), "{text}");
+    assert!(text.contains("#wrong") && err.contains("# check: all results correct"));
+    // 11 sizes x 3 collectives, each with 0 wrong elements.
+    let rows: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(rows.len(), 33, "{text}");
+    assert!(rows.iter().all(|l| l.trim_end().ends_with(" 0")), "{text}");
+}
+
+#[test]
+fn unknown_device_exits_non_zero_with_a_message() {
+    let out = bench(&["--ranks", "2", "-i", "1", "-d", "gpu"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("host") && err.contains("cuda"), "{err}");
+}

@@ -140,6 +140,19 @@ fn build(compiler: &str, src: &str, name: &str, static_lib: bool) -> PathBuf {
     exe
 }
 
+/// What a collective given a stream but host buffers must answer (`code:message part`), for
+/// `tests/c/bad_input.c`: a host-only library refuses streams; a CUDA build says CUDA is
+/// missing, or, with a driver, that the buffers are not device memory.
+fn stream_expectation() -> &'static str {
+    #[cfg(not(feature = "cuda"))]
+    return "5:built without CUDA";
+    #[cfg(feature = "cuda")]
+    match pccl::device::cuda::ensure_available() {
+        Err(_) => "2:CUDA is not available",
+        Ok(()) => "4:not CUDA device memory",
+    }
+}
+
 /// Runs a built test program with `env` set; asserts it succeeded and returns its output.
 fn run_ok(exe: &Path, args: &[&str], env: &[(&str, &str)], limit: Duration) -> String {
     let mut cmd = Command::new(exe);
@@ -149,6 +162,7 @@ fn run_ok(exe: &Path, args: &[&str], env: &[(&str, &str)], limit: Duration) -> S
         .env_remove("PCCL_CHUNK_SIZE")
         .env_remove("PCCL_DEBUG")
         .env("PCCL_TIMEOUT", "60")
+        .env("PCCL_TEST_STREAM_EXPECT", stream_expectation())
         .envs(env.iter().copied());
     let (ok, out) = run(&mut cmd, limit);
     assert!(ok, "{} {args:?} with {env:?} failed:\n{out}", exe.display());
@@ -334,6 +348,7 @@ fn valgrind_memcheck_is_clean() {
         .args(args)
         .env_remove("PCCL_RANKS_PER_NODE")
         .env("PCCL_TIMEOUT", "60")
+        .env("PCCL_TEST_STREAM_EXPECT", stream_expectation())
         .envs(env.iter().copied());
         let (ok, out) = run(&mut cmd, Duration::from_secs(300));
         assert!(

@@ -21,8 +21,9 @@ mod common;
 mod gpu {
     use super::common::{input, reduced, same_bits, value};
     use half::{bf16, f16};
-    use pccl::config::Config;
+    use pccl::config::{Config, NcclMode};
     use pccl::device::cuda::{self, CudaDevice};
+    use pccl::device::nccl;
     use pccl::{Algorithm, Communicator, Element, ErrorKind, ReduceOp};
 
     /// Whether CUDA can run here (after printing why not); with `PCCL_REQUIRE_CUDA=1` a
@@ -147,6 +148,10 @@ mod gpu {
     }
 
     fn run_shape(p: usize, m: usize, algo: Option<&str>, chunk: usize) {
+        run_shape_with(p, m, algo, chunk, NcclMode::Off);
+    }
+
+    fn run_shape_with(p: usize, m: usize, algo: Option<&str>, chunk: usize, nccl: NcclMode) {
         if !cuda_ok() {
             return;
         }
@@ -154,9 +159,10 @@ mod gpu {
             ranks_per_node: Some(m),
             algo: algo.map(|a| a.parse::<Algorithm>().unwrap()),
             chunk_bytes: chunk,
+            nccl,
             ..Config::default()
         };
-        let tag = format!("{}x{} {}", p / m, m, algo.unwrap_or("tuned"));
+        let tag = format!("{}x{} {} nccl {nccl:?}", p / m, m, algo.unwrap_or("tuned"));
         Communicator::run_threads(p, cfg, |c| {
             let dev = CudaDevice::open(0).expect("open device 0");
             run_dtype::<i8>(&c, &dev, &tag);
@@ -193,6 +199,70 @@ mod gpu {
         run_shape(3, 3, None, 1 << 18);
         // 5 ranks on nodes of 2, 2, 1: the hierarchical algorithm falls back to flat.
         run_shape(5, 2, Some("hier-rd"), 1 << 16);
+    }
+
+    /// Whether NCCL can be loaded (after printing why not); with `PCCL_REQUIRE_NCCL=1` a
+    /// missing NCCL is a failure.
+    fn nccl_ok() -> bool {
+        match nccl::version() {
+            Ok(v) => {
+                println!("NCCL {v} from {}", nccl::library_path().unwrap_or("?"));
+                true
+            }
+            Err(e) => {
+                if std::env::var("PCCL_REQUIRE_NCCL").is_ok_and(|v| v == "1") {
+                    panic!("PCCL_REQUIRE_NCCL=1 but NCCL is not usable: {e}");
+                }
+                println!("skipped: no NCCL ({})", e.message());
+                false
+            }
+        }
+    }
+
+    /// The two-level path: NCCL communicators of one rank per node (one GPU cannot hold two
+    /// ranks of an NCCL communicator), the inter-node level host-staged between thread-ranks.
+    #[test]
+    fn nccl_level_every_dtype_and_op() {
+        if !cuda_ok() || !nccl_ok() {
+            return;
+        }
+        for p in [1, 2, 3, 4] {
+            run_shape_with(p, 1, None, 1 << 18, NcclMode::On);
+        }
+        run_shape_with(3, 1, Some("ring"), 1 << 16, NcclMode::On);
+    }
+
+    /// Two ranks of one node on one GPU cannot share an NCCL communicator: `PCCL_NCCL=1` says
+    /// so; `auto` runs host-staged instead.
+    #[test]
+    fn nccl_level_refuses_ranks_sharing_a_gpu() {
+        if !cuda_ok() || !nccl_ok() {
+            return;
+        }
+        for mode in [NcclMode::On, NcclMode::Auto] {
+            let cfg = Config {
+                ranks_per_node: Some(2),
+                nccl: mode,
+                ..Config::default()
+            };
+            Communicator::run_threads(2, cfg, |c| {
+                let dev = CudaDevice::open(0).expect("open device 0");
+                let mut d = dev.upload(&[c.rank() as f32 + 1.0; 64]).unwrap();
+                let r = c.all_reduce_device_in_place::<f32>(&dev, &mut d, ReduceOp::Sum);
+                match mode {
+                    NcclMode::On => {
+                        let e = r.unwrap_err();
+                        assert_eq!(e.kind(), ErrorKind::InvalidUsage, "{e}");
+                        assert!(e.message().contains("share GPU"), "{e}");
+                    }
+                    _ => {
+                        r.unwrap();
+                        assert!(dev.download::<f32>(&d).unwrap().iter().all(|&x| x == 3.0));
+                    }
+                }
+            })
+            .expect("thread world");
+        }
     }
 
     #[test]

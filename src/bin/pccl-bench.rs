@@ -1,6 +1,12 @@
 //! `pccl-bench`: osu-style latency and nccl-tests-style bandwidth of PCCL's collectives,
 //! on thread-ranks (`--ranks P`) or on the MPI world (under `mpiexec`), side by side with
 //! MPI's own collective on the same buffers when MPI is the transport.
+//!
+//! `-d cuda` (osu's `-d cuda`, feature `cuda`) puts the buffers in GPU memory instead: each
+//! rank opens CUDA device `local rank % device count` (thread-ranks in one process share the
+//! GPUs round-robin, all on device 0 with one GPU), runs the device collectives
+//! (`Communicator::*_device`) and times them with CUDA events on its own stream, as
+//! nccl-tests does. MPI's native collective is not timed there (MPI here is not CUDA-aware).
 
 use clap::Parser;
 use pccl::config::{parse_bytes, Config};
@@ -57,6 +63,25 @@ struct Args {
     /// bytes of its output at least once.
     #[arg(long)]
     floor: bool,
+    /// Where the buffers live: host memory, or cuda (GPU `local rank % devices`, timed with
+    /// CUDA events; needs a build with `--features cuda`).
+    #[arg(short = 'd', long = "device", value_enum, default_value_t = Device::Host)]
+    device: Device,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Device {
+    Host,
+    Cuda,
+}
+
+impl Device {
+    fn name(self) -> &'static str {
+        match self {
+            Device::Host => "host",
+            Device::Cuda => "cuda",
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -145,111 +170,74 @@ struct Native<'a> {
     _p: std::marker::PhantomData<&'a ()>,
 }
 
-fn run_size<T: Element>(
-    comm: &Communicator,
-    native: &Native<'_>,
-    coll: Coll,
-    op: ReduceOp,
-    bytes: usize,
-    args: &Args,
-) -> pccl::Result<Row> {
-    let (r, p) = (comm.rank(), comm.size());
-    let es = std::mem::size_of::<T>();
-    let count = (bytes / es).max(1);
-    let (in_len, out_len) = match coll {
+/// Input and output lengths (elements) of `coll` with `count` elements per block.
+fn lens(coll: Coll, count: usize, p: usize) -> (usize, usize) {
+    match coll {
         Coll::AllGather => (count, count * p),
         Coll::ReduceScatter => (count * p, count),
         Coll::AllReduce => (count, count),
-    };
-    let input: Vec<T> = (0..in_len).map(|i| val::<T>(r, i)).collect();
-    let mut output: Vec<T> = vec![T::from_i64(0); out_len];
-    let raw = match coll {
-        Coll::AllGather => RawCollective::AllGather,
-        Coll::ReduceScatter => RawCollective::ReduceScatter(op),
-        Coll::AllReduce => RawCollective::AllReduce(op),
-    };
-    let run_once = |out: &mut Vec<T>| -> pccl::Result<()> {
+    }
+}
+
+/// Rank `r`'s input of `coll`: `in_len` elements of the deterministic pattern.
+fn input_of<T: Element>(r: usize, in_len: usize) -> Vec<T> {
+    (0..in_len).map(|i| val::<T>(r, i)).collect()
+}
+
+/// Elements of rank `r`'s `output` that differ (bitwise) from the host reference.
+fn count_wrong<T: Element>(
+    coll: Coll,
+    op: ReduceOp,
+    p: usize,
+    r: usize,
+    count: usize,
+    output: &[T],
+) -> u64 {
+    let want = |i: usize| -> T {
         match coll {
-            Coll::AllGather => comm.all_gather(&input, out),
-            Coll::ReduceScatter => comm.reduce_scatter(&input, out, op),
-            Coll::AllReduce => comm.all_reduce(&input, out, op),
+            Coll::AllGather => val::<T>(i / count, i % count),
+            Coll::ReduceScatter => expected::<T>(p, r * count + i, op),
+            Coll::AllReduce => expected::<T>(p, i, op),
         }
     };
-    let total_bytes = out_len.max(in_len) * es;
-    let iters = args
-        .iters
-        .unwrap_or_else(|| ((1usize << 28) / total_bytes.max(1)).clamp(3, 200));
-    for _ in 0..args.warmup {
-        run_once(&mut output)?;
-    }
-    comm.barrier()?;
-    let t0 = Instant::now();
-    for _ in 0..iters {
-        run_once(&mut output)?;
-    }
-    let mine = t0.elapsed().as_secs_f64() / iters as f64;
-    let mut wrong = 0u64;
-    if args.check {
-        let want = |i: usize| -> T {
-            match coll {
-                Coll::AllGather => val::<T>(i / count, i % count),
-                Coll::ReduceScatter => expected::<T>(p, r * count + i, op),
-                Coll::AllReduce => expected::<T>(p, i, op),
-            }
-        };
-        wrong = output
-            .iter()
-            .enumerate()
-            .filter(|(i, x)| bytemuck::bytes_of(*x) != bytemuck::bytes_of(&want(*i)))
-            .count() as u64;
-    }
-    let mpi_mine = {
-        #[cfg(feature = "mpi")]
-        {
-            match native.mpi {
-                Some(m)
-                    if !args.no_mpi_compare
-                        && T::DTYPE != DType::F16
-                        && T::DTYPE != DType::BF16
-                        && op != ReduceOp::Avg =>
-                {
-                    for _ in 0..args.warmup {
-                        // SAFETY: the buffers have the lengths the collective implies.
-                        unsafe {
-                            m.native_collective(
-                                raw,
-                                T::DTYPE,
-                                input.as_ptr() as *const u8,
-                                output.as_mut_ptr() as *mut u8,
-                                count,
-                            )?
-                        };
-                    }
-                    comm.barrier()?;
-                    let t0 = Instant::now();
-                    for _ in 0..iters {
-                        // SAFETY: as above.
-                        unsafe {
-                            m.native_collective(
-                                raw,
-                                T::DTYPE,
-                                input.as_ptr() as *const u8,
-                                output.as_mut_ptr() as *mut u8,
-                                count,
-                            )?
-                        };
-                    }
-                    Some(t0.elapsed().as_secs_f64() / iters as f64)
-                }
-                _ => None,
-            }
-        }
-        #[cfg(not(feature = "mpi"))]
-        {
-            let _ = (native, raw);
-            None::<f64>
-        }
-    };
+    output
+        .iter()
+        .enumerate()
+        .filter(|(i, x)| bytemuck::bytes_of(*x) != bytemuck::bytes_of(&want(*i)))
+        .count() as u64
+}
+
+/// Timed iterations for a size whose larger buffer holds `total_bytes`.
+fn iters_for(args: &Args, total_bytes: usize) -> usize {
+    args.iters
+        .unwrap_or_else(|| ((1usize << 28) / total_bytes.max(1)).clamp(3, 200))
+}
+
+/// What one rank measured of one size.
+struct Measured {
+    count: usize,
+    es: usize,
+    total_bytes: usize,
+    iters: usize,
+    /// This rank's seconds per iteration.
+    mine: f64,
+    /// This rank's seconds per iteration of MPI's native collective.
+    mpi_mine: Option<f64>,
+    wrong: u64,
+}
+
+/// Combines every rank's [`Measured`] into the row (the same on every rank).
+fn finish_row(comm: &Communicator, coll: Coll, op: ReduceOp, m: Measured) -> pccl::Result<Row> {
+    let p = comm.size();
+    let Measured {
+        count,
+        es,
+        total_bytes,
+        iters,
+        mine,
+        mpi_mine,
+        wrong,
+    } = m;
     // Min / max / mean across ranks, and the wrong-element total.
     let mut stats = [
         mine,
@@ -301,6 +289,110 @@ fn run_size<T: Element>(
     })
 }
 
+fn run_size<T: Element>(
+    comm: &Communicator,
+    native: &Native<'_>,
+    coll: Coll,
+    op: ReduceOp,
+    bytes: usize,
+    args: &Args,
+) -> pccl::Result<Row> {
+    let (r, p) = (comm.rank(), comm.size());
+    let es = std::mem::size_of::<T>();
+    let count = (bytes / es).max(1);
+    let (in_len, out_len) = lens(coll, count, p);
+    let input: Vec<T> = input_of(r, in_len);
+    let mut output: Vec<T> = vec![T::from_i64(0); out_len];
+    let raw = match coll {
+        Coll::AllGather => RawCollective::AllGather,
+        Coll::ReduceScatter => RawCollective::ReduceScatter(op),
+        Coll::AllReduce => RawCollective::AllReduce(op),
+    };
+    let run_once = |out: &mut Vec<T>| -> pccl::Result<()> {
+        match coll {
+            Coll::AllGather => comm.all_gather(&input, out),
+            Coll::ReduceScatter => comm.reduce_scatter(&input, out, op),
+            Coll::AllReduce => comm.all_reduce(&input, out, op),
+        }
+    };
+    let total_bytes = out_len.max(in_len) * es;
+    let iters = iters_for(args, total_bytes);
+    for _ in 0..args.warmup {
+        run_once(&mut output)?;
+    }
+    comm.barrier()?;
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        run_once(&mut output)?;
+    }
+    let mine = t0.elapsed().as_secs_f64() / iters as f64;
+    let mut wrong = 0u64;
+    if args.check {
+        wrong = count_wrong(coll, op, p, r, count, &output);
+    }
+    let mpi_mine = {
+        #[cfg(feature = "mpi")]
+        {
+            match native.mpi {
+                Some(m)
+                    if !args.no_mpi_compare
+                        && T::DTYPE != DType::F16
+                        && T::DTYPE != DType::BF16
+                        && op != ReduceOp::Avg =>
+                {
+                    for _ in 0..args.warmup {
+                        // SAFETY: the buffers have the lengths the collective implies.
+                        unsafe {
+                            m.native_collective(
+                                raw,
+                                T::DTYPE,
+                                input.as_ptr() as *const u8,
+                                output.as_mut_ptr() as *mut u8,
+                                count,
+                            )?
+                        };
+                    }
+                    comm.barrier()?;
+                    let t0 = Instant::now();
+                    for _ in 0..iters {
+                        // SAFETY: as above.
+                        unsafe {
+                            m.native_collective(
+                                raw,
+                                T::DTYPE,
+                                input.as_ptr() as *const u8,
+                                output.as_mut_ptr() as *mut u8,
+                                count,
+                            )?
+                        };
+                    }
+                    Some(t0.elapsed().as_secs_f64() / iters as f64)
+                }
+                _ => None,
+            }
+        }
+        #[cfg(not(feature = "mpi"))]
+        {
+            let _ = (native, raw);
+            None::<f64>
+        }
+    };
+    finish_row(
+        comm,
+        coll,
+        op,
+        Measured {
+            count,
+            es,
+            total_bytes,
+            iters,
+            mine,
+            mpi_mine,
+            wrong,
+        },
+    )
+}
+
 fn bench_rank(comm: &Communicator, native: &Native<'_>, args: &Args) -> pccl::Result<Vec<Row>> {
     let colls: Vec<Coll> = match args.coll.as_str() {
         "allgather" => vec![Coll::AllGather],
@@ -317,6 +409,44 @@ fn bench_rank(comm: &Communicator, native: &Native<'_>, args: &Args) -> pccl::Re
     let op: ReduceOp = args.op.parse()?;
     dtype.check_op(op)?;
     let szs = sizes(&args.sizes).map_err(pccl::Error::invalid)?;
+    let mpi = native_present(native);
+    let mut notes = Vec::new();
+    let mut gpu: GpuState = None;
+    if args.device == Device::Cuda {
+        if args.floor {
+            return Err(pccl::Error::usage(
+                "--floor measures host memory copy bandwidth; it is not supported with -d cuda",
+            ));
+        }
+        #[cfg(feature = "cuda")]
+        {
+            // Both buffers hold the largest size's P blocks, whichever collective runs.
+            let es = dtype.size();
+            let most = szs.iter().max().map_or(1, |&b| (b / es).max(1));
+            let most = most
+                .checked_mul(comm.size() * es)
+                .ok_or_else(|| pccl::Error::invalid(format!("-m {}: too large", args.sizes)))?;
+            let g = gpu::Gpu::open_all(comm, mpi, most)?;
+            notes.push(format!(
+                "# device cuda: rank 0 on GPU {} of {} ({}), each rank on GPU (local rank % {}); \
+                 times from CUDA events on each rank's stream",
+                g.ordinal,
+                g.devices,
+                g.dev.name(),
+                g.devices
+            ));
+            gpu = Some(g);
+        }
+        #[cfg(not(feature = "cuda"))]
+        return Err(pccl::Error::usage(NO_CUDA_FEATURE));
+    }
+    if mpi && args.device == Device::Cuda && !args.no_mpi_compare {
+        notes.push(
+            "# MPI native comparison skipped: -d cuda buffers are device memory and MPI here is \
+             not CUDA-aware"
+                .to_string(),
+        );
+    }
     let copy_bw = if args.floor {
         Some(machine_copy_bandwidth(comm)?)
     } else {
@@ -328,12 +458,12 @@ fn bench_rank(comm: &Communicator, native: &Native<'_>, args: &Args) -> pccl::Re
     let mut rows = Vec::new();
     for coll in colls {
         if comm.rank() == 0 && !args.json {
-            print_header(comm, coll, args, native_present(native));
+            print_header(comm, coll, args, mpi && gpu.is_none(), &notes);
         }
         for &b in &szs {
             macro_rules! go {
                 ($t:ty) => {
-                    run_size::<$t>(comm, native, coll, op, b, args)?
+                    run_one::<$t>(comm, native, &mut gpu, coll, op, b, args)?
                 };
             }
             let mut row = match dtype {
@@ -360,6 +490,191 @@ fn bench_rank(comm: &Communicator, native: &Native<'_>, args: &Args) -> pccl::Re
         }
     }
     Ok(rows)
+}
+
+/// One size of `coll` on host buffers, or on the rank's GPU when `gpu` holds it.
+fn run_one<T: Element>(
+    comm: &Communicator,
+    native: &Native<'_>,
+    gpu: &mut GpuState,
+    coll: Coll,
+    op: ReduceOp,
+    bytes: usize,
+    args: &Args,
+) -> pccl::Result<Row> {
+    match gpu {
+        None => run_size::<T>(comm, native, coll, op, bytes, args),
+        #[cfg(feature = "cuda")]
+        Some(g) => gpu::run_size::<T>(comm, g, coll, op, bytes, args),
+        #[cfg(not(feature = "cuda"))]
+        Some(never) => match *never {},
+    }
+}
+
+/// The rank's GPU and device buffers under `-d cuda`.
+#[cfg(feature = "cuda")]
+type GpuState = Option<gpu::Gpu>;
+#[cfg(not(feature = "cuda"))]
+type GpuState = Option<std::convert::Infallible>;
+
+#[cfg(not(feature = "cuda"))]
+const NO_CUDA_FEATURE: &str = "-d cuda: this pccl-bench was built without the `cuda` feature; \
+     rebuild with --features cuda (cargo build --release --features cuda --bin pccl-bench)";
+
+/// Exits with a clear message unless `-d cuda` can run here: the `cuda` feature, a driver
+/// and at least one device.
+fn require_cuda() {
+    #[cfg(feature = "cuda")]
+    match pccl::device::cuda::CudaDevice::count() {
+        Ok(0) => fail("no CUDA device: the driver reports no CUDA device"),
+        Ok(_) => {}
+        Err(e) => fail(format!("no CUDA device: {}", e.message())),
+    }
+    #[cfg(not(feature = "cuda"))]
+    fail(NO_CUDA_FEATURE)
+}
+
+/// Device buffers of one rank: `-d cuda`.
+#[cfg(feature = "cuda")]
+mod gpu {
+    use super::{count_wrong, finish_row, input_of, iters_for, lens, Args, Coll, Measured, Row};
+    use cudarc::driver::{CudaSlice, CudaViewMut};
+    use pccl::device::cuda::{CudaDevice, EventTimer};
+    use pccl::{Communicator, Element, Error, ReduceOp, Result};
+
+    /// One rank's GPU, its timing events and its two buffers, allocated once at the largest
+    /// size.
+    pub struct Gpu {
+        pub dev: CudaDevice,
+        pub ordinal: usize,
+        pub devices: usize,
+        timer: EventTimer,
+        input: CudaSlice<u8>,
+        output: CudaSlice<u8>,
+    }
+
+    /// The rank's index among the ranks of its machine: every thread-rank is in this
+    /// process; MPI ranks from the launcher's environment (MPICH/Hydra, Open MPI, MVAPICH,
+    /// Slurm), else their place in the communicator's node.
+    fn local_rank(comm: &Communicator, mpi: bool) -> usize {
+        if !mpi {
+            return comm.rank();
+        }
+        [
+            "MPI_LOCALRANKID",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            "MV2_COMM_WORLD_LOCAL_RANK",
+            "SLURM_LOCALID",
+        ]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+        .unwrap_or_else(|| comm.topology().position(comm.rank()).1)
+    }
+
+    impl Gpu {
+        fn open(comm: &Communicator, mpi: bool, bytes: usize) -> Result<Gpu> {
+            let devices = CudaDevice::count()
+                .map_err(|e| Error::system(format!("no CUDA device: {}", e.message())))?;
+            if devices == 0 {
+                return Err(Error::system(
+                    "no CUDA device: the driver reports no CUDA device",
+                ));
+            }
+            let ordinal = local_rank(comm, mpi) % devices;
+            let dev = CudaDevice::open(ordinal)
+                .map_err(|e| Error::new(e.kind(), format!("opening CUDA device {ordinal}: {e}")))?;
+            let timer = dev.timer()?;
+            let input = dev.alloc_zeroed(bytes)?;
+            let output = dev.alloc_zeroed(bytes)?;
+            Ok(Gpu {
+                dev,
+                ordinal,
+                devices,
+                timer,
+                input,
+                output,
+            })
+        }
+
+        /// Opens the rank's GPU and buffers of `bytes` each; fails on every rank when it fails
+        /// on one (so no rank waits in a collective for one that gave up).
+        pub fn open_all(comm: &Communicator, mpi: bool, bytes: usize) -> Result<Gpu> {
+            let mine = Gpu::open(comm, mpi, bytes);
+            let mut failed = [0u32];
+            comm.all_reduce(&[u32::from(mine.is_err())], &mut failed, ReduceOp::Max)?;
+            match mine {
+                Err(e) => Err(Error::new(
+                    e.kind(),
+                    format!("rank {}: {}", comm.rank(), e.message()),
+                )),
+                Ok(_) if failed[0] != 0 => Err(Error::system(
+                    "another rank could not open its CUDA device or buffers",
+                )),
+                Ok(g) => Ok(g),
+            }
+        }
+    }
+
+    /// One size of `coll` on device buffers: the pattern uploaded, warm-up runs, the timed
+    /// runs between two CUDA events on the rank's stream, and with `--check` one more run
+    /// into a poisoned (0xFF) output, downloaded and compared with the host reference.
+    pub fn run_size<T: Element>(
+        comm: &Communicator,
+        g: &mut Gpu,
+        coll: Coll,
+        op: ReduceOp,
+        bytes: usize,
+        args: &Args,
+    ) -> Result<Row> {
+        let (r, p) = (comm.rank(), comm.size());
+        let es = std::mem::size_of::<T>();
+        let count = (bytes / es).max(1);
+        let (in_len, out_len) = lens(coll, count, p);
+        let dev = &g.dev;
+        let mut input = g.input.slice_mut(0..in_len * es);
+        dev.upload_into(&input_of::<T>(r, in_len), &mut input)?;
+        let mut output = g.output.slice_mut(0..out_len * es);
+        let run_once = |out: &mut CudaViewMut<'_, u8>| -> Result<()> {
+            match coll {
+                Coll::AllGather => comm.all_gather_device::<T>(dev, &input, out),
+                Coll::ReduceScatter => comm.reduce_scatter_device::<T>(dev, &input, out, op),
+                Coll::AllReduce => comm.all_reduce_device::<T>(dev, &input, out, op),
+            }
+        };
+        let total_bytes = out_len.max(in_len) * es;
+        let iters = iters_for(args, total_bytes);
+        for _ in 0..args.warmup {
+            run_once(&mut output)?;
+        }
+        comm.barrier()?;
+        g.timer.start(dev)?;
+        for _ in 0..iters {
+            run_once(&mut output)?;
+        }
+        g.timer.stop(dev)?;
+        let mine = g.timer.elapsed_ms()? / 1e3 / iters as f64;
+        let mut wrong = 0u64;
+        if args.check {
+            dev.fill(&mut output, 0xFF)?;
+            run_once(&mut output)?;
+            let got = dev.download::<T>(&output)?;
+            wrong = count_wrong(coll, op, p, r, count, &got);
+        }
+        finish_row(
+            comm,
+            coll,
+            op,
+            Measured {
+                count,
+                es,
+                total_bytes,
+                iters,
+                mine,
+                mpi_mine: None,
+                wrong,
+            },
+        )
+    }
 }
 
 /// Bytes per second read plus written by all ranks copying 64 MiB at the same time.
@@ -392,7 +707,7 @@ fn native_present(native: &Native<'_>) -> bool {
     }
 }
 
-fn print_header(comm: &Communicator, coll: Coll, args: &Args, mpi: bool) {
+fn print_header(comm: &Communicator, coll: Coll, args: &Args, mpi: bool, notes: &[String]) {
     println!(
         "# OSU MPI {} Latency Test (PCCL {})",
         coll.osu_title(),
@@ -408,6 +723,9 @@ fn print_header(comm: &Communicator, coll: Coll, args: &Args, mpi: bool) {
         args.dtype,
         args.op
     );
+    for n in notes {
+        println!("{n}");
+    }
     let mut h = format!(
         "# {:<12} {:>15} {:>15} {:>15} {:>10} {:>13} {:>12} {:>12}  {:<10}",
         "Size",
@@ -472,7 +790,7 @@ fn report(comm: &Communicator, rows: &[Row], args: &Args) -> u64 {
         let desc = serde_json::json!({
             "ranks": comm.size(), "transport": comm.transport_name(),
             "nodes": comm.topology().nodes().len(), "shape": comm.topology().describe(),
-            "dtype": args.dtype, "op": args.op, "algo": args.algo,
+            "dtype": args.dtype, "op": args.op, "algo": args.algo, "device": args.device.name(),
         });
         println!("{}", json(rows, &desc));
     }
@@ -549,6 +867,9 @@ fn run_mpi(_args: &Args, _cfg: Config) -> u64 {
 fn main() {
     let args = Args::parse();
     let cfg = config(&args);
+    if args.device == Device::Cuda {
+        require_cuda();
+    }
     let wrong = if use_mpi(&args) {
         run_mpi(&args, cfg)
     } else {

@@ -12,10 +12,15 @@
 //! - handles (`pcclComm_t`, `pcclRequest_t`, `pcclThreadWorld_t`) are numbered tokens checked
 //!   against a registry: using one after it was destroyed gives `pcclInvalidUsage`, passing
 //!   something PCCL never made gives `pcclInvalidArgument`;
-//! - buffers are host memory; the `stream` argument of the NCCL-shaped calls must be NULL.
+//! - with a NULL `stream` the buffers are host memory; with a CUDA stream (`cudaStream_t`,
+//!   including `cudaStreamLegacy` = 1 and `cudaStreamPerThread` = 2 for the default streams)
+//!   they are device memory of that stream's GPU, and the collective is ordered on that stream
+//!   (the library built with feature `cuda`; others answer `pcclInvalidUsage`). Like NCCL's,
+//!   the call then returns once the collective's device work is done.
 #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod device;
 mod handles;
 
 use crate::comm::request::Request;
@@ -281,17 +286,6 @@ fn red_op(v: pcclRedOp_t) -> Result<ReduceOp> {
     })
 }
 
-fn no_stream(stream: *mut c_void) -> Result<()> {
-    if stream.is_null() {
-        Ok(())
-    } else {
-        Err(Error::usage(
-            "stream must be NULL: buffers are host memory, and device memory (CUDA/HIP streams) \
-             support is not built yet",
-        ))
-    }
-}
-
 fn int_of(v: usize, what: &str) -> Result<c_int> {
     c_int::try_from(v).map_err(|_| Error::internal(format!("{what} {v} does not fit in an int")))
 }
@@ -357,6 +351,15 @@ unsafe fn typed<T: Element>(
     }
 }
 
+/// How a collective is issued.
+#[derive(Clone, Copy)]
+enum How {
+    /// Blocking, on host memory (a NULL stream) or on device memory ordered on the stream.
+    Blocking(*mut c_void),
+    /// A request on host memory.
+    NonBlocking,
+}
+
 /// The shared body of the collectives: validates `comm`, `datatype`, then runs.
 ///
 /// # Safety
@@ -368,10 +371,22 @@ unsafe fn collective(
     send: *const c_void,
     recv: *mut c_void,
     count: usize,
-    nonblocking: bool,
+    how: How,
 ) -> Outcome<Option<Request<()>>> {
     let dt = datatype(dtype_code).on(c)?;
     let comm = &c.comm;
+    let nonblocking = matches!(how, How::NonBlocking);
+    let device_stream = match how {
+        How::Blocking(stream) if !stream.is_null() => Some(stream),
+        _ => None,
+    };
+    if let Some(stream) = device_stream {
+        // SAFETY: forwarded from the caller (device buffers valid for the counts, `stream` a
+        // stream of their GPU).
+        return unsafe { device::collective(comm, coll, dt, send, recv, count, stream) }
+            .map(|()| None)
+            .on(c);
+    }
     // SAFETY: forwarded from the caller (see `typed`).
     let r = unsafe {
         match dt {
@@ -796,7 +811,7 @@ pub unsafe extern "C" fn pcclCommSplit(
 
 /// Gathers `sendcount` elements from every rank into `recvbuff` (`sendcount * nranks`
 /// elements) in rank order. In place when `sendbuff == recvbuff + rank * sendcount`
-/// (in elements). `stream` must be NULL.
+/// (in elements). `stream`: NULL for host buffers, else the CUDA stream of device buffers.
 ///
 /// # Safety
 /// `sendbuff` must be readable for `sendcount` elements and `recvbuff` writable for
@@ -812,7 +827,6 @@ pub unsafe extern "C" fn pcclAllGather(
 ) -> pcclResult_t {
     entry("pcclAllGather", || {
         let c = handles::comm(comm as usize, "comm", false)?;
-        no_stream(stream).on(&c)?;
         // SAFETY: the buffers are valid for the counts (caller's promise, documented above).
         unsafe {
             collective(
@@ -822,7 +836,7 @@ pub unsafe extern "C" fn pcclAllGather(
                 sendbuff,
                 recvbuff,
                 sendcount,
-                false,
+                How::Blocking(stream),
             )
         }
         .map(drop)
@@ -831,7 +845,7 @@ pub unsafe extern "C" fn pcclAllGather(
 
 /// Reduces `recvcount * nranks` elements of every rank's `sendbuff` with `op` and leaves
 /// block `rank` of the result (`recvcount` elements) in `recvbuff`. In place when
-/// `recvbuff == sendbuff + rank * recvcount` (in elements). `stream` must be NULL.
+/// `recvbuff == sendbuff + rank * recvcount` (in elements). `stream`: NULL for host buffers, else the CUDA stream of device buffers.
 ///
 /// # Safety
 /// `sendbuff` must be readable for `recvcount * nranks` elements and `recvbuff` writable for
@@ -848,16 +862,26 @@ pub unsafe extern "C" fn pcclReduceScatter(
 ) -> pcclResult_t {
     entry("pcclReduceScatter", || {
         let c = handles::comm(comm as usize, "comm", false)?;
-        no_stream(stream).on(&c)?;
         let op = red_op(op).on(&c)?;
         let coll = RawCollective::ReduceScatter(op);
         // SAFETY: the buffers are valid for the counts (caller's promise, documented above).
-        unsafe { collective(&c, coll, datatype, sendbuff, recvbuff, recvcount, false) }.map(drop)
+        unsafe {
+            collective(
+                &c,
+                coll,
+                datatype,
+                sendbuff,
+                recvbuff,
+                recvcount,
+                How::Blocking(stream),
+            )
+        }
+        .map(drop)
     })
 }
 
 /// Reduces `count` elements of every rank's `sendbuff` with `op` into every rank's
-/// `recvbuff`. In place when `sendbuff == recvbuff`. `stream` must be NULL.
+/// `recvbuff`. In place when `sendbuff == recvbuff`. `stream`: NULL for host buffers, else the CUDA stream of device buffers.
 ///
 /// # Safety
 /// `sendbuff` must be readable and `recvbuff` writable for `count` elements, and neither
@@ -874,17 +898,27 @@ pub unsafe extern "C" fn pcclAllReduce(
 ) -> pcclResult_t {
     entry("pcclAllReduce", || {
         let c = handles::comm(comm as usize, "comm", false)?;
-        no_stream(stream).on(&c)?;
         let op = red_op(op).on(&c)?;
         let coll = RawCollective::AllReduce(op);
         // SAFETY: the buffers are valid for the counts (caller's promise, documented above).
-        unsafe { collective(&c, coll, datatype, sendbuff, recvbuff, count, false) }.map(drop)
+        unsafe {
+            collective(
+                &c,
+                coll,
+                datatype,
+                sendbuff,
+                recvbuff,
+                count,
+                How::Blocking(stream),
+            )
+        }
+        .map(drop)
     })
 }
 
 /// Copies `count` elements of `sendbuff` on rank `root` into `recvbuff` on every rank
-/// (`sendbuff` is read on `root` only). In place when `sendbuff == recvbuff`. `stream` must
-/// be NULL.
+/// (`sendbuff` is read on `root` only). In place when `sendbuff == recvbuff`. `stream`: NULL for
+/// host buffers, else the CUDA stream of device buffers.
 ///
 /// # Safety
 /// On `root`, `sendbuff` must be readable for `count` elements; everywhere `recvbuff` must
@@ -901,10 +935,20 @@ pub unsafe extern "C" fn pcclBroadcast(
 ) -> pcclResult_t {
     entry("pcclBroadcast", || {
         let c = handles::comm(comm as usize, "comm", false)?;
-        no_stream(stream).on(&c)?;
         let coll = RawCollective::Broadcast(root_of(root).on(&c)?);
         // SAFETY: the buffers are valid for the counts (caller's promise, documented above).
-        unsafe { collective(&c, coll, datatype, sendbuff, recvbuff, count, false) }.map(drop)
+        unsafe {
+            collective(
+                &c,
+                coll,
+                datatype,
+                sendbuff,
+                recvbuff,
+                count,
+                How::Blocking(stream),
+            )
+        }
+        .map(drop)
     })
 }
 
@@ -924,10 +968,10 @@ pub unsafe extern "C" fn pcclBcast(
 ) -> pcclResult_t {
     entry("pcclBcast", || {
         let c = handles::comm(comm as usize, "comm", false)?;
-        no_stream(stream).on(&c)?;
         let coll = RawCollective::Broadcast(root_of(root).on(&c)?);
         // SAFETY: `buff` is valid for `count` elements (caller's promise, documented above).
-        unsafe { collective(&c, coll, datatype, buff, buff, count, false) }.map(drop)
+        unsafe { collective(&c, coll, datatype, buff, buff, count, How::Blocking(stream)) }
+            .map(drop)
     })
 }
 
@@ -1001,7 +1045,7 @@ pub unsafe extern "C" fn pcclIallGather(
                 sendbuff,
                 recvbuff,
                 sendcount,
-                true,
+                How::NonBlocking,
             )?;
             hand_out(request, &c, r, "pcclIallGather")
         }
@@ -1028,7 +1072,15 @@ pub unsafe extern "C" fn pcclIreduceScatter(
         unsafe {
             let c = start(comm, request)?;
             let coll = RawCollective::ReduceScatter(red_op(op).on(&c)?);
-            let r = collective(&c, coll, datatype, sendbuff, recvbuff, recvcount, true)?;
+            let r = collective(
+                &c,
+                coll,
+                datatype,
+                sendbuff,
+                recvbuff,
+                recvcount,
+                How::NonBlocking,
+            )?;
             hand_out(request, &c, r, "pcclIreduceScatter")
         }
     })
@@ -1054,7 +1106,15 @@ pub unsafe extern "C" fn pcclIallReduce(
         unsafe {
             let c = start(comm, request)?;
             let coll = RawCollective::AllReduce(red_op(op).on(&c)?);
-            let r = collective(&c, coll, datatype, sendbuff, recvbuff, count, true)?;
+            let r = collective(
+                &c,
+                coll,
+                datatype,
+                sendbuff,
+                recvbuff,
+                count,
+                How::NonBlocking,
+            )?;
             hand_out(request, &c, r, "pcclIallReduce")
         }
     })
@@ -1080,7 +1140,15 @@ pub unsafe extern "C" fn pcclIbroadcast(
         unsafe {
             let c = start(comm, request)?;
             let coll = RawCollective::Broadcast(root_of(root).on(&c)?);
-            let r = collective(&c, coll, datatype, sendbuff, recvbuff, count, true)?;
+            let r = collective(
+                &c,
+                coll,
+                datatype,
+                sendbuff,
+                recvbuff,
+                count,
+                How::NonBlocking,
+            )?;
             hand_out(request, &c, r, "pcclIbroadcast")
         }
     })

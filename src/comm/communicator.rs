@@ -464,6 +464,16 @@ impl Communicator {
     /// one, ordered by `key` then by rank; `None` (MPI_UNDEFINED) joins none and gets `None`.
     /// Collective over all ranks.
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
+        self.split_with_config(color, key, self.inner.cfg.clone())
+    }
+
+    /// [`Communicator::split`] with other settings for the new communicator.
+    pub fn split_with_config(
+        &self,
+        color: Option<u32>,
+        key: i32,
+        cfg: Config,
+    ) -> Result<Option<Communicator>> {
         let p = self.size();
         let tag = self.inner.seq.load(Ordering::SeqCst);
         let mine = [color.map_or(-1, i64::from), i64::from(key)];
@@ -479,11 +489,7 @@ impl Communicator {
             .map(|&r| self.inner.topo.position(r).0 as u64)
             .collect();
         let topo = Topology::from_node_keys(&keys);
-        Ok(Some(Communicator::build(
-            transport,
-            topo,
-            self.inner.cfg.clone(),
-        )))
+        Ok(Some(Communicator::build(transport, topo, cfg)))
     }
 
     // ---- hooks for the device front end (comm::device) -------------------------------------
@@ -500,6 +506,13 @@ impl Communicator {
         let plan = self.inner.plan(coll, block_bytes)?;
         self.inner.outstanding.wait_idle();
         Ok((tag, plan))
+    }
+
+    /// Waits until the queued non-blocking collectives have finished (device collectives that
+    /// take no plan from [`Communicator::next_collective`] keep issue order this way).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn wait_idle(&self) {
+        self.inner.outstanding.wait_idle();
     }
 
     /// The transport, and the device front end's working space (locked for one collective).

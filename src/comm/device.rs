@@ -12,6 +12,7 @@
 //! after the work already queued on the handle's stream.
 
 use super::communicator::{Communicator, RawCollective};
+use super::nccl_level::NcclLevel;
 use crate::device::cuda::CudaDevice;
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
@@ -19,6 +20,17 @@ use crate::exec::device::{execute_device, DeviceExecOptions, DeviceMemory, Devic
 use crate::exec::BlockLayout;
 use crate::plan::{Buf, Collective, Step};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
+
+/// The device front end's working space of one communicator, kept between calls.
+#[derive(Default)]
+struct DeviceState {
+    /// Pinned staging and device scratch of the host-staged path.
+    staging: Option<DeviceStaging>,
+    /// Whether the first device collective has decided on NCCL yet.
+    nccl_decided: bool,
+    /// The two-level NCCL path, when in use.
+    nccl: Option<NcclLevel>,
+}
 
 fn elems_of<T: Element>(bytes: usize, what: &str) -> Result<usize> {
     let es = std::mem::size_of::<T>();
@@ -288,22 +300,35 @@ impl Communicator {
             }
         };
         let send = if needs_send { send } else { recv };
-        let (tag, plan) = self.next_collective(c, block_bytes)?;
         let (tr, mut slot) = self.device_parts();
-        let fresh = match slot
-            .as_mut()
-            .and_then(|b| b.downcast_mut::<DeviceStaging>())
+        if slot
+            .as_ref()
+            .and_then(|b| b.downcast_ref::<DeviceState>())
+            .is_none()
         {
-            Some(st) => !st.serves(dev),
-            None => true,
-        };
-        if fresh {
-            *slot = None;
-            *slot = Some(Box::new(DeviceStaging::new(dev)?));
+            *slot = Some(Box::new(DeviceState::default()));
         }
-        let st = slot
+        let state = slot
             .as_mut()
-            .and_then(|b| b.downcast_mut::<DeviceStaging>())
+            .and_then(|b| b.downcast_mut::<DeviceState>())
+            .ok_or_else(|| Error::internal("device state missing"))?;
+        if !state.nccl_decided {
+            self.wait_idle();
+            state.nccl = NcclLevel::setup(self, dev)?;
+            state.nccl_decided = true;
+        }
+        if let Some(level) = state.nccl.as_mut() {
+            self.wait_idle();
+            return level.run::<T>(dev, coll, send, recv, count);
+        }
+        let (tag, plan) = self.next_collective(c, block_bytes)?;
+        if !state.staging.as_ref().is_some_and(|st| st.serves(dev)) {
+            state.staging = None;
+            state.staging = Some(DeviceStaging::new(dev)?);
+        }
+        let st = state
+            .staging
+            .as_mut()
             .ok_or_else(|| Error::internal("device staging missing"))?;
         let uses_scratch = plan.phases.iter().flat_map(|ph| &ph.steps).any(|s| {
             let spans: Vec<_> = match s {

@@ -3,5 +3,7 @@
 pub mod communicator;
 #[cfg(feature = "cuda")]
 mod device;
+#[cfg(feature = "cuda")]
+mod nccl_level;
 pub mod progress;
 pub mod request;

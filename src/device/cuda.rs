@@ -16,6 +16,7 @@
 //! [`Element::divide`](crate::Element)): integers wrap, `f32`/`f64` round to nearest, `f16`
 //! and `bf16` are widened to `f32`, combined and rounded back once.
 
+use super::launch::{self, TransposePlan, UNROLL};
 use crate::dtype::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
 use cudarc::driver::{
@@ -31,21 +32,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub const REDUCE_SOURCE: &str = include_str!("../../csrc/reduce.cu");
 /// Source of the block-transpose kernels (`csrc/transpose.cu`).
 pub const TRANSPOSE_SOURCE: &str = include_str!("../../csrc/transpose.cu");
-
-/// Independent 16-byte accesses per thread per input in the kernels (`PCCL_UNROLL`).
-const UNROLL: u32 = 4;
-/// Blocks of at least this many bytes are transposed by whole-run copies (a run of 256 bytes
-/// or more wastes at most one partly used 32-byte sector at each end); smaller ones through
-/// shared-memory tiles.
-const TILE_BELOW_BYTES: usize = 256;
-/// A destination row of a tile holds about this many bytes (`TM * s`) at most.
-const TILE_ROW_BYTES: usize = 512;
-/// The most source rows (`TM`) in a tile.
-const TILE_MAX_ROWS: usize = 64;
-/// A tile holds about this many bytes (`TM * TN * s`).
-const TILE_BYTES: usize = 16 << 10;
-/// The most source columns (`TN`) in a tile.
-const TILE_MAX_COLS: usize = 4096;
 
 fn cuda_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
     move |e| Error::system(format!("CUDA {what} failed: {e}"))
@@ -277,23 +263,6 @@ impl Kernels {
     }
 }
 
-fn kernel_names() -> Vec<String> {
-    let mut v = Vec::new();
-    for d in DType::ALL {
-        for op in ["sum", "prod", "min", "max"] {
-            v.push(format!("pccl_reduce_{}_{}", d.name(), op));
-        }
-        if d.is_float() {
-            v.push(format!("pccl_divide_{}", d.name()));
-        }
-    }
-    for u in [1, 2, 4, 8, 16] {
-        v.push(format!("pccl_transpose_copy_{u}"));
-        v.push(format!("pccl_transpose_tile_{u}"));
-    }
-    v
-}
-
 fn load(ctx: &Arc<CudaContext>, image: KernelImage) -> Result<Arc<cudarc::driver::CudaModule>> {
     let ptx = match image {
         KernelImage::Cubin(b) => Ptx::from_binary(b),
@@ -340,7 +309,7 @@ fn shared_for(ordinal: usize) -> Result<Arc<DeviceShared>> {
     let reduce = load(&ctx, images.reduce)?;
     let transpose = load(&ctx, images.transpose)?;
     let mut functions = HashMap::new();
-    for name in kernel_names() {
+    for name in launch::kernel_names() {
         let module = if name.starts_with("pccl_transpose") {
             &transpose
         } else {
@@ -362,26 +331,7 @@ fn shared_for(ordinal: usize) -> Result<Arc<DeviceShared>> {
     Ok(shared)
 }
 
-/// Threads per block and the grid cap the kernels are launched with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LaunchShape {
-    /// Threads per block (a multiple of 32, at most 1024).
-    pub threads: u32,
-    /// Grid cap: at most this many blocks per multiprocessor, the kernels looping over the
-    /// rest of the work with a grid stride. 0, the default, means no cap: one block per piece
-    /// of work (on an H100 this ran 3 to 5% faster than one resident wave, see
-    /// docs/BENCHMARKS-GPU.md).
-    pub blocks_per_sm: u32,
-}
-
-impl Default for LaunchShape {
-    fn default() -> Self {
-        LaunchShape {
-            threads: 512,
-            blocks_per_sm: 0,
-        }
-    }
-}
+pub use super::launch::LaunchShape;
 
 /// One GPU with a stream of its own, on which every operation of this handle is ordered.
 pub struct CudaDevice {
@@ -416,30 +366,6 @@ impl EventTimer {
             .map(f64::from)
             .map_err(cuda_err("event elapsed time"))
     }
-}
-
-fn check_aligned(what: &str, ptr: u64, align: usize) -> Result<()> {
-    if ptr % align as u64 != 0 {
-        return Err(Error::invalid(format!(
-            "{what} buffer at {ptr:#x} is not aligned to its element size ({align} bytes)"
-        )));
-    }
-    Ok(())
-}
-
-fn overlaps(a: u64, b: u64, len: usize) -> bool {
-    let len = len as u64;
-    a < b + len && b < a + len
-}
-
-/// Elements before the first 16-byte boundary shared by all pointers (all of them when the
-/// pointers are aligned differently: the kernel then runs scalar).
-fn vector_head(ptrs: &[u64], n: usize, esize: usize) -> u64 {
-    let mis = ptrs[0] % 16;
-    if ptrs.iter().any(|p| p % 16 != mis) {
-        return n as u64;
-    }
-    (((16 - mis) % 16) / esize as u64).min(n as u64)
 }
 
 impl CudaDevice {
@@ -500,12 +426,7 @@ impl CudaDevice {
 
     /// Changes the launch shape (for tuning; the default suits large buffers on recent GPUs).
     pub fn set_launch_shape(&mut self, shape: LaunchShape) -> Result<()> {
-        if shape.threads == 0 || shape.threads > 1024 || shape.threads % 32 != 0 {
-            return Err(Error::invalid(format!(
-                "threads per block must be a multiple of 32 in 32..=1024, not {}",
-                shape.threads
-            )));
-        }
+        shape.validate()?;
         self.shape = shape;
         Ok(())
     }
@@ -631,12 +552,8 @@ impl CudaDevice {
 
     /// Launch configuration for `work_items` independent pieces of work of one block each.
     fn config(&self, smem: u32, work_items: u64) -> LaunchConfig {
-        let cap = match self.shape.blocks_per_sm {
-            0 => i32::MAX as u64,
-            n => (self.shared.sms as u64 * n as u64).clamp(1, i32::MAX as u64),
-        };
         LaunchConfig {
-            grid_dim: (work_items.clamp(1, cap) as u32, 1, 1),
+            grid_dim: (self.shape.grid_blocks(work_items, self.shared.sms), 1, 1),
             block_dim: (self.shape.threads, 1, 1),
             shared_mem_bytes: smem,
         }
@@ -644,12 +561,7 @@ impl CudaDevice {
 
     /// Work pieces of an element-wise kernel over `n` elements, `head` of them scalar.
     fn elementwise_work(&self, n: u64, head: u64, esize: usize) -> u64 {
-        let w = (16 / esize) as u64;
-        let nvec = (n - head.min(n)) / w;
-        let scalars = n - nvec * w;
-        let threads = self.shape.threads as u64;
-        nvec.div_ceil(threads * UNROLL as u64)
-            .max(scalars.div_ceil(threads))
+        self.shape.elementwise_work(n, head, esize)
     }
 
     fn launch_elementwise(
@@ -661,21 +573,7 @@ impl CudaDevice {
         bytes: usize,
     ) -> Result<()> {
         let esize = dtype.size();
-        for (what, p) in ["destination", "first input", "second input"]
-            .iter()
-            .zip(ptrs)
-        {
-            check_aligned(what, p, esize)?;
-        }
-        if ptrs[0] != ptrs[1] && overlaps(ptrs[0], ptrs[1], bytes)
-            || ptrs[0] != ptrs[2] && overlaps(ptrs[0], ptrs[2], bytes)
-        {
-            return Err(Error::invalid(
-                "reduction destination partly overlaps an input: it must be the same buffer or disjoint",
-            ));
-        }
-        let n = (bytes / esize) as u64;
-        let head = vector_head(&ptrs, bytes / esize, esize);
+        let launch::Elementwise { n, head } = launch::check_elementwise(dtype, ptrs, bytes)?;
         let f = self.shared.kernels.get(kernel)?;
         let cfg = self.config(0, self.elementwise_work(n, head, esize));
         let mut b = self.stream.launch_builder(f);
@@ -697,18 +595,7 @@ impl CudaDevice {
     }
 
     fn check_lengths(dtype: DType, lens: &[usize]) -> Result<usize> {
-        let bytes = lens[0];
-        if lens.iter().any(|&l| l != bytes) {
-            return Err(Error::invalid(format!(
-                "reduction buffers differ in length: {lens:?} bytes"
-            )));
-        }
-        if bytes % dtype.size() != 0 {
-            return Err(Error::invalid(format!(
-                "reduction buffers of {bytes} bytes are not a whole number of {dtype} elements"
-            )));
-        }
-        Ok(bytes)
+        launch::check_lengths(dtype, lens)
     }
 
     /// `dst[i] = a[i] op b[i]` over buffers of `dtype` elements of equal byte length. For
@@ -764,10 +651,8 @@ impl CudaDevice {
         }
         let esize = dtype.size();
         let (pd, _rd) = dst.device_ptr_mut(&self.stream);
-        check_aligned("destination", pd, esize)?;
-        let count = (bytes / esize) as u64;
-        let head = vector_head(&[pd], bytes / esize, esize);
-        let kernel = format!("pccl_divide_{}", dtype.name());
+        let launch::Elementwise { n: count, head } = launch::check_divide(dtype, pd, bytes)?;
+        let kernel = launch::divide_kernel(dtype);
         let f = self.shared.kernels.get(&kernel)?;
         let cfg = self.config(0, self.elementwise_work(count, head, esize));
         let d32 = n as f32;
@@ -799,36 +684,38 @@ impl CudaDevice {
         n: usize,
         block_bytes: usize,
     ) -> Result<()> {
-        let total = m
-            .checked_mul(n)
-            .and_then(|x| x.checked_mul(block_bytes))
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "transpose of {m} x {n} blocks of {block_bytes} bytes overflows"
-                ))
-            })?;
-        if src.len() < total || dst.len() < total {
-            return Err(Error::invalid(format!(
-                "transpose of {m} x {n} blocks of {block_bytes} bytes needs {total} bytes, \
-                 buffers hold {} (source) and {} (destination)",
-                src.len(),
-                dst.len()
-            )));
-        }
-        if m >= i32::MAX as usize || n >= i32::MAX as usize {
-            return Err(Error::invalid(format!(
-                "transpose grid {m} x {n} is too large (each side < 2^31)"
-            )));
-        }
+        let total = launch::transpose_total(src.len(), dst.len(), m, n, block_bytes)?;
         if total == 0 {
             return Ok(());
         }
         let (ps, _rs) = src.device_ptr(&self.stream);
         let (pd, _rd) = dst.device_ptr_mut(&self.stream);
-        if overlaps(ps, pd, total) {
-            return Err(Error::invalid("transpose source and destination overlap"));
+        // SAFETY: both buffers hold at least `total` bytes (checked) and stay borrowed until
+        // this returns.
+        unsafe { self.transpose_raw(ps, pd, m, n, block_bytes) }
+    }
+
+    /// [`CudaDevice::transpose_blocks`] on raw device addresses, queued on this handle's
+    /// stream.
+    ///
+    /// # Safety
+    /// `ps` and `pd` must each address `m * n * block_bytes` bytes of device memory of this
+    /// context, untouched by others until the stream has run the transpose.
+    pub unsafe fn transpose_raw(
+        &self,
+        ps: u64,
+        pd: u64,
+        m: usize,
+        n: usize,
+        block_bytes: usize,
+    ) -> Result<()> {
+        let total = launch::transpose_total(usize::MAX, usize::MAX, m, n, block_bytes)?;
+        if total == 0 {
+            return Ok(());
         }
-        if m == 1 || n == 1 {
+        let plan = launch::plan_transpose(ps, pd, m, n, block_bytes, total, self.shape.threads)?;
+        let (mm, nn) = (m as u64, n as u64);
+        if plan == TransposePlan::Copy {
             // The layout does not change: a plain copy.
             // SAFETY: both pointers address at least `total` bytes of the borrowed buffers,
             // which do not overlap (checked).
@@ -837,21 +724,8 @@ impl CudaDevice {
             }
             .map_err(cuda_err("device-to-device copy"));
         }
-        let unit = [16usize, 8, 4, 2, 1]
-            .into_iter()
-            .find(|&u| block_bytes % u == 0 && ps % u as u64 == 0 && pd % u as u64 == 0)
-            .unwrap_or(1);
-        let k = (block_bytes / unit) as u64;
-        let (mm, nn) = (m as u64, n as u64);
-        let threads = self.shape.threads;
-        if block_bytes >= TILE_BELOW_BYTES {
-            let chunk = threads as u64 * UNROLL as u64;
-            let work = if k >= chunk {
-                mm * nn * k.div_ceil(chunk)
-            } else {
-                (mm * nn).div_ceil(chunk / k)
-            };
-            let kernel = format!("pccl_transpose_copy_{unit}");
+        let kernel = plan.kernel().unwrap_or_default();
+        if let TransposePlan::Runs { work, k, .. } = plan {
             let f = self.shared.kernels.get(&kernel)?;
             let cfg = self.config(0, work);
             let mut b = self.stream.launch_builder(f);
@@ -861,17 +735,19 @@ impl CudaDevice {
             // `m*n*k` units of disjoint buffers that stay borrowed until this returns.
             unsafe { b.launch(cfg) }
                 .map_err(|e| Error::system(format!("CUDA launch of {kernel} failed: {e}")))?;
-        } else {
-            let tm = m.min((TILE_ROW_BYTES / block_bytes).clamp(1, TILE_MAX_ROWS));
-            let tn = n.min((TILE_BYTES / (tm * block_bytes)).clamp(1, TILE_MAX_COLS));
-            let tiles = mm.div_ceil(tm as u64) * nn.div_ceil(tn as u64);
-            let smem = tm * (tn * k as usize + 1) * unit;
-            let kernel = format!("pccl_transpose_tile_{unit}");
+        } else if let TransposePlan::Tiles {
+            k,
+            tm: tm32,
+            tn: tn32,
+            tiles,
+            smem,
+            ..
+        } = plan
+        {
             let f = self.shared.kernels.get(&kernel)?;
-            let cfg = self.config(smem as u32, tiles);
+            let cfg = self.config(smem, tiles);
             let k32 = k as u32;
             let mut b = self.stream.launch_builder(f);
-            let (tm32, tn32) = (tm as u32, tn as u32);
             b.arg(&ps)
                 .arg(&pd)
                 .arg(&mm)
@@ -904,14 +780,7 @@ impl CudaDevice {
     }
 }
 
-fn reduce_kernel(op: ReduceOp, dtype: DType) -> String {
-    let op = if op == ReduceOp::Avg {
-        ReduceOp::Sum
-    } else {
-        op
-    };
-    format!("pccl_reduce_{}_{}", dtype.name(), op.name())
-}
+use launch::reduce_kernel;
 
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -987,6 +856,52 @@ impl Drop for PinnedBuffer {
 /// Raw, stream-ordered operations on device addresses, for the device executor (which holds
 /// buffers as addresses, as the host executor holds pointers).
 impl CudaDevice {
+    /// The device's ordinal (as `cuDeviceGet` numbers it).
+    pub fn ordinal(&self) -> usize {
+        self.shared.ctx.ordinal()
+    }
+
+    /// A handle on device `ordinal` whose operations are queued on `stream`, a stream of the
+    /// device's primary context owned by the caller (a C ABI or torch caller's stream).
+    ///
+    /// # Safety
+    /// `stream` must be a valid stream of the primary context of device `ordinal` (or one of
+    /// the special handles `cudaStreamLegacy` = 1 and `cudaStreamPerThread` = 2), and must
+    /// outlive the returned handle.
+    pub unsafe fn with_stream(ordinal: usize, stream: *mut std::ffi::c_void) -> Result<CudaDevice> {
+        ensure_available()?;
+        let shared = shared_for(ordinal)?;
+        let stream = shared.ctx.wrap_borrowed_stream(stream as sys::CUstream);
+        Ok(CudaDevice {
+            shared,
+            stream,
+            shape: LaunchShape::default(),
+        })
+    }
+
+    /// The ordinal of the GPU that device address `ptr` belongs to, or an InvalidArgument
+    /// error when `ptr` is not device memory CUDA knows (a host pointer, say).
+    pub fn ordinal_of(ptr: u64) -> Result<usize> {
+        ensure_available()?;
+        let mut ord: c_int = -1;
+        // SAFETY: the driver is loaded (checked above); `ord` is a valid out-pointer for the
+        // int this attribute returns.
+        let r = unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut ord as *mut c_int).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                ptr,
+            )
+        };
+        if r != sys::CUresult::CUDA_SUCCESS || ord < 0 {
+            return Err(Error::invalid(format!(
+                "buffer {ptr:#x} is not CUDA device memory ({r:?}); with a stream, buffers must \
+                 be device memory (cudaMalloc), with a NULL stream host memory"
+            )));
+        }
+        Ok(ord as usize)
+    }
+
     /// Makes this device's context current on the calling thread (raw driver calls need it).
     pub fn bind(&self) -> Result<()> {
         self.shared
@@ -1104,10 +1019,8 @@ impl CudaDevice {
             return Ok(());
         }
         let esize = dtype.size();
-        check_aligned("destination", dst, esize)?;
-        let count = (bytes / esize) as u64;
-        let head = vector_head(&[dst], bytes / esize, esize);
-        let kernel = format!("pccl_divide_{}", dtype.name());
+        let launch::Elementwise { n: count, head } = launch::check_divide(dtype, dst, bytes)?;
+        let kernel = launch::divide_kernel(dtype);
         let f = self.shared.kernels.get(&kernel)?;
         let cfg = self.config(0, self.elementwise_work(count, head, esize));
         let d32 = n as f32;

@@ -1,7 +1,15 @@
-//! Device kernels: reductions and block copies. `host` runs on the CPU (used by the executor
-//! today); `cuda` (feature `cuda`) has the NVRTC-compiled GPU kernels, not yet driven by the
-//! executor.
+//! Device kernels: reductions and block copies. `host` runs on the CPU (the host executor's
+//! kernels); `cuda` (feature `cuda`) has the NVRTC-compiled GPU kernels the device executor
+//! drives, `nccl` the NCCL library loaded at run time; `hip` (feature `rocm`) loads HIP and
+//! hipRTC for AMD GPUs.
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "rocm")]
+pub mod hip;
 pub mod host;
+// Pure launch arithmetic shared by the GPU back ends.
+#[cfg(any(feature = "cuda", feature = "rocm", test))]
+pub(crate) mod launch;
+#[cfg(feature = "cuda")]
+pub mod nccl;

@@ -169,9 +169,10 @@ impl DeviceStaging {
         })
     }
 
-    /// True when this staging was made for `dev`'s stream.
+    /// True when this staging was made for `dev`'s device (its buffers belong to that
+    /// device's context; the stream may differ from call to call).
     pub fn serves(&self, dev: &CudaDevice) -> bool {
-        Arc::ptr_eq(&self.stream, dev.stream())
+        self.stream.context().ordinal() == dev.ordinal()
     }
 
     /// A device scratch buffer of at least `bytes` bytes (grown as needed; stream-ordered on
@@ -242,6 +243,8 @@ pub fn execute_device<T: Element>(
         ));
     }
     dev.bind()?;
+    // The collective is ordered on the caller's stream of this call.
+    st.stream = dev.stream().clone();
     let es = std::mem::size_of::<T>();
     let piece_elems = (opt.piece_bytes / es).max(1);
     st.ensure_slots(dev, piece_elems * es)?;

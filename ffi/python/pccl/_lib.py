@@ -241,6 +241,24 @@ class Communicator:
             self.handle = None
             check("pcclCommDestroy", lib().pcclCommDestroy(h))
 
+    # Blocking calls on device memory, ordered on a CUDA stream (a non-zero cudaStream_t:
+    # 1 is cudaStreamLegacy, 2 cudaStreamPerThread); they return once the work is done.
+    def allgather(self, send, recv, count, dtype, stream) -> None:
+        code = lib().pcclAllGather(send, recv, count, dtype, self.handle, stream)
+        check("pcclAllGather", code, self.handle)
+
+    def reduce_scatter(self, send, recv, recvcount, dtype, op, stream) -> None:
+        code = lib().pcclReduceScatter(send, recv, recvcount, dtype, op, self.handle, stream)
+        check("pcclReduceScatter", code, self.handle)
+
+    def allreduce(self, send, recv, count, dtype, op, stream) -> None:
+        code = lib().pcclAllReduce(send, recv, count, dtype, op, self.handle, stream)
+        check("pcclAllReduce", code, self.handle)
+
+    def broadcast(self, send, recv, count, dtype, root, stream) -> None:
+        code = lib().pcclBroadcast(send, recv, count, dtype, root, self.handle, stream)
+        check("pcclBroadcast", code, self.handle)
+
     # Non-blocking calls return a request handle (int); see Request.
     def iallgather(self, send, recv, count, dtype) -> "Request":
         req = _req_t()

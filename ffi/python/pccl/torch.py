@@ -12,9 +12,14 @@ bytes in the group's c10d store under a key unique to the group; every rank read
 ``PCCL_TORCH_BOOTSTRAP=mpi`` (experimental) the default group of a job started by ``mpiexec``
 uses ``pcclCommInitMPIWorld`` instead.
 
-Only CPU (host) tensors: PCCL's C ABI takes host memory. Every collective is issued as a PCCL
-non-blocking request (requests run in issue order on the communicator's worker thread); a
-synchronous call waits for it before returning, ``async_op=True`` returns a :class:`PcclWork`.
+CPU tensors: every collective is issued as a PCCL non-blocking request (requests run in issue
+order on the communicator's worker thread); a synchronous call waits for it before returning,
+``async_op=True`` returns a :class:`PcclWork`.
+
+CUDA tensors (a libpccl built with ``--features cuda``): the collective runs on device memory,
+ordered on the tensors' current CUDA stream (as torch's nccl backend orders its work), through
+the C ABI's stream argument; the call returns once that work is done, so ``async_op=True``
+returns a completed work. All tensors of one call must be on one device.
 """
 
 from __future__ import annotations
@@ -58,15 +63,39 @@ def _dtype(t: torch.Tensor, call: str) -> int:
         raise TypeError(f"pccl: {call} does not support dtype {t.dtype}") from None
 
 
-def _check_cpu(tensors, call: str) -> None:
+def _device_of(tensors, call: str) -> torch.device:
+    """The one device of all ``tensors`` (CPU or CUDA); raises on a mix or another kind."""
+    devices = {t.device for t in tensors}
     for t in tensors:
-        if t.device.type != "cpu":
-            raise RuntimeError(
-                f"pccl: {call} got a tensor on {t.device}; the pccl backend takes CPU "
-                "(host memory) tensors only"
-            )
         if t.is_sparse:
             raise RuntimeError(f"pccl: {call} does not support sparse tensors")
+    if len(devices) > 1:
+        raise RuntimeError(f"pccl: {call} got tensors on several devices: "
+                           f"{sorted(str(d) for d in devices)}")
+    dev = devices.pop() if devices else torch.device("cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise RuntimeError(f"pccl: {call} got a tensor on {dev}; the pccl backend takes CPU "
+                           "and CUDA tensors")
+    return dev
+
+
+class _Done:
+    """A request that completed before it was returned (device collectives block)."""
+
+    @staticmethod
+    def wait():
+        return None
+
+    @staticmethod
+    def test():
+        return True
+
+
+def _stream_of(dev: torch.device) -> int:
+    """The cudaStream_t of torch's current stream on ``dev``; the legacy default stream
+    (handle 0, which the C ABI reads as "host memory") is passed as cudaStreamLegacy (1)."""
+    s = torch.cuda.current_stream(dev).cuda_stream
+    return s if s else 1
 
 
 def _ptr(t: torch.Tensor) -> int:
@@ -163,8 +192,25 @@ _group_counts: dict = {}
 _group_counts_lock = threading.Lock()
 
 
-class PcclBackend(C10DBackend):
-    """c10d Backend over a PCCL communicator (CPU tensors)."""
+def _base_class():
+    """The c10d class a Python backend derives from: ``Backend`` where torch lets Python
+    construct one (recent torch), else a Python ``ProcessGroup`` (torch 2.11 and older,
+    whose ``Backend`` binding has no constructor; c10d then uses the object as the group)."""
+    try:
+        class _Probe(C10DBackend):
+            pass
+
+        _Probe(0, 1)
+        return C10DBackend
+    except TypeError:
+        return dist.ProcessGroup
+
+
+_BASE = _base_class()
+
+
+class PcclBackend(_BASE):
+    """c10d Backend over a PCCL communicator (CPU and CUDA tensors)."""
 
     def __init__(self, store, rank, size, timeout, group_id="", options=None, comm=None):
         super().__init__(rank, size)
@@ -247,8 +293,17 @@ class PcclBackend(C10DBackend):
     @staticmethod
     def _premul(t: torch.Tensor, factor) -> torch.Tensor:
         if isinstance(factor, torch.Tensor):
-            factor = factor.to(device="cpu", dtype=t.dtype)
+            factor = factor.to(device=t.device, dtype=t.dtype)
         return t * factor
+
+    def _start(self, name, dev, *args):
+        """Issues collective ``name``: a PCCL request on host memory, or a blocking device
+        call on the current stream of CUDA device ``dev`` (then a completed request)."""
+        if dev.type == "cpu":
+            return getattr(self._comm, "i" + name)(*args)
+        with torch.cuda.device(dev):
+            getattr(self._comm, name)(*args, _stream_of(dev))
+        return _Done()
 
     def _issue(self, opts, requests, keep, post=None, result=None, call=""):
         work = PcclWork(requests, keep, post, result, call)
@@ -279,7 +334,7 @@ class PcclBackend(C10DBackend):
 
     def all_gather_single(self, output, input, opts):
         call = "all_gather_into_tensor"
-        _check_cpu([output, input], call)
+        dev = _device_of([output, input], call)
         if output.dtype != input.dtype:
             raise TypeError(f"pccl: {call}: output dtype {output.dtype} != input {input.dtype}")
         n = input.numel()
@@ -292,7 +347,7 @@ class PcclBackend(C10DBackend):
         out, copy_back = self._out_buffer(output)
         inp = input.contiguous()
         # An input that is block `rank` of the output is the in-place form PCCL accepts.
-        req = self._comm.iallgather(_ptr(inp), _ptr(out), n, dt)
+        req = self._start("allgather", dev, _ptr(inp), _ptr(out), n, dt)
         return self._issue(opts, [req], [inp, out, input, output], copy_back, [output], call)
 
     def allgather(self, output_tensors, input_tensors, opts):
@@ -301,7 +356,7 @@ class PcclBackend(C10DBackend):
             raise ValueError(f"pccl: {call} takes one input tensor per process")
         inp = input_tensors[0]
         outs = output_tensors[0]
-        _check_cpu([inp, *outs], call)
+        dev = _device_of([inp, *outs], call)
         if len(outs) != self.size():
             raise ValueError(f"pccl: {call}: needs {self.size()} output tensors, got {len(outs)}")
         n = inp.numel()
@@ -313,13 +368,13 @@ class PcclBackend(C10DBackend):
             return _done_work(output_tensors)
         dt = _dtype(inp, call)
         src = inp.contiguous()
-        flat = torch.empty(n * self.size(), dtype=inp.dtype)
+        flat = torch.empty(n * self.size(), dtype=inp.dtype, device=dev)
 
         def copy_out():
             for i, o in enumerate(outs):
                 o.copy_(flat.narrow(0, i * n, n).view(o.shape))
 
-        req = self._comm.iallgather(_ptr(src), _ptr(flat), n, dt)
+        req = self._start("allgather", dev, _ptr(src), _ptr(flat), n, dt)
         return self._issue(opts, [req], [src, flat, inp, *outs], copy_out, output_tensors, call)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts):
@@ -334,7 +389,7 @@ class PcclBackend(C10DBackend):
 
     def reduce_scatter_single(self, output, input, opts):
         call = "reduce_scatter_tensor"
-        _check_cpu([output, input], call)
+        dev = _device_of([output, input], call)
         if output.dtype != input.dtype:
             raise TypeError(f"pccl: {call}: output dtype {output.dtype} != input {input.dtype}")
         n = output.numel()
@@ -347,7 +402,7 @@ class PcclBackend(C10DBackend):
         op, factor = self._op(opts.reduceOp, input.dtype, call)
         src = input.contiguous() if factor is None else self._premul(input.contiguous(), factor)
         out, copy_back = self._out_buffer(output)
-        req = self._comm.ireduce_scatter(_ptr(src), _ptr(out), n, dt, op)
+        req = self._start("reduce_scatter", dev, _ptr(src), _ptr(out), n, dt, op)
         return self._issue(opts, [req], [src, out, input, output], copy_back, [output], call)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts):
@@ -356,7 +411,7 @@ class PcclBackend(C10DBackend):
             raise ValueError(f"pccl: {call} takes one output tensor per process")
         out = output_tensors[0]
         ins = input_tensors[0]
-        _check_cpu([out, *ins], call)
+        dev = _device_of([out, *ins], call)
         if len(ins) != self.size():
             raise ValueError(f"pccl: {call}: needs {self.size()} input tensors, got {len(ins)}")
         n = out.numel()
@@ -372,7 +427,7 @@ class PcclBackend(C10DBackend):
         if factor is not None:
             flat = self._premul(flat, factor)
         buf, copy_back = self._out_buffer(out)
-        req = self._comm.ireduce_scatter(_ptr(flat), _ptr(buf), n, dt, op)
+        req = self._start("reduce_scatter", dev, _ptr(flat), _ptr(buf), n, dt, op)
         return self._issue(opts, [req], [flat, buf, out], copy_back, output_tensors, call)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
@@ -395,12 +450,12 @@ class PcclBackend(C10DBackend):
         buf, copy_back = self._out_buffer(t)
         if factor is not None:
             buf.copy_(self._premul(buf, factor))
-        req = self._comm.iallreduce(_ptr(buf), _ptr(buf), buf.numel(), dt, op)
+        req = self._start("allreduce", buf.device, _ptr(buf), _ptr(buf), buf.numel(), dt, op)
         return [req], [buf, t], copy_back
 
     def allreduce(self, tensors, opts):
         call = "all_reduce"
-        _check_cpu(tensors, call)
+        _device_of(tensors, call)
         reqs, keep, posts = [], [], []
         for t in tensors:
             r, k, p = self._allreduce_one(t, opts.reduceOp, call)
@@ -411,7 +466,7 @@ class PcclBackend(C10DBackend):
 
     def allreduce_coalesced(self, tensors, opts):
         call = "all_reduce_coalesced"
-        _check_cpu(tensors, call)
+        _device_of(tensors, call)
         if not tensors:
             return _done_work([])
         dtype = tensors[0].dtype
@@ -432,7 +487,7 @@ class PcclBackend(C10DBackend):
 
     def broadcast(self, tensors, opts):
         call = "broadcast"
-        _check_cpu(tensors, call)
+        _device_of(tensors, call)
         root = opts.rootRank
         if not 0 <= root < self.size():
             raise ValueError(f"pccl: {call}: root {root} outside the group of {self.size()}")
@@ -442,7 +497,8 @@ class PcclBackend(C10DBackend):
                 continue
             dt = _dtype(t, call)
             buf, copy_back = self._out_buffer(t)
-            reqs.append(self._comm.ibroadcast(_ptr(buf), _ptr(buf), buf.numel(), dt, root))
+            reqs.append(self._start("broadcast", buf.device, _ptr(buf), _ptr(buf), buf.numel(),
+                                    dt, root))
             keep += [buf, t]
             posts.append(copy_back)
         return self._issue(opts, reqs, keep, self._chain(*posts), list(tensors), call)
@@ -455,7 +511,7 @@ class PcclBackend(C10DBackend):
 
     def reduce(self, tensors, opts):
         call = "reduce"
-        _check_cpu(tensors, call)
+        _device_of(tensors, call)
         root = opts.rootRank
         reqs, keep, posts = [], [], []
         for t in tensors:
@@ -472,20 +528,20 @@ class PcclBackend(C10DBackend):
         if len(input_tensors) != 1:
             raise ValueError(f"pccl: {call} takes one input tensor per process")
         inp = input_tensors[0]
-        _check_cpu([inp], call)
+        dev = _device_of([inp], call)
         n = inp.numel()
         root = opts.rootRank
         if n == 0:
             return _done_work(output_tensors)
         src = inp.contiguous()
-        flat = torch.empty(n * self.size(), dtype=inp.dtype)
+        flat = torch.empty(n * self.size(), dtype=inp.dtype, device=dev)
         outs = output_tensors[0] if self.rank() == root else []
 
         def copy_out():
             for i, o in enumerate(outs):
                 o.copy_(flat.narrow(0, i * n, n).view(o.shape))
 
-        req = self._comm.iallgather(_ptr(src), _ptr(flat), n, _dtype(inp, call))
+        req = self._start("allgather", dev, _ptr(src), _ptr(flat), n, _dtype(inp, call))
         return self._issue(opts, [req], [src, flat, *outs], copy_out, output_tensors, call)
 
     def scatter(self, output_tensors, input_tensors, opts):
@@ -493,17 +549,17 @@ class PcclBackend(C10DBackend):
         if len(output_tensors) != 1:
             raise ValueError(f"pccl: {call} takes one output tensor per process")
         out = output_tensors[0]
-        _check_cpu([out], call)
+        dev = _device_of([out], call)
         n = out.numel()
         root = opts.rootRank
         if n == 0:
             return _done_work(output_tensors)
         if self.rank() == root:
-            flat = torch.cat([t.reshape(-1) for t in input_tensors[0]])
+            flat = torch.cat([t.reshape(-1) for t in input_tensors[0]]).to(dev)
         else:
-            flat = torch.empty(n * self.size(), dtype=out.dtype)
-        req = self._comm.ibroadcast(_ptr(flat), _ptr(flat), flat.numel(), _dtype(out, call),
-                                    root)
+            flat = torch.empty(n * self.size(), dtype=out.dtype, device=dev)
+        req = self._start("broadcast", dev, _ptr(flat), _ptr(flat), flat.numel(),
+                          _dtype(out, call), root)
         me = self.rank()
 
         def copy_out():
@@ -546,6 +602,13 @@ class PcclBackend(C10DBackend):
     def abort(self):
         self.shutdown()
 
+    # The names a Python ProcessGroup is called by on older torch (see _base_class).
+    _allgather_base = all_gather_single
+    _reduce_scatter_base = reduce_scatter_single
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    alltoall_base = all_to_all_single
+
     def __del__(self):
         # Communicators are freed by destroy_process_group (shutdown); nothing at exit.
         pass
@@ -576,7 +639,7 @@ def register() -> None:
     if getattr(dist.Backend, BACKEND_NAME.upper(), None) is not None:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True,
-                                  devices=["cpu"])
+                                  devices=["cpu", "cuda"])
 
 
 register()

@@ -75,12 +75,16 @@ def test_library_loads():
     assert os.path.exists(pccl.library_path())
 
 
-def test_cuda_tensor_rejected():
+def test_tensors_on_several_or_unknown_devices_rejected():
     import pccl.torch as pt
 
     class Fake:
-        device = torch.device("cuda", 0)
-        is_sparse = False
+        def __init__(self, kind):
+            self.device = torch.device(kind, 0) if kind != "cpu" else torch.device("cpu")
+            self.is_sparse = False
 
-    with pytest.raises(RuntimeError, match="all_reduce.*CPU"):
-        pt._check_cpu([Fake()], "all_reduce")
+    with pytest.raises(RuntimeError, match="all_reduce.*several devices"):
+        pt._device_of([Fake("cpu"), Fake("cuda")], "all_reduce")
+    with pytest.raises(RuntimeError, match="all_reduce.*CPU and CUDA"):
+        pt._device_of([Fake("meta")], "all_reduce")
+    assert pt._device_of([Fake("cuda")], "x") == torch.device("cuda", 0)
