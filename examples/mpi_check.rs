@@ -2,6 +2,11 @@
 //! against the reference, for several dtypes, ops and counts, in-place and not, plus
 //! broadcast, barrier, split and non-blocking requests. Exits non-zero on any failure.
 //! `PCCL_RANKS_PER_NODE` sets the pretend node shape.
+//!
+//! It also checks the CUDA-awareness detection: rank 0 prints
+//! `mpi_check: MPI moves device memory: BOOL`, which must be `false` (the MPI this is tested
+//! with is not CUDA-aware) unless `PCCL_MPI_CUDA_AWARE=1` forces it on, and sub-communicators
+//! must agree with their parent.
 
 #[path = "../tests/common.rs"]
 mod common;
@@ -10,7 +15,8 @@ use common::{input, reduced, same_bits};
 use half::bf16;
 use pccl::config::Config;
 use pccl::plan::Algorithm;
-use pccl::transport::mpi::{finalize, MpiTransport};
+use pccl::transport::mpi::{finalize, parse_cuda_aware_override, MpiTransport};
+use pccl::transport::Transport;
 use pccl::{Communicator, Element, ReduceOp};
 use std::sync::Arc;
 
@@ -123,6 +129,29 @@ fn main() {
         )
         .expect("communicator");
         rank = world_comm.rank();
+        // CUDA-awareness: detected (false here) unless PCCL_MPI_CUDA_AWARE overrides it.
+        let forced =
+            parse_cuda_aware_override(std::env::var("PCCL_MPI_CUDA_AWARE").ok().as_deref())
+                .expect("PCCL_MPI_CUDA_AWARE");
+        let probe = MpiTransport::world(base.chunk_bytes).expect("MPI world");
+        let aware = probe.moves_device_memory();
+        let members: Vec<usize> = (0..probe.size()).collect();
+        let sub_aware = probe
+            .subset(&members, 1)
+            .expect("MPI subset")
+            .moves_device_memory();
+        if rank == 0 {
+            println!("mpi_check: MPI moves device memory: {aware}");
+        }
+        if aware != forced.unwrap_or(false) || sub_aware != aware {
+            eprintln!(
+                "FAIL CUDA-awareness: detected {aware} (sub-communicator {sub_aware}), expected {} \
+                 (PCCL_MPI_CUDA_AWARE={forced:?})",
+                forced.unwrap_or(false)
+            );
+            failures += 1;
+        }
+        drop(probe);
         for algo in ALGOS {
             let cfg = Config {
                 algo: Some(algo),

@@ -9,6 +9,8 @@
 //! | `PCCL_CHUNK_SIZE` | bytes per pipelined piece of a large message | `1048576` |
 //! | `PCCL_MODEL` | cost-model parameters `a_intra,bw_intra,a_inter,bw_inter,bw_reduce` (µs, GB/s) | built in |
 //! | `PCCL_NCCL` | intra-node level of device collectives on NCCL: `auto`, `1` (required), `0` (never) | `auto` |
+//! | `PCCL_DEVICE_DIRECT` | `1`: device collectives hand device pointers to a transport that moves device memory (CUDA-aware MPI, thread world in device mode); `0`: always pinned host staging (every rank must agree) | `1` |
+//! | `PCCL_MPI_CUDA_AWARE` | whether MPI moves device memory: `auto` (ask `MPIX_Query_cuda_support`), `1` (assert it does), `0` (it does not) | `auto` |
 
 use crate::error::{Error, Result};
 use crate::model::cost::CostParams;
@@ -54,6 +56,9 @@ pub struct Config {
     pub model: CostParams,
     /// NCCL for the intra-node level of device collectives.
     pub nccl: NcclMode,
+    /// Device collectives on a transport that moves device memory hand it device pointers
+    /// (no pinned host staging); `false` always stages. Every rank must agree.
+    pub device_direct: bool,
 }
 
 impl Default for Config {
@@ -66,6 +71,7 @@ impl Default for Config {
             chunk_bytes: 1 << 20,
             model: CostParams::default(),
             nccl: NcclMode::Auto,
+            device_direct: true,
         }
     }
 }
@@ -98,6 +104,15 @@ pub fn parse_bytes(v: &str) -> Result<usize> {
     })?;
     n.checked_mul(mult)
         .ok_or_else(|| Error::invalid(format!("byte size '{v}' overflows")))
+}
+
+/// Parses an on/off switch `name=v`: `1`/`on`/`yes`/`true` or `0`/`off`/`no`/`false`.
+pub fn parse_switch(name: &str, v: &str) -> Result<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "on" | "yes" | "true" => Ok(true),
+        "0" | "off" | "no" | "false" => Ok(false),
+        _ => Err(Error::invalid(format!("{name}={v}: expected 1 or 0"))),
+    }
 }
 
 impl Config {
@@ -161,6 +176,28 @@ impl Config {
                 }
             };
         }
+        if let Some(v) = var("PCCL_DEVICE_DIRECT") {
+            c.device_direct = parse_switch("PCCL_DEVICE_DIRECT", &v)?;
+        }
         Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_direct_switch_parses() {
+        assert!(Config::default().device_direct);
+        for v in ["1", "on", "Yes", " true "] {
+            assert!(parse_switch("PCCL_DEVICE_DIRECT", v).unwrap(), "{v}");
+        }
+        for v in ["0", "OFF", "no", "false"] {
+            assert!(!parse_switch("PCCL_DEVICE_DIRECT", v).unwrap(), "{v}");
+        }
+        let e = parse_switch("PCCL_DEVICE_DIRECT", "2").unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
+        assert!(e.message().contains("PCCL_DEVICE_DIRECT=2"), "{e}");
     }
 }

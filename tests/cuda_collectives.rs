@@ -5,7 +5,9 @@
 //!
 //! Built without the `cuda` feature this file is one test that says it was skipped; built
 //! with it on a machine without a GPU or driver, every test prints
-//! `skipped: no CUDA driver (reason)` and passes. `scripts/gpu-check.sh` runs it on a GPU.
+//! `skipped: no CUDA driver (reason)` and passes. `direct_device_path_every_dtype_and_op`
+//! runs the same checks on the direct path (thread world in device mode, no host staging).
+//! `scripts/gpu-check.sh` runs it on a GPU.
 
 #[cfg(not(feature = "cuda"))]
 #[test]
@@ -20,11 +22,13 @@ mod common;
 #[cfg(feature = "cuda")]
 mod gpu {
     use super::common::{input, reduced, same_bits, value};
+    use cudarc::driver::DevicePtrMut;
     use half::{bf16, f16};
     use pccl::config::{Config, NcclMode};
     use pccl::device::cuda::{self, CudaDevice};
     use pccl::device::nccl;
-    use pccl::{Algorithm, Communicator, Element, ErrorKind, ReduceOp};
+    use pccl::ThreadWorld;
+    use pccl::{Algorithm, Communicator, Element, ErrorKind, RawCollective, ReduceOp};
 
     /// Whether CUDA can run here (after printing why not); with `PCCL_REQUIRE_CUDA=1` a
     /// missing driver is a failure.
@@ -201,6 +205,103 @@ mod gpu {
         run_shape(5, 2, Some("hier-rd"), 1 << 16);
     }
 
+    /// The direct device path: a thread world in device mode moves device memory itself
+    /// (`ThreadWorld::with_device_direct`), so the device executor hands it device pointers
+    /// (contiguous spans in place, strided ones packed / landed in device temporaries)
+    /// instead of staging through pinned host memory.
+    fn run_shape_direct(p: usize, m: usize, algo: &str, chunk: usize) {
+        if !cuda_ok() {
+            return;
+        }
+        let cfg = Config {
+            ranks_per_node: Some(m),
+            algo: Some(algo.parse::<Algorithm>().unwrap()),
+            chunk_bytes: chunk,
+            nccl: NcclMode::Off,
+            device_direct: true,
+            timeout: std::time::Duration::from_secs(120),
+            ..Config::default()
+        };
+        let tag = format!("{}x{} {algo} direct", p.div_ceil(m), m);
+        let world = ThreadWorld::new(p).with_device_direct(true);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..p)
+                .map(|r| {
+                    let t = world.transport(r).expect("transport");
+                    assert!(t.moves_device_memory(), "device mode is on");
+                    let (cfg, tag) = (cfg.clone(), &tag);
+                    s.spawn(move || {
+                        let c = Communicator::with_config(t, cfg).expect("communicator");
+                        let dev = CudaDevice::open(0).expect("open device 0");
+                        run_dtype::<i8>(&c, &dev, tag);
+                        run_dtype::<u8>(&c, &dev, tag);
+                        run_dtype::<i32>(&c, &dev, tag);
+                        run_dtype::<u32>(&c, &dev, tag);
+                        run_dtype::<i64>(&c, &dev, tag);
+                        run_dtype::<u64>(&c, &dev, tag);
+                        run_dtype::<f16>(&c, &dev, tag);
+                        run_dtype::<bf16>(&c, &dev, tag);
+                        run_dtype::<f32>(&c, &dev, tag);
+                        run_dtype::<f64>(&c, &dev, tag);
+                    })
+                })
+                .collect();
+            for h in handles {
+                if let Err(e) = h.join() {
+                    std::panic::resume_unwind(e);
+                }
+            }
+        });
+        println!("ok: {tag}");
+    }
+
+    #[test]
+    fn direct_device_path_every_dtype_and_op() {
+        for algo in ["ring", "rd"] {
+            run_shape_direct(3, 1, algo, 1 << 20);
+        }
+        // Strided spans: packed sends and landed receives.
+        run_shape_direct(4, 2, "hier-rd", 1 << 16);
+        // 5 ranks on nodes of 2, 2, 1: the hierarchical algorithm falls back to flat.
+        run_shape_direct(5, 2, "hier-rd", 1 << 16);
+    }
+
+    /// Ranks that disagree on the path (one direct, one staged) fail with an error naming
+    /// both kinds of memory instead of hanging or copying out of a device address — which
+    /// also shows that `device_direct` really takes the direct path.
+    #[test]
+    fn direct_and_staged_ranks_disagree_with_an_error() {
+        if !cuda_ok() {
+            return;
+        }
+        let world = ThreadWorld::new(2).with_device_direct(true);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2)
+                .map(|r| {
+                    let t = world.transport(r).expect("transport");
+                    let cfg = Config {
+                        ranks_per_node: Some(1),
+                        nccl: NcclMode::Off,
+                        device_direct: r == 0,
+                        timeout: std::time::Duration::from_secs(30),
+                        ..Config::default()
+                    };
+                    s.spawn(move || {
+                        let c = Communicator::with_config(t, cfg).expect("communicator");
+                        let dev = CudaDevice::open(0).expect("open device 0");
+                        let mut d = dev.upload(&[1.0f32; 64]).unwrap();
+                        c.all_reduce_device_in_place::<f32>(&dev, &mut d, ReduceOp::Sum)
+                            .unwrap_err()
+                    })
+                })
+                .collect();
+            for h in handles {
+                let e = h.join().expect("rank thread");
+                assert!(e.message().contains("memory from rank"), "{e}");
+            }
+        });
+    }
+
     /// Whether NCCL can be loaded (after printing why not); with `PCCL_REQUIRE_NCCL=1` a
     /// missing NCCL is a failure.
     fn nccl_ok() -> bool {
@@ -259,6 +360,69 @@ mod gpu {
                         r.unwrap();
                         assert!(dev.download::<f32>(&d).unwrap().iter().all(|&x| x == 3.0));
                     }
+                }
+            })
+            .expect("thread world");
+        }
+    }
+
+    /// Enqueued (stream-ordered) collectives: several in a row on the rank's stream with no
+    /// host wait between them, then host collectives, then one synchronisation; staged
+    /// (ranks sharing the GPU) and with the NCCL level (one rank per node).
+    #[test]
+    fn enqueued_collectives_are_stream_ordered() {
+        if !cuda_ok() {
+            return;
+        }
+        for m in [2, 1] {
+            let cfg = Config {
+                ranks_per_node: Some(m),
+                ..Config::default()
+            };
+            Communicator::run_threads(2, cfg, |c| {
+                let dev = CudaDevice::open(0).expect("open device 0");
+                let me = c.rank();
+                let n = 1 << 18;
+                let mut buf = dev.upload(&vec![me as f32 + 1.0; n]).unwrap();
+                let mut out = dev.alloc_zeroed(2 * n * 4).unwrap();
+                let mut want = 3.0f32;
+                // The first collective of each shape runs blocking (it sizes the buffers);
+                // the second round is all enqueued.
+                for round in 0..2 {
+                    let (b, g) = buf.device_ptr_mut(dev.stream());
+                    let (o, go) = out.device_ptr_mut(dev.stream());
+                    for i in 0..3 {
+                        // SAFETY: both buffers outlive the synchronisation below.
+                        unsafe {
+                            c.enqueue_collective_device::<f32>(
+                                &dev,
+                                RawCollective::AllReduce(ReduceOp::Sum),
+                                b,
+                                b,
+                                n,
+                            )
+                        }
+                        .unwrap();
+                        if round + i > 0 {
+                            want *= 2.0;
+                        }
+                    }
+                    // SAFETY: as above.
+                    unsafe {
+                        c.enqueue_collective_device::<f32>(&dev, RawCollective::AllGather, b, o, n)
+                    }
+                    .unwrap();
+                    let mut host = vec![me as u32; 4];
+                    c.all_reduce_in_place(&mut host, ReduceOp::Sum).unwrap();
+                    assert_eq!(host, [1; 4]);
+                    dev.synchronize().unwrap();
+                    drop((g, go));
+                    let got = dev.download::<f32>(&out).unwrap();
+                    assert!(
+                        got.iter().all(|&x| x == want),
+                        "m={m} round {round}: want {want}, got {:?}",
+                        &got[..4]
+                    );
                 }
             })
             .expect("thread world");

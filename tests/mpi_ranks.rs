@@ -1,6 +1,6 @@
 //! Real processes under `mpiexec -n K`, K = 1..=8, with `PCCL_RANKS_PER_NODE` in {1, 2, 4}
 //! where it divides K: every algorithm on the MPI transport (examples/mpi_check.rs), and the
-//! benchmark's `--check` mode.
+//! benchmark's `--check` mode; MPI's CUDA-awareness detection and its override.
 #![cfg(feature = "mpi")]
 
 use std::path::PathBuf;
@@ -15,21 +15,31 @@ fn target_dir() -> PathBuf {
 }
 
 fn mpiexec(k: usize, m: usize, prog: &str, args: &[&str]) {
-    let out = Command::new("mpiexec")
-        .arg("-n")
+    mpiexec_env(k, m, prog, args, None);
+}
+
+/// Runs `prog` under `mpiexec -n k` with `PCCL_MPI_CUDA_AWARE` set to `aware` (unset for
+/// `None`); fails unless it succeeds; returns its stdout.
+fn mpiexec_env(k: usize, m: usize, prog: &str, args: &[&str], aware: Option<&str>) -> String {
+    let mut cmd = Command::new("mpiexec");
+    cmd.arg("-n")
         .arg(k.to_string())
         .arg(prog)
         .args(args)
         .env("PCCL_RANKS_PER_NODE", m.to_string())
-        .env("PCCL_TIMEOUT", "60")
-        .output()
-        .expect("mpiexec runs (install mpich)");
+        .env("PCCL_TIMEOUT", "60");
+    match aware {
+        Some(v) => cmd.env("PCCL_MPI_CUDA_AWARE", v),
+        None => cmd.env_remove("PCCL_MPI_CUDA_AWARE"),
+    };
+    let out = cmd.output().expect("mpiexec runs (install mpich)");
     assert!(
         out.status.success(),
         "mpiexec -n {k} (PCCL_RANKS_PER_NODE={m}) {prog} {args:?} failed\nstdout:\n{}\nstderr:\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[test]
@@ -44,6 +54,29 @@ fn every_algorithm_is_correct_on_1_to_8_mpi_processes_in_every_node_shape() {
         for m in [1usize, 2, 4].into_iter().filter(|m| k % m == 0) {
             mpiexec(k, m, prog.to_str().unwrap(), &[]);
         }
+    }
+}
+
+/// The MPI here (MPICH without CUDA) is not CUDA-aware: the transport says it cannot move
+/// device memory (so device collectives stage through host memory), unless
+/// `PCCL_MPI_CUDA_AWARE=1` asserts it can; `0` forces it off. mpi_check also checks that
+/// sub-communicators keep the parent's answer.
+#[test]
+fn mpi_cuda_awareness_is_detected_and_overridable() {
+    let prog = target_dir().join("examples").join("mpi_check");
+    assert!(
+        prog.exists(),
+        "{} is built by `cargo test --features mpi`",
+        prog.display()
+    );
+    let prog = prog.to_str().unwrap();
+    for (aware, want) in [(None, false), (Some("0"), false), (Some("1"), true)] {
+        let out = mpiexec_env(2, 1, prog, &[], aware);
+        let line = format!("mpi_check: MPI moves device memory: {want}");
+        assert!(
+            out.contains(&line),
+            "PCCL_MPI_CUDA_AWARE={aware:?}: expected '{line}' in:\n{out}"
+        );
     }
 }
 

@@ -1,5 +1,6 @@
 //! The device branch of the C ABI: a collective called with a CUDA stream runs on device
-//! memory of that stream's GPU, ordered on the stream.
+//! memory of that stream's GPU, ordered on the stream; the call returns once it is queued
+//! (NCCL's semantics, see `Communicator::enqueue_collective_device`).
 
 #[cfg(not(feature = "cuda"))]
 use crate::error::Error;
@@ -7,7 +8,7 @@ use crate::error::Result;
 use crate::{Communicator, DType, RawCollective};
 use std::ffi::c_void;
 
-/// Runs `coll` on device buffers, ordered on `stream`.
+/// Queues `coll` on device buffers, ordered on `stream`.
 ///
 /// # Safety
 /// `send` and `recv` must be device memory valid for the counts `coll` implies, and `stream`
@@ -34,16 +35,16 @@ pub(super) unsafe fn collective(
     // SAFETY: forwarded from the caller.
     unsafe {
         match dt {
-            DType::I8 => comm.raw_collective_device::<i8>(&dev, coll, s, r, count),
-            DType::U8 => comm.raw_collective_device::<u8>(&dev, coll, s, r, count),
-            DType::I32 => comm.raw_collective_device::<i32>(&dev, coll, s, r, count),
-            DType::U32 => comm.raw_collective_device::<u32>(&dev, coll, s, r, count),
-            DType::I64 => comm.raw_collective_device::<i64>(&dev, coll, s, r, count),
-            DType::U64 => comm.raw_collective_device::<u64>(&dev, coll, s, r, count),
-            DType::F16 => comm.raw_collective_device::<half::f16>(&dev, coll, s, r, count),
-            DType::BF16 => comm.raw_collective_device::<half::bf16>(&dev, coll, s, r, count),
-            DType::F32 => comm.raw_collective_device::<f32>(&dev, coll, s, r, count),
-            DType::F64 => comm.raw_collective_device::<f64>(&dev, coll, s, r, count),
+            DType::I8 => comm.enqueue_collective_device::<i8>(&dev, coll, s, r, count),
+            DType::U8 => comm.enqueue_collective_device::<u8>(&dev, coll, s, r, count),
+            DType::I32 => comm.enqueue_collective_device::<i32>(&dev, coll, s, r, count),
+            DType::U32 => comm.enqueue_collective_device::<u32>(&dev, coll, s, r, count),
+            DType::I64 => comm.enqueue_collective_device::<i64>(&dev, coll, s, r, count),
+            DType::U64 => comm.enqueue_collective_device::<u64>(&dev, coll, s, r, count),
+            DType::F16 => comm.enqueue_collective_device::<half::f16>(&dev, coll, s, r, count),
+            DType::BF16 => comm.enqueue_collective_device::<half::bf16>(&dev, coll, s, r, count),
+            DType::F32 => comm.enqueue_collective_device::<f32>(&dev, coll, s, r, count),
+            DType::F64 => comm.enqueue_collective_device::<f64>(&dev, coll, s, r, count),
         }
     }
 }

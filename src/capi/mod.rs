@@ -16,7 +16,9 @@
 //!   including `cudaStreamLegacy` = 1 and `cudaStreamPerThread` = 2 for the default streams)
 //!   they are device memory of that stream's GPU, and the collective is ordered on that stream
 //!   (the library built with feature `cuda`; others answer `pcclInvalidUsage`). Like NCCL's,
-//!   the call then returns once the collective's device work is done.
+//!   the call returns once the collective is queued: work queued later on the stream runs
+//!   after it, and the buffers must stay valid until the stream has passed it. An error met
+//!   while it runs is returned by the communicator's next device call.
 #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case)]
 #![deny(unsafe_op_in_unsafe_fn)]
 

@@ -494,18 +494,54 @@ impl Communicator {
 
     // ---- hooks for the device front end (comm::device) -------------------------------------
 
-    /// Takes the tag and plan of the next collective from the same sequence counter and plan
-    /// cache as the host path, after any queued non-blocking collectives have finished.
+    /// The tag of the next collective in issue order.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) fn next_collective(
-        &self,
-        coll: Collective,
-        block_bytes: usize,
-    ) -> Result<(u32, Arc<Plan>)> {
-        let tag = self.inner.seq.fetch_add(1, Ordering::SeqCst);
-        let plan = self.inner.plan(coll, block_bytes)?;
-        self.inner.outstanding.wait_idle();
-        Ok((tag, plan))
+    pub(crate) fn take_tag(&self) -> u32 {
+        self.inner.seq.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// The plan of `coll` (tuned, cached), without waiting for queued work.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn plan_of(&self, coll: Collective, block_bytes: usize) -> Result<Arc<Plan>> {
+        self.inner.plan(coll, block_bytes)
+    }
+
+    /// Another handle on this communicator (for a job of the progress worker).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn handle(&self) -> Communicator {
+        Communicator {
+            inner: self.inner.clone(),
+        }
+    }
+
+    /// Queues `job` on the progress worker behind the collectives already queued; it counts
+    /// as outstanding (blocking collectives wait for it) until it returns.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn submit_job(&self, job: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
+        let inner = self.inner.clone();
+        inner.outstanding.add();
+        let me = inner.clone();
+        let wrapped = Box::new(move || {
+            // A panicking job must not leave blocking callers waiting for it forever.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+            me.outstanding.done();
+        });
+        let mut w = lock(&inner.worker);
+        if w.is_none() {
+            *w = Some(
+                Worker::start(format!("pccl-progress-{}", inner.transport.rank()))
+                    .inspect_err(|_| inner.outstanding.done())?,
+            );
+        }
+        match w.as_ref() {
+            Some(worker) => worker
+                .submit(wrapped)
+                .inspect_err(|_| inner.outstanding.done()),
+            None => {
+                inner.outstanding.done();
+                Err(lost())
+            }
+        }
     }
 
     /// Waits until the queued non-blocking collectives have finished (device collectives that

@@ -13,13 +13,18 @@
 
 use super::communicator::{Communicator, RawCollective};
 use super::nccl_level::NcclLevel;
-use crate::device::cuda::CudaDevice;
-use crate::dtype::{Element, ReduceOp};
+use crate::config::DebugLevel;
+use crate::device::cuda::{CudaDevice, StreamGate};
+use crate::dtype::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::device::{execute_device, DeviceExecOptions, DeviceMemory, DeviceStaging};
 use crate::exec::BlockLayout;
 use crate::plan::{Buf, Collective, Step};
+use crate::transport::Transport;
 use cudarc::driver::{DevicePtr, DevicePtrMut};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// The device front end's working space of one communicator, kept between calls.
 #[derive(Default)]
@@ -30,6 +35,51 @@ struct DeviceState {
     nccl_decided: bool,
     /// The two-level NCCL path, when in use.
     nccl: Option<NcclLevel>,
+    /// Stream-ordered (enqueued) collectives: per device ordinal, the handle on PCCL's own
+    /// stream they run on and the gate the callers' streams wait on.
+    queues: Vec<(usize, CudaDevice, StreamGate)>,
+    /// The first error of an enqueued collective (sticky, as NCCL's asynchronous error).
+    async_error: Arc<Mutex<Option<Error>>>,
+    /// Shapes (collective, dtype, count, GPU) run once already: their staging, scratch and
+    /// NCCL buffers exist. A collective is enqueued only then: the first run of a shape
+    /// blocks, because allocating page-locked memory while a caller's stream waits on a gate
+    /// can serialise the device behind that stream and never return.
+    warm: HashSet<(u8, u64, DType, usize, usize)>,
+}
+
+fn shape_key<T: Element>(
+    coll: RawCollective,
+    count: usize,
+    ordinal: usize,
+) -> (u8, u64, DType, usize, usize) {
+    let (kind, arg) = match coll {
+        RawCollective::AllGather => (0, 0),
+        RawCollective::ReduceScatter(op) => (1, op as u64),
+        RawCollective::AllReduce(op) => (2, op as u64),
+        RawCollective::Broadcast(root) => (3, root as u64),
+    };
+    (kind, arg, T::DTYPE, count, ordinal)
+}
+
+type DeviceGuard<'a> = std::sync::MutexGuard<'a, Option<Box<dyn std::any::Any + Send>>>;
+
+fn state_of<'a>(slot: &'a mut DeviceGuard<'_>) -> Result<&'a mut DeviceState> {
+    slot.as_mut()
+        .and_then(|b| b.downcast_mut::<DeviceState>())
+        .ok_or_else(|| Error::internal("device state missing"))
+}
+
+/// A validated device collective: the C-style call and what the plan executor needs.
+#[derive(Clone, Copy)]
+struct DeviceCall {
+    raw: RawCollective,
+    coll: Collective,
+    op: ReduceOp,
+    block_bytes: usize,
+    send: (u64, usize, BlockLayout),
+    recv: (u64, usize, BlockLayout),
+    scratch: BlockLayout,
+    count: usize,
 }
 
 fn elems_of<T: Element>(bytes: usize, what: &str) -> Result<usize> {
@@ -199,6 +249,140 @@ impl Communicator {
         recv: u64,
         count: usize,
     ) -> Result<()> {
+        let call = self.device_call::<T>(coll, send, recv, count)?;
+        self.decide_nccl(dev)?;
+        self.wait_idle();
+        let tag = self.take_tag();
+        self.run_device::<T>(dev, &call, tag)
+    }
+
+    /// [`Communicator::raw_collective_device`] ordered on `dev`'s stream without blocking the
+    /// caller, as NCCL's calls are: the caller's stream waits (on the device, through a
+    /// [`StreamGate`]) until the collective is done, while the communicator's progress thread
+    /// runs it on PCCL's own stream once the work queued before it on `dev`'s stream has
+    /// finished. Enqueued and blocking collectives of one communicator run in issue order.
+    ///
+    /// An error found when the call is made is returned; one met while running is kept and
+    /// returned by every later device call of this communicator (the caller's stream is
+    /// released either way). The first collective of each shape (collective, dtype, count)
+    /// blocks, sizing the buffers; so does every call where the driver cannot make a stream
+    /// wait on host memory, with `PCCL_DEVICE_ASYNC=0`, and on thread-ranks (several ranks of
+    /// one process) unless `PCCL_DEVICE_ASYNC=1`.
+    ///
+    /// # Safety
+    /// `send` and `recv` must be device memory valid for the counts the collective implies,
+    /// untouched by other work until `dev`'s stream has passed the collective.
+    pub unsafe fn enqueue_collective_device<T: Element>(
+        &self,
+        dev: &CudaDevice,
+        coll: RawCollective,
+        send: u64,
+        recv: u64,
+        count: usize,
+    ) -> Result<()> {
+        let call = self.device_call::<T>(coll, send, recv, count)?;
+        self.decide_nccl(dev)?;
+        // Enqueueing makes the caller's stream wait on the host: CUDA calls that synchronise
+        // the context (page-locked allocations, stream creation) made by another rank of the
+        // same process while that rank's progress depends on this one could then wait
+        // forever, so thread-ranks sharing a process block unless asked (PCCL_DEVICE_ASYNC=1).
+        let enqueue = match std::env::var("PCCL_DEVICE_ASYNC").as_deref().map(str::trim) {
+            Ok("0") => false,
+            Ok("1") => true,
+            _ => self.transport_name() != "threads",
+        };
+        if !enqueue {
+            self.wait_idle();
+            let tag = self.take_tag();
+            return self.run_device::<T>(dev, &call, tag);
+        }
+        let (_, mut slot) = self.device_state()?;
+        let state = state_of(&mut slot)?;
+        if let Some(e) = lock(&state.async_error).as_ref() {
+            return Err(Error::new(
+                e.kind(),
+                format!("an earlier enqueued collective failed: {}", e.message()),
+            ));
+        }
+        if state
+            .warm
+            .insert(shape_key::<T>(coll, count, dev.ordinal()))
+        {
+            // First of its shape: run it now, sizing every buffer it needs.
+            drop(slot);
+            self.wait_idle();
+            let tag = self.take_tag();
+            return self.run_device::<T>(dev, &call, tag);
+        }
+        dev.bind()?;
+        let qi = match state.queues.iter().position(|q| q.0 == dev.ordinal()) {
+            Some(i) => i,
+            None => {
+                // Made before any stream is held: creating a stream may synchronise the
+                // context, which must not wait for a gated stream.
+                let own = CudaDevice::open(dev.ordinal())?;
+                let gate = StreamGate::new(&own)?;
+                state.queues.push((dev.ordinal(), own, gate));
+                state.queues.len() - 1
+            }
+        };
+        let ready = dev.new_event()?;
+        ready
+            .record(dev.stream())
+            .map_err(|e| Error::system(format!("CUDA event record failed: {e}")))?;
+        let (_, own, gate) = &mut state.queues[qi];
+        let own = own.clone();
+        let ticket = match gate.hold(dev.stream()) {
+            Ok(t) => t,
+            Err(e) => {
+                drop(slot);
+                if self.config().debug >= DebugLevel::Info {
+                    eprintln!("PCCL INFO device collectives block the caller: {e}");
+                }
+                self.wait_idle();
+                let tag = self.take_tag();
+                return self.run_device::<T>(dev, &call, tag);
+            }
+        };
+        let release = gate.releaser();
+        let errors = state.async_error.clone();
+        drop(slot);
+        let tag = self.take_tag();
+        let comm = self.handle();
+        let timeout = self.config().timeout;
+        let job = Box::new(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                wait_event(&ready, timeout)?;
+                // SAFETY: the caller keeps the buffers valid until its stream passed the
+                // gate, which is released only below, after the collective finished.
+                unsafe { comm.run_device::<T>(&own, &call, tag) }
+            }))
+            .unwrap_or_else(|_| Err(Error::internal("a device collective panicked")));
+            if let Err(e) = r {
+                if comm.config().debug >= DebugLevel::Warn {
+                    eprintln!("PCCL WARN enqueued device collective failed: {e}");
+                }
+                lock(&errors).get_or_insert(e);
+            }
+            release.release(ticket);
+            drop(comm);
+        });
+        if let Err(e) = self.submit_job(job) {
+            // Nobody will run it: let the stream go and report.
+            gate_release_on_error(self, dev.ordinal(), ticket);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Validates a device collective and works out its plan inputs.
+    fn device_call<T: Element>(
+        &self,
+        coll: RawCollective,
+        send: u64,
+        recv: u64,
+        count: usize,
+    ) -> Result<DeviceCall> {
         let p = self.size();
         let es = std::mem::size_of::<T>();
         let mul = |a: usize, b: usize| {
@@ -300,6 +484,20 @@ impl Communicator {
             }
         };
         let send = if needs_send { send } else { recv };
+        Ok(DeviceCall {
+            raw: coll,
+            coll: c,
+            op,
+            block_bytes,
+            send: (send, in_len, inl),
+            recv: (recv, out_len, outl),
+            scratch: scl,
+            count,
+        })
+    }
+
+    /// Locks the device state, creating it on first use.
+    fn device_state(&self) -> Result<(&dyn Transport, DeviceGuard<'_>)> {
         let (tr, mut slot) = self.device_parts();
         if slot
             .as_ref()
@@ -308,20 +506,48 @@ impl Communicator {
         {
             *slot = Some(Box::new(DeviceState::default()));
         }
-        let state = slot
-            .as_mut()
-            .and_then(|b| b.downcast_mut::<DeviceState>())
-            .ok_or_else(|| Error::internal("device state missing"))?;
+        Ok((tr, slot))
+    }
+
+    /// On the first device collective, decides (collectively) whether NCCL runs the
+    /// intra-node level. Runs on the caller's thread: the decision takes host collectives.
+    fn decide_nccl(&self, dev: &CudaDevice) -> Result<()> {
+        let (_, mut slot) = self.device_state()?;
+        let state = state_of(&mut slot)?;
         if !state.nccl_decided {
             self.wait_idle();
             state.nccl = NcclLevel::setup(self, dev)?;
             state.nccl_decided = true;
         }
+        Ok(())
+    }
+
+    /// Runs a validated device collective with `tag`, on `dev`'s stream, to completion.
+    ///
+    /// # Safety
+    /// As [`Communicator::raw_collective_device`].
+    unsafe fn run_device<T: Element>(
+        &self,
+        dev: &CudaDevice,
+        call: &DeviceCall,
+        tag: u32,
+    ) -> Result<()> {
+        let es = std::mem::size_of::<T>();
+        let (tr, mut slot) = self.device_state()?;
+        let state = state_of(&mut slot)?;
         if let Some(level) = state.nccl.as_mut() {
-            self.wait_idle();
-            return level.run::<T>(dev, coll, send, recv, count);
+            return level.run::<T>(dev, call.raw, call.send.0, call.recv.0, call.count);
         }
-        let (tag, plan) = self.next_collective(c, block_bytes)?;
+        let (c, op, block_bytes, scl, none) = (
+            call.coll,
+            call.op,
+            call.block_bytes,
+            call.scratch,
+            BlockLayout::Uniform { count: 0, parts: 0 },
+        );
+        let (send, in_len, inl) = call.send;
+        let (recv, out_len, outl) = call.recv;
+        let plan = self.plan_of(c, block_bytes)?;
         if !state.staging.as_ref().is_some_and(|st| st.serves(dev)) {
             state.staging = None;
             state.staging = Some(DeviceStaging::new(dev)?);
@@ -350,7 +576,48 @@ impl Communicator {
             timeout: self.config().timeout,
             op,
             piece_bytes: self.config().chunk_bytes,
+            direct: self.config().device_direct,
         };
         execute_device::<T>(&plan, tr, dev, &mem, st, &opt)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Releases `ticket` of the gate of device `ordinal` (after a job could not be queued).
+fn gate_release_on_error(comm: &Communicator, ordinal: usize, ticket: u32) {
+    if let Ok((_, mut slot)) = comm.device_state() {
+        if let Ok(state) = state_of(&mut slot) {
+            if let Some((_, _, g)) = state.queues.iter().find(|q| q.0 == ordinal) {
+                g.releaser().release(ticket);
+            }
+        }
+    }
+}
+
+/// Waits, polling, until `ev` completed; a timeout error after `timeout`.
+fn wait_event(ev: &cudarc::driver::CudaEvent, timeout: Duration) -> Result<()> {
+    let t0 = Instant::now();
+    let mut spins = 0u32;
+    loop {
+        match ev.try_is_complete() {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => return Err(Error::system(format!("CUDA event query failed: {e}"))),
+        }
+        if t0.elapsed() > timeout {
+            return Err(Error::timeout(format!(
+                "the work queued before a device collective did not finish within {timeout:?} \
+                 (PCCL_TIMEOUT sets the limit)"
+            )));
+        }
+        spins += 1;
+        if spins < 200 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(Duration::from_micros(20));
+        }
     }
 }

@@ -22,6 +22,16 @@
 //! always, even after an error. Deadlock freedom with piecewise posting: before a rank blocks
 //! on piece `k` of any message it has posted every send piece of index `<= k`, and posting
 //! depends only on local device work.
+//!
+//! Direct path ([`DeviceExecOptions::direct`] on a transport whose
+//! [`Transport::moves_device_memory`] — CUDA-aware MPI, a thread world in device mode): no
+//! host staging. Per phase the host first waits for the stream (the transport reads device
+//! memory earlier kernels wrote, and writes memory nothing may still be using); a contiguous
+//! send goes out from its device address ([`Transport::isend_device`]), a strided one is packed
+//! device → device into a scratch buffer first; a contiguous `Recv` lands in place
+//! ([`Transport::recv_device`]), a strided one in a device temporary then copied out; a
+//! `RecvReduce` lands in a device temporary and the reduction kernel runs `dst = with ⊕ tmp`.
+//! One message per step (the transport pieces it), so every rank must take the same path.
 
 use super::memory::BlockLayout;
 use super::segments::{parts, segments, total, zip_segments, Seg};
@@ -50,6 +60,10 @@ pub struct DeviceExecOptions {
     /// Bytes per piece of a message (rounded down to whole elements, at least one); every
     /// rank of the collective must use the same value.
     pub piece_bytes: usize,
+    /// Hand device pointers to the transport when it moves device memory
+    /// ([`Transport::moves_device_memory`]) instead of staging through pinned host memory;
+    /// every rank of the collective must use the same value (`PCCL_DEVICE_DIRECT`).
+    pub direct: bool,
 }
 
 /// One device buffer: base address, length in elements and block layout.
@@ -153,6 +167,10 @@ pub struct DeviceStaging {
     piece_bytes: usize,
     events: Vec<CudaEvent>,
     scratch: Option<CudaSlice<u8>>,
+    /// Direct path: packed strided sends of a phase.
+    direct_send: Option<CudaSlice<u8>>,
+    /// Direct path: landing area of a phase's reduced and strided receives.
+    direct_recv: Option<CudaSlice<u8>>,
 }
 
 impl DeviceStaging {
@@ -166,6 +184,8 @@ impl DeviceStaging {
             piece_bytes: 0,
             events: Vec::new(),
             scratch: None,
+            direct_send: None,
+            direct_recv: None,
         })
     }
 
@@ -245,6 +265,9 @@ pub fn execute_device<T: Element>(
     dev.bind()?;
     // The collective is ordered on the caller's stream of this call.
     st.stream = dev.stream().clone();
+    if opt.direct && tr.moves_device_memory() {
+        return execute_direct::<T>(plan, tr, dev, mem, st, opt);
+    }
     let es = std::mem::size_of::<T>();
     let piece_elems = (opt.piece_bytes / es).max(1);
     st.ensure_slots(dev, piece_elems * es)?;
@@ -554,6 +577,293 @@ fn recv_piece<T: Element>(
         .record(&stream)
         .map_err(cuda_err("event record"))?;
     slot.busy = true;
+    Ok(())
+}
+
+/// A device buffer of at least `bytes` bytes in `buf` (grown as needed, stream-ordered on
+/// `dev`'s stream: the caller synchronises before the transport touches it), as an address.
+fn grow(dev: &CudaDevice, buf: &mut Option<CudaSlice<u8>>, bytes: usize) -> Result<u64> {
+    if buf.as_ref().is_none_or(|s| s.len() < bytes) {
+        *buf = None;
+        *buf = Some(dev.alloc_zeroed(bytes.max(16))?);
+    }
+    match buf {
+        Some(s) => Ok(dev_ptr(s, dev.stream())),
+        None => Err(Error::internal("direct-path device buffer missing")),
+    }
+}
+
+/// The direct path of [`execute_device`]: device pointers straight to the transport.
+fn execute_direct<T: Element>(
+    plan: &Plan,
+    tr: &dyn Transport,
+    dev: &CudaDevice,
+    mem: &DeviceMemory,
+    st: &mut DeviceStaging,
+    opt: &DeviceExecOptions,
+) -> Result<()> {
+    let mut r = Ok(());
+    for phase in &plan.phases {
+        r = run_phase_direct::<T>(phase, plan.nranks, tr, dev, mem, st, opt);
+        if r.is_err() {
+            break;
+        }
+    }
+    // Nothing queued on the stream may use the caller's buffers or the temporaries after
+    // return (after an error too).
+    let s = dev.synchronize();
+    r.and(s)
+}
+
+/// A send of the direct path: its device address (in place, or packed) and length in
+/// elements.
+struct DirectSend {
+    peer: usize,
+    addr: u64,
+    elems: usize,
+}
+
+/// `(message offset, dst part, with part)` of a reduction.
+type ReducePairs = Vec<(usize, Seg, Seg)>;
+
+enum DirectLanding {
+    /// Received in place.
+    InPlace,
+    /// Received into the temporary, then copied to these segments.
+    Unpack(Vec<Seg>),
+    /// Received into the temporary, then `dst = with ⊕ tmp` on these `(offset, dst, with)`.
+    Reduce(ReducePairs),
+}
+
+struct DirectRecv {
+    peer: usize,
+    addr: u64,
+    elems: usize,
+    landing: DirectLanding,
+}
+
+fn run_phase_direct<T: Element>(
+    phase: &Phase,
+    nranks: usize,
+    tr: &dyn Transport,
+    dev: &CudaDevice,
+    mem: &DeviceMemory,
+    st: &mut DeviceStaging,
+    opt: &DeviceExecOptions,
+) -> Result<()> {
+    let es = std::mem::size_of::<T>();
+    let deadline = || Instant::now() + opt.timeout;
+    let seg_addr = |s: &Seg| mem.addr(s.buf, s.off, s.len);
+
+    // ---- lay out the messages: which need the pack / landing temporaries ---------------
+    let mut send_segs: Vec<(usize, Vec<Seg>, usize)> = Vec::new();
+    let mut pack_bytes = 0usize;
+    for step in &phase.steps {
+        if let Step::Send { peer, src } = step {
+            let segs = segments(src, |sp| mem.elems(sp));
+            let at = if segs.len() > 1 {
+                let at = pack_bytes;
+                pack_bytes += total(&segs) * es;
+                at
+            } else {
+                0
+            };
+            send_segs.push((*peer, segs, at));
+        }
+    }
+    // (peer, destination segments, reduction pairs, landing offset) per receive.
+    let mut recv_plan: Vec<(usize, Vec<Seg>, Option<ReducePairs>, usize)> = Vec::new();
+    let mut land_bytes = 0usize;
+    for step in &phase.steps {
+        let (peer, d, reduce) = match step {
+            Step::Recv { peer, dst } => (*peer, segments(dst, |sp| mem.elems(sp)), None),
+            Step::RecvReduce { peer, dst, with } => {
+                let d = segments(dst, |sp| mem.elems(sp));
+                let w = segments(with, |sp| mem.elems(sp));
+                if total(&d) != total(&w) {
+                    return Err(Error::internal("reduce operand and target differ in size"));
+                }
+                let z = zip_segments(&d, &w);
+                (*peer, d, Some(z))
+            }
+            _ => continue,
+        };
+        let at = if reduce.is_some() || d.len() > 1 {
+            let at = land_bytes;
+            land_bytes += total(&d) * es;
+            at
+        } else {
+            0
+        };
+        recv_plan.push((peer, d, reduce, at));
+    }
+    let pack = if pack_bytes > 0 {
+        grow(dev, &mut st.direct_send, pack_bytes)?
+    } else {
+        0
+    };
+    let land = if land_bytes > 0 {
+        grow(dev, &mut st.direct_recv, land_bytes)?
+    } else {
+        0
+    };
+
+    // ---- sends: pack the strided ones on the stream ------------------------------------
+    let mut sends = Vec::with_capacity(send_segs.len());
+    for (peer, segs, at) in &send_segs {
+        let elems = total(segs);
+        let addr = match segs.as_slice() {
+            [] => 0,
+            [s] => seg_addr(s)?,
+            _ => {
+                let base = pack + *at as u64;
+                let mut pos = 0usize;
+                for s in segs {
+                    // SAFETY: the source is a checked device range of the call's buffers, the
+                    // destination lies inside the pack buffer (`at` sums the packed messages'
+                    // bytes), which stays allocated until the sends were waited for.
+                    unsafe {
+                        dev.copy_dtod_raw(base + (pos * es) as u64, seg_addr(s)?, s.len * es)?
+                    };
+                    pos += s.len;
+                }
+                base
+            }
+        };
+        sends.push(DirectSend {
+            peer: *peer,
+            addr,
+            elems,
+        });
+    }
+    let mut recvs = Vec::with_capacity(recv_plan.len());
+    for (peer, d, reduce, at) in recv_plan {
+        let elems = total(&d);
+        let recv = match (reduce, d.as_slice()) {
+            (Some(pairs), _) => DirectRecv {
+                peer,
+                addr: land + at as u64,
+                elems,
+                landing: DirectLanding::Reduce(pairs),
+            },
+            (None, []) => DirectRecv {
+                peer,
+                addr: 0,
+                elems,
+                landing: DirectLanding::InPlace,
+            },
+            (None, [s]) => DirectRecv {
+                peer,
+                addr: seg_addr(s)?,
+                elems,
+                landing: DirectLanding::InPlace,
+            },
+            (None, _) => DirectRecv {
+                peer,
+                addr: land + at as u64,
+                elems,
+                landing: DirectLanding::Unpack(d),
+            },
+        };
+        recvs.push(recv);
+    }
+    // The transport works outside the stream: the data earlier work (and the packing above)
+    // wrote must be in device memory, and nothing queued may still use what it will write.
+    dev.synchronize()?;
+
+    let mut first_err: Option<Error> = None;
+    let mut ops: Vec<Box<dyn SendOp>> = Vec::with_capacity(sends.len());
+    for m in &sends {
+        // SAFETY: `addr` addresses `elems` elements of a caller buffer (checked) or of the pack
+        // buffer, all written by completed device work; no step of the phase writes them and
+        // they stay allocated until the op was waited for below.
+        match unsafe { tr.isend_device(m.peer, opt.tag, m.addr, m.elems * es) } {
+            Ok(op) => ops.push(op),
+            Err(e) => {
+                first_err = Some(e);
+                break;
+            }
+        }
+    }
+
+    // ---- local steps on the stream (disjoint from every send and receive) ---------------
+    if first_err.is_none() {
+        if let Err(e) = local_steps::<T>(phase, nranks, dev, mem) {
+            first_err = Some(e);
+        }
+    }
+
+    // ---- receives, in step order --------------------------------------------------------
+    if first_err.is_none() {
+        for m in &recvs {
+            if let Err(e) = recv_direct::<T>(tr, dev, mem, m, opt, deadline()) {
+                first_err = Some(e);
+                break;
+            }
+        }
+    }
+    // Always wait for the sends, even after an error: their memory must outlive them.
+    for op in ops {
+        if let Err(e) = op.wait(deadline()) {
+            first_err.get_or_insert(e);
+        }
+    }
+    match first_err {
+        Some(e) => {
+            // No queued work may outlive the call's buffers or the temporaries.
+            let _ = dev.synchronize();
+            Err(e)
+        }
+        None => Ok(()),
+    }
+}
+
+fn recv_direct<T: Element>(
+    tr: &dyn Transport,
+    dev: &CudaDevice,
+    mem: &DeviceMemory,
+    m: &DirectRecv,
+    opt: &DeviceExecOptions,
+    deadline: Instant,
+) -> Result<()> {
+    let es = std::mem::size_of::<T>();
+    // SAFETY: `addr` addresses `elems` elements of a receive target (checked) that no other
+    // step of the phase touches, or of the landing buffer, which no queued work uses (the
+    // stream was synchronised at the phase start and only later steps read it).
+    unsafe { tr.recv_device(m.peer, opt.tag, m.addr, m.elems * es, deadline)? };
+    match &m.landing {
+        DirectLanding::InPlace => {}
+        DirectLanding::Unpack(segs) => {
+            let mut pos = 0usize;
+            for s in segs {
+                let dst = mem.addr(s.buf, s.off, s.len)?;
+                // SAFETY: `dst` is a checked receive target; the source lies inside the landing
+                // buffer, left alone until the stream is synchronised at the next phase or the
+                // end of the collective.
+                unsafe { dev.copy_dtod_raw(dst, m.addr + (pos * es) as u64, s.len * es)? };
+                pos += s.len;
+            }
+        }
+        DirectLanding::Reduce(pairs) => {
+            for &(pos, d, w) in pairs {
+                let dp = mem.addr(d.buf, d.off, d.len)?;
+                let wp = mem.addr(w.buf, w.off, w.len)?;
+                // SAFETY: target and operand are checked device ranges of the caller's
+                // buffers (the same or disjoint blocks, as the plan guarantees); the message
+                // lies in the landing buffer; all are ordered on this stream.
+                unsafe {
+                    dev.reduce_raw(
+                        opt.op,
+                        T::DTYPE,
+                        dp,
+                        wp,
+                        m.addr + (pos * es) as u64,
+                        d.len * es,
+                    )?
+                };
+            }
+        }
+    }
     Ok(())
 }
 

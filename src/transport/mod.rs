@@ -11,7 +11,7 @@ pub mod threads;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -66,6 +66,64 @@ pub trait Transport: Send + Sync {
         self.recv(peer, tag, len, deadline, &mut |off, b| {
             dst[off..off + b.len()].copy_from_slice(b)
         })
+    }
+
+    /// Whether [`Transport::isend_device`] and [`Transport::recv_device`] work: the transport
+    /// reads and writes GPU memory itself (CUDA-aware MPI, thread-ranks in device mode), so
+    /// device collectives can skip pinned host staging. Sub-communicators ([`Transport::subset`])
+    /// keep the capability.
+    fn moves_device_memory(&self) -> bool {
+        false
+    }
+
+    /// Posts a send of `len` bytes of device memory at device address `ptr` to `peer` (the
+    /// receiver takes it with [`Transport::recv_device`]). Only transports whose
+    /// [`Transport::moves_device_memory`] is true implement it; the others return an
+    /// invalid-usage error.
+    ///
+    /// # Safety
+    /// `ptr` must address `len` bytes of device memory (unified addressing, a context of its
+    /// device current on this thread) holding the message: every device work that writes them
+    /// must have completed, and they must stay valid and unmodified until the returned op's
+    /// `wait` has returned (successfully or not).
+    unsafe fn isend_device(
+        &self,
+        peer: usize,
+        tag: Tag,
+        ptr: u64,
+        len: usize,
+    ) -> Result<Box<dyn SendOp>> {
+        let _ = (peer, tag, ptr, len);
+        Err(Error::usage(format!(
+            "the {} transport cannot move device memory: device collectives on it go through \
+             pinned host staging",
+            self.name()
+        )))
+    }
+
+    /// Receives the next message from `peer`, which must be exactly `len` bytes, straight into
+    /// device memory at device address `ptr`; returns once the bytes are there. Only
+    /// transports whose [`Transport::moves_device_memory`] is true implement it; the others
+    /// return an invalid-usage error.
+    ///
+    /// # Safety
+    /// `ptr` must address `len` writable bytes of device memory (unified addressing, a context
+    /// of its device current on this thread) that no device work reads or writes until this
+    /// call has returned.
+    unsafe fn recv_device(
+        &self,
+        peer: usize,
+        tag: Tag,
+        ptr: u64,
+        len: usize,
+        deadline: Instant,
+    ) -> Result<()> {
+        let _ = (peer, tag, ptr, len, deadline);
+        Err(Error::usage(format!(
+            "the {} transport cannot move device memory: device collectives on it go through \
+             pinned host staging",
+            self.name()
+        )))
     }
 
     /// The transport of a sub-communicator made of `members` (ranks of this transport, in

@@ -5,11 +5,17 @@
 //! Every MPI call is short (no blocking call, waits poll `MPI_Test`), so when MPI gives less
 //! than `MPI_THREAD_MULTIPLE` a process-wide lock around each call is enough for several
 //! communicators to progress from several threads.
+//!
+//! CUDA-awareness: an MPI that moves device memory itself (detected once per process through
+//! `MPIX_Query_cuda_support`, which MPICH >= 4 and Open MPI export; `PCCL_MPI_CUDA_AWARE=0|1`
+//! overrides) gets device pointers straight from device collectives
+//! ([`Transport::moves_device_memory`]); any other MPI gets pinned host staging.
 
 use super::{fnv1a, hostname, SendOp, Tag, Transport};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use mpi::ffi;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -19,6 +25,81 @@ const TAG_SPACE: u32 = 32767;
 static SERIALIZE: OnceLock<bool> = OnceLock::new();
 static MPI_LOCK: Mutex<()> = Mutex::new(());
 static UNIVERSE: Mutex<Option<mpi::environment::Universe>> = Mutex::new(None);
+
+/// Whether this process's MPI moves device memory: detected once, after MPI_Init (an
+/// unparsable `PCCL_MPI_CUDA_AWARE` is kept as its error message).
+static CUDA_AWARE: OnceLock<std::result::Result<bool, String>> = OnceLock::new();
+/// Set once the `PCCL_DEBUG=INFO` line about CUDA-awareness has been printed.
+static CUDA_AWARE_TOLD: AtomicBool = AtomicBool::new(false);
+
+/// Parses `PCCL_MPI_CUDA_AWARE` (given its value, `None` when unset): `Ok(None)` to detect,
+/// `Ok(Some(true))` for `1` (the user asserts MPI is CUDA-aware: device pointers go to MPI),
+/// `Ok(Some(false))` for `0` (always stage through host memory).
+pub fn parse_cuda_aware_override(v: Option<&str>) -> Result<Option<bool>> {
+    match v.map(str::trim).filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(v) => match v.to_ascii_lowercase().as_str() {
+            "auto" => Ok(None),
+            "1" | "on" | "yes" | "true" => Ok(Some(true)),
+            "0" | "off" | "no" | "false" => Ok(Some(false)),
+            _ => Err(Error::invalid(format!(
+                "PCCL_MPI_CUDA_AWARE={v}: expected 1 (MPI is CUDA-aware), 0 (it is not) or auto \
+                 (detect)"
+            ))),
+        },
+    }
+}
+
+/// Asks the MPI library whether it is CUDA-aware: `MPIX_Query_cuda_support()` when the
+/// library exports it (MPICH >= 4, Open MPI), else not. MPI must be initialised.
+fn query_cuda_support() -> (bool, &'static str) {
+    // SAFETY: dlsym with RTLD_DEFAULT searches the loaded objects for a NUL-terminated name.
+    let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"MPIX_Query_cuda_support".as_ptr()) };
+    if sym.is_null() {
+        return (false, "the MPI library has no MPIX_Query_cuda_support");
+    }
+    // SAFETY: MPICH and Open MPI declare it `int MPIX_Query_cuda_support(void)`, callable
+    // after MPI_Init (our callers run after `init` or checked that MPI is initialised).
+    let f: unsafe extern "C" fn() -> libc::c_int = unsafe { std::mem::transmute(sym) };
+    // SAFETY: as above: a no-argument query of an initialised MPI.
+    if call(|| unsafe { f() }) == 1 {
+        (true, "MPIX_Query_cuda_support() = 1")
+    } else {
+        (false, "MPIX_Query_cuda_support() = 0")
+    }
+}
+
+/// Whether MPI is CUDA-aware (after `PCCL_MPI_CUDA_AWARE`), decided once per process; MPI must
+/// be initialised. `PCCL_DEBUG=INFO` (or `TRACE`) prints the decision once, on `rank` 0.
+fn cuda_aware(rank: usize) -> Result<bool> {
+    let r = CUDA_AWARE.get_or_init(|| {
+        let over = parse_cuda_aware_override(std::env::var("PCCL_MPI_CUDA_AWARE").ok().as_deref())
+            .map_err(|e| e.message().to_string())?;
+        let (aware, why) = match over {
+            Some(a) => (a, "PCCL_MPI_CUDA_AWARE"),
+            None => query_cuda_support(),
+        };
+        let verbose = std::env::var("PCCL_DEBUG").is_ok_and(|v| {
+            let v = v.trim().to_ascii_uppercase();
+            v == "INFO" || v == "TRACE"
+        });
+        if verbose && rank == 0 && !CUDA_AWARE_TOLD.swap(true, Ordering::Relaxed) {
+            if aware {
+                eprintln!(
+                    "PCCL INFO MPI is CUDA-aware ({why}): device collectives hand device pointers \
+                     to MPI (PCCL_DEVICE_DIRECT=0 stages through pinned host memory instead)"
+                );
+            } else {
+                eprintln!(
+                    "PCCL INFO MPI is not CUDA-aware ({why}): device collectives stage through \
+                     pinned host memory (PCCL_MPI_CUDA_AWARE=1 asserts it is)"
+                );
+            }
+        }
+        Ok(aware)
+    });
+    r.clone().map_err(Error::invalid)
+}
 
 /// Runs one MPI call under the process lock when MPI is not fully thread-safe.
 fn call<R>(f: impl FnOnce() -> R) -> R {
@@ -103,6 +184,8 @@ pub struct MpiTransport {
     size: usize,
     node: u64,
     chunk: usize,
+    /// MPI moves device memory (CUDA-aware).
+    device: bool,
 }
 
 // SAFETY: an MPI communicator handle may be used from any thread; calls are serialised by
@@ -180,12 +263,14 @@ impl MpiTransport {
             )?;
         }
         let node = Self::node_key(comm)?;
+        let device = cuda_aware(rank as usize)?;
         Ok(MpiTransport {
             comm,
             rank: rank as usize,
             size: size as usize,
             node,
             chunk: chunk_bytes.max(4096),
+            device,
         })
     }
 
@@ -441,32 +526,7 @@ impl Transport for MpiTransport {
         ptr: *const u8,
         len: usize,
     ) -> Result<Box<dyn SendOp>> {
-        let mut reqs = Vec::with_capacity(self.pieces(len));
-        for k in 0..self.pieces(len) {
-            let (off, n) = self.piece(len, k);
-            // SAFETY: the request handle is written by MPI_Isend before use.
-            let mut req: ffi::MPI_Request = std::mem::zeroed();
-            let p = if n == 0 { ptr } else { ptr.add(off) };
-            // SAFETY: the caller keeps the bytes valid until the op's wait returns.
-            let rc = call(|| {
-                ffi::MPI_Isend(
-                    p as *const _,
-                    n as i32,
-                    ffi::RSMPI_UINT8_T,
-                    peer as i32,
-                    Self::mpi_tag(tag),
-                    self.comm,
-                    &mut req,
-                )
-            });
-            check(rc, "MPI_Isend")?;
-            reqs.push(req);
-        }
-        Ok(Box::new(MpiSend {
-            reqs,
-            transport_rank: self.rank,
-            peer,
-        }))
+        self.isend_raw(peer, tag, ptr, len)
     }
 
     fn recv(
@@ -514,31 +574,37 @@ impl Transport for MpiTransport {
     }
 
     fn recv_into(&self, peer: usize, tag: Tag, dst: &mut [u8], deadline: Instant) -> Result<()> {
-        let len = dst.len();
-        let n = self.pieces(len);
-        let base = dst.as_mut_ptr();
-        let mut reqs = Vec::with_capacity(n);
-        for k in 0..n {
-            let (off, m) = self.piece(len, k);
-            // SAFETY: `off` is within `dst` (or 0 for an empty message).
-            let p = if m == 0 {
-                base
-            } else {
-                unsafe { base.add(off) }
-            };
-            reqs.push(self.irecv(p, m, peer, tag)?);
-        }
-        for k in 0..n {
-            let (_, m) = self.piece(len, k);
-            let r = self
-                .wait_one(&mut reqs[k], deadline, peer, "receive")
-                .and_then(|s| self.check_count(&s, m, peer));
-            if let Err(e) = r {
-                self.cancel_rest(&mut reqs, k);
-                return Err(e);
-            }
-        }
-        Ok(())
+        // SAFETY: `dst` is `dst.len()` writable bytes for the whole call.
+        unsafe { self.recv_raw(peer, tag, dst.as_mut_ptr(), dst.len(), deadline) }
+    }
+
+    fn moves_device_memory(&self) -> bool {
+        self.device
+    }
+
+    unsafe fn isend_device(
+        &self,
+        peer: usize,
+        tag: Tag,
+        ptr: u64,
+        len: usize,
+    ) -> Result<Box<dyn SendOp>> {
+        self.device_mode()?;
+        // The device address is only passed on to (CUDA-aware) MPI, never dereferenced here.
+        self.isend_raw(peer, tag, ptr as usize as *const u8, len)
+    }
+
+    unsafe fn recv_device(
+        &self,
+        peer: usize,
+        tag: Tag,
+        ptr: u64,
+        len: usize,
+        deadline: Instant,
+    ) -> Result<()> {
+        self.device_mode()?;
+        // As in `isend_device`: an address for MPI only.
+        self.recv_raw(peer, tag, ptr as usize as *mut u8, len, deadline)
     }
 
     fn subset(&self, members: &[usize], ctx: u64) -> Result<Arc<dyn Transport>> {
@@ -569,6 +635,99 @@ impl Transport for MpiTransport {
 }
 
 impl MpiTransport {
+    /// Posts the pieces of a `len`-byte message at `ptr` (host memory, or device memory for a
+    /// CUDA-aware MPI): the address is only handed to MPI.
+    ///
+    /// # Safety
+    /// As [`Transport::isend`] (or [`Transport::isend_device`] for device memory).
+    unsafe fn isend_raw(
+        &self,
+        peer: usize,
+        tag: Tag,
+        ptr: *const u8,
+        len: usize,
+    ) -> Result<Box<dyn SendOp>> {
+        let mut reqs = Vec::with_capacity(self.pieces(len));
+        for k in 0..self.pieces(len) {
+            let (off, n) = self.piece(len, k);
+            // SAFETY: the request handle is written by MPI_Isend before use.
+            let mut req: ffi::MPI_Request = std::mem::zeroed();
+            // `wrapping_add`: the address may be device memory, which Rust never reads.
+            let p = if n == 0 { ptr } else { ptr.wrapping_add(off) };
+            // SAFETY: the caller keeps the bytes valid until the op's wait returns.
+            let rc = call(|| {
+                ffi::MPI_Isend(
+                    p as *const _,
+                    n as i32,
+                    ffi::RSMPI_UINT8_T,
+                    peer as i32,
+                    Self::mpi_tag(tag),
+                    self.comm,
+                    &mut req,
+                )
+            });
+            check(rc, "MPI_Isend")?;
+            reqs.push(req);
+        }
+        Ok(Box::new(MpiSend {
+            reqs,
+            transport_rank: self.rank,
+            peer,
+        }))
+    }
+
+    /// Receives a `len`-byte message from `peer` into `base` (host memory, or device memory for
+    /// a CUDA-aware MPI), every piece posted at once.
+    ///
+    /// # Safety
+    /// `base` must address `len` writable bytes that nothing else touches during the call.
+    unsafe fn recv_raw(
+        &self,
+        peer: usize,
+        tag: Tag,
+        base: *mut u8,
+        len: usize,
+        deadline: Instant,
+    ) -> Result<()> {
+        let n = self.pieces(len);
+        let mut reqs = Vec::with_capacity(n);
+        for k in 0..n {
+            let (off, m) = self.piece(len, k);
+            // `off` is within the `len` bytes (or 0 for an empty message); `wrapping_add`
+            // because the address may be device memory, which Rust never reads.
+            let p = if m == 0 { base } else { base.wrapping_add(off) };
+            match self.irecv(p, m, peer, tag) {
+                Ok(r) => reqs.push(r),
+                Err(e) => {
+                    self.cancel_rest(&mut reqs, usize::MAX);
+                    return Err(e);
+                }
+            }
+        }
+        for k in 0..n {
+            let (_, m) = self.piece(len, k);
+            let r = self
+                .wait_one(&mut reqs[k], deadline, peer, "receive")
+                .and_then(|s| self.check_count(&s, m, peer));
+            if let Err(e) = r {
+                self.cancel_rest(&mut reqs, k);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn device_mode(&self) -> Result<()> {
+        if self.device {
+            Ok(())
+        } else {
+            Err(Error::usage(
+                "this MPI is not CUDA-aware (MPIX_Query_cuda_support): device memory goes through \
+                 pinned host staging; set PCCL_MPI_CUDA_AWARE=1 if it is CUDA-aware after all",
+            ))
+        }
+    }
+
     fn cancel_rest(&self, reqs: &mut [ffi::MPI_Request], done: usize) {
         for (i, r) in reqs.iter_mut().enumerate() {
             if i != done {
@@ -581,5 +740,26 @@ impl MpiTransport {
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_cuda_aware_override as parse;
+
+    #[test]
+    fn cuda_aware_override_parses() {
+        assert_eq!(parse(None).unwrap(), None);
+        assert_eq!(parse(Some("")).unwrap(), None);
+        assert_eq!(parse(Some(" auto ")).unwrap(), None);
+        for v in ["1", "on", "YES", "true"] {
+            assert_eq!(parse(Some(v)).unwrap(), Some(true), "{v}");
+        }
+        for v in ["0", "off", "No", " false"] {
+            assert_eq!(parse(Some(v)).unwrap(), Some(false), "{v}");
+        }
+        let e = parse(Some("maybe")).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
+        assert!(e.message().contains("PCCL_MPI_CUDA_AWARE=maybe"), "{e}");
     }
 }

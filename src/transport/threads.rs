@@ -4,6 +4,14 @@
 //! straight out of it and then marks the send complete. Every byte is read once and written
 //! once, the least any transfer can do. A sender that times out revokes its descriptor, so a
 //! late receiver never touches memory the sender has released.
+//!
+//! Device mode ([`ThreadWorld::with_device_direct`], feature `cuda`, opt-in): the transport
+//! also moves GPU memory ([`Transport::isend_device`] / [`Transport::recv_device`]) — the
+//! receiver copies device to device straight from the sender's buffer (unified addressing;
+//! one process, so every device address is valid in every thread). Device collectives then
+//! skip pinned host staging; without it they stage through the host, the default. Each
+//! message records whether it is device memory, and a host receive of a device send (or the
+//! reverse) is an error, never a host copy out of a device address.
 
 use super::{fnv1a, hostname, SendOp, Tag, Transport};
 use crate::error::{Error, Result};
@@ -36,6 +44,8 @@ struct Envelope {
     tag: Tag,
     ptr: usize,
     len: usize,
+    /// `ptr` is a device address (sent by `isend_device`).
+    device: bool,
     state: Arc<SendState>,
 }
 
@@ -71,6 +81,7 @@ impl Hub {
 pub struct ThreadWorld {
     hub: Arc<Hub>,
     size: usize,
+    device: bool,
 }
 
 impl ThreadWorld {
@@ -79,7 +90,26 @@ impl ThreadWorld {
         ThreadWorld {
             hub: Arc::new(Hub::default()),
             size,
+            device: false,
         }
+    }
+
+    /// Device mode (off by default): with `on` and feature `cuda`, the transports made
+    /// afterwards move GPU memory themselves ([`Transport::moves_device_memory`] is true), so
+    /// device collectives hand device pointers to the transport (the receiving thread copies
+    /// device to device out of the sender's buffer) instead of staging through pinned host
+    /// memory — single-process multi-GPU, or the direct path on one GPU. Every rank of the
+    /// world must use the same mode; device collectives decide per call with
+    /// `PCCL_DEVICE_DIRECT` (`Config::device_direct`). Without feature `cuda` it changes
+    /// nothing.
+    pub fn with_device_direct(mut self, on: bool) -> Self {
+        self.device = on;
+        self
+    }
+
+    /// Whether device mode is on (see [`ThreadWorld::with_device_direct`]).
+    pub fn device_direct(&self) -> bool {
+        self.device && cfg!(feature = "cuda")
     }
     /// Number of ranks.
     pub fn size(&self) -> usize {
@@ -99,6 +129,7 @@ impl ThreadWorld {
             rank,
             world: Arc::new((0..self.size).collect()),
             node: fnv1a(hostname().as_bytes()),
+            device: self.device_direct(),
         }))
     }
 }
@@ -111,6 +142,8 @@ pub struct ThreadTransport {
     /// World id of each rank of this (sub-)communicator.
     world: Arc<Vec<usize>>,
     node: u64,
+    /// Device mode: `isend_device`/`recv_device` work.
+    device: bool,
 }
 
 struct ThreadSend {
@@ -157,26 +190,15 @@ impl SendOp for ThreadSend {
     }
 }
 
-impl Transport for ThreadTransport {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn size(&self) -> usize {
-        self.world.len()
-    }
-    fn name(&self) -> &'static str {
-        "threads"
-    }
-    fn node_key(&self) -> u64 {
-        self.node
-    }
-
-    unsafe fn isend(
+impl ThreadTransport {
+    /// Posts a descriptor of `len` bytes at address `ptr` (host or device memory) to `peer`.
+    fn post(
         &self,
         peer: usize,
         tag: Tag,
-        ptr: *const u8,
+        ptr: usize,
         len: usize,
+        device: bool,
     ) -> Result<Box<dyn SendOp>> {
         let dst = *self
             .world
@@ -186,22 +208,18 @@ impl Transport for ThreadTransport {
         let state = Arc::new(SendState::default());
         lock(&ch.queue).push_back(Envelope {
             tag,
-            ptr: ptr as usize,
+            ptr,
             len,
+            device,
             state: state.clone(),
         });
         ch.cv.notify_all();
         Ok(Box::new(ThreadSend { state, peer }))
     }
 
-    fn recv(
-        &self,
-        peer: usize,
-        tag: Tag,
-        len: usize,
-        deadline: Instant,
-        sink: &mut dyn FnMut(usize, &[u8]),
-    ) -> Result<()> {
+    /// Takes the next message from `peer` and claims it (the sender may no longer revoke
+    /// it); the caller must `set(DONE)` on it when done with the sender's memory.
+    fn take(&self, peer: usize, deadline: Instant) -> Result<Envelope> {
         let src = *self
             .world
             .get(peer)
@@ -247,7 +265,21 @@ impl Transport for ThreadTransport {
             }
             *s = CLAIMED;
         }
-        let mismatch = if env.tag != tag {
+        Ok(env)
+    }
+
+    /// Why `env` is not the message a receive of `len` bytes (device memory or not) of
+    /// collective `tag` expects, if it is not.
+    fn mismatch(
+        &self,
+        env: &Envelope,
+        peer: usize,
+        tag: Tag,
+        len: usize,
+        device: bool,
+    ) -> Option<Error> {
+        let kind = |d: bool| if d { "device" } else { "host" };
+        if env.tag != tag {
             Some(Error::remote(format!(
                 "rank {} expected collective #{tag} from rank {peer} but got #{}: ranks called \
                  collectives in different orders",
@@ -259,13 +291,105 @@ impl Transport for ThreadTransport {
                  same count and dtype?",
                 self.rank, env.len
             )))
+        } else if env.device != device {
+            Some(Error::remote(format!(
+                "rank {} expected {} memory from rank {peer} but it sent {} memory: do all ranks \
+                 use the same thread world (device mode) and PCCL_DEVICE_DIRECT setting?",
+                self.rank,
+                kind(device),
+                kind(env.device)
+            )))
         } else {
             None
-        };
+        }
+    }
+
+    fn device_mode(&self) -> Result<()> {
+        if self.device {
+            Ok(())
+        } else {
+            Err(Error::usage(
+                "this thread world does not move device memory: build it with \
+                 ThreadWorld::with_device_direct(true) (feature `cuda`)",
+            ))
+        }
+    }
+}
+
+/// Copies `len` bytes from device address `src` to device address `dst` and returns when the
+/// copy has finished.
+///
+/// # Safety
+/// Both must address `len` valid device bytes (unified addressing; a context current on this
+/// thread) that nothing else touches during the call.
+#[cfg(feature = "cuda")]
+unsafe fn copy_device(dst: u64, src: u64, len: usize) -> Result<()> {
+    use cudarc::driver::result;
+    let err = |what: &str, e: result::DriverError| {
+        Error::system(format!(
+            "CUDA {what} failed in a device-to-device receive: {e} (is the device's context \
+             current on this thread?)"
+        ))
+    };
+    // SAFETY: as the caller guarantees.
+    unsafe { result::memcpy_dtod_sync(dst, src, len) }.map_err(|e| err("copy", e))?;
+    // cuMemcpyDtoD does not wait on the host for device-to-device copies: wait for the legacy
+    // default stream it ran on before the sender may reuse its buffer (PCCL's own streams are
+    // non-blocking, so this waits for nothing else).
+    // SAFETY: synchronising the legacy default stream (the null handle) of the current context.
+    unsafe { result::stream::synchronize(std::ptr::null_mut()) }
+        .map_err(|e| err("stream synchronize", e))
+}
+
+/// Without feature `cuda` no thread world is in device mode, so this is never reached.
+///
+/// # Safety
+/// None needed: it touches no memory.
+#[cfg(not(feature = "cuda"))]
+unsafe fn copy_device(_dst: u64, _src: u64, _len: usize) -> Result<()> {
+    Err(Error::usage(
+        "device-to-device receives need PCCL built with feature `cuda`",
+    ))
+}
+
+impl Transport for ThreadTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.world.len()
+    }
+    fn name(&self) -> &'static str {
+        "threads"
+    }
+    fn node_key(&self) -> u64 {
+        self.node
+    }
+
+    unsafe fn isend(
+        &self,
+        peer: usize,
+        tag: Tag,
+        ptr: *const u8,
+        len: usize,
+    ) -> Result<Box<dyn SendOp>> {
+        self.post(peer, tag, ptr as usize, len, false)
+    }
+
+    fn recv(
+        &self,
+        peer: usize,
+        tag: Tag,
+        len: usize,
+        deadline: Instant,
+        sink: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        let env = self.take(peer, deadline)?;
+        let mismatch = self.mismatch(&env, peer, tag, len, false);
         if mismatch.is_none() && len > 0 {
-            // SAFETY: the sender keeps these `len` bytes valid and unmodified until its send
-            // op completes, which happens only at the `set(DONE)` below (it cannot revoke once
-            // the state is CLAIMED).
+            // SAFETY: the sender keeps these `len` bytes of host memory (`device` is false,
+            // checked above) valid and unmodified until its send op completes, which happens
+            // only at the `set(DONE)` below (it cannot revoke once the state is CLAIMED).
             let bytes = unsafe { std::slice::from_raw_parts(env.ptr as *const u8, env.len) };
             sink(0, bytes);
         }
@@ -274,6 +398,47 @@ impl Transport for ThreadTransport {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    fn moves_device_memory(&self) -> bool {
+        self.device
+    }
+
+    unsafe fn isend_device(
+        &self,
+        peer: usize,
+        tag: Tag,
+        ptr: u64,
+        len: usize,
+    ) -> Result<Box<dyn SendOp>> {
+        self.device_mode()?;
+        let addr = usize::try_from(ptr)
+            .map_err(|_| Error::invalid(format!("device address {ptr:#x} does not fit")))?;
+        self.post(peer, tag, addr, len, true)
+    }
+
+    unsafe fn recv_device(
+        &self,
+        peer: usize,
+        tag: Tag,
+        ptr: u64,
+        len: usize,
+        deadline: Instant,
+    ) -> Result<()> {
+        self.device_mode()?;
+        let env = self.take(peer, deadline)?;
+        let mut r = match self.mismatch(&env, peer, tag, len, true) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        };
+        if r.is_ok() && len > 0 {
+            // SAFETY: the sender's `len` device bytes (`device` checked above) stay valid and
+            // unmodified until the `set(DONE)` below, which comes after the copy finished;
+            // the caller guarantees `ptr` addresses `len` writable device bytes.
+            r = unsafe { copy_device(ptr, env.ptr as u64, len) };
+        }
+        env.state.set(DONE);
+        r
     }
 
     fn subset(&self, members: &[usize], ctx: u64) -> Result<Arc<dyn Transport>> {
@@ -288,6 +453,56 @@ impl Transport for ThreadTransport {
             rank: me,
             world: Arc::new(world),
             node: self.node,
+            device: self.device,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    #[cfg(feature = "cuda")]
+    fn soon() -> Instant {
+        Instant::now() + std::time::Duration::from_secs(5)
+    }
+
+    #[test]
+    fn device_mode_is_opt_in_and_kept_by_subsets() {
+        let plain = ThreadWorld::new(2);
+        let t = plain.transport(0).unwrap();
+        assert!(!t.moves_device_memory());
+        // SAFETY: refused before any memory is touched.
+        let e = unsafe { t.isend_device(1, 0, 0x1000, 4) }.err().unwrap();
+        assert_eq!(e.kind(), ErrorKind::InvalidUsage, "{e}");
+        let dev = ThreadWorld::new(2).with_device_direct(true);
+        assert_eq!(dev.device_direct(), cfg!(feature = "cuda"));
+        let t = dev.transport(1).unwrap();
+        assert_eq!(t.moves_device_memory(), cfg!(feature = "cuda"));
+        let sub = t.subset(&[1], 7).unwrap();
+        assert_eq!(sub.moves_device_memory(), cfg!(feature = "cuda"));
+    }
+
+    /// A device send met by a host receive (or the reverse) is an error naming both kinds,
+    /// and neither side touches the other's memory (no GPU needed: nothing is copied).
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn host_and_device_messages_never_mix() {
+        let w = ThreadWorld::new(2).with_device_direct(true);
+        let (a, b) = (w.transport(0).unwrap(), w.transport(1).unwrap());
+        // SAFETY: the fake device address is never dereferenced: the receive refuses it.
+        let op = unsafe { a.isend_device(1, 3, 0xdead_0000, 8) }.unwrap();
+        let mut buf = [0u8; 8];
+        let e = b.recv_into(0, 3, &mut buf, soon()).unwrap_err();
+        assert!(e.message().contains("expected host memory"), "{e}");
+        op.wait(soon()).unwrap();
+        let data = [1u8; 8];
+        // SAFETY: `data` outlives the wait below.
+        let op = unsafe { a.isend(1, 4, data.as_ptr(), 8) }.unwrap();
+        // SAFETY: refused before the address is used.
+        let e = unsafe { b.recv_device(0, 4, 0xdead_0000, 8, soon()) }.unwrap_err();
+        assert!(e.message().contains("expected device memory"), "{e}");
+        op.wait(soon()).unwrap();
     }
 }

@@ -17,9 +17,11 @@ order on the communicator's worker thread); a synchronous call waits for it befo
 ``async_op=True`` returns a :class:`PcclWork`.
 
 CUDA tensors (a libpccl built with ``--features cuda``): the collective runs on device memory,
-ordered on the tensors' current CUDA stream (as torch's nccl backend orders its work), through
-the C ABI's stream argument; the call returns once that work is done, so ``async_op=True``
-returns a completed work. All tensors of one call must be on one device.
+queued on the tensors' current CUDA stream through the C ABI's stream argument (as torch's
+nccl backend orders its work): the call returns at once, and later work on that stream runs
+after the collective; the returned work is complete from the host's point of view (wait on
+the stream, e.g. ``torch.cuda.synchronize()``, before reading results on the host). All
+tensors of one call must be on one device.
 """
 
 from __future__ import annotations
@@ -80,7 +82,8 @@ def _device_of(tensors, call: str) -> torch.device:
 
 
 class _Done:
-    """A request that completed before it was returned (device collectives block)."""
+    """The request of a device collective: queued on the stream, nothing to wait for on the
+    host (the stream orders everything after it)."""
 
     @staticmethod
     def wait():
@@ -297,8 +300,8 @@ class PcclBackend(_BASE):
         return t * factor
 
     def _start(self, name, dev, *args):
-        """Issues collective ``name``: a PCCL request on host memory, or a blocking device
-        call on the current stream of CUDA device ``dev`` (then a completed request)."""
+        """Issues collective ``name``: a PCCL request on host memory, or a device collective
+        queued on the current stream of CUDA device ``dev``."""
         if dev.type == "cpu":
             return getattr(self._comm, "i" + name)(*args)
         with torch.cuda.device(dev):

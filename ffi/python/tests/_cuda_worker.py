@@ -123,6 +123,19 @@ def main(rank, world, init, outdir, mode):
                 dist.broadcast(b, src=p - 1, group=group)
                 w = make(p - 1, n, dtype, "sum", salt)
                 check(f"broadcast {dtype} n={n}", b, w, "sum", dtype)
+        # the same shapes again and again (FSDP's pattern): after the first of each shape the
+        # collectives are queued on the stream without blocking the host; read at the end
+        length = 61440  # divisible by every world size up to 6
+        t = torch.full((length,), 1.0, device=dev)
+        shard = torch.empty(length // p, device=dev)
+        for _ in range(6):
+            dist.all_reduce(t, group=group)
+            dist.reduce_scatter_tensor(shard, t, group=group)
+        torch.cuda.synchronize()
+        check("repeated all_reduce", t, torch.full((length,), float(p ** 6)), "sum",
+              torch.float32)
+        check("repeated reduce_scatter", shard, torch.full((length // p,), float(p ** 7)),
+              "sum", torch.float32)
         # work on a side stream is ordered on that stream
         s = torch.cuda.Stream()
         with torch.cuda.stream(s):
