@@ -252,8 +252,23 @@ impl Communicator {
         let call = self.device_call::<T>(coll, send, recv, count)?;
         self.decide_nccl(dev)?;
         self.wait_idle();
+        self.earlier_error()?;
         let tag = self.take_tag();
         self.run_device::<T>(dev, &call, tag)
+    }
+
+    /// The error an enqueued collective met, if any (then every later device call fails).
+    fn earlier_error(&self) -> Result<()> {
+        let (_, mut slot) = self.device_state()?;
+        let state = state_of(&mut slot)?;
+        let first = lock(&state.async_error);
+        match first.as_ref() {
+            Some(e) => Err(Error::new(
+                e.kind(),
+                format!("an earlier enqueued collective failed: {}", e.message()),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// [`Communicator::raw_collective_device`] ordered on `dev`'s stream without blocking the
@@ -291,6 +306,7 @@ impl Communicator {
             Ok("1") => true,
             _ => self.transport_name() != "threads",
         };
+        self.earlier_error()?;
         if !enqueue {
             self.wait_idle();
             let tag = self.take_tag();
@@ -298,12 +314,6 @@ impl Communicator {
         }
         let (_, mut slot) = self.device_state()?;
         let state = state_of(&mut slot)?;
-        if let Some(e) = lock(&state.async_error).as_ref() {
-            return Err(Error::new(
-                e.kind(),
-                format!("an earlier enqueued collective failed: {}", e.message()),
-            ));
-        }
         if state
             .warm
             .insert(shape_key::<T>(coll, count, dev.ordinal()))
@@ -359,9 +369,7 @@ impl Communicator {
             }))
             .unwrap_or_else(|_| Err(Error::internal("a device collective panicked")));
             if let Err(e) = r {
-                if comm.config().debug >= DebugLevel::Warn {
-                    eprintln!("PCCL WARN enqueued device collective failed: {e}");
-                }
+                eprintln!("PCCL WARN enqueued device collective failed: {e}");
                 lock(&errors).get_or_insert(e);
             }
             release.release(ticket);
