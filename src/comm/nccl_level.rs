@@ -156,7 +156,8 @@ impl NcclLevel {
                 "local rank 0 of this node could not create an NCCL unique id",
             ));
         }
-        let id_bytes: [u8; 128] = msg[..128].try_into().expect("128 bytes");
+        let mut id_bytes = [0u8; 128];
+        id_bytes.copy_from_slice(&msg[..128]);
         dev.bind()?;
         let nccl = NcclComm::init(&NcclUniqueId::from_bytes(&id_bytes), mm, m)?;
         if cfg.debug >= DebugLevel::Info && comm.rank() == 0 {
