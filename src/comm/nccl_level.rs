@@ -303,6 +303,17 @@ impl NcclLevel {
         }
     }
 
+    /// Scratch of the all-gather and reduce-scatter: `N` blocks of `block` bytes (the
+    /// inter-node level's buffer) and, unless the placement is already rank order, the
+    /// `M x N` grid. Returns (no grid needed, N-block address, grid address).
+    fn grid_scratch(&mut self, dev: &CudaDevice, block: usize) -> Result<(bool, u64, u64)> {
+        let direct = matches!(self.placement, Placement::LocalMajor);
+        let a_bytes = self.nodes * block;
+        let b_bytes = if direct { 0 } else { self.local * a_bytes };
+        let tmp = self.scratch(dev, a_bytes + b_bytes)?;
+        Ok((direct, tmp, tmp + a_bytes as u64))
+    }
+
     unsafe fn all_gather<T: Element>(
         &mut self,
         dev: &CudaDevice,
@@ -311,12 +322,8 @@ impl NcclLevel {
         count: usize,
     ) -> Result<()> {
         let es = std::mem::size_of::<T>();
-        let (nn, mm) = (self.nodes, self.local);
-        let direct = matches!(self.placement, Placement::LocalMajor);
-        let a_bytes = nn * count * es;
-        let b_bytes = if direct { 0 } else { mm * a_bytes };
-        let tmp = self.scratch(dev, a_bytes + b_bytes)?;
-        let (tmp_a, tmp_b) = (tmp, tmp + a_bytes as u64);
+        let nn = self.nodes;
+        let (direct, tmp_a, tmp_b) = self.grid_scratch(dev, count * es)?;
         self.inter
             .raw_collective_device::<T>(dev, RawCollective::AllGather, send, tmp_a, count)?;
         let grid = if direct { recv } else { tmp_b };
@@ -337,12 +344,8 @@ impl NcclLevel {
         op: ReduceOp,
     ) -> Result<()> {
         let es = std::mem::size_of::<T>();
-        let (nn, mm) = (self.nodes, self.local);
-        let direct = matches!(self.placement, Placement::LocalMajor);
-        let a_bytes = nn * count * es;
-        let b_bytes = if direct { 0 } else { mm * a_bytes };
-        let tmp = self.scratch(dev, a_bytes + b_bytes)?;
-        let (tmp_a, tmp_b) = (tmp, tmp + a_bytes as u64);
+        let nn = self.nodes;
+        let (direct, tmp_a, tmp_b) = self.grid_scratch(dev, count * es)?;
         let sum = if op == ReduceOp::Avg {
             ReduceOp::Sum
         } else {

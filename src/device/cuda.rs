@@ -644,34 +644,11 @@ impl CudaDevice {
     /// `dst[i] /= n` for floating-point `dtype` (the division that finishes an average), in
     /// the precision the host uses; a no-op for integer types, as on the host.
     pub fn divide(&self, dtype: DType, dst: &mut impl DevicePtrMut<u8>, n: usize) -> Result<()> {
-        if n == 0 {
-            return Err(Error::invalid("divide by zero ranks"));
-        }
-        let bytes = Self::check_lengths(dtype, &[dst.len()])?;
-        if !dtype.is_float() || bytes == 0 {
-            return Ok(());
-        }
-        let esize = dtype.size();
+        let bytes = dst.len();
         let (pd, _rd) = dst.device_ptr_mut(&self.stream);
-        let launch::Elementwise { n: count, head } = launch::check_divide(dtype, pd, bytes)?;
-        let kernel = launch::divide_kernel(dtype);
-        let f = self.shared.kernels.get(&kernel)?;
-        let cfg = self.config(0, self.elementwise_work(count, head, esize));
-        let d32 = n as f32;
-        let d64 = n as f64;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&pd).arg(&count).arg(&head);
-        if dtype == DType::F64 {
-            b.arg(&d64);
-        } else {
-            b.arg(&d32);
-        }
-        // SAFETY: `pccl_divide_<dtype>(T* dst, u64 n, u64 head, D divisor)` takes these four
-        // arguments, the divisor as double for f64 and float otherwise; `pd` addresses
-        // `count` aligned elements of `dst`, mutably borrowed until this returns.
-        unsafe { b.launch(cfg) }
-            .map_err(|e| Error::system(format!("CUDA launch of {kernel} failed: {e}")))?;
-        Ok(())
+        // SAFETY: `pd` addresses the `bytes` bytes of `dst`, mutably borrowed until this
+        // returns.
+        unsafe { self.divide_raw(dtype, pd, bytes, n) }
     }
 
     /// Transposes an `m` x `n` grid of blocks of `block_bytes` bytes: `src` holds it as

@@ -406,12 +406,8 @@ impl HipApi {
         // SAFETY: hipGetErrorString returns a static NUL-terminated string (or null) for any
         // error value.
         let s = unsafe { (self.hipGetErrorString)(r) };
-        let msg = if s.is_null() {
-            "unknown error".to_string()
-        } else {
-            // SAFETY: non-null, NUL-terminated and static (see above).
-            unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
-        };
+        // SAFETY: the library returned a static NUL-terminated string or null (see above).
+        let msg = unsafe { static_message(s) };
         Err(Error::system(format!("HIP {what} failed: {msg} ({r})")))
     }
 
@@ -541,12 +537,8 @@ impl HiprtcApi {
         }
         // SAFETY: hiprtcGetErrorString returns a static NUL-terminated string (or null).
         let s = unsafe { (self.hiprtcGetErrorString)(r) };
-        let msg = if s.is_null() {
-            "unknown error".to_string()
-        } else {
-            // SAFETY: non-null, NUL-terminated and static.
-            unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
-        };
+        // SAFETY: the library returned a static NUL-terminated string or null (see above).
+        let msg = unsafe { static_message(s) };
         Err(Error::system(format!("hipRTC {what} failed: {msg} ({r})")))
     }
 
@@ -672,12 +664,8 @@ impl RcclApi {
         }
         // SAFETY: ncclGetErrorString returns a static NUL-terminated string (or null).
         let s = unsafe { (self.ncclGetErrorString)(r) };
-        let msg = if s.is_null() {
-            "unknown error".to_string()
-        } else {
-            // SAFETY: non-null, NUL-terminated and static.
-            unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
-        };
+        // SAFETY: the library returned a static NUL-terminated string or null (see above).
+        let msg = unsafe { static_message(s) };
         Err(Error::system(format!("RCCL {what} failed: {msg} ({r})")))
     }
 
@@ -1852,6 +1840,19 @@ impl HipDevice {
             "hipEventElapsedTime",
         )?;
         Ok(f64::from(ms))
+    }
+}
+
+/// The text of a static error string a library returned (`"unknown error"` for null).
+///
+/// # Safety
+/// `s` is null or a NUL-terminated string that stays valid.
+unsafe fn static_message(s: *const c_char) -> String {
+    if s.is_null() {
+        "unknown error".to_string()
+    } else {
+        // SAFETY: non-null and NUL-terminated (the caller's promise).
+        unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
     }
 }
 

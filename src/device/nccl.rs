@@ -339,18 +339,16 @@ impl NcclComm {
         stream: *mut c_void,
     ) -> Result<()> {
         let a = api()?;
-        check(
+        self.reduction(
             a,
+            a.reduce_scatter,
             "ncclReduceScatter",
-            (a.reduce_scatter)(
-                send as *const c_void,
-                recv as *mut c_void,
-                count,
-                nccl_dtype(dtype),
-                nccl_op(op),
-                self.raw,
-                stream,
-            ),
+            send,
+            recv,
+            count,
+            dtype,
+            op,
+            stream,
         )
     }
 
@@ -369,19 +367,46 @@ impl NcclComm {
         stream: *mut c_void,
     ) -> Result<()> {
         let a = api()?;
-        check(
+        self.reduction(
             a,
+            a.all_reduce,
             "ncclAllReduce",
-            (a.all_reduce)(
-                send as *const c_void,
-                recv as *mut c_void,
-                count,
-                nccl_dtype(dtype),
-                nccl_op(op),
-                self.raw,
-                stream,
-            ),
+            send,
+            recv,
+            count,
+            dtype,
+            op,
+            stream,
         )
+    }
+
+    /// Calls one of NCCL's reductions (they share a signature).
+    ///
+    /// # Safety
+    /// As the calling wrapper.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn reduction(
+        &self,
+        a: &Api,
+        f: ReduceFn,
+        what: &str,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        let r = f(
+            send as *const c_void,
+            recv as *mut c_void,
+            count,
+            nccl_dtype(dtype),
+            nccl_op(op),
+            self.raw,
+            stream,
+        );
+        check(a, what, r)
     }
 
     /// `ncclBroadcast` of `count` elements from NCCL rank `root`.
