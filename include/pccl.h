@@ -362,11 +362,31 @@ pcclResult_t pcclCommInitMPIWorld(pcclComm_t *comm);
 pcclResult_t pcclCommDestroy(pcclComm_t comm);
 
 /**
- * Frees a communicator without waiting for anything (for error paths; the same as
- * `pcclCommDestroy` here, since destroying never waits). Collectives other ranks are
- * still running with this one fail with `pcclTimeout`. NULL is a no-op.
+ * Aborts and frees a communicator, from any thread: every call blocked on it (on any
+ * thread) and every request in flight on it ends within a second with `pcclInvalidUsage`
+ * ("aborted"), and the other ranks are told, so their calls on it fail with
+ * `pcclRemoteError` naming this rank instead of timing out. Any later use of the handle
+ * returns `pcclInvalidUsage`. NULL is a no-op.
  */
 pcclResult_t pcclCommAbort(pcclComm_t comm);
+
+/**
+ * Makes `*newcomm`, a communicator of the ranks of `comm` not listed in `excluded`
+ * (`nexcluded` ranks of `comm`; ranks renumbered in order, the hierarchy recomputed),
+ * without the excluded ranks taking part: after a rank died, the survivors go on with
+ * it. Every surviving rank calls it with the same list (checked: a disagreement is
+ * `pcclInvalidArgument` on every survivor). `comm` stays valid (destroy it afterwards).
+ * Works on thread-ranks and on the TCP transport (`pcclCommInitRank`); under MPI it needs
+ * every rank of `comm` alive (see the README).
+ *
+ * # Safety
+ * `excluded` must be NULL with `nexcluded == 0`, or point to `nexcluded` readable ints;
+ * `newcomm` must be NULL (an error) or point to a writable `pcclComm_t`.
+ */
+pcclResult_t pcclCommShrink(pcclComm_t comm,
+                            const int *excluded,
+                            int nexcluded,
+                            pcclComm_t *newcomm);
 
 /**
  * Stores the number of ranks of `comm` in `*count`.

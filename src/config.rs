@@ -10,6 +10,8 @@
 //! | `PCCL_MODEL` | cost-model parameters `a_intra,bw_intra,a_inter,bw_inter,bw_reduce` (µs, GB/s) | built in |
 //! | `PCCL_NCCL` | intra-node level of device collectives on NCCL: `auto`, `1` (required), `0` (never) | `auto` |
 //! | `PCCL_DEVICE_DIRECT` | `1`: device collectives hand device pointers to a transport that moves device memory (CUDA-aware MPI, thread world in device mode); `0`: always pinned host staging (every rank must agree) | `1` |
+//! | `PCCL_FAULT` | fault injection for tests: `rank:seq:kind[,...]`, kind `kill`, `stall`, `drop`, `corrupt` (see `pccl::fault`) | none |
+//! | `PCCL_CHECKS` | `0`: messages carry only the sequence number, not the call's fingerprint (to measure what the checks cost) | `1` |
 //! | `PCCL_MPI_CUDA_AWARE` | whether MPI moves device memory: `auto` (ask `MPIX_Query_cuda_support`), `1` (assert it does), `0` (it does not) | `auto` |
 
 use crate::error::{Error, Result};
@@ -59,6 +61,10 @@ pub struct Config {
     /// Device collectives on a transport that moves device memory hand it device pointers
     /// (no pinned host staging); `false` always stages. Every rank must agree.
     pub device_direct: bool,
+    /// Faults to inject (tests only; `PCCL_FAULT`).
+    pub faults: Vec<crate::fault::Fault>,
+    /// Whether messages carry the call's fingerprint (`PCCL_CHECKS`, on by default).
+    pub checks: bool,
 }
 
 impl Default for Config {
@@ -72,6 +78,8 @@ impl Default for Config {
             model: CostParams::default(),
             nccl: NcclMode::Auto,
             device_direct: true,
+            faults: Vec::new(),
+            checks: true,
         }
     }
 }
@@ -142,6 +150,12 @@ impl Config {
                 return Err(Error::invalid("PCCL_RANKS_PER_NODE must be at least 1"));
             }
             c.ranks_per_node = Some(m);
+        }
+        if let Some(v) = var("PCCL_FAULT") {
+            c.faults = crate::fault::parse(&v)?;
+        }
+        if let Some(v) = var("PCCL_CHECKS") {
+            c.checks = parse_switch("PCCL_CHECKS", &v)?;
         }
         if let Some(v) = var("PCCL_TIMEOUT") {
             let s: f64 = parse_num("PCCL_TIMEOUT", &v)?;

@@ -11,6 +11,7 @@ pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod exec;
+pub mod fault;
 pub mod model;
 pub mod plan;
 pub mod topology;

@@ -338,9 +338,12 @@ unsafe fn typed<T: Element>(
     count: usize,
     nonblocking: bool,
 ) -> Result<Option<Request<()>>> {
-    let (in_len, out_len) = extents(coll, count, comm.size())?;
-    check_buffer::<T>("sendbuff", send as usize, in_len)?;
-    check_buffer::<T>("recvbuff", recv as usize, out_len)?;
+    let checked = extents(coll, count, comm.size()).and_then(|(in_len, out_len)| {
+        check_buffer::<T>("sendbuff", send as usize, in_len)?;
+        check_buffer::<T>("recvbuff", recv as usize, out_len)
+    });
+    // A call refused here still takes its turn, so the peers fail it too and stay in step.
+    checked.map_err(|e| comm.refuse_call("argument check", e))?;
     let (send, recv) = (send.cast::<T>(), recv.cast::<T>());
     // SAFETY: the caller guarantees the buffers for the counts of `coll` (checked above to
     // be addressable), for as long as the collective runs.
@@ -375,8 +378,10 @@ unsafe fn collective(
     count: usize,
     how: How,
 ) -> Outcome<Option<Request<()>>> {
-    let dt = datatype(dtype_code).on(c)?;
     let comm = &c.comm;
+    let dt = datatype(dtype_code)
+        .map_err(|e| comm.refuse_call("argument check", e))
+        .on(c)?;
     let nonblocking = matches!(how, How::NonBlocking);
     let device_stream = match how {
         How::Blocking(stream) if !stream.is_null() => Some(stream),
@@ -736,15 +741,77 @@ pub extern "C" fn pcclCommDestroy(comm: pcclComm_t) -> pcclResult_t {
     })
 }
 
-/// Frees a communicator without waiting for anything (for error paths; the same as
-/// `pcclCommDestroy` here, since destroying never waits). Collectives other ranks are
-/// still running with this one fail with `pcclTimeout`. NULL is a no-op.
+/// Aborts and frees a communicator, from any thread: every call blocked on it (on any
+/// thread) and every request in flight on it ends within a second with `pcclInvalidUsage`
+/// ("aborted"), and the other ranks are told, so their calls on it fail with
+/// `pcclRemoteError` naming this rank instead of timing out. Any later use of the handle
+/// returns `pcclInvalidUsage`. NULL is a no-op.
 #[no_mangle]
 pub extern "C" fn pcclCommAbort(comm: pcclComm_t) -> pcclResult_t {
     entry("pcclCommAbort", || {
         if !comm.is_null() {
-            handles::comm(comm as usize, "comm", true)?;
+            let c = handles::comm(comm as usize, "comm", true)?;
+            c.comm.abort();
         }
+        Ok(())
+    })
+}
+
+/// Makes `*newcomm`, a communicator of the ranks of `comm` not listed in `excluded`
+/// (`nexcluded` ranks of `comm`; ranks renumbered in order, the hierarchy recomputed),
+/// without the excluded ranks taking part: after a rank died, the survivors go on with
+/// it. Every surviving rank calls it with the same list (checked: a disagreement is
+/// `pcclInvalidArgument` on every survivor). `comm` stays valid (destroy it afterwards).
+/// Works on thread-ranks and on the TCP transport (`pcclCommInitRank`); under MPI it needs
+/// every rank of `comm` alive (see the README).
+///
+/// # Safety
+/// `excluded` must be NULL with `nexcluded == 0`, or point to `nexcluded` readable ints;
+/// `newcomm` must be NULL (an error) or point to a writable `pcclComm_t`.
+#[no_mangle]
+pub unsafe extern "C" fn pcclCommShrink(
+    comm: pcclComm_t,
+    excluded: *const c_int,
+    nexcluded: c_int,
+    newcomm: *mut pcclComm_t,
+) -> pcclResult_t {
+    entry("pcclCommShrink", || {
+        // SAFETY: `newcomm` is NULL or points to a writable handle (caller's promise).
+        unsafe { clear(newcomm) };
+        let c = handles::comm(comm as usize, "comm", false)?;
+        not_null(newcomm, "newcomm").on(&c)?;
+        let p = c.comm.size();
+        let n = usize::try_from(nexcluded)
+            .ok()
+            .filter(|&n| n <= p)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "nexcluded {nexcluded} must be between 0 and the communicator's {p} ranks"
+                ))
+            })
+            .on(&c)?;
+        if n > 0 {
+            not_null(excluded, "excluded").on(&c)?;
+        }
+        let list: &[c_int] = if n == 0 {
+            &[]
+        } else {
+            // SAFETY: non-NULL and readable for `n` ints (caller's promise); `n` is at most
+            // the communicator's size, checked above.
+            unsafe { std::slice::from_raw_parts(excluded, n) }
+        };
+        let ranks = list
+            .iter()
+            .map(|&r| {
+                usize::try_from(r)
+                    .map_err(|_| Error::invalid(format!("excluded rank {r} is negative")))
+            })
+            .collect::<Result<Vec<usize>>>()
+            .on(&c)?;
+        let sub = c.comm.shrink(&ranks).on(&c)?;
+        let h = handles::add_comm(sub).on(&c)?;
+        // SAFETY: as above.
+        unsafe { put(newcomm, h as pcclComm_t) };
         Ok(())
     })
 }

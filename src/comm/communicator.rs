@@ -5,15 +5,18 @@ use super::request::{lost, pair, Request};
 use crate::config::{Config, DebugLevel};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::exec::{execute, BlockLayout, ExecOptions, Memory};
+use crate::exec::{abandon, execute, BlockLayout, ExecOptions, Memory};
+use crate::fault::{self, FaultKind};
 use crate::model::tuner;
 use crate::plan::{self, Algorithm, Collective, Plan};
 use crate::topology::Topology;
+use crate::transport::faults::{self as stamps, stamp, Tag};
 use crate::transport::threads::ThreadWorld;
 use crate::transport::{fnv1a, Transport};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// A collective named for the raw-pointer entry points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,9 +33,13 @@ pub enum RawCollective {
 
 /// A group of ranks that run collectives together (MPI's communicator, NCCL's `ncclComm_t`).
 ///
-/// Every rank must call the same collectives in the same order with matching counts. A
-/// communicator is used from one thread at a time; its non-blocking calls progress on a
-/// worker thread of its own, in issue order.
+/// Every rank must call the same collectives in the same order with matching counts; a rank
+/// that disagrees (another collective, count, dtype, op or root) makes the call fail on every
+/// rank, and so does a call one rank refuses (bad arguments). A communicator takes one call
+/// at a time: a call made while another thread is inside one fails with an invalid-usage
+/// error (calls from several threads one after another must come in the same order on every
+/// rank, as with NCCL). Its non-blocking calls progress on a worker thread of its own, in
+/// issue order.
 pub struct Communicator {
     inner: Arc<Inner>,
 }
@@ -42,6 +49,8 @@ struct Inner {
     topo: Topology,
     cfg: Config,
     seq: AtomicU32,
+    /// Set while an application thread is inside a call (one call at a time).
+    busy: AtomicBool,
     /// Held while a plan runs; owns the scratch space (u64 words keep every dtype aligned).
     exec: Mutex<Vec<u64>>,
     worker: Mutex<Option<Worker>>,
@@ -54,6 +63,15 @@ struct Inner {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// An application thread inside a call; leaving clears the mark.
+struct Busy<'a>(&'a AtomicBool);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// What a collective call hands to the executor, with pointers (the safe front ends build it
@@ -118,6 +136,7 @@ impl Communicator {
                 topo,
                 cfg,
                 seq: AtomicU32::new(0),
+                busy: AtomicBool::new(false),
                 exec: Mutex::new(Vec::new()),
                 worker: Mutex::new(None),
                 outstanding: Outstanding::default(),
@@ -189,30 +208,150 @@ impl Communicator {
         self.inner.algorithm_for(coll, block_bytes)
     }
 
+    // ---- one call at a time, refusals, abort, shrink --------------------------------------
+
+    /// Runs a blocking call: one call at a time, a sequence number taken whether or not the
+    /// arguments are good, and the call refused on every rank when they are not.
+    ///
+    /// # Safety
+    /// The buffers the built call points to must stay valid and otherwise untouched until
+    /// this returns.
+    unsafe fn blocking<T: Element>(
+        &self,
+        what: &str,
+        build: impl FnOnce() -> Result<Call<T>>,
+    ) -> Result<()> {
+        let _one = self.inner.enter(what)?;
+        let seq = self.inner.next_seq();
+        let call = build().map_err(|e| self.inner.refuse(seq, what, e))?;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.inner.run_blocking(call, seq) }
+    }
+
+    /// Queues a non-blocking call (as [`Communicator::blocking`]); the request yields `keep`.
+    ///
+    /// # Safety
+    /// The buffers the built call points to must stay valid and untouched until the request
+    /// completes; the callers guarantee it by moving their owners into `keep`.
+    unsafe fn nonblocking<T: Element, K: Send + 'static>(
+        &self,
+        what: &str,
+        build: impl FnOnce() -> Result<Call<T>>,
+        keep: K,
+    ) -> Result<Request<K>> {
+        let _one = self.inner.enter(what)?;
+        let seq = self.inner.next_seq();
+        let call = build().map_err(|e| self.inner.refuse(seq, what, e))?;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.inner.submit(call, keep, seq) }
+    }
+
+    /// Takes this rank's turn at the next collective and refuses it with `err`: every peer's
+    /// call of that collective fails with a remote error naming this rank and `what`, and
+    /// the ranks stay in step for the next one. For front ends that reject a call before it
+    /// reaches the communicator (the C ABI's argument checks); returns `err`.
+    pub fn refuse_call(&self, what: &str, err: Error) -> Error {
+        let Ok(_one) = self.inner.enter(what) else {
+            return err;
+        };
+        let seq = self.inner.next_seq();
+        self.inner.refuse(seq, what, err)
+    }
+
+    /// Aborts the communicator, from any thread: every call in progress or queued on it (on
+    /// this rank) ends within a fraction of a second with an invalid-usage error, every later
+    /// call fails the same way, and the peers are told (their calls fail with a remote error
+    /// naming this rank) where the transport can reach them.
+    pub fn abort(&self) {
+        let why = format!("aborted by the application on rank {}", self.rank());
+        self.inner.transport.abort(&why);
+    }
+
+    /// Ranks this communicator knows to be dead, with how each was detected (what to pass
+    /// to [`Communicator::shrink`]).
+    pub fn dead_ranks(&self) -> Vec<usize> {
+        self.inner
+            .transport
+            .faults()
+            .dead_ranks()
+            .into_iter()
+            .map(|(r, _)| r)
+            .collect()
+    }
+
+    /// A new communicator of the ranks not in `excluded` (ranks renumbered in order, the
+    /// hierarchy recomputed; nodes of unequal size allowed), made by the survivors without
+    /// the excluded ranks taking part: the way on after a rank died. Every surviving rank
+    /// must call it with the same `excluded`; the new communicator checks that they did.
+    pub fn shrink(&self, excluded: &[usize]) -> Result<Communicator> {
+        let _one = self.inner.enter("shrink")?;
+        let p = self.size();
+        let mut ex: Vec<usize> = excluded.to_vec();
+        ex.sort_unstable();
+        ex.dedup();
+        if let Some(&bad) = ex.iter().find(|&&r| r >= p) {
+            return Err(Error::invalid(format!(
+                "shrink: rank {bad} is not a rank of this communicator of {p}"
+            )));
+        }
+        if ex.binary_search(&self.rank()).is_ok() {
+            return Err(Error::invalid(format!(
+                "shrink: rank {} excluded itself; only the ranks that stay call shrink",
+                self.rank()
+            )));
+        }
+        let seq = self.inner.next_seq();
+        let members: Vec<usize> = (0..p).filter(|r| ex.binary_search(r).is_err()).collect();
+        let words: Vec<u8> = ex.iter().flat_map(|&r| (r as u64).to_le_bytes()).collect();
+        let agreed = fnv1a(&words);
+        let ctx = fnv1a(&[b"shrink".as_slice(), &seq.to_le_bytes(), &words].concat());
+        let transport = self.inner.transport.subset(&members, ctx)?;
+        let keys: Vec<u64> = members
+            .iter()
+            .map(|&r| self.inner.topo.position(r).0 as u64)
+            .collect();
+        let mut cfg = self.inner.cfg.clone();
+        cfg.faults.clear();
+        let child = Communicator::build(transport, Topology::from_node_keys(&keys), cfg);
+        let mut all = vec![0u64; members.len()];
+        child.all_gather(&[agreed], &mut all)?;
+        if let Some(r) = all.iter().position(|&h| h != agreed) {
+            return Err(Error::invalid(format!(
+                "shrink: rank {} (rank {r} of the new communicator) excluded other ranks than \
+                 rank {}; every surviving rank must pass the same list",
+                members[r],
+                self.rank()
+            )));
+        }
+        Ok(child)
+    }
+
     // ---- blocking collectives -------------------------------------------------------------
 
     /// Gathers every rank's `input` into `output` in rank order
     /// (`output.len() == input.len() * size()`).
     pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
-        let call = self.all_gather_call(
-            input.as_ptr(),
-            input.len(),
-            output.as_mut_ptr(),
-            output.len(),
-        )?;
+        let (o, n) = (output.as_mut_ptr(), output.len());
         // SAFETY: both slices are borrowed for the whole blocking call.
-        unsafe { self.inner.run_blocking(call) }
+        unsafe {
+            self.blocking("all_gather", || {
+                self.all_gather_call(input.as_ptr(), input.len(), o, n)
+            })
+        }
     }
 
     /// In-place all-gather: this rank's share is already at block `rank()` of `buf`.
     pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
-        let count = self.block_of(buf.len(), "all_gather_in_place")?;
-        let base = buf.as_mut_ptr();
-        // SAFETY: block `rank` of `buf` is in bounds (`count * size == buf.len()`).
-        let inp = unsafe { base.add(self.rank() * count) };
-        let call = self.all_gather_call(inp, count, base, buf.len())?;
+        let (base, len) = (buf.as_mut_ptr(), buf.len());
         // SAFETY: `buf` is borrowed for the whole call; the aliasing is the in-place form.
-        unsafe { self.inner.run_blocking(call) }
+        unsafe {
+            self.blocking("all_gather_in_place", || {
+                let count = self.block_of(len, "all_gather_in_place")?;
+                // Block `rank` of `buf` is in bounds (`count * size == len`).
+                let inp = base.wrapping_add(self.rank() * count);
+                self.all_gather_call(inp, count, base, len)
+            })
+        }
     }
 
     /// Reduces everyone's `input` with `op` and leaves block `rank()` of the result in
@@ -223,27 +362,28 @@ impl Communicator {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<()> {
-        let call = self.reduce_scatter_call::<T>(
-            input.as_ptr(),
-            input.len(),
-            output.as_mut_ptr(),
-            output.len(),
-            op,
-        )?;
+        let (o, n) = (output.as_mut_ptr(), output.len());
         // SAFETY: both slices are borrowed for the whole blocking call.
-        unsafe { self.inner.run_blocking(call) }
+        unsafe {
+            self.blocking("reduce_scatter", || {
+                self.reduce_scatter_call::<T>(input.as_ptr(), input.len(), o, n, op)
+            })
+        }
     }
 
     /// In-place reduce-scatter: the result lands in block `rank()` of `buf`; the other blocks
     /// are not written (partial sums live in the communicator's scratch space).
     pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let count = self.block_of(buf.len(), "reduce_scatter_in_place")?;
-        let base = buf.as_mut_ptr();
-        // SAFETY: block `rank` of `buf` is in bounds.
-        let out = unsafe { base.add(self.rank() * count) };
-        let call = self.reduce_scatter_call::<T>(base, buf.len(), out, count, op)?;
+        let (base, len) = (buf.as_mut_ptr(), buf.len());
         // SAFETY: `buf` is borrowed for the whole call; the aliasing is the in-place form.
-        unsafe { self.inner.run_blocking(call) }
+        unsafe {
+            self.blocking("reduce_scatter_in_place", || {
+                let count = self.block_of(len, "reduce_scatter_in_place")?;
+                // Block `rank` of `buf` is in bounds.
+                let out = base.wrapping_add(self.rank() * count);
+                self.reduce_scatter_call::<T>(base, len, out, count, op)
+            })
+        }
     }
 
     /// Reduces everyone's `input` with `op` into every rank's `output` (same lengths).
@@ -253,37 +393,37 @@ impl Communicator {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<()> {
-        let call = self.all_reduce_call::<T>(
-            input.as_ptr(),
-            input.len(),
-            output.as_mut_ptr(),
-            output.len(),
-            op,
-        )?;
+        let (o, n) = (output.as_mut_ptr(), output.len());
         // SAFETY: both slices are borrowed for the whole blocking call.
-        unsafe { self.inner.run_blocking(call) }
+        unsafe {
+            self.blocking("all_reduce", || {
+                self.all_reduce_call::<T>(input.as_ptr(), input.len(), o, n, op)
+            })
+        }
     }
 
     /// In-place all-reduce.
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let call =
-            self.all_reduce_call::<T>(buf.as_ptr(), buf.len(), buf.as_mut_ptr(), buf.len(), op)?;
+        let (b, n) = (buf.as_mut_ptr(), buf.len());
         // SAFETY: `buf` is borrowed for the whole call; the aliasing is the in-place form.
-        unsafe { self.inner.run_blocking(call) }
+        unsafe {
+            self.blocking("all_reduce_in_place", || {
+                self.all_reduce_call::<T>(b, n, b, n, op)
+            })
+        }
     }
 
     /// Copies `root`'s `buf` into every rank's `buf`.
     pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
-        let call = self.broadcast_call::<T>(buf.as_mut_ptr(), buf.len(), root)?;
+        let (b, n) = (buf.as_mut_ptr(), buf.len());
         // SAFETY: `buf` is borrowed for the whole call.
-        unsafe { self.inner.run_blocking(call) }
+        unsafe { self.blocking("broadcast", || self.broadcast_call::<T>(b, n, root)) }
     }
 
     /// Returns only when every rank has entered the barrier.
     pub fn barrier(&self) -> Result<()> {
-        let call = self.barrier_call();
         // SAFETY: the barrier touches no memory.
-        unsafe { self.inner.run_blocking(call) }
+        unsafe { self.blocking("barrier", || Ok(self.barrier_call())) }
     }
 
     // ---- non-blocking collectives ---------------------------------------------------------
@@ -296,10 +436,16 @@ impl Communicator {
         O: AsMut<[T]> + Send + 'static,
     {
         let (i, o) = (input.as_ref(), output.as_mut());
-        let call = self.all_gather_call(i.as_ptr(), i.len(), o.as_mut_ptr(), o.len())?;
+        let (ip, il, op, ol) = (i.as_ptr(), i.len(), o.as_mut_ptr(), o.len());
         // SAFETY: the job owns `input` and `output` until it completes; moving them does not
-        // move their heap contents, which is what `call` points into.
-        unsafe { self.inner.submit(call, (input, output)) }
+        // move their heap contents, which is what the call points into.
+        unsafe {
+            self.nonblocking(
+                "all_gather_async",
+                || self.all_gather_call(ip, il, op, ol),
+                (input, output),
+            )
+        }
     }
 
     /// Non-blocking [`Communicator::reduce_scatter`].
@@ -315,10 +461,15 @@ impl Communicator {
         O: AsMut<[T]> + Send + 'static,
     {
         let (i, o) = (input.as_ref(), output.as_mut());
-        let call =
-            self.reduce_scatter_call::<T>(i.as_ptr(), i.len(), o.as_mut_ptr(), o.len(), op)?;
+        let (ip, il, outp, ol) = (i.as_ptr(), i.len(), o.as_mut_ptr(), o.len());
         // SAFETY: as in `all_gather_async`.
-        unsafe { self.inner.submit(call, (input, output)) }
+        unsafe {
+            self.nonblocking(
+                "reduce_scatter_async",
+                || self.reduce_scatter_call::<T>(ip, il, outp, ol, op),
+                (input, output),
+            )
+        }
     }
 
     /// Non-blocking in-place [`Communicator::all_reduce_in_place`].
@@ -328,9 +479,15 @@ impl Communicator {
         B: AsMut<[T]> + Send + 'static,
     {
         let b = buf.as_mut();
-        let call = self.all_reduce_call::<T>(b.as_ptr(), b.len(), b.as_mut_ptr(), b.len(), op)?;
+        let (bp, n) = (b.as_mut_ptr(), b.len());
         // SAFETY: as in `all_gather_async`.
-        unsafe { self.inner.submit(call, buf) }
+        unsafe {
+            self.nonblocking(
+                "all_reduce_async",
+                || self.all_reduce_call::<T>(bp, n, bp, n, op),
+                buf,
+            )
+        }
     }
 
     /// Non-blocking [`Communicator::broadcast`].
@@ -340,16 +497,21 @@ impl Communicator {
         B: AsMut<[T]> + Send + 'static,
     {
         let b = buf.as_mut();
-        let call = self.broadcast_call::<T>(b.as_mut_ptr(), b.len(), root)?;
+        let (bp, n) = (b.as_mut_ptr(), b.len());
         // SAFETY: as in `all_gather_async`.
-        unsafe { self.inner.submit(call, buf) }
+        unsafe {
+            self.nonblocking(
+                "broadcast_async",
+                || self.broadcast_call::<T>(bp, n, root),
+                buf,
+            )
+        }
     }
 
     /// Non-blocking [`Communicator::barrier`].
     pub fn barrier_async(&self) -> Result<Request<()>> {
-        let call = self.barrier_call();
         // SAFETY: the barrier touches no memory.
-        unsafe { self.inner.submit(call, ()) }
+        unsafe { self.nonblocking("barrier_async", || Ok(self.barrier_call()), ()) }
     }
 
     // ---- raw-pointer entry points (the C ABI) ----------------------------------------------
@@ -370,8 +532,8 @@ impl Communicator {
         recv: *mut T,
         count: usize,
     ) -> Result<()> {
-        let call = self.raw_call(coll, send, recv, count)?;
-        self.inner.run_blocking(call)
+        // SAFETY: forwarded from the caller.
+        unsafe { self.blocking("collective", || self.raw_call(coll, send, recv, count)) }
     }
 
     /// Non-blocking [`Communicator::raw_collective`].
@@ -385,8 +547,8 @@ impl Communicator {
         recv: *mut T,
         count: usize,
     ) -> Result<Request<()>> {
-        let call = self.raw_call(coll, send, recv, count)?;
-        self.inner.submit(call, ())
+        // SAFETY: forwarded from the caller.
+        unsafe { self.nonblocking("collective", || self.raw_call(coll, send, recv, count), ()) }
     }
 
     /// Non-blocking barrier for the C ABI.
@@ -497,7 +659,7 @@ impl Communicator {
     /// The tag of the next collective in issue order.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn take_tag(&self) -> u32 {
-        self.inner.seq.fetch_add(1, Ordering::SeqCst)
+        self.inner.next_seq()
     }
 
     /// The plan of `coll` (tuned, cached), without waiting for queued work.
@@ -764,18 +926,54 @@ impl Inner {
         Ok(p)
     }
 
-    /// Runs `call` on the calling thread, after any queued non-blocking collectives.
+    /// Marks an application thread inside a call; a second one gets an invalid-usage error.
+    fn enter(&self, what: &str) -> Result<Busy<'_>> {
+        if self
+            .busy
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return Err(Error::usage(format!(
+                "{what}: another thread is inside a call on this communicator (rank {}); a \
+                 communicator takes one call at a time: serialise the calls, or give each \
+                 thread a communicator of its own (split)",
+                self.transport.rank()
+            )));
+        }
+        Ok(Busy(&self.busy))
+    }
+
+    /// This rank's next collective sequence number (every call takes one, failed or not).
+    fn next_seq(&self) -> u32 {
+        self.seq.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// Refuses collective `seq` on every rank because of `err` (this rank's own error).
+    fn refuse(&self, seq: u32, what: &str, err: Error) -> Error {
+        let why = format!(
+            "{what} on rank {}: {}",
+            self.transport.rank(),
+            err.message()
+        );
+        self.transport.abandon(stamp(seq, 0), &why);
+        err
+    }
+
+    /// Runs `call` as collective `seq` on the calling thread, after any queued non-blocking
+    /// collectives.
     ///
     /// # Safety
     /// The buffers `call` points to must stay valid and otherwise untouched until it returns.
-    unsafe fn run_blocking<T: Element>(&self, call: Call<T>) -> Result<()> {
-        let tag = self.seq.fetch_add(1, Ordering::SeqCst);
-        let plan = self.plan(call.coll, call.block_bytes)?;
+    unsafe fn run_blocking<T: Element>(&self, call: Call<T>, seq: u32) -> Result<()> {
+        let plan = self
+            .plan(call.coll, call.block_bytes)
+            .map_err(|e| self.refuse(seq, "planning", e))?;
         self.outstanding.wait_idle();
-        self.execute(&plan, call, tag)
+        self.execute(&plan, call, seq)
     }
 
-    /// Queues `call` on the progress worker; the request yields `keep` when it completes.
+    /// Queues `call` as collective `seq` on the progress worker; the request yields `keep`
+    /// when it completes.
     ///
     /// # Safety
     /// The buffers `call` points to must stay valid and untouched until the job completes;
@@ -784,16 +982,18 @@ impl Inner {
         self: &Arc<Self>,
         call: Call<T>,
         keep: K,
+        seq: u32,
     ) -> Result<Request<K>> {
-        let tag = self.seq.fetch_add(1, Ordering::SeqCst);
-        let plan = self.plan(call.coll, call.block_bytes)?;
+        let plan = self
+            .plan(call.coll, call.block_bytes)
+            .map_err(|e| self.refuse(seq, "planning", e))?;
         let (req, done) = pair();
         let me = self.clone();
         self.outstanding.add();
         let job = Box::new(move || {
             // A panic inside a kernel must not leave the request or the queue stuck.
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                me.execute(&plan, call, tag)
+                me.execute(&plan, call, seq)
             }))
             .unwrap_or_else(|_| {
                 Err(Error::internal(
@@ -809,15 +1009,18 @@ impl Inner {
         });
         let mut w = lock(&self.worker);
         if w.is_none() {
-            *w = Some(
-                Worker::start(format!("pccl-progress-{}", self.transport.rank()))
-                    .inspect_err(|_| self.outstanding.done())?,
-            );
+            match Worker::start(format!("pccl-progress-{}", self.transport.rank())) {
+                Ok(worker) => *w = Some(worker),
+                Err(e) => {
+                    self.outstanding.done();
+                    return Err(self.refuse(seq, "starting the progress thread", e));
+                }
+            }
         }
         if let Some(worker) = w.as_ref() {
             if let Err(e) = worker.submit(job) {
                 self.outstanding.done();
-                return Err(e);
+                return Err(self.refuse(seq, "queueing", e));
             }
         } else {
             return Err(lost());
@@ -825,7 +1028,83 @@ impl Inner {
         Ok(req)
     }
 
-    fn execute<T: Element>(&self, plan: &Plan, call: Call<T>, tag: u32) -> Result<()> {
+    /// The stamp of collective `seq` running `call` with `plan`: its number and a
+    /// fingerprint of the call (collective, dtype, op, counts, root, algorithm).
+    fn stamp_of<T: Element>(&self, plan: &Plan, call: &Call<T>, seq: u32) -> Tag {
+        if !self.cfg.checks {
+            return stamp(seq, 0);
+        }
+        let op = call.op as u32 + 1;
+        let (kind, op, root) = match call.coll {
+            Collective::Barrier => (0, 0, 0),
+            Collective::AllGather => (1, 0, 0),
+            Collective::ReduceScatter { .. } => (2, op, 0),
+            Collective::AllReduce { .. } => (3, op, 0),
+            Collective::Broadcast { root } => (4, 0, root as u64),
+        };
+        let dtype = if kind == 0 { 0 } else { T::DTYPE as u32 + 1 };
+        let algo = fnv1a(plan.algorithm.to_string().as_bytes());
+        let detail = [
+            call.input.1 as u64,
+            call.output.1 as u64,
+            root,
+            algo,
+            plan.nranks as u64,
+        ];
+        stamp(seq, stamps::fingerprint(kind, dtype, op, &detail))
+    }
+
+    /// Injects the fault `PCCL_FAULT` asks of this rank at collective `seq`, if any; returns
+    /// whether the collective's messages must leave with a damaged stamp.
+    fn inject(&self, seq: u32) -> Result<bool> {
+        let rank = self.transport.rank();
+        match fault::at(&self.cfg.faults, rank, seq) {
+            None => Ok(false),
+            Some(FaultKind::Kill) => {
+                eprintln!("PCCL WARN rank {rank}: killed at collective #{seq} (PCCL_FAULT)");
+                self.transport.kill_self();
+                Err(Error::usage(format!(
+                    "rank {rank} was killed by fault injection at collective #{seq}"
+                )))
+            }
+            Some(FaultKind::Stall) => {
+                let end = Instant::now() + 2 * self.cfg.timeout;
+                while Instant::now() < end && self.transport.faults().aborted().is_none() {
+                    self.transport.faults().nap(Duration::from_millis(50));
+                }
+                Ok(false)
+            }
+            Some(FaultKind::Drop) => {
+                self.transport.drop_links()?;
+                Ok(false)
+            }
+            Some(FaultKind::Corrupt) => Ok(true),
+        }
+    }
+
+    /// Runs `call` as collective `seq`: the stamp, the fault board, injected faults, then the
+    /// plan under one deadline. Any failure is made known to every peer.
+    fn execute<T: Element>(&self, plan: &Plan, call: Call<T>, seq: u32) -> Result<()> {
+        let tag = self.stamp_of(plan, &call, seq);
+        let tr = self.transport.as_ref();
+        let r = (|| {
+            tr.faults().check(tag, tr.rank())?;
+            let corrupt = self.inject(seq)?;
+            self.execute_plan(plan, call, tag, corrupt)
+        })();
+        if let Err(e) = &r {
+            abandon(tr, tag, e);
+        }
+        r
+    }
+
+    fn execute_plan<T: Element>(
+        &self,
+        plan: &Plan,
+        call: Call<T>,
+        tag: Tag,
+        corrupt: bool,
+    ) -> Result<()> {
         let mut scratch = lock(&self.exec);
         let words = (call.scratch.total() * std::mem::size_of::<T>()).div_ceil(8);
         if scratch.len() < words {
@@ -844,8 +1123,9 @@ impl Inner {
         };
         let opt = ExecOptions {
             tag,
-            timeout: self.cfg.timeout,
+            deadline: Instant::now() + self.cfg.timeout,
             op: call.op,
+            corrupt,
         };
         execute(plan, self.transport.as_ref(), &mem, &opt)
     }

@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::exec::device::{execute_device, DeviceExecOptions, DeviceMemory, DeviceStaging};
 use crate::exec::BlockLayout;
 use crate::plan::{Buf, Collective, Step};
+use crate::transport::faults as stamps;
 use crate::transport::Transport;
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use std::collections::HashSet;
@@ -579,8 +580,17 @@ impl Communicator {
             (0, 0, none)
         };
         let mem = DeviceMemory::from_raw((send, in_len, inl), (recv, out_len, outl), scratch, es)?;
+        // Device collectives are stamped as such (number, dtype, op, counts, algorithm), so a
+        // rank running a host collective at the same number fails instead of pairing.
+        let detail = [
+            in_len as u64,
+            out_len as u64,
+            crate::transport::fnv1a(plan.algorithm.to_string().as_bytes()),
+            plan.nranks as u64,
+        ];
+        let fp = stamps::fingerprint(7, T::DTYPE as u32 + 1, op as u32 + 1, &detail);
         let opt = DeviceExecOptions {
-            tag,
+            tag: stamps::stamp(tag, fp),
             timeout: self.config().timeout,
             op,
             piece_bytes: self.config().chunk_bytes,

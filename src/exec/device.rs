@@ -323,7 +323,9 @@ fn run_phase<T: Element>(
     pe: usize,
 ) -> Result<()> {
     let es = std::mem::size_of::<T>();
-    let deadline = || Instant::now() + opt.timeout;
+    // One deadline for the whole collective.
+    let end = Instant::now() + opt.timeout;
+    let deadline = || end;
 
     // ---- sends: queue every piece's device -> host copy on the copy stream -----------------
     let mut msgs = Vec::new();
@@ -652,7 +654,9 @@ fn run_phase_direct<T: Element>(
     opt: &DeviceExecOptions,
 ) -> Result<()> {
     let es = std::mem::size_of::<T>();
-    let deadline = || Instant::now() + opt.timeout;
+    // One deadline for the whole collective.
+    let end = Instant::now() + opt.timeout;
+    let deadline = || end;
     let seg_addr = |s: &Seg| mem.addr(s.buf, s.off, s.len);
 
     // ---- lay out the messages: which need the pack / landing temporaries ---------------

@@ -9,18 +9,24 @@ use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::plan::{Phase, Plan, Span, Step};
 use crate::transport::{SendOp, Tag, Transport};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Per-call settings of the executor.
 #[derive(Clone, Copy, Debug)]
 pub struct ExecOptions {
-    /// Tag of this collective (its sequence number on the communicator).
+    /// Stamp of this collective: its sequence number and call fingerprint
+    /// (`transport::faults::stamp`).
     pub tag: Tag,
-    /// How long any single wait may take before it fails with a timeout error.
-    pub timeout: Duration,
+    /// When the whole collective must have finished: one deadline for every wait in it.
+    pub deadline: Instant,
     /// Reduction operator (ignored by plans without reductions).
     pub op: ReduceOp,
+    /// Fault injection (`corrupt`): sends leave with a damaged stamp.
+    pub corrupt: bool,
 }
+
+/// The bits fault injection flips in a damaged stamp (inside the call fingerprint's hash).
+const DAMAGE: Tag = 0x2a5a_5000;
 
 /// Calls `f(src_elems, piece)` for every part of `pieces` (message offset, length, payload)
 /// that overlaps the message elements `[e0, e0 + src.len())`.
@@ -55,7 +61,9 @@ fn as_elems<T: Element>(bytes: &[u8], scratch: &mut Vec<T>) -> Option<usize> {
 }
 
 /// Runs `plan` on `tr` over `mem`. Every rank of the communicator must run its own plan of
-/// the same collective with the same tag.
+/// the same collective with the same tag. On failure the collective is abandoned on the
+/// transport (every peer's waits for it end, see [`Transport::abandon`]) unless the
+/// transport's board already explains the failure (a peer's refusal, a death, an abort).
 pub fn execute<T: Element>(
     plan: &Plan,
     tr: &dyn Transport,
@@ -63,9 +71,20 @@ pub fn execute<T: Element>(
     opt: &ExecOptions,
 ) -> Result<()> {
     for phase in &plan.phases {
-        run_phase(phase, plan.nranks, tr, mem, opt)?;
+        if let Err(e) = run_phase(phase, plan.nranks, tr, mem, opt) {
+            abandon(tr, opt.tag, &e);
+            return Err(e);
+        }
     }
     Ok(())
+}
+
+/// Tells the peers that this rank gave up collective `tag` because of `e`, unless the
+/// board already holds the cause (then every rank knows it already).
+pub fn abandon(tr: &dyn Transport, tag: Tag, e: &Error) {
+    if tr.faults().check(tag, tr.rank()).is_ok() {
+        tr.abandon(tag, e.message());
+    }
 }
 
 fn run_phase<T: Element>(
@@ -76,7 +95,12 @@ fn run_phase<T: Element>(
     opt: &ExecOptions,
 ) -> Result<()> {
     let es = std::mem::size_of::<T>();
-    let deadline = || Instant::now() + opt.timeout;
+    let deadline = || opt.deadline;
+    let send_tag = if opt.corrupt {
+        opt.tag ^ DAMAGE
+    } else {
+        opt.tag
+    };
     let mut staging: Vec<Vec<T>> = Vec::new();
     let mut sends: Vec<Box<dyn SendOp>> = Vec::new();
     let mut first_err: Option<Error> = None;
@@ -91,7 +115,7 @@ fn run_phase<T: Element>(
                 };
                 // SAFETY: the send's memory is part of a caller buffer that outlives this call,
                 // and the plan never writes it during this phase; we wait for the send below.
-                unsafe { tr.isend(*peer, opt.tag, ptr as *const u8, len * es) }
+                unsafe { tr.isend(*peer, send_tag, ptr as *const u8, len * es) }
             } else {
                 let mut packed = Vec::with_capacity(total(&segs));
                 for s in &segs {
@@ -102,7 +126,7 @@ fn run_phase<T: Element>(
                 staging.push(packed);
                 // SAFETY: `packed` lives in `staging` (its heap block never moves) until the
                 // sends are waited for at the end of this function.
-                unsafe { tr.isend(*peer, opt.tag, ptr as *const u8, len * es) }
+                unsafe { tr.isend(*peer, send_tag, ptr as *const u8, len * es) }
             };
             match posted {
                 Ok(op) => sends.push(op),
@@ -132,7 +156,11 @@ fn run_phase<T: Element>(
             }
         }
     }
-    // Always wait for the sends, even after an error: their memory must outlive them.
+    // Always wait for the sends, even after an error: their memory must outlive them. After
+    // an error the collective is abandoned first, so sends nobody will take end at once.
+    if let Some(e) = &first_err {
+        abandon(tr, opt.tag, e);
+    }
     for s in sends {
         if let Err(e) = s.wait(deadline()) {
             first_err.get_or_insert(e);

@@ -6,5 +6,5 @@ pub mod executor;
 pub mod memory;
 mod segments;
 
-pub use executor::{execute, ExecOptions};
+pub use executor::{abandon, execute, ExecOptions};
 pub use memory::{BlockLayout, Memory};

@@ -4,6 +4,7 @@
 //! the order they were posted, and a receive names the exact length it expects (a mismatch is
 //! an error naming both ranks, which catches ranks that disagree on counts).
 
+pub mod faults;
 pub mod shm;
 pub mod tcp;
 pub mod threads;
@@ -12,11 +13,26 @@ pub mod threads;
 pub mod mpi;
 
 use crate::error::{Error, Result};
+pub use faults::{Faults, Tag};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Identifies the collective a message belongs to (a per-communicator sequence number).
-pub type Tag = u32;
+/// What a rank tells every peer when its collectives cannot go on as planned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// This rank refused (or abandoned) collective `seq`: every rank fails it.
+    Refused {
+        /// The collective's sequence number.
+        seq: u32,
+        /// Why, for the peers' error messages.
+        why: String,
+    },
+    /// This rank aborted the communicator: every later call fails everywhere.
+    Aborted {
+        /// Why, for the peers' error messages.
+        why: String,
+    },
+}
 
 /// A posted send.
 pub trait SendOp: Send {
@@ -35,6 +51,53 @@ pub trait Transport: Send + Sync {
     fn name(&self) -> &'static str;
     /// A key equal on ranks that share a node (host), used to build the topology.
     fn node_key(&self) -> u64;
+
+    /// This communicator's record of failures, which every wait of the transport checks
+    /// ([`Faults::check`]) and which the transport fills from what it detects (a peer's
+    /// notice, a closed connection, a vanished process).
+    fn faults(&self) -> &Faults;
+
+    /// Delivers `notice` to every peer (best effort, without blocking on any of them); the
+    /// peers record it on their boards. The caller has recorded it on its own board.
+    fn notify(&self, notice: &Notice);
+
+    /// Gives up collective `tag` on this rank because of `why`: recorded here and sent to
+    /// every peer (once per collective), so every rank's waits for it end.
+    fn abandon(&self, tag: Tag, why: &str) {
+        let seq = faults::seq_of(tag);
+        if !faults::is_control(tag) && self.faults().refuse(seq, self.rank(), why) {
+            self.notify(&Notice::Refused {
+                seq,
+                why: why.to_string(),
+            });
+        }
+    }
+
+    /// Aborts the communicator: every wait on this rank ends with an invalid-usage error, and
+    /// the peers are told (their waits end with a remote error naming this rank).
+    fn abort(&self, why: &str) {
+        if self.faults().aborted().is_none() {
+            self.faults().abort(why);
+            self.notify(&Notice::Aborted {
+                why: why.to_string(),
+            });
+        }
+    }
+
+    /// Fault injection (`PCCL_FAULT` kind `kill`): this rank dies as its process would. The
+    /// default ends the process at once (no exit handlers); thread-ranks mark only themselves.
+    fn kill_self(&self) {
+        std::process::abort();
+    }
+
+    /// Fault injection (`PCCL_FAULT` kind `drop`): every link of this rank fails (as a cut
+    /// cable would), without the process ending. Transports that cannot do it say so.
+    fn drop_links(&self) -> Result<()> {
+        Err(Error::usage(format!(
+            "the {} transport cannot drop its links (fault injection kind `drop`)",
+            self.name()
+        )))
+    }
 
     /// Posts a send of `len` bytes at `ptr` to `peer`.
     ///

@@ -11,7 +11,8 @@
 //! overrides) gets device pointers straight from device collectives
 //! ([`Transport::moves_device_memory`]); any other MPI gets pinned host staging.
 
-use super::{fnv1a, hostname, SendOp, Tag, Transport};
+use super::faults::{self, Faults};
+use super::{fnv1a, hostname, Notice, SendOp, Tag, Transport};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use mpi::ffi;
@@ -186,6 +187,7 @@ pub struct MpiTransport {
     chunk: usize,
     /// MPI moves device memory (CUDA-aware).
     device: bool,
+    faults: Faults,
 }
 
 // SAFETY: an MPI communicator handle may be used from any thread; calls are serialised by
@@ -271,6 +273,7 @@ impl MpiTransport {
             node,
             chunk: chunk_bytes.max(4096),
             device,
+            faults: Faults::default(),
         })
     }
 
@@ -382,7 +385,7 @@ impl MpiTransport {
     }
 
     fn mpi_tag(tag: Tag) -> i32 {
-        (tag % TAG_SPACE) as i32
+        (faults::seq_of(tag) % TAG_SPACE) as i32
     }
 
     /// Polls `req` until done; `Err` on timeout (after cancelling it) or on an MPI error.
@@ -518,6 +521,12 @@ impl Transport for MpiTransport {
     fn node_key(&self) -> u64 {
         self.node
     }
+
+    fn faults(&self) -> &Faults {
+        &self.faults
+    }
+
+    fn notify(&self, _notice: &Notice) {}
 
     unsafe fn isend(
         &self,

@@ -8,8 +8,9 @@
 //! caller's memory; a receive reads the frame on the caller's thread, in pieces of
 //! `PCCL_CHUNK_SIZE`, so reductions overlap the rest of the transfer.
 
+use super::faults::{self, Faults};
 use super::shm::{ring_path, Ring};
-use super::{fnv1a, hostname, SendOp, Tag, Transport};
+use super::{fnv1a, hostname, Notice, SendOp, Tag, Transport};
 use crate::error::{Error, Result};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -259,6 +260,7 @@ pub struct TcpTransport {
     key: u64,
     chunk: usize,
     timeout: Duration,
+    faults: Faults,
 }
 
 struct TcpSend {
@@ -506,6 +508,7 @@ impl TcpTransport {
             key: 0,
             chunk: chunk.max(4096),
             timeout,
+            faults: Faults::default(),
         })
     }
 
@@ -668,6 +671,12 @@ impl Transport for TcpTransport {
         self.nodes[self.rank]
     }
 
+    fn faults(&self) -> &Faults {
+        &self.faults
+    }
+
+    fn notify(&self, _notice: &Notice) {}
+
     unsafe fn isend(
         &self,
         peer: usize,
@@ -746,7 +755,7 @@ impl Transport for TcpTransport {
         let mut lens = [0u8; 64];
         lens[..mine.len().min(64)].copy_from_slice(&mine[..mine.len().min(64)]);
         let deadline = || Instant::now() + self.timeout;
-        let tag = (ctx as u32) | 0x8000_0000;
+        let tag = faults::stamp(0, faults::CONTROL | (ctx as u32 & !faults::CONTROL));
         let mut sends = Vec::new();
         for &m in members.iter().filter(|&&m| m != self.rank) {
             // SAFETY: `lens` lives until the sends are waited for below.

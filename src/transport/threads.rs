@@ -13,11 +13,12 @@
 //! message records whether it is device memory, and a host receive of a device send (or the
 //! reverse) is an error, never a host copy out of a device address.
 
-use super::{fnv1a, hostname, SendOp, Tag, Transport};
+use super::faults::{self, Faults};
+use super::{fnv1a, hostname, Notice, SendOp, Tag, Transport};
 use crate::error::{Error, Result};
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 /// Polls (yielding the core) before sleeping on a condition variable.
 const SPINS: usize = 64;
@@ -60,10 +61,21 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The shared state of one group of thread-ranks: the channels between every pair.
+/// The boards of one (sub-)communicator's ranks, so notices and deaths reach them all.
+struct Group {
+    /// World rank of each rank of the group.
+    world: Arc<Vec<usize>>,
+    boards: Vec<Weak<Faults>>,
+}
+
+/// The shared state of one group of thread-ranks: the channels between every pair, and
+/// every communicator's failure boards.
 #[derive(Default)]
 pub struct Hub {
     channels: Mutex<HashMap<(u64, usize, usize), Arc<Channel>>>,
+    groups: Mutex<HashMap<u64, Group>>,
+    /// World ranks that died (fault injection), with how.
+    gone: Mutex<HashMap<usize, String>>,
 }
 
 impl Hub {
@@ -72,6 +84,55 @@ impl Hub {
             .entry((ctx, src, dst))
             .or_default()
             .clone()
+    }
+
+    /// The board of `rank` of the group `ctx` (world ranks `world`), created and registered.
+    fn board(&self, ctx: u64, world: &Arc<Vec<usize>>, rank: usize) -> Arc<Faults> {
+        let f = Arc::new(Faults::default());
+        for (i, w) in world.iter().enumerate() {
+            if let Some(how) = lock(&self.gone).get(w) {
+                f.dead(i, how);
+            }
+        }
+        let mut groups = lock(&self.groups);
+        let g = groups.entry(ctx).or_insert_with(|| Group {
+            world: world.clone(),
+            boards: vec![Weak::new(); world.len()],
+        });
+        if let Some(slot) = g.boards.get_mut(rank) {
+            *slot = Arc::downgrade(&f);
+        }
+        f
+    }
+
+    /// Wakes every waiter of group `ctx` (a board changed).
+    fn wake(&self, ctx: u64) {
+        for ((c, _, _), ch) in lock(&self.channels).iter() {
+            if *c == ctx {
+                ch.cv.notify_all();
+            }
+        }
+    }
+
+    /// World rank `w` is gone (`how`): every board of every group holding it learns it.
+    fn bury(&self, w: usize, how: &str) {
+        lock(&self.gone).insert(w, how.to_string());
+        let ctxs: Vec<u64> = {
+            let groups = lock(&self.groups);
+            for g in groups.values() {
+                if let Some(i) = g.world.iter().position(|&x| x == w) {
+                    for (j, b) in g.boards.iter().enumerate() {
+                        if let (true, Some(b)) = (j != i, b.upgrade()) {
+                            b.dead(i, how);
+                        }
+                    }
+                }
+            }
+            groups.keys().copied().collect()
+        };
+        for c in ctxs {
+            self.wake(c);
+        }
     }
 }
 
@@ -123,11 +184,13 @@ impl ThreadWorld {
                 self.size
             )));
         }
+        let world = Arc::new((0..self.size).collect::<Vec<_>>());
         Ok(Arc::new(ThreadTransport {
+            faults: self.hub.board(0, &world, rank),
             hub: self.hub.clone(),
             ctx: 0,
             rank,
-            world: Arc::new((0..self.size).collect()),
+            world,
             node: fnv1a(hostname().as_bytes()),
             device: self.device_direct(),
         }))
@@ -144,18 +207,22 @@ pub struct ThreadTransport {
     node: u64,
     /// Device mode: `isend_device`/`recv_device` work.
     device: bool,
+    faults: Arc<Faults>,
 }
 
 struct ThreadSend {
     state: Arc<SendState>,
+    rank: usize,
     peer: usize,
+    tag: Tag,
+    faults: Arc<Faults>,
 }
 
 impl SendOp for ThreadSend {
     fn wait(self: Box<Self>, deadline: Instant) -> Result<()> {
         for _ in 0..SPINS {
             if *lock(&self.state.state) == DONE {
-                break;
+                return Ok(());
             }
             std::thread::yield_now();
         }
@@ -166,20 +233,25 @@ impl SendOp for ThreadSend {
                 REVOKED => return Err(Error::internal("send revoked twice")),
                 _ => {}
             }
-            let now = Instant::now();
-            // Past the deadline a posted send is revoked; a claimed one (the receiver is
-            // copying right now) finishes by itself.
-            if now >= deadline && *s == POSTED {
-                *s = REVOKED;
-                return Err(Error::timeout(format!(
-                    "rank {} never received a message this rank sent it; it may have died or be \
-                     running a different collective (raise PCCL_TIMEOUT if it is only slow)",
-                    self.peer
-                )));
+            // A posted send is revoked when its collective failed or its deadline passed; a
+            // claimed one (the receiver is copying right now) finishes by itself.
+            if *s == POSTED {
+                let fault = self.faults.check(self.tag, self.peer).err();
+                if fault.is_some() || Instant::now() >= deadline {
+                    *s = REVOKED;
+                    return Err(fault.unwrap_or_else(|| {
+                        faults::timed_out(
+                            self.rank,
+                            self.peer,
+                            "sent a message never taken by",
+                            true,
+                        )
+                    }));
+                }
             }
             let wait = deadline
-                .saturating_duration_since(now)
-                .max(std::time::Duration::from_millis(1));
+                .saturating_duration_since(Instant::now())
+                .clamp(Duration::from_millis(1), faults::POLL);
             s = self
                 .state
                 .cv
@@ -204,6 +276,7 @@ impl ThreadTransport {
             .world
             .get(peer)
             .ok_or_else(|| Error::invalid(format!("no rank {peer}")))?;
+        self.faults.check(tag, peer)?;
         let ch = self.hub.channel(self.ctx, self.world[self.rank], dst);
         let state = Arc::new(SendState::default());
         lock(&ch.queue).push_back(Envelope {
@@ -214,12 +287,20 @@ impl ThreadTransport {
             state: state.clone(),
         });
         ch.cv.notify_all();
-        Ok(Box::new(ThreadSend { state, peer }))
+        Ok(Box::new(ThreadSend {
+            state,
+            rank: self.rank,
+            peer,
+            tag,
+            faults: self.faults.clone(),
+        }))
     }
 
-    /// Takes the next message from `peer` and claims it (the sender may no longer revoke
-    /// it); the caller must `set(DONE)` on it when done with the sender's memory.
-    fn take(&self, peer: usize, deadline: Instant) -> Result<Envelope> {
+    /// Takes the next message of collective `tag` from `peer` and claims it (the sender may
+    /// no longer revoke it); the caller must `set(DONE)` on it when done with the sender's
+    /// memory. Messages of earlier collectives (that failed somewhere) are dropped; one of a
+    /// later collective is left in place for the call it belongs to.
+    fn take(&self, peer: usize, tag: Tag, deadline: Instant) -> Result<Envelope> {
         let src = *self
             .world
             .get(peer)
@@ -233,39 +314,58 @@ impl ThreadTransport {
             }
             std::thread::yield_now();
         }
-        let env = {
-            let mut q = lock(&ch.queue);
-            loop {
-                if let Some(e) = q.pop_front() {
-                    break e;
+        let mut q = lock(&ch.queue);
+        loop {
+            if let Some(head) = q.front() {
+                if faults::is_stale(head.tag, tag) {
+                    if let Some(old) = q.pop_front() {
+                        let mut st = lock(&old.state.state);
+                        if *st == POSTED {
+                            *st = DONE;
+                            old.state.cv.notify_all();
+                        }
+                    }
+                    continue;
                 }
-                let now = Instant::now();
-                if now >= deadline {
-                    return Err(Error::timeout(format!(
-                        "rank {} waited for a message from rank {peer} that never came; that rank may \
-                         have died, or be running a different collective (raise PCCL_TIMEOUT if it is \
-                         only slow)",
+                if head.tag != tag {
+                    // The board usually explains it (the peer gave up this collective).
+                    self.faults.check(tag, peer)?;
+                    if faults::seq_of(head.tag) != faults::seq_of(tag) {
+                        // A later collective's message stays for the call it belongs to.
+                        return Err(faults::mismatch(self.rank, peer, tag, head.tag));
+                    }
+                }
+                let Some(env) = q.pop_front() else { continue };
+                let mut st = lock(&env.state.state);
+                if *st == REVOKED {
+                    drop(st);
+                    self.faults.check(tag, peer)?;
+                    return Err(Error::remote(format!(
+                        "rank {peer} gave up its send of collective #{} to rank {}",
+                        faults::seq_of(tag),
                         self.rank
                     )));
                 }
-                q = ch
-                    .cv
-                    .wait_timeout(q, deadline - now)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+                *st = CLAIMED;
+                drop(st);
+                return Ok(env);
             }
-        };
-        {
-            let mut s = lock(&env.state.state);
-            if *s == REVOKED {
-                return Err(Error::timeout(format!(
-                    "rank {peer} gave up on its send to rank {}",
-                    self.rank
-                )));
+            self.faults.check(tag, peer)?;
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(faults::timed_out(
+                    self.rank,
+                    peer,
+                    "waited in vain for a message from",
+                    true,
+                ));
             }
-            *s = CLAIMED;
+            q = ch
+                .cv
+                .wait_timeout(q, (deadline - now).min(faults::POLL))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
-        Ok(env)
     }
 
     /// Why `env` is not the message a receive of `len` bytes (device memory or not) of
@@ -280,11 +380,7 @@ impl ThreadTransport {
     ) -> Option<Error> {
         let kind = |d: bool| if d { "device" } else { "host" };
         if env.tag != tag {
-            Some(Error::remote(format!(
-                "rank {} expected collective #{tag} from rank {peer} but got #{}: ranks called \
-                 collectives in different orders",
-                self.rank, env.tag
-            )))
+            Some(faults::mismatch(self.rank, peer, tag, env.tag))
         } else if env.len != len {
             Some(Error::remote(format!(
                 "rank {} expected {len} bytes from rank {peer} but it sent {}: do all ranks pass the \
@@ -366,6 +462,47 @@ impl Transport for ThreadTransport {
         self.node
     }
 
+    fn faults(&self) -> &Faults {
+        &self.faults
+    }
+
+    fn notify(&self, notice: &Notice) {
+        let boards: Vec<Arc<Faults>> = lock(&self.hub.groups)
+            .get(&self.ctx)
+            .map(|g| g.boards.iter().filter_map(Weak::upgrade).collect())
+            .unwrap_or_default();
+        for b in boards.iter().filter(|b| !Arc::ptr_eq(b, &self.faults)) {
+            match notice {
+                Notice::Refused { seq, why } => {
+                    b.refuse(*seq, self.rank, why);
+                }
+                Notice::Aborted { why } => b.revoked(self.rank, why),
+            }
+        }
+        self.hub.wake(self.ctx);
+    }
+
+    fn kill_self(&self) {
+        let w = self.world[self.rank];
+        self.faults
+            .abort("this thread-rank was killed by fault injection (PCCL_FAULT kill)");
+        self.hub
+            .bury(w, "its thread-rank was killed by fault injection");
+    }
+
+    fn drop_links(&self) -> Result<()> {
+        let w = self.world[self.rank];
+        for r in (0..self.world.len()).filter(|&r| r != self.rank) {
+            self.faults.dead(
+                r,
+                "this rank's links were cut by fault injection (PCCL_FAULT drop)",
+            );
+        }
+        self.hub
+            .bury(w, "its links were cut by fault injection (PCCL_FAULT drop)");
+        Ok(())
+    }
+
     unsafe fn isend(
         &self,
         peer: usize,
@@ -384,7 +521,7 @@ impl Transport for ThreadTransport {
         deadline: Instant,
         sink: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
-        let env = self.take(peer, deadline)?;
+        let env = self.take(peer, tag, deadline)?;
         let mismatch = self.mismatch(&env, peer, tag, len, false);
         if mismatch.is_none() && len > 0 {
             // SAFETY: the sender keeps these `len` bytes of host memory (`device` is false,
@@ -426,7 +563,7 @@ impl Transport for ThreadTransport {
         deadline: Instant,
     ) -> Result<()> {
         self.device_mode()?;
-        let env = self.take(peer, deadline)?;
+        let env = self.take(peer, tag, deadline)?;
         let mut r = match self.mismatch(&env, peer, tag, len, true) {
             Some(e) => Err(e),
             None => Ok(()),
@@ -447,11 +584,14 @@ impl Transport for ThreadTransport {
             .position(|&m| m == self.rank)
             .ok_or_else(|| Error::internal("subset does not contain this rank"))?;
         let world: Vec<usize> = members.iter().map(|&m| self.world[m]).collect();
+        let ctx = fnv1a(&[self.ctx.to_le_bytes(), ctx.to_le_bytes()].concat());
+        let world = Arc::new(world);
         Ok(Arc::new(ThreadTransport {
+            faults: self.hub.board(ctx, &world, me),
             hub: self.hub.clone(),
-            ctx: fnv1a(&[self.ctx.to_le_bytes(), ctx.to_le_bytes()].concat()),
+            ctx,
             rank: me,
-            world: Arc::new(world),
+            world,
             node: self.node,
             device: self.device,
         }))

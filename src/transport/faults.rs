@@ -1,0 +1,407 @@
+//! What a transport knows about failures, and the stamp every message carries.
+//!
+//! **Stamps.** A message's [`Tag`] is a 64-bit stamp: the collective's sequence number on the
+//! communicator (high 32 bits, taken by every call on every rank, failed or not) and a
+//! fingerprint of the call (low 32 bits: collective, dtype, op, and a hash of the count, root
+//! and algorithm). A receiver accepts only a message with exactly the stamp it expects, so
+//! ranks that disagree on what they are running fail instead of pairing silently; a message
+//! of an *earlier* sequence number belongs to a collective that failed somewhere and is
+//! discarded. Stamps with [`CONTROL`] set carry the transport's own traffic (sub-communicator
+//! bootstraps, shrink), which only the peer's own fate can fail.
+//!
+//! **The board.** [`Faults`] is one communicator's (one transport's) record of what went
+//! wrong: collectives a rank refused (with its reason), ranks known dead (how it was
+//! detected), a local abort, a peer's abort (revoke). Every blocking wait of a transport
+//! calls [`Faults::check`] while it waits, so a refusal, a death or an abort ends every wait
+//! on every rank promptly instead of running out the timeout. Transports fill the board from
+//! their own signals (notices from peers, closed sockets, vanished processes).
+
+use crate::error::{Error, ErrorKind, Result};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// A message's stamp: sequence number (high 32 bits) and call fingerprint (low 32 bits).
+pub type Tag = u64;
+
+/// Fingerprint bit of the transport's own traffic (bootstraps of sub-communicators, shrink).
+pub const CONTROL: u32 = 1 << 31;
+
+/// How often a blocked wait looks at the board (bounds how late a failure is noticed).
+pub const POLL: Duration = Duration::from_millis(20);
+
+/// The stamp of a message of collective `seq` whose call has fingerprint `call`.
+pub fn stamp(seq: u32, call: u32) -> Tag {
+    (u64::from(seq) << 32) | u64::from(call)
+}
+
+/// The sequence number of a stamp.
+pub fn seq_of(tag: Tag) -> u32 {
+    (tag >> 32) as u32
+}
+
+/// The call fingerprint of a stamp.
+pub fn call_of(tag: Tag) -> u32 {
+    tag as u32
+}
+
+/// Whether a stamp is the transport's own traffic ([`CONTROL`]).
+pub fn is_control(tag: Tag) -> bool {
+    call_of(tag) & CONTROL != 0
+}
+
+/// Whether a message stamped `got` belongs to a collective issued before `want`'s (a
+/// collective that failed on some rank and left it behind): the receiver drops it.
+pub fn is_stale(got: Tag, want: Tag) -> bool {
+    // Sequence numbers wrap: "before" is within half the space behind.
+    let d = seq_of(got).wrapping_sub(seq_of(want)) as i32;
+    d < 0 && is_control(got) == is_control(want)
+}
+
+/// Names of the collective kinds a fingerprint can hold (index = the low 4 bits).
+const KINDS: [&str; 8] = [
+    "barrier",
+    "all-gather",
+    "reduce-scatter",
+    "all-reduce",
+    "broadcast",
+    "shrink",
+    "split",
+    "device collective",
+];
+const DTYPES: [&str; 10] = [
+    "i8", "u8", "i32", "u32", "i64", "u64", "f16", "bf16", "f32", "f64",
+];
+const OPS: [&str; 5] = ["sum", "prod", "min", "max", "avg"];
+
+/// Builds a call fingerprint: `kind` indexes the collective names above, `dtype` and `op`
+/// are indices + 1 (0 = none), `detail` is hashed into the remaining 19 bits.
+pub fn fingerprint(kind: u32, dtype: u32, op: u32, detail: &[u64]) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &d in detail {
+        for b in d.to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    let hash = ((h ^ (h >> 29)) as u32) & 0x7_ffff;
+    (kind & 0xf) | ((dtype & 0xf) << 4) | ((op & 0xf) << 8) | (hash << 12)
+}
+
+/// A human description of a fingerprint ("all-reduce of f32 (sum)"), for mismatch errors.
+pub fn describe(call: u32) -> String {
+    if call & CONTROL != 0 {
+        return "PCCL control traffic".into();
+    }
+    let kind = KINDS.get((call & 0xf) as usize).copied().unwrap_or("?");
+    let dt = (call >> 4) & 0xf;
+    let op = (call >> 8) & 0xf;
+    let mut s = kind.to_string();
+    if dt > 0 {
+        s += &format!(
+            " of {}",
+            DTYPES.get(dt as usize - 1).copied().unwrap_or("?")
+        );
+    }
+    if op > 0 {
+        s += &format!(" ({})", OPS.get(op as usize - 1).copied().unwrap_or("?"));
+    }
+    s
+}
+
+/// The error of a message stamped `got` arriving at `rank` from `peer` where `want` was
+/// expected (not stale: see [`is_stale`]).
+pub fn mismatch(rank: usize, peer: usize, want: Tag, got: Tag) -> Error {
+    let (ws, gs) = (seq_of(want), seq_of(got));
+    if ws != gs {
+        return Error::remote(format!(
+            "rank {rank} is running collective #{ws} ({}) but rank {peer} sent it a message of \
+             its collective #{gs} ({}): the ranks called collectives in different orders or \
+             numbers",
+            describe(call_of(want)),
+            describe(call_of(got))
+        ));
+    }
+    let (wc, gc) = (call_of(want), call_of(got));
+    let how = if describe(wc) == describe(gc) {
+        "with a different count, root or algorithm".to_string()
+    } else {
+        format!("as {}", describe(gc))
+    };
+    Error::remote(format!(
+        "collective #{ws}: rank {rank} called {} but rank {peer} called it {how}: do all ranks \
+         pass the same count and dtype (and the same PCCL_ALGO)?",
+        describe(wc)
+    ))
+}
+
+#[derive(Default)]
+struct Board {
+    /// This communicator was aborted here (`abort`), with the reason.
+    aborted: Option<String>,
+    /// A peer aborted the communicator (it revoked it for everyone).
+    revoked: Option<(usize, String)>,
+    /// Peers known dead, with how it was detected.
+    dead: BTreeMap<usize, String>,
+    /// Collectives some rank refused: (sequence number, rank, why), the newest few.
+    refused: VecDeque<(u32, usize, String)>,
+}
+
+/// How many refusals the board remembers (a collective older than these has long ended).
+const REMEMBER: usize = 256;
+
+/// One communicator's record of failures; see the module documentation.
+#[derive(Default)]
+pub struct Faults {
+    /// 0 while nothing ever went wrong (the hot path's only check), then bumped on each change.
+    generation: AtomicU64,
+    board: Mutex<Board>,
+    changed: Condvar,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Faults {
+    fn update(&self, f: impl FnOnce(&mut Board) -> bool) {
+        let mut b = lock(&self.board);
+        if f(&mut b) {
+            self.generation.fetch_add(1, Ordering::SeqCst);
+            self.changed.notify_all();
+        }
+    }
+
+    /// Records that `rank` refused collective `seq` because of `why`; returns false if a
+    /// refusal of that collective was already known (its notice need not be sent again).
+    pub fn refuse(&self, seq: u32, rank: usize, why: &str) -> bool {
+        let mut fresh = false;
+        self.update(|b| {
+            if b.refused.iter().any(|(s, _, _)| *s == seq) {
+                return false;
+            }
+            if b.refused.len() == REMEMBER {
+                b.refused.pop_front();
+            }
+            b.refused.push_back((seq, rank, why.to_string()));
+            fresh = true;
+            true
+        });
+        fresh
+    }
+
+    /// Records that `rank` is dead (`how`: what showed it).
+    pub fn dead(&self, rank: usize, how: &str) {
+        self.update(|b| {
+            if b.dead.contains_key(&rank) {
+                return false;
+            }
+            b.dead.insert(rank, how.to_string());
+            true
+        });
+    }
+
+    /// Records a local abort; every wait fails from now on.
+    pub fn abort(&self, why: &str) {
+        self.update(|b| {
+            if b.aborted.is_some() {
+                return false;
+            }
+            b.aborted = Some(why.to_string());
+            true
+        });
+    }
+
+    /// Records that peer `rank` aborted (revoked) the communicator.
+    pub fn revoked(&self, rank: usize, why: &str) {
+        self.update(|b| {
+            if b.revoked.is_some() {
+                return false;
+            }
+            b.revoked = Some((rank, why.to_string()));
+            true
+        });
+    }
+
+    /// Whether anything was ever recorded (cheap).
+    pub fn any(&self) -> bool {
+        self.generation.load(Ordering::Relaxed) != 0
+    }
+
+    /// The local abort's reason, if this communicator was aborted here.
+    pub fn aborted(&self) -> Option<String> {
+        if !self.any() {
+            return None;
+        }
+        lock(&self.board).aborted.clone()
+    }
+
+    /// Ranks known dead, with how each was detected.
+    pub fn dead_ranks(&self) -> Vec<(usize, String)> {
+        if !self.any() {
+            return Vec::new();
+        }
+        lock(&self.board)
+            .dead
+            .iter()
+            .map(|(r, h)| (*r, h.clone()))
+            .collect()
+    }
+
+    /// Whether a wait for a message stamped `tag` from `peer` must end, and with what error:
+    /// a local abort, a peer's abort, a dead rank (for control traffic only `peer` itself),
+    /// or a refusal of this collective by any rank.
+    pub fn check(&self, tag: Tag, peer: usize) -> Result<()> {
+        if !self.any() {
+            return Ok(());
+        }
+        let b = lock(&self.board);
+        if let Some(why) = &b.aborted {
+            return Err(Error::usage(format!("the communicator was aborted: {why}")));
+        }
+        if let Some((r, why)) = &b.revoked {
+            return Err(Error::remote(format!(
+                "rank {r} aborted the communicator ({why}); create a new one (or shrink this one)"
+            )));
+        }
+        if is_control(tag) {
+            if let Some(how) = b.dead.get(&peer) {
+                return Err(dead_error(peer, how));
+            }
+            return Ok(());
+        }
+        if let Some((r, how)) = b.dead.iter().next() {
+            return Err(dead_error(*r, how));
+        }
+        let seq = seq_of(tag);
+        if let Some((_, r, why)) = b.refused.iter().rev().find(|(s, _, _)| *s == seq) {
+            return Err(Error::remote(format!(
+                "rank {r} refused collective #{seq}: {why}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sleeps until the board changes or `dur` passes (a waiter's idle step when it has no
+    /// event of its own to wait on).
+    pub fn nap(&self, dur: Duration) {
+        let b = lock(&self.board);
+        let g = self.generation.load(Ordering::SeqCst);
+        let _ = self
+            .changed
+            .wait_timeout_while(b, dur, |_| self.generation.load(Ordering::SeqCst) == g);
+    }
+}
+
+fn dead_error(rank: usize, how: &str) -> Error {
+    Error::new(
+        ErrorKind::Remote,
+        format!(
+            "rank {rank} died ({how}); this communicator cannot run collectives any more: \
+             shrink it without the dead ranks (Communicator::shrink / pcclCommShrink) or \
+             create a new one"
+        ),
+    )
+}
+
+/// The error of a wait that ran out its collective's deadline, naming the peer.
+pub fn timed_out(rank: usize, peer: usize, what: &str, timeout_hint: bool) -> Error {
+    let hint = if timeout_hint {
+        " (raise PCCL_TIMEOUT if it is only slow)"
+    } else {
+        ""
+    };
+    Error::timeout(format!(
+        "rank {rank} {what} rank {peer} before the collective's deadline; rank {peer} may be \
+         stuck, or running a different collective{hint}"
+    ))
+}
+
+/// Waits in steps of at most [`POLL`] until `ready()` or the deadline, checking `faults`
+/// for `tag`/`peer` between steps; `step(d)` blocks for up to `d` on the caller's own event.
+pub fn wait_until(
+    faults: &Faults,
+    tag: Tag,
+    peer: usize,
+    deadline: Instant,
+    mut ready: impl FnMut() -> bool,
+    mut step: impl FnMut(Duration),
+) -> Result<bool> {
+    loop {
+        if ready() {
+            return Ok(true);
+        }
+        faults.check(tag, peer)?;
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(false);
+        }
+        step((deadline - now).min(POLL));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamps_round_trip_and_order_wraps() {
+        let t = stamp(7, fingerprint(3, 9, 1, &[100]));
+        assert_eq!(seq_of(t), 7);
+        assert_eq!(describe(call_of(t)), "all-reduce of f32 (sum)");
+        assert!(is_stale(stamp(6, 1), stamp(7, 2)));
+        assert!(!is_stale(stamp(8, 1), stamp(7, 2)));
+        assert!(is_stale(stamp(u32::MAX, 1), stamp(0, 2)), "wraps");
+        assert!(
+            !is_stale(stamp(6, CONTROL), stamp(7, 2)),
+            "control never stale for data"
+        );
+    }
+
+    #[test]
+    fn fingerprints_tell_calls_apart() {
+        let a = fingerprint(1, 9, 0, &[64]);
+        let b = fingerprint(3, 9, 1, &[128]);
+        assert_ne!(a, b);
+        let e = mismatch(0, 1, stamp(4, a), stamp(4, b));
+        assert!(e.message().contains("all-gather of f32"), "{e}");
+        assert!(e.message().contains("all-reduce of f32 (sum)"), "{e}");
+        let c = fingerprint(1, 9, 0, &[65]);
+        assert_ne!(a, c, "counts differ");
+        let e = mismatch(0, 1, stamp(4, a), stamp(4, c));
+        assert!(e.message().contains("different count"), "{e}");
+    }
+
+    #[test]
+    fn board_reports_refusals_deaths_and_aborts() {
+        let f = Faults::default();
+        assert!(f.check(stamp(1, 5), 2).is_ok());
+        assert!(f.refuse(1, 3, "bad buffer"));
+        assert!(!f.refuse(1, 0, "again"));
+        let e = f.check(stamp(1, 5), 2).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Remote);
+        assert!(
+            e.message()
+                .contains("rank 3 refused collective #1: bad buffer"),
+            "{e}"
+        );
+        assert!(f.check(stamp(2, 5), 2).is_ok());
+        f.dead(4, "connection closed");
+        assert!(f
+            .check(stamp(2, 5), 2)
+            .unwrap_err()
+            .message()
+            .contains("rank 4 died"));
+        assert!(
+            f.check(stamp(2, CONTROL), 2).is_ok(),
+            "control: only the peer matters"
+        );
+        assert!(f.check(stamp(2, CONTROL), 4).is_err());
+        f.abort("by the test");
+        assert_eq!(
+            f.check(stamp(2, CONTROL), 2).unwrap_err().kind(),
+            ErrorKind::InvalidUsage
+        );
+    }
+}
