@@ -51,6 +51,8 @@ struct Inner {
     seq: AtomicU32,
     /// Set while an application thread is inside a call (one call at a time).
     busy: AtomicBool,
+    /// Shrinks made from this communicator (names each new one's context).
+    shrinks: AtomicU32,
     /// Held while a plan runs; owns the scratch space (u64 words keep every dtype aligned).
     exec: Mutex<Vec<u64>>,
     worker: Mutex<Option<Worker>>,
@@ -137,6 +139,7 @@ impl Communicator {
                 cfg,
                 seq: AtomicU32::new(0),
                 busy: AtomicBool::new(false),
+                shrinks: AtomicU32::new(0),
                 exec: Mutex::new(Vec::new()),
                 worker: Mutex::new(None),
                 outstanding: Outstanding::default(),
@@ -300,11 +303,13 @@ impl Communicator {
                 self.rank()
             )));
         }
-        let seq = self.inner.next_seq();
+        // Survivors may have seen the failure at different collectives (and so taken
+        // different sequence numbers): the new context counts shrinks instead.
+        let nth = self.inner.shrinks.fetch_add(1, Ordering::SeqCst);
         let members: Vec<usize> = (0..p).filter(|r| ex.binary_search(r).is_err()).collect();
         let words: Vec<u8> = ex.iter().flat_map(|&r| (r as u64).to_le_bytes()).collect();
         let agreed = fnv1a(&words);
-        let ctx = fnv1a(&[b"shrink".as_slice(), &seq.to_le_bytes(), &words].concat());
+        let ctx = fnv1a(&[b"shrink".as_slice(), &nth.to_le_bytes(), &words].concat());
         let transport = self.inner.transport.subset(&members, ctx)?;
         let keys: Vec<u64> = members
             .iter()

@@ -27,6 +27,8 @@ const POSTED: u8 = 0;
 const CLAIMED: u8 = 1;
 const DONE: u8 = 2;
 const REVOKED: u8 = 3;
+/// The receiver dropped the message: its collective had failed there.
+const DROPPED: u8 = 4;
 
 #[derive(Default)]
 struct SendState {
@@ -231,6 +233,16 @@ impl SendOp for ThreadSend {
             match *s {
                 DONE => return Ok(()),
                 REVOKED => return Err(Error::internal("send revoked twice")),
+                DROPPED => {
+                    // The board usually says why (the collective failed there).
+                    self.faults.check(self.tag, self.peer)?;
+                    return Err(Error::remote(format!(
+                        "rank {} dropped this rank's message of collective #{}: that \
+                         collective had failed there",
+                        self.peer,
+                        faults::seq_of(self.tag)
+                    )));
+                }
                 _ => {}
             }
             // A posted send is revoked when its collective failed or its deadline passed; a
@@ -321,7 +333,7 @@ impl ThreadTransport {
                     if let Some(old) = q.pop_front() {
                         let mut st = lock(&old.state.state);
                         if *st == POSTED {
-                            *st = DONE;
+                            *st = DROPPED;
                             old.state.cv.notify_all();
                         }
                     }
@@ -530,7 +542,9 @@ impl Transport for ThreadTransport {
             let bytes = unsafe { std::slice::from_raw_parts(env.ptr as *const u8, env.len) };
             sink(0, bytes);
         }
-        env.state.set(DONE);
+        // A rejected message fails its sender too (not a silent success for it).
+        env.state
+            .set(if mismatch.is_some() { DROPPED } else { DONE });
         match mismatch {
             Some(e) => Err(e),
             None => Ok(()),
@@ -565,7 +579,10 @@ impl Transport for ThreadTransport {
         self.device_mode()?;
         let env = self.take(peer, tag, deadline)?;
         let mut r = match self.mismatch(&env, peer, tag, len, true) {
-            Some(e) => Err(e),
+            Some(e) => {
+                env.state.set(DROPPED);
+                return Err(e);
+            }
             None => Ok(()),
         };
         if r.is_ok() && len > 0 {

@@ -1,0 +1,513 @@
+//! Misbehaving peers on thread-ranks: a rank that refuses a call, disagrees on it, dies,
+//! cuts its links, stalls, damages its messages, or shares its communicator between threads.
+//! The survivors must always get an error naming the cause (never success with wrong data,
+//! never a hang), within a second when the fault can be detected, and go on: the next
+//! collective is correct, or a shrunk communicator is.
+
+mod common;
+
+use common::{input, reduced, same_bits};
+use pccl::config::Config;
+use pccl::fault::{Fault, FaultKind};
+use pccl::plan::{Algorithm, LevelAlgo};
+use pccl::{Communicator, Error, ErrorKind, ReduceOp};
+use std::time::{Duration, Instant};
+
+fn cfg(m: usize, algo: Option<Algorithm>, timeout: f64, faults: Vec<Fault>) -> Config {
+    Config {
+        ranks_per_node: Some(m),
+        algo,
+        timeout: Duration::from_secs_f64(timeout),
+        faults,
+        ..Config::default()
+    }
+}
+
+/// The collectives the fault tests run, by index.
+const COLLS: [&str; 4] = ["all_gather", "reduce_scatter", "all_reduce", "broadcast"];
+
+/// Runs collective `which` with `n` elements per block and checks the result when it
+/// succeeds (a success with wrong data panics).
+fn run_checked(comm: &Communicator, which: usize, n: usize) -> pccl::Result<()> {
+    let (p, r) = (comm.size(), comm.rank());
+    match which {
+        0 => {
+            let mine: Vec<f32> = input(r, n, ReduceOp::Sum);
+            let mut out = vec![0f32; n * p];
+            comm.all_gather(&mine, &mut out)?;
+            for q in 0..p {
+                let want: Vec<f32> = input(q, n, ReduceOp::Sum);
+                assert!(
+                    same_bits(&out[q * n..(q + 1) * n], &want),
+                    "all-gather block {q}"
+                );
+            }
+        }
+        1 => {
+            let inp: Vec<f32> = (0..n * p)
+                .map(|i| common::value::<f32>(r, i, ReduceOp::Sum))
+                .collect();
+            let mut out = vec![0f32; n];
+            comm.reduce_scatter(&inp, &mut out, ReduceOp::Sum)?;
+            for (i, v) in out.iter().enumerate() {
+                assert_eq!(
+                    *v,
+                    reduced::<f32>(p, r * n + i, ReduceOp::Sum),
+                    "rs elem {i}"
+                );
+            }
+        }
+        2 => {
+            let inp: Vec<f32> = input(r, n, ReduceOp::Sum);
+            let mut out = vec![0f32; n];
+            comm.all_reduce(&inp, &mut out, ReduceOp::Sum)?;
+            for (i, v) in out.iter().enumerate() {
+                assert_eq!(*v, reduced::<f32>(p, i, ReduceOp::Sum), "ar elem {i}");
+            }
+        }
+        _ => {
+            let root = p - 1;
+            let mut buf: Vec<f32> = if r == root {
+                input(root, n, ReduceOp::Sum)
+            } else {
+                vec![0.0; n]
+            };
+            comm.broadcast(&mut buf, root)?;
+            assert!(
+                same_bits(&buf, &input::<f32>(root, n, ReduceOp::Sum)),
+                "bcast"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn algos() -> Vec<Option<Algorithm>> {
+    vec![
+        None,
+        Some(Algorithm::Flat(LevelAlgo::Ring)),
+        Some(Algorithm::Flat(LevelAlgo::Rd)),
+        Some(Algorithm::Hier {
+            inter: LevelAlgo::Rd,
+            intra: LevelAlgo::Ring,
+        }),
+    ]
+}
+
+fn expect_err(r: pccl::Result<()>, what: &str) -> Error {
+    match r {
+        Ok(()) => panic!("{what}: succeeded but must fail"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn a_refused_call_fails_on_every_rank_and_the_next_is_correct() {
+    for algo in algos() {
+        let out = Communicator::run_threads(4, cfg(2, algo, 30.0, vec![]), |comm| {
+            let r = comm.rank();
+            let inp = vec![1f32; 64];
+            // Rank 0 passes an output of the wrong length: refused before anything is sent.
+            let mut out = vec![0f32; if r == 0 { 63 } else { 64 }];
+            let t0 = Instant::now();
+            let e = expect_err(comm.all_reduce(&inp, &mut out, ReduceOp::Sum), "refused");
+            let took = t0.elapsed();
+            run_checked(&comm, 2, 257).expect("the next all-reduce is correct");
+            run_checked(&comm, 0, 33).expect("and the next all-gather");
+            (e, took)
+        })
+        .unwrap();
+        for (r, (e, took)) in out.iter().enumerate() {
+            assert!(*took < Duration::from_secs(1), "rank {r} took {took:?}");
+            if r == 0 {
+                assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+            } else {
+                assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
+                assert!(e.message().contains("rank 0 refused"), "rank {r}: {e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn different_calls_with_equal_byte_counts_fail_on_every_rank() {
+    // (rank 0's call, rank 1's call): all-gather of 64 vs all-reduce of 128 f32 (equal bytes
+    // on the wire in a 2-rank ring), dtypes that differ, ops that differ, roots that differ.
+    for case in 0..4 {
+        // Two roots only send: nobody can see the disagreement, so it ends at the deadline.
+        let timeout = if case == 3 { 1.0 } else { 30.0 };
+        let out = Communicator::run_threads(2, cfg(1, None, timeout, vec![]), |comm| {
+            let r = comm.rank();
+            let t0 = Instant::now();
+            let res = match (case, r) {
+                (0, 0) => {
+                    let mut o = vec![0f32; 128];
+                    comm.all_gather(&[1f32; 64], &mut o)
+                }
+                (0, _) => {
+                    let mut o = vec![0f32; 128];
+                    comm.all_reduce(&[1f32; 128], &mut o, ReduceOp::Sum)
+                }
+                (1, 0) => {
+                    let mut o = vec![0f32; 64];
+                    comm.all_reduce(&[1f32; 64], &mut o, ReduceOp::Sum)
+                }
+                (1, _) => {
+                    let mut o = vec![0i32; 64];
+                    comm.all_reduce(&[1i32; 64], &mut o, ReduceOp::Sum)
+                }
+                (2, _) => {
+                    let op = if r == 0 { ReduceOp::Sum } else { ReduceOp::Max };
+                    let mut o = vec![0f32; 64];
+                    comm.all_reduce(&[1f32; 64], &mut o, op)
+                }
+                _ => {
+                    let mut b = vec![1f32; 64];
+                    comm.broadcast(&mut b, r)
+                }
+            };
+            let e = expect_err(res, &format!("disagreeing call, case {case} rank {r}"));
+            let took = t0.elapsed();
+            run_checked(&comm, 2, 100).expect("the next all-reduce is correct");
+            (e, took)
+        })
+        .unwrap();
+        for (r, (e, took)) in out.iter().enumerate() {
+            if case == 3 {
+                assert!(
+                    matches!(e.kind(), ErrorKind::Timeout | ErrorKind::Remote),
+                    "case {case} rank {r}: {e}"
+                );
+                assert!(took.as_secs_f64() < timeout + 0.5, "rank {r}: {took:?}");
+                continue;
+            }
+            assert_eq!(e.kind(), ErrorKind::Remote, "case {case} rank {r}: {e}");
+            assert!(
+                *took < Duration::from_secs(1),
+                "case {case} rank {r}: {took:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn two_threads_on_one_communicator_never_get_wrong_data() {
+    let rounds = 200;
+    let out = Communicator::run_threads(2, cfg(1, None, 0.5, vec![]), |comm| {
+        let comm = &comm;
+        let r = comm.rank();
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|t| {
+                    s.spawn(move || {
+                        let (mut ok, mut refused) = (0, 0);
+                        for _ in 0..rounds {
+                            // Each thread contributes its own value everywhere.
+                            let mine = (10 * r + t + 1) as f32;
+                            let mut out = vec![0f32; 256];
+                            match comm.all_reduce(&[mine; 256], &mut out, ReduceOp::Sum) {
+                                Ok(()) => {
+                                    // Paired with one of the peer's two threads, whole.
+                                    let peer = 10 * (1 - r) as i32;
+                                    let allowed =
+                                        [mine + (peer + 1) as f32, mine + (peer + 2) as f32];
+                                    assert!(allowed.contains(&out[0]), "got {}", out[0]);
+                                    assert!(out.iter().all(|&v| v == out[0]), "torn result");
+                                    ok += 1;
+                                }
+                                Err(_) => refused += 1,
+                            }
+                        }
+                        (ok, refused)
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap())
+                .collect::<Vec<_>>()
+        })
+    })
+    .unwrap();
+    let refused: usize = out.iter().flatten().map(|x| x.1).sum();
+    eprintln!("two threads per rank: (ok, errors) per thread {out:?}");
+    assert!(refused > 0, "concurrent use must be detected at least once");
+}
+
+#[test]
+fn concurrent_use_is_invalid_usage() {
+    Communicator::run_threads(1, cfg(1, None, 5.0, vec![]), |comm| {
+        let comm = &comm;
+        let hits = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..2000 {
+                        let mut o = vec![0f32; 4096];
+                        if let Err(e) = comm.all_reduce(&[1f32; 4096], &mut o, ReduceOp::Sum) {
+                            assert_eq!(e.kind(), ErrorKind::InvalidUsage, "{e}");
+                            assert!(e.message().contains("another thread"), "{e}");
+                            hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        } else {
+                            assert!(o.iter().all(|&v| v == 1.0));
+                        }
+                    }
+                });
+            }
+        });
+        assert!(hits.into_inner() > 0, "no concurrent call was seen");
+    })
+    .unwrap();
+}
+
+#[test]
+fn a_silent_peer_costs_one_deadline_not_one_per_wait() {
+    // Rank 3 never calls; every survivor's all-gather (hierarchical 2x2: several receives
+    // and sends each) must end at its collective's single deadline.
+    let timeout = 1.0;
+    let hier = Some(Algorithm::Hier {
+        inter: LevelAlgo::Rd,
+        intra: LevelAlgo::Ring,
+    });
+    for algo in [hier, Some(Algorithm::Flat(LevelAlgo::Ring))] {
+        let out = Communicator::run_threads(4, cfg(2, algo, timeout, vec![]), |comm| {
+            if comm.rank() == 3 {
+                std::thread::sleep(Duration::from_secs_f64(timeout * 1.5));
+                return None;
+            }
+            let t0 = Instant::now();
+            let e = expect_err(run_checked(&comm, 0, 1000), "silent peer");
+            Some((e, t0.elapsed()))
+        })
+        .unwrap();
+        for (r, o) in out.iter().enumerate().take(3) {
+            let (e, took) = o.as_ref().unwrap();
+            assert!(
+                matches!(e.kind(), ErrorKind::Timeout | ErrorKind::Remote),
+                "rank {r}: {e}"
+            );
+            assert!(
+                took.as_secs_f64() < timeout + 0.5,
+                "rank {r} took {took:?} with PCCL_TIMEOUT {timeout}s: {e}"
+            );
+        }
+    }
+}
+
+/// Runs collective `which` on `p` thread-ranks (`m` per node) where `victim` suffers
+/// `kind` at its collective number 1; returns each survivor's error and how long it took.
+fn fault_case(
+    p: usize,
+    m: usize,
+    algo: Option<Algorithm>,
+    which: usize,
+    victim: usize,
+    kind: FaultKind,
+    timeout: f64,
+) -> Vec<Option<(Error, Duration)>> {
+    let faults = vec![Fault {
+        rank: victim,
+        seq: 1,
+        kind,
+    }];
+    Communicator::run_threads(p, cfg(m, algo, timeout, faults), |comm| {
+        let t0 = Instant::now();
+        // Collective #0 is clean, but a survivor may still be in it when the victim, done
+        // with its part, dies: then it fails already (naming the victim).
+        let r = run_checked(&comm, which, 97).and_then(|()| run_checked(&comm, which, 1000));
+        let took = t0.elapsed();
+        if comm.rank() == victim {
+            // A damaged stamp on no message (the victim only receives here) changes nothing.
+            assert!(
+                r.is_err() || kind == FaultKind::Corrupt,
+                "the victim's call fails too"
+            );
+            if kind == FaultKind::Corrupt {
+                run_checked(&comm, which, 50).expect("the next collective is correct");
+            }
+            return None;
+        }
+        // A survivor whose part never touched the victim may finish, with correct data
+        // (`run_checked` checks it); every other one fails.
+        let e = r.err();
+        match kind {
+            FaultKind::Kill | FaultKind::Drop => {
+                assert_eq!(comm.dead_ranks(), vec![victim]);
+                let sub = comm.shrink(&[victim]).expect("shrink");
+                assert_eq!(sub.size(), p - 1);
+                run_checked(&sub, 2, 333).expect("all-reduce on the shrunk communicator");
+                run_checked(&sub, 0, 10).expect("all-gather on the shrunk communicator");
+            }
+            FaultKind::Corrupt => {
+                run_checked(&comm, which, 50).expect("the next collective is correct");
+            }
+            FaultKind::Stall => {}
+        }
+        e.map(|e| (e, took))
+    })
+    .unwrap()
+}
+
+#[test]
+fn kill_drop_and_corrupt_fail_every_survivor_within_a_second_naming_the_rank() {
+    for kind in [FaultKind::Kill, FaultKind::Drop, FaultKind::Corrupt] {
+        for algo in algos() {
+            for which in 0..COLLS.len() {
+                for (p, m, victim) in [(4, 2, 1), (3, 1, 2), (6, 3, 0)] {
+                    let out = fault_case(p, m, algo, which, victim, kind, 30.0);
+                    let failed = out.iter().flatten().count();
+                    assert!(
+                        failed > 0 || kind == FaultKind::Corrupt,
+                        "{kind:?} {} p{p}: nobody noticed",
+                        COLLS[which]
+                    );
+                    for (r, o) in out.iter().enumerate() {
+                        let Some((e, took)) = o else { continue };
+                        let what = format!("{kind:?} {} {algo:?} p{p} rank {r}", COLLS[which]);
+                        assert_eq!(e.kind(), ErrorKind::Remote, "{what}: {e}");
+                        assert!(*took < Duration::from_secs(1), "{what}: {took:?}");
+                        assert!(
+                            e.message().contains(&format!("rank {victim}")),
+                            "{what}: the message must name rank {victim}: {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_stalled_rank_costs_the_survivors_one_deadline() {
+    let timeout = 0.5;
+    for which in 0..COLLS.len() {
+        let out = fault_case(4, 2, None, which, 3, FaultKind::Stall, timeout);
+        for (r, o) in out.iter().enumerate() {
+            let Some((e, took)) = o else { continue };
+            assert!(
+                matches!(e.kind(), ErrorKind::Timeout | ErrorKind::Remote),
+                "{} rank {r}: {e}",
+                COLLS[which]
+            );
+            assert!(
+                took.as_secs_f64() < timeout + 1.0,
+                "{} rank {r}: {took:?}",
+                COLLS[which]
+            );
+        }
+    }
+}
+
+#[test]
+fn abort_from_another_thread_ends_calls_here_and_there() {
+    let out = Communicator::run_threads(3, cfg(1, None, 30.0, vec![]), |comm| {
+        let r = comm.rank();
+        if r == 2 {
+            // Never joins: without the abort, ranks 0 and 1 would wait 30 s.
+            std::thread::sleep(Duration::from_millis(1500));
+            return None;
+        }
+        let t0 = Instant::now();
+        let res = std::thread::scope(|s| {
+            if r == 0 {
+                s.spawn(|| {
+                    std::thread::sleep(Duration::from_millis(200));
+                    comm.abort();
+                });
+            }
+            run_checked(&comm, 0, 100)
+        });
+        let e = expect_err(res, "aborted");
+        let took = t0.elapsed();
+        let later = expect_err(run_checked(&comm, 2, 10), "after abort");
+        let req = comm.all_reduce_async(vec![1f32; 8], ReduceOp::Sum);
+        let queued = match req {
+            Err(e) => e,
+            Ok(q) => q
+                .wait()
+                .err()
+                .expect("a request on an aborted communicator fails"),
+        };
+        Some((e, took, later, queued))
+    })
+    .unwrap();
+    let (e0, t0, later0, q0) = out[0].clone().unwrap();
+    assert_eq!(e0.kind(), ErrorKind::InvalidUsage, "{e0}");
+    assert!(e0.message().contains("aborted"), "{e0}");
+    assert!(t0 < Duration::from_secs(1), "{t0:?}");
+    assert_eq!(later0.kind(), ErrorKind::InvalidUsage, "{later0}");
+    assert_eq!(q0.kind(), ErrorKind::InvalidUsage, "{q0}");
+    let (e1, t1, later1, _) = out[1].clone().unwrap();
+    assert_eq!(e1.kind(), ErrorKind::Remote, "{e1}");
+    assert!(e1.message().contains("rank 0 aborted"), "{e1}");
+    assert!(t1 < Duration::from_secs(1), "{t1:?}");
+    assert_eq!(later1.kind(), ErrorKind::Remote, "{later1}");
+}
+
+/// A small deterministic generator (xorshift), so a failure names a reproducible seed.
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+}
+
+#[test]
+fn a_hundred_random_kills_in_a_row_never_hang() {
+    let seed = 0x5eed_2026_u64;
+    let mut rng = Rng(seed);
+    let t_all = Instant::now();
+    for round in 0..100 {
+        let p = 2 + rng.below(7);
+        let divisors: Vec<usize> = (1..=p).filter(|m| p % m == 0).collect();
+        let m = divisors[rng.below(divisors.len())];
+        let victim = rng.below(p);
+        let at = rng.below(3) as u32;
+        let which = rng.below(COLLS.len());
+        let algo = algos()[rng.below(4)];
+        let faults = vec![Fault {
+            rank: victim,
+            seq: at,
+            kind: FaultKind::Kill,
+        }];
+        let what = format!(
+            "seed {seed:#x} round {round}: p {p} m {m} victim {victim} at #{at} {} {algo:?}",
+            COLLS[which]
+        );
+        let out = Communicator::run_threads(p, cfg(m, algo, 30.0, faults), |comm| {
+            let t0 = Instant::now();
+            // Collectives before the kill succeed, or fail because the victim died early.
+            let r = (0..=at).try_for_each(|_| run_checked(&comm, which, 64));
+            if comm.rank() == victim {
+                return None;
+            }
+            let took = t0.elapsed();
+            let sub = comm.shrink(&[victim]).expect("shrink");
+            run_checked(&sub, 2, 65).expect("after shrink");
+            // A survivor whose part never touched the victim may have finished (correctly).
+            r.err().map(|e| (e, took))
+        })
+        .unwrap();
+        for o in out.iter().flatten() {
+            assert_eq!(o.0.kind(), ErrorKind::Remote, "{what}: {}", o.0);
+            assert!(o.1 < Duration::from_secs(2), "{what}: {:?}", o.1);
+        }
+    }
+    eprintln!("100 random kills in {:?}", t_all.elapsed());
+}
+
+#[test]
+fn shrink_checks_its_arguments() {
+    Communicator::run_threads(2, cfg(1, None, 5.0, vec![]), |comm| {
+        let e = comm.shrink(&[7]).err().unwrap();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        let e = comm.shrink(&[comm.rank()]).err().unwrap();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        // Nobody excluded: a copy of the communicator that works.
+        let same = comm.shrink(&[]).unwrap();
+        run_checked(&same, 2, 9).unwrap();
+    })
+    .unwrap();
+}
