@@ -4,6 +4,10 @@
 //! the order they were posted, and a receive names the exact length it expects (a mismatch is
 //! an error naming both ranks, which catches ranks that disagree on counts).
 
+mod gate;
+mod mesh;
+mod rendezvous;
+mod secret;
 pub mod shm;
 pub mod tcp;
 pub mod threads;
