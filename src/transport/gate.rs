@@ -219,3 +219,83 @@ impl<'a> Gate<'a> {
         Some((p.stream, p.buf[PREFIX..self.frame].to_vec()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Serves a gate on a fresh listener until `stop`, counting the bodies let in.
+    fn served(
+        timeout: Duration,
+    ) -> (
+        std::net::SocketAddr,
+        Secret,
+        std::sync::Arc<AtomicBool>,
+        std::thread::JoinHandle<Vec<Vec<u8>>>,
+    ) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let secret = Secret::random().unwrap();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (s2, st2) = (secret.clone(), stop.clone());
+        let h = std::thread::spawn(move || {
+            let mut gate = Gate::new(&listener, &s2, b"TESTKIND", 8, timeout).unwrap();
+            let mut got = Vec::new();
+            while !st2.load(Ordering::Relaxed) {
+                got.extend(gate.poll().into_iter().map(|(_, b)| b));
+                gate.pause();
+            }
+            got
+        });
+        (addr, secret, stop, h)
+    }
+
+    #[test]
+    fn a_member_gets_in_past_a_flood_larger_than_the_pending_cap() {
+        let (addr, secret, stop, h) = served(Duration::from_secs(30));
+        let flood: Vec<TcpStream> = (0..MAX_PENDING + 100)
+            .filter_map(|_| TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok())
+            .collect();
+        assert!(flood.len() > MAX_PENDING);
+        let t = Instant::now();
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(&frame(&secret, b"TESTKIND", b"member!!"))
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        stop.store(true, Ordering::Relaxed);
+        let got = h.join().unwrap();
+        assert_eq!(got, vec![b"member!!".to_vec()]);
+        assert!(t.elapsed() < Duration::from_secs(2));
+    }
+
+    #[test]
+    fn strangers_are_dropped_unanswered() {
+        let (addr, secret, stop, h) = served(Duration::from_millis(200));
+        let closes = |mut s: TcpStream| {
+            s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            let mut b = [0u8; 1];
+            // Closed by the gate: end of stream (or a reset), not a timeout.
+            match s.read(&mut b) {
+                Ok(n) => n == 0,
+                Err(e) => closed(&e),
+            }
+        };
+        let idle = TcpStream::connect(addr).unwrap();
+        let t = Instant::now();
+        assert!(closes(idle), "an idle stranger must be dropped");
+        assert!(t.elapsed() < Duration::from_secs(2));
+        let mut wrong = TcpStream::connect(addr).unwrap();
+        let mut f = frame(&secret, b"TESTKIND", b"12345678");
+        f[0] ^= 1;
+        wrong.write_all(&f).unwrap();
+        assert!(closes(wrong), "a wrong secret must be dropped");
+        let mut kind = TcpStream::connect(addr).unwrap();
+        kind.write_all(&frame(&secret, b"OTHERKND", b"12345678"))
+            .unwrap();
+        assert!(closes(kind), "a wrong frame kind must be dropped");
+        stop.store(true, Ordering::Relaxed);
+        assert!(h.join().unwrap().is_empty());
+    }
+}
