@@ -264,7 +264,7 @@ fn unique_ids_carry_a_random_secret_and_refuse_mangling() {
     assert_ne!(a, b);
     assert_ne!(a.to_bytes(), b.to_bytes());
     assert_eq!(UNIQUE_ID_BYTES, 128);
-    assert!(SECRET_BYTES * 8 >= 128);
+    const { assert!(SECRET_BYTES * 8 >= 128) };
     // Independent random secrets differ in about half their bits.
     let (sa, sb) = (secret_of(&a), secret_of(&b));
     let bits: u32 = sa.iter().zip(&sb).map(|(x, y)| (x ^ y).count_ones()).sum();

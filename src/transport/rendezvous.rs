@@ -19,7 +19,7 @@ use super::gate::{closed, frame, Gate};
 use super::secret::{Secret, SECRET_BYTES};
 use super::tcp::{connect_retry, io_err, listen};
 use crate::error::{Error, Result};
-use std::collections::BTreeMap;
+use std::collections::btree_map::{BTreeMap, Entry};
 use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -235,10 +235,13 @@ fn serve(listener: &TcpListener, secret: &Secret, timeout: Duration) -> Result<(
             let n = *size.get_or_insert(r.nranks);
             if r.nranks != n {
                 answer(s, WRONG_SIZE, n as u64);
-            } else if joined.contains_key(&r.rank) {
-                answer(s, RANK_TAKEN, n as u64);
-            } else {
-                joined.insert(r.rank, (s, r));
+                continue;
+            }
+            match joined.entry(r.rank) {
+                Entry::Occupied(_) => answer(s, RANK_TAKEN, n as u64),
+                Entry::Vacant(v) => {
+                    v.insert((s, r));
+                }
             }
         }
         gate.pause();

@@ -289,8 +289,8 @@ impl TcpTransport {
             }
         }
         let mut outbound: Vec<Option<Ring>> = Vec::with_capacity(nodes.len());
-        for j in 0..nodes.len() {
-            outbound.push(match streams[j].as_mut() {
+        for (j, st) in streams.iter_mut().enumerate() {
+            outbound.push(match st.as_mut() {
                 Some(st) if local(j) => {
                     let mut name: RingName = Default::default();
                     st.read_exact(&mut name).map_err(|e| shm_err(j, e))?;
