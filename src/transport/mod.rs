@@ -5,6 +5,10 @@
 //! an error naming both ranks, which catches ranks that disagree on counts).
 
 pub mod faults;
+mod gate;
+mod mesh;
+mod rendezvous;
+mod secret;
 pub mod shm;
 pub mod tcp;
 pub mod threads;

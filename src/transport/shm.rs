@@ -1,7 +1,8 @@
 //! Shared-memory rings between two processes of one node (single producer, single consumer).
 //!
-//! The receiver creates its inbound ring as a file in `/dev/shm`; the sender maps it and
-//! unlinks it. A message is cut into slots; the sender's writer thread copies each piece in,
+//! The receiver creates its inbound ring as a file in `/dev/shm` (mode 0600, never an
+//! existing file) under a random name that reveals nothing of the job, and tells the sender
+//! the name over their authenticated connection; the sender maps the file and unlinks it. A message is cut into slots; the sender's writer thread copies each piece in,
 //! and the receiver hands each slot straight to its sink (copy or reduction), so a byte is
 //! written once into the ring and read once out of it, with sender and receiver working on
 //! different slots at the same time.
@@ -9,6 +10,7 @@
 use crate::error::{Error, Result};
 use memmap2::MmapRaw;
 use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -43,19 +45,28 @@ fn shm_dir() -> PathBuf {
     }
 }
 
-/// The file name of the ring from `src` to `dst` of job `key`.
-pub fn ring_path(key: u64, src: usize, dst: usize) -> PathBuf {
-    shm_dir().join(format!("pccl-{key:016x}-{src}-{dst}"))
+/// Bytes of a ring file's random name.
+pub const RING_NAME_BYTES: usize = 16;
+
+/// The random name of a ring file (drawn by its creator, sent to its peer over the mesh).
+pub type RingName = [u8; RING_NAME_BYTES];
+
+/// The path of the ring file named `name`: `pccl-` and the name in hex, in `/dev/shm` (or the
+/// temporary directory where there is none).
+pub fn ring_path(name: &RingName) -> PathBuf {
+    let hex: String = name.iter().map(|b| format!("{b:02x}")).collect();
+    shm_dir().join(format!("pccl-{hex}"))
 }
 
 impl Ring {
-    /// Creates the (inbound) ring file at `path`.
+    /// Creates the (inbound) ring file at `path`, readable and writable by this user only;
+    /// an existing file (or link) there is an error, never reused.
     pub fn create(path: PathBuf) -> Result<Self> {
         let f = OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
+            .mode(0o600)
             .open(&path)
             .map_err(|e| Error::system(format!("cannot create {}: {e}", path.display())))?;
         f.set_len(RING_BYTES as u64)

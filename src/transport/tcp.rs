@@ -1,15 +1,37 @@
 //! TCP transport, bootstrapped NCCL-style from a unique id.
 //!
 //! Rank 0 (or whoever calls [`UniqueId::new`]) opens a rendezvous listener; its address and a
-//! random job key form the id, which the application hands to every rank (torch does it
-//! through its c10d store). Each rank opens its own listener, reports it to the rendezvous,
-//! receives everyone's address and builds a full mesh: one connection per pair. A send is a
-//! framed message (`tag`, `len`) written by that peer's writer thread straight from the
-//! caller's memory; a receive reads the frame on the caller's thread, in pieces of
-//! `PCCL_CHUNK_SIZE`, so reductions overlap the rest of the transfer.
+//! 256-bit secret drawn from the operating system's random source form the id, which the
+//! application hands to every rank (torch does it through its c10d store). Each rank opens its
+//! own listener, reports it to the rendezvous, receives everyone's address and builds a full
+//! mesh: one connection per pair. A send is a framed message (`tag`, `len`) written by that
+//! peer's writer thread straight from the caller's memory; a receive reads the frame on the
+//! caller's thread, in pieces of `PCCL_CHUNK_SIZE`, so reductions overlap the rest of the
+//! transfer.
+//!
+//! # The unique id is a secret
+//!
+//! A peer that knows the unique id is a member of the job, as with NCCL: it can take any rank
+//! not yet taken and read what is sent to that rank. Hand the id to the ranks over a channel
+//! strangers cannot read. Strangers who do not know it can reach the listeners but not the job:
+//! every bootstrap connection (to the rendezvous, to each rank's mesh listener) must present
+//! the secret first, is checked in constant time before anything else is read, and is dropped
+//! silently otherwise or when idle past `min(PCCL_TIMEOUT, 5 s)`; the listeners serve pending
+//! connections concurrently, at most 256 at once, so strangers never delay the ranks. Nothing
+//! is allocated from a size a peer or a caller sent before it is checked: a job has at most
+//! [`MAX_RANKS`] ranks. The bootstrap is not encrypted: someone who can read the network's
+//! traffic can read the secret, as with NCCL.
+//!
+//! Peers on the same host talk through shared-memory rings: files created with mode 0600 and
+//! a random name that the receiver sends its peer over their authenticated connection.
 
 use super::faults::{self, Faults};
-use super::shm::{ring_path, Ring};
+use super::mesh::mesh;
+use super::rendezvous::join;
+pub use super::rendezvous::{UniqueId, MAX_ADDR, MAX_RANKS, UNIQUE_ID_BYTES};
+pub use super::secret::SECRET_BYTES;
+use super::secret::{random_bytes, Secret};
+use super::shm::{ring_path, Ring, RingName};
 use super::{fnv1a, hostname, Notice, SendOp, Tag, Transport};
 use crate::error::{Error, Result};
 use std::io::{Read, Write};
@@ -18,17 +40,7 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// Bytes of a serialised [`UniqueId`] (NCCL's is 128 too).
-pub const UNIQUE_ID_BYTES: usize = 128;
-
-/// What ranks share to find each other: the rendezvous address and a job key.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UniqueId {
-    addr: SocketAddr,
-    key: u64,
-}
-
-fn io_err(what: &str, e: std::io::Error) -> Error {
+pub(super) fn io_err(what: &str, e: std::io::Error) -> Error {
     match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Error::timeout(format!(
             "{what}: timed out (a peer may have died; raise PCCL_TIMEOUT if it is only slow)"
@@ -55,7 +67,7 @@ fn advertised_ip() -> std::net::IpAddr {
 
 /// A listening socket on the advertised address (any address if that fails), and the
 /// address peers should dial.
-fn listen() -> Result<(TcpListener, SocketAddr)> {
+pub(super) fn listen() -> Result<(TcpListener, SocketAddr)> {
     let listener = TcpListener::bind((advertised_ip(), 0))
         .or_else(|_| TcpListener::bind(("0.0.0.0", 0)))
         .map_err(|e| io_err("cannot open a listening socket", e))?;
@@ -68,21 +80,6 @@ fn listen() -> Result<(TcpListener, SocketAddr)> {
     Ok((listener, addr))
 }
 
-fn random_key() -> u64 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    fnv1a(
-        &[
-            t.to_le_bytes().as_slice(),
-            &std::process::id().to_le_bytes(),
-            hostname().as_bytes(),
-        ]
-        .concat(),
-    )
-}
-
 fn write_u64(s: &mut impl Write, v: u64) -> std::io::Result<()> {
     s.write_all(&v.to_le_bytes())
 }
@@ -91,144 +88,6 @@ fn read_u64(s: &mut impl Read) -> std::io::Result<u64> {
     let mut b = [0u8; 8];
     s.read_exact(&mut b)?;
     Ok(u64::from_le_bytes(b))
-}
-
-fn write_str(s: &mut impl Write, v: &str) -> std::io::Result<()> {
-    write_u64(s, v.len() as u64)?;
-    s.write_all(v.as_bytes())
-}
-
-fn read_str(s: &mut impl Read) -> std::io::Result<String> {
-    let n = read_u64(s)? as usize;
-    if n > 4096 {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "address too long",
-        ));
-    }
-    let mut b = vec![0u8; n];
-    s.read_exact(&mut b)?;
-    String::from_utf8(b)
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "address is not UTF-8"))
-}
-
-impl UniqueId {
-    /// Opens the rendezvous of a new job (served by a background thread until every rank has
-    /// reported, or `timeout` passes) and returns its id. The job's size is the `nranks`
-    /// every rank passes to [`TcpTransport::connect`].
-    pub fn new(timeout: Duration) -> Result<Self> {
-        let (listener, addr) = listen()?;
-        let key = random_key();
-        std::thread::Builder::new()
-            .name("pccl-rendezvous".into())
-            .spawn(move || {
-                if let Err(e) = serve_rendezvous(listener, key, timeout) {
-                    eprintln!("PCCL WARN rendezvous: {e}");
-                }
-            })
-            .map_err(|e| Error::system(format!("cannot start the rendezvous thread: {e}")))?;
-        Ok(UniqueId { addr, key })
-    }
-
-    /// The id as the fixed-size bytes the C ABI and torch pass around.
-    pub fn to_bytes(&self) -> [u8; UNIQUE_ID_BYTES] {
-        let mut b = [0u8; UNIQUE_ID_BYTES];
-        b[..8].copy_from_slice(&self.key.to_le_bytes());
-        let s = self.addr.to_string();
-        let n = s.len().min(UNIQUE_ID_BYTES - 9);
-        b[8] = n as u8;
-        b[9..9 + n].copy_from_slice(&s.as_bytes()[..n]);
-        b
-    }
-
-    /// Parses [`UniqueId::to_bytes`].
-    pub fn from_bytes(b: &[u8]) -> Result<Self> {
-        let bad = || Error::invalid("not a PCCL unique id (was it made by pcclGetUniqueId?)");
-        if b.len() < UNIQUE_ID_BYTES {
-            return Err(bad());
-        }
-        let key = u64::from_le_bytes(b[..8].try_into().map_err(|_| bad())?);
-        let n = b[8] as usize;
-        let s = std::str::from_utf8(b.get(9..9 + n).ok_or_else(bad)?).map_err(|_| bad())?;
-        let addr = s.parse().map_err(|_| bad())?;
-        Ok(UniqueId { addr, key })
-    }
-}
-
-/// Collects `(rank, address, node key)` from every rank and answers each with the table.
-fn serve_rendezvous(listener: TcpListener, key: u64, timeout: Duration) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| io_err("rendezvous", e))?;
-    // The job size comes from the first rank to report; every other must agree.
-    let mut nranks: Option<usize> = None;
-    let mut conns: Vec<Option<(TcpStream, String, u64)>> = Vec::new();
-    let mut got = 0;
-    while nranks.is_none_or(|n| got < n) {
-        match listener.accept() {
-            Ok((mut s, _)) => {
-                s.set_nonblocking(false)
-                    .map_err(|e| io_err("rendezvous", e))?;
-                s.set_read_timeout(Some(timeout))
-                    .map_err(|e| io_err("rendezvous", e))?;
-                let hello = (|| -> std::io::Result<(u64, u64, u64, String, u64)> {
-                    Ok((
-                        read_u64(&mut s)?,
-                        read_u64(&mut s)?,
-                        read_u64(&mut s)?,
-                        read_str(&mut s)?,
-                        read_u64(&mut s)?,
-                    ))
-                })();
-                let Ok((k, rank, n, addr, node)) = hello else {
-                    continue;
-                };
-                let n = n as usize;
-                let size = *nranks.get_or_insert(n);
-                if conns.is_empty() {
-                    conns = (0..size).map(|_| None).collect();
-                }
-                if k != key || n != size || rank as usize >= size || conns[rank as usize].is_some()
-                {
-                    let _ = write_u64(&mut s, 0);
-                    continue;
-                }
-                conns[rank as usize] = Some((s, addr, node));
-                got += 1;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    return Err(Error::timeout(format!(
-                        "only {got} of {} ranks reached the rendezvous",
-                        nranks.map_or("?".to_string(), |n| n.to_string())
-                    )));
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            Err(e) => return Err(io_err("rendezvous accept", e)),
-        }
-    }
-    let table: Vec<(String, u64)> = conns
-        .iter()
-        .map(|c| {
-            c.as_ref()
-                .map(|(_, a, n)| (a.clone(), *n))
-                .unwrap_or_default()
-        })
-        .collect();
-    for (s, _, _) in conns.iter_mut().flatten() {
-        let mut send = || -> std::io::Result<()> {
-            write_u64(s, 1)?;
-            for (a, n) in &table {
-                write_str(s, a)?;
-                write_u64(s, *n)?;
-            }
-            s.flush()
-        };
-        send().map_err(|e| io_err("rendezvous reply", e))?;
-    }
-    Ok(())
 }
 
 #[derive(Default)]
@@ -251,13 +110,14 @@ struct Peer {
     shm_in: Option<Mutex<Ring>>,
 }
 
+/// The token same-host peers exchange once they mapped each other's rings.
+const SHM_MAPPED: u64 = 0x5043_434c_5348_4d31;
+
 /// The transport of one rank over TCP.
 pub struct TcpTransport {
     rank: usize,
     peers: Vec<Option<Peer>>,
     nodes: Vec<u64>,
-    /// The job key (names shared-memory files and checks handshakes).
-    key: u64,
     chunk: usize,
     timeout: Duration,
     faults: Faults,
@@ -362,6 +222,11 @@ impl TcpTransport {
         timeout: Duration,
         use_shm: bool,
     ) -> Result<Self> {
+        if nranks == 0 || nranks > MAX_RANKS {
+            return Err(Error::invalid(format!(
+                "rank {rank}: a TCP job has 1 to {MAX_RANKS} ranks, not {nranks}"
+            )));
+        }
         if rank >= nranks {
             return Err(Error::invalid(format!(
                 "rank {rank} is outside a job of {nranks} ranks"
@@ -370,38 +235,14 @@ impl TcpTransport {
         let (listener, me) = listen()?;
         let node = fnv1a(hostname().as_bytes());
         let deadline = Instant::now() + timeout;
-        let mut root = connect_retry(id.addr, deadline)
-            .map_err(|e| io_err("cannot reach the rendezvous", e))?;
-        root.set_read_timeout(Some(timeout))
-            .map_err(|e| io_err("rendezvous", e))?;
-        let table = (|| -> std::io::Result<Option<Vec<(String, u64)>>> {
-            write_u64(&mut root, id.key)?;
-            write_u64(&mut root, rank as u64)?;
-            write_u64(&mut root, nranks as u64)?;
-            write_str(&mut root, &me.to_string())?;
-            write_u64(&mut root, node)?;
-            root.flush()?;
-            if read_u64(&mut root)? != 1 {
-                return Ok(None);
-            }
-            (0..nranks).map(|_| Ok((read_str(&mut root)?, read_u64(&mut root)?))).collect::<std::io::Result<Vec<_>>>().map(Some)
-        })()
-        .map_err(|e| io_err("rendezvous exchange", e))?
-        .ok_or_else(|| Error::invalid("the rendezvous refused this rank: wrong unique id, rank counts that differ, or a rank used twice"))?;
-        let addrs: Vec<SocketAddr> = table
-            .iter()
-            .map(|(a, _)| {
-                a.parse()
-                    .map_err(|_| Error::remote(format!("bad peer address '{a}'")))
-            })
-            .collect::<Result<_>>()?;
-        let nodes: Vec<u64> = table.iter().map(|(_, n)| *n).collect();
+        let table = join(id, rank, nranks, me, node, deadline)?;
+        let (addrs, nodes): (Vec<SocketAddr>, Vec<u64>) = table.into_iter().unzip();
         Self::build(
             use_shm,
             listener,
             &addrs,
             rank,
-            id.key,
+            id.secret(),
             nodes,
             chunk_bytes,
             timeout,
@@ -409,60 +250,77 @@ impl TcpTransport {
         )
     }
 
-    /// Creates this rank's inbound rings from same-host peers, connects the mesh (whose
-    /// handshake guarantees every peer created its rings first), then maps the outbound rings.
+    /// Creates this rank's inbound rings from same-host peers (files of random names, mode
+    /// 0600), connects the mesh, then tells each such peer the name of the ring it writes into
+    /// and maps the rings it was told of.
     #[allow(clippy::too_many_arguments)]
     fn build(
         use_shm: bool,
         listener: TcpListener,
         addrs: &[SocketAddr],
         rank: usize,
-        key: u64,
+        secret: &Secret,
         nodes: Vec<u64>,
         chunk: usize,
         timeout: Duration,
         deadline: Instant,
     ) -> Result<Self> {
         let local = |j: usize| use_shm && j != rank && nodes[j] == nodes[rank];
-        let mut inbound: Vec<Option<Ring>> = Vec::with_capacity(nodes.len());
+        let mut inbound: Vec<Option<(Ring, RingName)>> = Vec::with_capacity(nodes.len());
         for j in 0..nodes.len() {
             inbound.push(if local(j) {
-                Some(Ring::create(ring_path(key, j, rank))?)
+                let name: RingName = random_bytes()?;
+                Some((Ring::create(ring_path(&name))?, name))
             } else {
                 None
             });
         }
-        let streams = mesh(listener, addrs, rank, key, deadline)?;
+        let mut streams = mesh(listener, addrs, rank, secret, timeout, deadline)?;
+        let shm_err = |j: usize, e| {
+            io_err(
+                &format!("rank {rank}: shared-memory setup with rank {j}"),
+                e,
+            )
+        };
+        // Ring names travel only over the authenticated mesh.
+        for j in (0..nodes.len()).filter(|&j| local(j)) {
+            if let (Some(st), Some((_, name))) = (streams[j].as_mut(), inbound[j].as_ref()) {
+                st.write_all(name)
+                    .and_then(|_| st.flush())
+                    .map_err(|e| shm_err(j, e))?;
+            }
+        }
         let mut outbound: Vec<Option<Ring>> = Vec::with_capacity(nodes.len());
-        for j in 0..nodes.len() {
-            outbound.push(if local(j) {
-                Some(Ring::open(ring_path(key, rank, j))?)
-            } else {
-                None
+        for (j, st) in streams.iter_mut().enumerate() {
+            outbound.push(match st.as_mut() {
+                Some(st) if local(j) => {
+                    let mut name: RingName = Default::default();
+                    st.read_exact(&mut name).map_err(|e| shm_err(j, e))?;
+                    Some(Ring::open(ring_path(&name))?)
+                }
+                _ => None,
             });
         }
         // Nobody may return (and possibly exit, removing its ring files) before every local
         // peer has mapped them: exchange a token with each.
-        let mut streams = streams;
         for j in (0..nodes.len()).filter(|&j| local(j)) {
             if let Some(st) = streams[j].as_mut() {
-                write_u64(st, key)
+                write_u64(st, SHM_MAPPED)
                     .and_then(|_| st.flush())
-                    .map_err(|e| io_err("shared-memory handshake", e))?;
+                    .map_err(|e| shm_err(j, e))?;
             }
         }
         for j in (0..nodes.len()).filter(|&j| local(j)) {
             if let Some(st) = streams[j].as_mut() {
-                if read_u64(st).map_err(|e| io_err("shared-memory handshake", e))? != key {
+                if read_u64(st).map_err(|e| shm_err(j, e))? != SHM_MAPPED {
                     return Err(Error::remote(format!(
-                        "rank {j} answered the shared-memory handshake wrongly"
+                        "rank {j} answered rank {rank}'s shared-memory handshake wrongly"
                     )));
                 }
             }
         }
-        let mut t = Self::from_streams(rank, streams, inbound, outbound, nodes, chunk, timeout)?;
-        t.key = key;
-        Ok(t)
+        let inbound = inbound.into_iter().map(|r| r.map(|(r, _)| r)).collect();
+        Self::from_streams(rank, streams, inbound, outbound, nodes, chunk, timeout)
     }
 
     fn from_streams(
@@ -505,7 +363,6 @@ impl TcpTransport {
             rank,
             peers,
             nodes,
-            key: 0,
             chunk: chunk.max(4096),
             timeout,
             faults: Faults::default(),
@@ -568,7 +425,7 @@ fn mismatch(rank: usize, peer: usize, tag: Tag, len: usize, got_tag: u64, got_le
     ))
 }
 
-fn connect_retry(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream> {
+pub(super) fn connect_retry(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream> {
     loop {
         match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
             Ok(s) => return Ok(s),
@@ -576,85 +433,6 @@ fn connect_retry(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpStre
             Err(_) => std::thread::sleep(Duration::from_millis(10)),
         }
     }
-}
-
-/// Connects every pair once: rank `i` dials every higher rank and accepts every lower one.
-fn mesh(
-    listener: TcpListener,
-    addrs: &[SocketAddr],
-    rank: usize,
-    key: u64,
-    deadline: Instant,
-) -> Result<Vec<Option<TcpStream>>> {
-    let n = addrs.len();
-    let mut streams: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
-    for (j, addr) in addrs.iter().enumerate().skip(rank + 1) {
-        let mut s = connect_retry(*addr, deadline)
-            .map_err(|e| io_err(&format!("cannot connect to rank {j}"), e))?;
-        s.set_read_timeout(Some(
-            deadline
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(10)),
-        ))
-        .map_err(|e| io_err("handshake", e))?;
-        // The acceptor answers only once it is in its own mesh phase, i.e. after it created
-        // its shared-memory rings.
-        (|| -> std::io::Result<()> {
-            write_u64(&mut s, key)?;
-            write_u64(&mut s, rank as u64)?;
-            s.flush()?;
-            if read_u64(&mut s)? != key {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    "handshake refused",
-                ));
-            }
-            Ok(())
-        })()
-        .map_err(|e| io_err(&format!("handshake with rank {j}"), e))?;
-        streams[j] = Some(s);
-    }
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| io_err("listen", e))?;
-    let mut need = rank;
-    while need > 0 {
-        match listener.accept() {
-            Ok((mut s, _)) => {
-                s.set_nonblocking(false).map_err(|e| io_err("accept", e))?;
-                s.set_read_timeout(Some(
-                    deadline
-                        .saturating_duration_since(Instant::now())
-                        .max(Duration::from_millis(10)),
-                ))
-                .map_err(|e| io_err("accept", e))?;
-                let Ok((k, from)) = (|| -> std::io::Result<(u64, u64)> {
-                    Ok((read_u64(&mut s)?, read_u64(&mut s)?))
-                })() else {
-                    continue;
-                };
-                let from = from as usize;
-                if k == key
-                    && from < rank
-                    && streams[from].is_none()
-                    && write_u64(&mut s, key).and_then(|_| s.flush()).is_ok()
-                {
-                    streams[from] = Some(s);
-                    need -= 1;
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    return Err(Error::timeout(format!(
-                        "rank {rank}: {need} lower ranks never connected"
-                    )));
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Err(e) => return Err(io_err("accept", e)),
-        }
-    }
-    Ok(streams)
 }
 
 impl Transport for TcpTransport {
@@ -744,52 +522,74 @@ impl Transport for TcpTransport {
     }
 
     fn subset(&self, members: &[usize], ctx: u64) -> Result<Arc<dyn Transport>> {
-        // A fresh mesh among the members, bootstrapped over this one: each member opens a
-        // listener and sends its address to every other member.
+        // A fresh mesh among the members, bootstrapped over this one (whose connections are
+        // authenticated): each member opens a listener and sends its address and a fresh
+        // secret to every other member; the sub-mesh uses the first member's secret.
         let me = members
             .iter()
             .position(|&m| m == self.rank)
             .ok_or_else(|| Error::internal("subset without this rank"))?;
         let (listener, addr) = listen()?;
         let mine = addr.to_string().into_bytes();
-        let mut lens = [0u8; 64];
+        let mut lens = [0u8; 64 + SECRET_BYTES];
         lens[..mine.len().min(64)].copy_from_slice(&mine[..mine.len().min(64)]);
+        let fresh = Secret::random()?;
+        lens[64..].copy_from_slice(fresh.as_bytes());
+        let mut secret = fresh;
         let deadline = || Instant::now() + self.timeout;
         let tag = faults::stamp(0, faults::CONTROL | (ctx as u32 & !faults::CONTROL));
         let mut sends = Vec::new();
+        let mut posted = Ok(());
         for &m in members.iter().filter(|&&m| m != self.rank) {
-            // SAFETY: `lens` lives until the sends are waited for below.
-            sends.push(unsafe { self.isend(m, tag, lens.as_ptr(), lens.len())? });
-        }
-        let mut addrs = Vec::with_capacity(members.len());
-        for &m in members {
-            if m == self.rank {
-                addrs.push(addr);
-                continue;
+            // SAFETY: `lens` lives until every posted send is waited for below, on every path.
+            match unsafe { self.isend(m, tag, lens.as_ptr(), lens.len()) } {
+                Ok(op) => sends.push(op),
+                Err(e) => {
+                    posted = Err(e);
+                    break;
+                }
             }
-            let mut b = [0u8; 64];
-            self.recv_into(m, tag, &mut b, deadline())?;
-            let s = std::str::from_utf8(&b)
-                .map_err(|_| Error::remote("bad address"))?
-                .trim_end_matches('\0');
-            addrs.push(
-                s.parse()
-                    .map_err(|_| Error::remote(format!("bad peer address '{s}'")))?,
-            );
         }
+        let received = || -> Result<Vec<SocketAddr>> {
+            posted?;
+            let mut addrs = Vec::with_capacity(members.len());
+            for &m in members {
+                if m == self.rank {
+                    addrs.push(addr);
+                    continue;
+                }
+                let mut b = [0u8; 64 + SECRET_BYTES];
+                self.recv_into(m, tag, &mut b, deadline())?;
+                if m == members[0] {
+                    let mut first = [0u8; SECRET_BYTES];
+                    first.copy_from_slice(&b[64..]);
+                    secret = Secret::from_bytes(first);
+                }
+                let s = std::str::from_utf8(&b[..64])
+                    .map_err(|_| Error::remote(format!("rank {m} sent a bad address")))?
+                    .trim_end_matches('\0');
+                addrs.push(s.parse().map_err(|_| {
+                    Error::remote(format!("rank {m} sent a bad peer address '{s}'"))
+                })?);
+            }
+            Ok(addrs)
+        };
+        let received = received();
+        let mut sent = Ok(());
         for s in sends {
-            s.wait(deadline())?;
+            let r = s.wait(deadline());
+            sent = sent.and(r);
         }
+        let addrs = received?;
+        sent?;
         let nodes = members.iter().map(|&m| self.nodes[m]).collect();
-        // Ring files are named by the sub-job's key: unique to this job and this split.
-        let key = self.key ^ ctx.rotate_left(17);
         let use_shm = self.peers.iter().flatten().any(|p| p.shm_in.is_some());
         let t = Self::build(
             use_shm,
             listener,
             &addrs,
             me,
-            key,
+            &secret,
             nodes,
             self.chunk,
             self.timeout,
