@@ -1409,11 +1409,102 @@ fn fuzz_child() {
 
 // ---- the parent -------------------------------------------------------------------------------
 
-/// Runs the fuzz for each seed on 1 and 2 thread-ranks, each in a child process with a
-/// watchdog; a crash, an abort, a hang or a wrong answer fails with the calls that led to it.
-#[test]
-fn c_abi_fuzz() {
-    let seeds: Vec<u64> = match std::env::var("PCCL_FUZZ_SEED") {
+/// Runs the fuzz child for `seed` on `p` thread-ranks with `calls` calls per rank (under
+/// `wrapper`, a command and its arguments, if given) with a watchdog of `limit`; returns the
+/// number of calls made, or panics with the failure and the calls that led to it.
+fn run_child(wrapper: &[&str], seed: u64, p: usize, calls: Option<u64>, limit: Duration) -> u64 {
+    let exe = std::env::current_exe().expect("the test executable");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("capi_fuzz");
+    std::fs::create_dir_all(&dir).expect("create the scratch directory");
+    let log = dir.join(format!(
+        "fuzz-{}-{seed}-{p}{}.log",
+        std::process::id(),
+        wrapper.first().map_or(String::new(), |w| format!("-{w}"))
+    ));
+    let f = std::fs::File::create(&log).expect("create the log");
+    let mut cmd = match wrapper.split_first() {
+        Some((tool, args)) => {
+            let mut c = Command::new(tool);
+            c.args(args).arg(&exe);
+            c
+        }
+        None => Command::new(&exe),
+    };
+    cmd.args([
+        "fuzz_child",
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("PCCL_FUZZ_SEED", seed.to_string())
+    .env("PCCL_FUZZ_RANKS", p.to_string())
+    // A hang inside a collective becomes a timeout error (a fuzz failure) after 20 s; the
+    // watchdog catches anything else.
+    .env("PCCL_TIMEOUT", "20")
+    .env_remove("PCCL_RANKS_PER_NODE")
+    .env_remove("PCCL_DEBUG")
+    .stdin(Stdio::null())
+    .stdout(f.try_clone().expect("dup the log"))
+    .stderr(f);
+    if let Some(n) = calls {
+        cmd.env("PCCL_FUZZ_CALLS", n.to_string());
+    }
+    let mut child = cmd.spawn().expect("start the fuzz child");
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait for the child") {
+            break Some(s);
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = std::fs::read_to_string(&log).unwrap_or_default();
+    let done = out.lines().find(|l| l.starts_with("FUZZ DONE"));
+    if let (Some(s), Some(line)) = (status, done) {
+        if s.success() {
+            eprintln!("{line}");
+            let _ = std::fs::remove_file(&log);
+            return line
+                .split(": ")
+                .nth(1)
+                .and_then(|s| s.split(' ').next())
+                .and_then(|s| s.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    let lines: Vec<&str> = out.lines().collect();
+    let failure: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.contains("FUZZ FAILURE") || l.contains("panicked"))
+        .collect();
+    let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+    panic!(
+        "the C ABI fuzz with seed {seed} on {p} thread-rank(s){} {}\n\
+         reproduce: PCCL_FUZZ_SEED={seed} cargo test --release --test capi_fuzz\n\
+         {}\nlast output (full log: {}):\n{tail}",
+        if wrapper.is_empty() {
+            String::new()
+        } else {
+            format!(" under {wrapper:?}")
+        },
+        match status {
+            None => format!("hung (killed after {limit:?})"),
+            Some(s) => format!("failed ({s})"),
+        },
+        failure.join("\n"),
+        log.display()
+    );
+}
+
+/// The seeds to run: `PCCL_FUZZ_SEED`, or a fixed set and one from the clock.
+fn seeds() -> Vec<u64> {
+    match std::env::var("PCCL_FUZZ_SEED") {
         Ok(s) => vec![s.parse().expect("PCCL_FUZZ_SEED is a u64")],
         Err(_) => {
             let t = std::time::SystemTime::now()
@@ -1421,87 +1512,56 @@ fn c_abi_fuzz() {
                 .map_or(0, |d| d.as_nanos() as u64);
             vec![1, 2, 0x5eed_cafe, t]
         }
-    };
-    let exe = std::env::current_exe().expect("the test executable");
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("capi_fuzz");
-    std::fs::create_dir_all(&dir).expect("create the scratch directory");
+    }
+}
+
+/// Runs the fuzz for each seed on 1 and 2 thread-ranks, each in a child process with a
+/// watchdog; a crash, an abort, a hang or a wrong answer fails with the calls that led to it.
+#[test]
+fn c_abi_fuzz() {
+    let seeds = seeds();
     let start = Instant::now();
     let mut total = 0u64;
     for &seed in &seeds {
         for p in [1usize, 2] {
-            let log = dir.join(format!("fuzz-{}-{seed}-{p}.log", std::process::id()));
-            let f = std::fs::File::create(&log).expect("create the log");
-            let mut child = Command::new(&exe)
-                .args([
-                    "fuzz_child",
-                    "--exact",
-                    "--ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env("PCCL_FUZZ_SEED", seed.to_string())
-                .env("PCCL_FUZZ_RANKS", p.to_string())
-                // A hang inside a collective becomes a timeout error (a fuzz failure) after
-                // 20 s; the watchdog below catches anything else.
-                .env("PCCL_TIMEOUT", "20")
-                .env_remove("PCCL_RANKS_PER_NODE")
-                .env_remove("PCCL_DEBUG")
-                .stdin(Stdio::null())
-                .stdout(f.try_clone().expect("dup the log"))
-                .stderr(f)
-                .spawn()
-                .expect("start the fuzz child");
-            let t0 = Instant::now();
-            let status = loop {
-                if let Some(s) = child.try_wait().expect("wait for the child") {
-                    break Some(s);
-                }
-                if t0.elapsed() > Duration::from_secs(120) {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break None;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            };
-            let out = std::fs::read_to_string(&log).unwrap_or_default();
-            let done = out.lines().find(|l| l.starts_with("FUZZ DONE"));
-            match (status, done) {
-                (Some(s), Some(line)) if s.success() => {
-                    eprintln!("{line}");
-                    total += line
-                        .split(": ")
-                        .nth(1)
-                        .and_then(|s| s.split(' ').next())
-                        .and_then(|s| s.parse::<u64>().ok())
-                        .unwrap_or(0);
-                    let _ = std::fs::remove_file(&log);
-                }
-                _ => {
-                    let lines: Vec<&str> = out.lines().collect();
-                    let failure: Vec<&str> = lines
-                        .iter()
-                        .copied()
-                        .filter(|l| l.contains("FUZZ FAILURE") || l.contains("panicked"))
-                        .collect();
-                    let tail = lines[lines.len().saturating_sub(30)..].join("\n");
-                    panic!(
-                        "the C ABI fuzz with seed {seed} on {p} thread-rank(s) {}\n\
-                         reproduce: PCCL_FUZZ_SEED={seed} cargo test --release --test capi_fuzz\n\
-                         {}\nlast output (full log: {}):\n{tail}",
-                        match status {
-                            None => "hung (killed after 120 s)".to_string(),
-                            Some(s) => format!("failed ({s})"),
-                        },
-                        failure.join("\n"),
-                        log.display()
-                    );
-                }
-            }
+            total += run_child(&[], seed, p, None, Duration::from_secs(120));
         }
     }
     eprintln!(
         "C ABI fuzz: {total} calls over {} seeds x 1 and 2 ranks in {:.2?}",
         seeds.len(),
+        start.elapsed()
+    );
+}
+
+/// A shorter storm (2 ranks) under valgrind memcheck: no invalid access, no use of
+/// uninitialised memory and no definite leak in what the calls do.
+#[test]
+fn c_abi_fuzz_under_valgrind() {
+    let found = Command::new("valgrind")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    if !found {
+        eprintln!("SKIPPED: valgrind not found; install it to run the fuzz under memcheck");
+        return;
+    }
+    let seed = seeds()[0];
+    let wrapper = [
+        "valgrind",
+        "--tool=memcheck",
+        "--error-exitcode=1",
+        "--leak-check=full",
+        "--errors-for-leak-kinds=definite",
+        "--fair-sched=yes",
+        "-q",
+    ];
+    let start = Instant::now();
+    let n = run_child(&wrapper, seed, 2, Some(1500), Duration::from_secs(300));
+    eprintln!(
+        "C ABI fuzz under valgrind memcheck: {n} calls clean in {:.2?}",
         start.elapsed()
     );
 }
