@@ -537,8 +537,8 @@ impl Fuzz {
             let out_bytes = out_len.unwrap_or(0).saturating_mul(es_or1);
             let (send, recv, _, _) = layout(my_rank, count);
             let align_ok = |ptr: usize, len: Option<usize>| len == Some(0) || ptr % es_or1 == 0;
-            let null_ok = !(needs_send && in_len != Some(0) && send == 0)
-                && !(out_len != Some(0) && recv == 0);
+            let send_missing = needs_send && in_len != Some(0) && send == 0;
+            let recv_missing = out_len != Some(0) && recv == 0;
             let refused = !matches!(carg, Arg::Live(_))
                 || !dt_ok
                 || !op_ok
@@ -546,8 +546,9 @@ impl Fuzz {
                 || stream != 0
                 || !want_request
                 || !sizes_ok
-                || !null_ok
-                || !(align_ok(send, in_len) || !needs_send)
+                || send_missing
+                || recv_missing
+                || (needs_send && !align_ok(send, in_len))
                 || !align_ok(recv, out_len);
             // Conservative: every rank's send buffer must hold the count, needed or not.
             let safe = refused
@@ -580,9 +581,7 @@ impl Fuzz {
             _ => send == recv,
         };
         let avg_bad = reduce && op == pcclAvg && !is_float(dt);
-        let want = if refused {
-            Expect::Refused
-        } else if avg_bad || (overlapping && !in_place) {
+        let want = if refused || avg_bad || (overlapping && !in_place) {
             Expect::Refused
         } else {
             Expect::Ok
