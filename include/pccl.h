@@ -32,6 +32,13 @@
 #define PCCL_VERSION_CODE 100
 
 /**
+ * The most ranks a communicator or thread world may have. `pcclThreadWorldCreate` and
+ * `pcclCommInitRank` answer a larger `nranks` with `pcclInvalidArgument` before allocating
+ * anything for it, so a corrupted size is an error, not an out-of-memory abort.
+ */
+#define PCCL_MAX_RANKS (1 << 22)
+
+/**
  * The colour to pass to `pcclCommSplit` on a rank that joins no new communicator
  * (any negative colour does the same).
  */
@@ -288,7 +295,8 @@ const char *pcclGetLastError(pcclComm_t comm);
 /**
  * Creates a world of `nranks` in-process ranks, to be joined by `nranks` threads with
  * `pcclCommInitThreads`. Free it with `pcclThreadWorldDestroy` (communicators built
- * from it stay valid).
+ * from it stay valid). `nranks` must be in `1..=PCCL_MAX_RANKS`, else the call returns
+ * `pcclInvalidArgument` and leaves `*world = NULL`.
  *
  * # Safety
  * `world` must be NULL (an error) or point to a writable `pcclThreadWorld_t`.
@@ -336,6 +344,9 @@ pcclResult_t pcclGetUniqueId(struct pcclUniqueId *unique_id);
 /**
  * Joins the job of `uniqueId` as `rank` of `nranks` (`ncclCommInitRank`): ranks on the same
  * host talk through shared memory, others through TCP. Collective over all `nranks` ranks.
+ * `nranks` must be in `1..=PCCL_MAX_RANKS` and `rank` in `0..nranks`, and `uniqueId` one
+ * that `pcclGetUniqueId` made, else the call returns `pcclInvalidArgument` at once, without
+ * contacting anyone, and leaves `*comm = NULL`.
  *
  * # Safety
  * `comm` must be NULL (an error) or point to a writable `pcclComm_t`.

@@ -46,6 +46,11 @@ pub const PCCL_PATCH: c_int = 0;
 /// `PCCL_MAJOR * 10000 + PCCL_MINOR * 100 + PCCL_PATCH`, as `pcclGetVersion` reports it.
 pub const PCCL_VERSION_CODE: c_int = 100;
 
+/// The most ranks a communicator or thread world may have. `pcclThreadWorldCreate` and
+/// `pcclCommInitRank` answer a larger `nranks` with `pcclInvalidArgument` before allocating
+/// anything for it, so a corrupted size is an error, not an out-of-memory abort.
+pub const PCCL_MAX_RANKS: c_int = 1 << 22;
+
 /// The colour to pass to `pcclCommSplit` on a rank that joins no new communicator
 /// (any negative colour does the same).
 pub const PCCL_SPLIT_NOCOLOR: c_int = -1;
@@ -288,6 +293,18 @@ fn red_op(v: pcclRedOp_t) -> Result<ReduceOp> {
     })
 }
 
+/// `nranks` of an init call as a count, checked against `1..=PCCL_MAX_RANKS` before anything
+/// is sized by it.
+fn nranks_of(nranks: c_int) -> Result<usize> {
+    if !(1..=PCCL_MAX_RANKS).contains(&nranks) {
+        return Err(Error::invalid(format!(
+            "nranks {nranks} is out of range: it must be at least 1 and at most \
+             PCCL_MAX_RANKS ({PCCL_MAX_RANKS})"
+        )));
+    }
+    usize::try_from(nranks).map_err(|_| Error::internal(format!("nranks {nranks} is not a size")))
+}
+
 fn int_of(v: usize, what: &str) -> Result<c_int> {
     c_int::try_from(v).map_err(|_| Error::internal(format!("{what} {v} does not fit in an int")))
 }
@@ -510,7 +527,8 @@ pub extern "C" fn pcclGetLastError(comm: pcclComm_t) -> *const c_char {
 
 /// Creates a world of `nranks` in-process ranks, to be joined by `nranks` threads with
 /// `pcclCommInitThreads`. Free it with `pcclThreadWorldDestroy` (communicators built
-/// from it stay valid).
+/// from it stay valid). `nranks` must be in `1..=PCCL_MAX_RANKS`, else the call returns
+/// `pcclInvalidArgument` and leaves `*world = NULL`.
 ///
 /// # Safety
 /// `world` must be NULL (an error) or point to a writable `pcclThreadWorld_t`.
@@ -523,10 +541,7 @@ pub unsafe extern "C" fn pcclThreadWorldCreate(
         not_null(world, "world")?;
         // SAFETY: `world` is non-NULL and points to a writable handle (caller's promise).
         unsafe { clear(world) };
-        let n = usize::try_from(nranks)
-            .ok()
-            .filter(|&n| n > 0)
-            .ok_or_else(|| Error::invalid(format!("nranks {nranks} must be at least 1")))?;
+        let n = nranks_of(nranks)?;
         let h = handles::add_world(ThreadWorld::new(n))?;
         // SAFETY: as above.
         unsafe { put(world, h as pcclThreadWorld_t) };
@@ -656,6 +671,9 @@ pub unsafe extern "C" fn pcclGetUniqueId(unique_id: *mut pcclUniqueId) -> pcclRe
 
 /// Joins the job of `uniqueId` as `rank` of `nranks` (`ncclCommInitRank`): ranks on the same
 /// host talk through shared memory, others through TCP. Collective over all `nranks` ranks.
+/// `nranks` must be in `1..=PCCL_MAX_RANKS` and `rank` in `0..nranks`, and `uniqueId` one
+/// that `pcclGetUniqueId` made, else the call returns `pcclInvalidArgument` at once, without
+/// contacting anyone, and leaves `*comm = NULL`.
 ///
 /// # Safety
 /// `comm` must be NULL (an error) or point to a writable `pcclComm_t`.
@@ -670,22 +688,18 @@ pub unsafe extern "C" fn pcclCommInitRank(
         not_null(comm, "comm")?;
         // SAFETY: `comm` is non-NULL and points to a writable handle (caller's promise).
         unsafe { clear(comm) };
-        if nranks < 1 || rank < 0 || rank >= nranks {
-            return Err(Error::invalid(format!(
-                "rank {rank} of {nranks}: need 0 <= rank < nranks"
-            ))
-            .into());
-        }
-        let bytes: Vec<u8> = unique_id.internal.iter().map(|&c| c as u8).collect();
+        let n = nranks_of(nranks)?;
+        let r = usize::try_from(rank)
+            .ok()
+            .filter(|&r| r < n)
+            .ok_or_else(|| {
+                Error::invalid(format!("rank {rank} of {nranks}: need 0 <= rank < nranks"))
+            })?;
+        let bytes = unique_id.internal.map(|c| c as u8);
         let id = crate::transport::tcp::UniqueId::from_bytes(&bytes)?;
         let cfg = crate::config::Config::from_env()?;
-        let t = crate::transport::tcp::TcpTransport::connect(
-            &id,
-            nranks as usize,
-            rank as usize,
-            cfg.chunk_bytes,
-            cfg.timeout,
-        )?;
+        let t =
+            crate::transport::tcp::TcpTransport::connect(&id, n, r, cfg.chunk_bytes, cfg.timeout)?;
         let h = Communicator::with_config(Arc::new(t), cfg).and_then(handles::add_comm)?;
         // SAFETY: as above.
         unsafe { put(comm, h as pcclComm_t) };

@@ -134,8 +134,23 @@ static void rank_main(struct rank_ctx *R) {
 
     /* ---- initialisation ---- */
     pcclThreadWorld_t w = NULL;
-    ROW(pcclInvalidArgument, "nranks 0 must be at least 1", NULL, pcclThreadWorldCreate(0, &w));
-    ROW(pcclInvalidArgument, "nranks -4 must be at least 1", NULL, pcclThreadWorldCreate(-4, &w));
+    ROW(pcclInvalidArgument, "nranks 0 is out of range", NULL, pcclThreadWorldCreate(0, &w));
+    ROW(pcclInvalidArgument, "nranks -4 is out of range", NULL, pcclThreadWorldCreate(-4, &w));
+    /* Hostile sizes are refused before anything is allocated for them (no OOM abort). */
+    ROW(pcclInvalidArgument, "at most PCCL_MAX_RANKS (4194304)", NULL, pcclThreadWorldCreate(1 << 30, &w));
+    ROW(pcclInvalidArgument, "nranks 4194305 is out of range", NULL,
+        pcclThreadWorldCreate(PCCL_MAX_RANKS + 1, &w));
+    ROW(pcclInvalidArgument, "at most PCCL_MAX_RANKS", NULL, pcclThreadWorldCreate(INT32_MAX, &w));
+    ROW(pcclSuccess, "", NULL, pcclThreadWorldCreate(PCCL_MAX_RANKS, &w));
+    ROW(pcclSuccess, "", NULL, pcclThreadWorldDestroy(w));
+    pcclUniqueId zero_id;
+    memset(&zero_id, 0, sizeof zero_id);
+    ROW(pcclInvalidArgument, "at most PCCL_MAX_RANKS", NULL, pcclCommInitRank(&c2, 1 << 30, zero_id, 0));
+    ROW(pcclInvalidArgument, "nranks -1 is out of range", NULL, pcclCommInitRank(&c2, -1, zero_id, 0));
+    ROW(pcclInvalidArgument, "rank 2 of 2", NULL, pcclCommInitRank(&c2, 2, zero_id, 2));
+    ROW(pcclInvalidArgument, "rank -1 of 2", NULL, pcclCommInitRank(&c2, 2, zero_id, -1));
+    ROW(pcclInvalidArgument, "not a PCCL unique id", NULL, pcclCommInitRank(&c2, 2, zero_id, 1));
+    ROW(pcclInvalidArgument, "comm is NULL", NULL, pcclCommInitRank(NULL, 2, zero_id, 1));
     ROW(pcclInvalidArgument, "world is NULL", NULL, pcclThreadWorldCreate(2, NULL));
     ROW(pcclInvalidArgument, "comm is NULL", NULL, pcclCommInitThreads(NULL, R->world, r));
     ROW(pcclInvalidArgument, "world is NULL", NULL, pcclCommInitThreads(&c2, NULL, r));
