@@ -93,6 +93,8 @@ struct WorldSlot {
 /// A non-blocking collective in flight and the buffers it owns until `pcclWait`.
 struct Pending {
     h: usize,
+    /// The communicator it runs on (aborting it ends the request with an error).
+    comm: usize,
     _bufs: [Vec<u64>; 2],
 }
 
@@ -136,6 +138,9 @@ enum Expect {
     Refused,
     /// Any code but an internal error, a timeout or a remote error.
     Any,
+    /// `pcclSuccess`, or an error (invalid usage here, remote on the peer) saying the
+    /// communicator was aborted.
+    OkOrAborted,
 }
 
 struct Fuzz {
@@ -148,6 +153,8 @@ struct Fuzz {
     worlds: Vec<WorldSlot>,
     requests: Vec<Pending>,
     dead_requests: Vec<usize>,
+    /// Communicators aborted (not merely destroyed) during the storm.
+    aborted: Vec<usize>,
     /// Unique ids from `pcclGetUniqueId` and whether one joined a job already.
     ids: Vec<(pcclUniqueId, bool)>,
     arenas: [Vec<u64>; 2],
@@ -204,6 +211,7 @@ impl Fuzz {
             }],
             requests: Vec::new(),
             dead_requests: Vec::new(),
+            aborted: Vec::new(),
             ids: Vec::new(),
             arenas: [vec![0u64; ARENA / 8 + 8], vec![0u64; ARENA / 8 + 8]],
             stats: Default::default(),
@@ -232,11 +240,20 @@ impl Fuzz {
         }
         let bad = if !(0..pcclNumResults).contains(&rc) {
             Some("a code outside 0..pcclNumResults".to_string())
+        } else if want == Expect::OkOrAborted
+            && matches!(rc, pcclInvalidUsage | pcclRemoteError)
+            && msg.contains("aborted")
+        {
+            // This rank or its peer aborted the request's communicator.
+            None
         } else if matches!(rc, pcclInternalError | pcclTimeout | pcclRemoteError) {
             Some("an internal error, timeout or remote error".to_string())
         } else {
             match want {
                 Expect::Ok if rc != pcclSuccess => Some("a failure for a valid call".into()),
+                Expect::OkOrAborted if rc != pcclSuccess => {
+                    Some("neither success nor an abort for a request of an aborted comm".into())
+                }
                 Expect::Refused if rc != pcclInvalidArgument && rc != pcclInvalidUsage => {
                     Some("not pcclInvalidArgument/pcclInvalidUsage for an invalid call".into())
                 }
@@ -644,6 +661,7 @@ impl Fuzz {
             }
             self.requests.push(Pending {
                 h: req as usize,
+                comm,
                 _bufs: owned,
             });
         } else if nonblocking && !req.is_null() {
@@ -677,6 +695,7 @@ impl Fuzz {
             if rc == pcclSuccess {
                 self.requests.push(Pending {
                     h: req as usize,
+                    comm,
                     _bufs: [Vec::new(), Vec::new()],
                 });
             }
@@ -695,6 +714,9 @@ impl Fuzz {
             self.announce(&desc);
             let rc = pcclWait(h as pcclRequest_t);
             let want = match arg {
+                Arg::Live(i) if self.aborted.contains(&self.requests[i].comm) => {
+                    Expect::OkOrAborted
+                }
                 Arg::Live(_) => Expect::Ok,
                 _ => Expect::Refused,
             };
@@ -904,6 +926,9 @@ impl Fuzz {
         self.check(&desc, rc, want);
         if let Arg::Live(i) = carg {
             self.comms[i].life = Life::Dead;
+            if abort {
+                self.aborted.push(comm);
+            }
         }
     }
 
@@ -1207,7 +1232,12 @@ impl Fuzz {
             let desc = format!("pcclWait(request={:#x}) at the end", p.h);
             self.announce(&desc);
             let rc = pcclWait(p.h as pcclRequest_t);
-            self.check(&desc, rc, Expect::Ok);
+            let want = if self.aborted.contains(&p.comm) {
+                Expect::OkOrAborted
+            } else {
+                Expect::Ok
+            };
+            self.check(&desc, rc, want);
         }
         for i in 1..self.comms.len() {
             if self.comms[i].life == Life::Live {
