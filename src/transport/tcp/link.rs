@@ -24,6 +24,9 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// the connection counts as broken.
 const CONTROL_PATIENCE: Duration = Duration::from_secs(1);
 
+/// How long a receive that met a later collective's message waits for the board to say why.
+const EXPLAIN: Duration = Duration::from_millis(500);
+
 /// Why a read of the inbound stream stopped.
 pub(super) enum Stop {
     /// The wait's own reason (the board, the deadline, "not now" for the monitor).
@@ -470,7 +473,7 @@ impl Link {
         };
         if let Some(ring) = &self.ring_in {
             let _one = lock(&self.ring_rx);
-            return self.recv_ring(ring, tag, len, target, &mut idle);
+            return self.recv_ring(ring, tag, len, deadline, target, &mut idle);
         }
         let mut ib = lock(&self.inbox);
         let stop = |s: Stop| match s {
@@ -485,7 +488,8 @@ impl Link {
             }
             if h.tag != tag || h.len != len as u64 {
                 ib.pending = Some(h);
-                self.faults.check(tag, self.peer)?;
+                drop(ib);
+                self.explain(tag, h.tag, deadline)?;
                 return Err(self.wrong_message(tag, len, h.tag, h.len));
             }
             let trailer = self.payload(&mut ib, len, target, &mut idle).map_err(stop)?;
@@ -494,6 +498,24 @@ impl Link {
             }
             return Ok(());
         }
+    }
+
+    /// A message of a later collective (`got`) came where one of `want` was expected: the
+    /// peer is done with `want`'s collective without sending this rank its message, so the
+    /// collective failed somewhere and the notice saying so is on its way (from another
+    /// peer, read by the monitor): give the board a moment to explain, so the error names
+    /// the cause rather than the symptom. Same-collective mismatches are their own cause.
+    fn explain(&self, want: Tag, got: Tag, deadline: Instant) -> Result<()> {
+        self.faults.check(want, self.peer)?;
+        if faults::seq_of(got) == faults::seq_of(want) {
+            return Ok(());
+        }
+        let until = deadline.min(Instant::now() + EXPLAIN);
+        while Instant::now() < until {
+            self.faults.nap(faults::POLL);
+            self.faults.check(want, self.peer)?;
+        }
+        Ok(())
     }
 
     fn abandoned(&self, tag: Tag) -> Error {
@@ -526,6 +548,7 @@ impl Link {
         ring: &Ring,
         tag: Tag,
         len: usize,
+        deadline: Instant,
         mut target: Target<'_>,
         idle: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
@@ -540,7 +563,7 @@ impl Link {
                     continue;
                 }
                 if h.tag != tag || h.len != len as u64 {
-                    self.faults.check(tag, self.peer)?;
+                    self.explain(tag, h.tag, deadline)?;
                     return Err(self.wrong_message(tag, len, h.tag, h.len));
                 }
                 started = true;
