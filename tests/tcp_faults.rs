@@ -110,7 +110,11 @@ fn run(comm: &Communicator, coll: Coll, k: u32) -> pccl::Result<()> {
             let mut out = vec![0.0; n * p];
             comm.all_gather(&inp, &mut out)?;
             for (j, x) in out.iter().enumerate() {
-                assert_eq!(*x, val(j / n, j % n, k), "all-gather element {j} on rank {r}");
+                assert_eq!(
+                    *x,
+                    val(j / n, j % n, k),
+                    "all-gather element {j} on rank {r}"
+                );
             }
         }
         Coll::ReduceScatter => {
@@ -188,7 +192,9 @@ fn play(sc: Scenario, rank: usize, id: &UniqueId) {
                 return; // cut off: it leaves (a killed one never gets here)
             }
             let t0 = Instant::now();
-            let small = comm.shrink(&[v]).unwrap_or_else(|e| panic!("rank {rank}: shrink: {e}"));
+            let small = comm
+                .shrink(&[v])
+                .unwrap_or_else(|e| panic!("rank {rank}: shrink: {e}"));
             assert_eq!(small.size(), sc.p - 1);
             for k in 0..2 {
                 run(&small, Coll::AllReduce, k)
@@ -219,7 +225,12 @@ fn launch(name: &str, sc: Scenario) {
     let exe = std::env::current_exe().expect("test executable");
     let dir = std::env::temp_dir();
     let logs: Vec<_> = (0..sc.p)
-        .map(|r| dir.join(format!("pccl-tcp-faults-{}-{name}-{r}.log", std::process::id())))
+        .map(|r| {
+            dir.join(format!(
+                "pccl-tcp-faults-{}-{name}-{r}.log",
+                std::process::id()
+            ))
+        })
         .collect();
     let mut kids: Vec<_> = (0..sc.p)
         .map(|r| {
@@ -426,9 +437,8 @@ fn a_refused_call_fails_everywhere_and_the_next_works() {
                 .map(|r| {
                     let (cfg, id) = (cfg.clone(), id.clone());
                     s.spawn(move || {
-                        let t =
-                            TcpTransport::connect_with(&id, p, r, 256 * 1024, cfg.timeout, shm)
-                                .expect("connect");
+                        let t = TcpTransport::connect_with(&id, p, r, 256 * 1024, cfg.timeout, shm)
+                            .expect("connect");
                         let comm = Communicator::with_config(Arc::new(t), cfg).unwrap();
                         run(&comm, Coll::AllReduce, 0).unwrap();
                         let inp = vec![1.0f64; N];
@@ -445,7 +455,10 @@ fn a_refused_call_fails_everywhere_and_the_next_works() {
                             assert!(e.message().contains("rank 0"), "rank {r}: {e}");
                             assert!(took < PROMPT, "rank {r}: {took:?}");
                         }
-                        println!("shm={shm} rank {r}: refused in {} ms: {e}", took.as_millis());
+                        println!(
+                            "shm={shm} rank {r}: refused in {} ms: {e}",
+                            took.as_millis()
+                        );
                         for k in 1..3 {
                             run(&comm, Coll::AllReduce, k).unwrap_or_else(|e| {
                                 panic!("rank {r}: the next all-reduce failed: {e}")

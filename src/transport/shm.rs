@@ -153,7 +153,13 @@ impl Ring {
         // again before the consumer's Release store of `head` (`take` / `skip`).
         let w = unsafe {
             let p = s as *const u64;
-            [p.read(), p.add(1).read(), p.add(2).read(), p.add(3).read(), p.add(4).read()]
+            [
+                p.read(),
+                p.add(1).read(),
+                p.add(2).read(),
+                p.add(3).read(),
+                p.add(4).read(),
+            ]
         };
         Some(SlotHead {
             tag: w[0],

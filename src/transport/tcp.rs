@@ -4,9 +4,40 @@
 //! random job key form the id, which the application hands to every rank (torch does it
 //! through its c10d store). Each rank opens its own listener, reports it to the rendezvous,
 //! receives everyone's address and builds a full mesh: one connection per pair. A send is a
-//! framed message (`tag`, `len`) written by that peer's writer thread straight from the
-//! caller's memory; a receive reads the frame on the caller's thread, in pieces of
-//! `PCCL_CHUNK_SIZE`, so reductions overlap the rest of the transfer.
+//! framed message written by that peer's writer thread straight from the caller's memory; a
+//! receive reads the frame on the caller's thread, in pieces of `PCCL_CHUNK_SIZE`, so
+//! reductions overlap the rest of the transfer. Peers on the same host move messages through
+//! shared-memory rings instead (`shm`); their socket then carries only control frames.
+//!
+//! **Failing fast.** Every wait looks at the communicator's failure board at least every
+//! [`faults::POLL`] (sockets run with short timeouts, rings wait in short naps) and ends with
+//! its error; a message of an earlier collective is read and dropped whole, one of a later
+//! collective is kept (its header, per peer) for the call it belongs to.
+//!
+//! - *Notices* ([`Transport::notify`]: refusals, aborts) are control frames: on a socket
+//!   that carries data they are queued on the peer's writer (so they never cut into a
+//!   frame); on a shared-memory pair's socket, which carries nothing else, they are written
+//!   at once. Nothing blocks the notifier.
+//! - *Reading them while the application waits on another peer*: a monitor thread per
+//!   transport polls (poll(2)) every socket nobody is reading and reads frame headers off
+//!   it: notices go to the board, a goodbye is remembered, a data frame's header is kept for
+//!   its receive, with the payload left in the socket (no extra copy: the receive reads the
+//!   payload straight into its destination). A socket the application is reading is read by
+//!   the application, which handles the control frames it meets the same way.
+//! - *Death*: an end of stream (or a reset) without a goodbye records the peer dead, as soon
+//!   as the monitor or a receive reaches it, so a process that ended is seen within a poll
+//!   step whatever `PCCL_TIMEOUT` is; for a same-host peer the pair's idle socket tells it.
+//!   A transport that is dropped says goodbye first, so a normal close is never a death.
+//!   Fault injection `drop` shuts every socket down and marks every ring cut.
+//! - *Sends never outlive their collective*: a waiter whose collective failed or whose
+//!   deadline passed asks the writer to let go; the writer stops reading the caller's
+//!   memory within one write step and finishes the frame from zeros, marked abandoned by its
+//!   trailer (rings: by a marked slot), so the stream stays framed and the receiver never
+//!   takes padding for data (see `writer`).
+//!
+//! Limits: the monitor does not watch a socket whose next data frame is already announced
+//! and waits for its receive; a death behind such a frame is seen when that frame is read,
+//! or through the notice of a peer that saw it.
 
 mod link;
 mod monitor;
@@ -553,7 +584,9 @@ impl Transport for TcpTransport {
 
     fn notify(&self, notice: &Notice) {
         let frame = match notice {
-            Notice::Refused { seq, why } => wire::control(wire::Kind::Refused, u64::from(*seq), why),
+            Notice::Refused { seq, why } => {
+                wire::control(wire::Kind::Refused, u64::from(*seq), why)
+            }
             Notice::Aborted { why } => wire::control(wire::Kind::Aborted, 0, why),
         };
         for l in self.links.iter().flatten() {
@@ -599,8 +632,7 @@ impl Transport for TcpTransport {
 
     fn recv_into(&self, peer: usize, tag: Tag, dst: &mut [u8], deadline: Instant) -> Result<()> {
         let len = dst.len();
-        self.link(peer)?
-            .recv(tag, len, deadline, Target::Into(dst))
+        self.link(peer)?.recv(tag, len, deadline, Target::Into(dst))
     }
 
     fn subset(&self, members: &[usize], ctx: u64) -> Result<Arc<dyn Transport>> {

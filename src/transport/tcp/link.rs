@@ -148,7 +148,10 @@ impl Link {
     /// Another handle on the socket (for a writer thread).
     pub(super) fn socket_clone(&self) -> Result<TcpStream> {
         lock(&self.socket).try_clone().map_err(|e| {
-            Error::system(format!("cannot clone the socket to rank {}: {e}", self.peer))
+            Error::system(format!(
+                "cannot clone the socket to rank {}: {e}",
+                self.peer
+            ))
         })
     }
 
@@ -330,7 +333,11 @@ impl Link {
             let mut done = 0;
             let give_up = Instant::now() + CONTROL_PATIENCE;
             while done < payload.len() {
-                match self.read(&mut ib.s, &mut ib.closed, &mut [IoSliceMut::new(&mut payload[done..])])? {
+                match self.read(
+                    &mut ib.s,
+                    &mut ib.closed,
+                    &mut [IoSliceMut::new(&mut payload[done..])],
+                )? {
                     Some(k) => done += k,
                     None if Instant::now() > give_up => {
                         return Err(self.broken_stream(ib, "it stopped in a control frame"));
@@ -392,7 +399,11 @@ impl Link {
         match target {
             Target::Into(dst) => {
                 while done < total {
-                    match self.read(&mut ib.s, &mut ib.closed, &mut wire::rest(dst, &mut trailer, done)) {
+                    match self.read(
+                        &mut ib.s,
+                        &mut ib.closed,
+                        &mut wire::rest(dst, &mut trailer, done),
+                    ) {
                         Ok(Some(k)) => done += k,
                         Ok(None) => {
                             if let Err(e) = idle() {
@@ -492,7 +503,9 @@ impl Link {
                 self.explain(tag, h.tag, deadline)?;
                 return Err(self.wrong_message(tag, len, h.tag, h.len));
             }
-            let trailer = self.payload(&mut ib, len, target, &mut idle).map_err(stop)?;
+            let trailer = self
+                .payload(&mut ib, len, target, &mut idle)
+                .map_err(stop)?;
             if trailer != TRAILER_OK {
                 return Err(self.abandoned(tag));
             }
