@@ -153,16 +153,36 @@ fn play(sc: Scenario, rank: usize, id: &UniqueId) {
     let t = TcpTransport::connect_with(id, sc.p, rank, 256 * 1024, cfg.timeout, sc.shm)
         .expect("connect");
     let comm = Communicator::with_config(Arc::new(t), cfg).expect("communicator");
-    for k in 0..sc.at {
-        run(&comm, sc.coll, k).unwrap_or_else(|e| panic!("rank {rank}, round {k}: {e}"));
-    }
-    let t0 = Instant::now();
-    let r = run(&comm, sc.coll, sc.at);
-    let took = t0.elapsed();
     let v = sc.victim;
-    let e = r.expect_err("the faulty collective must fail");
+    // A death fails every collective still running: a survivor may still be finishing
+    // collective at-1 when the victim dies at the start of collective at.
+    let dies = matches!(sc.kind, FaultKind::Kill | FaultKind::Drop) && rank != v;
+    let mut failed = None;
+    for k in 0..=sc.at {
+        let t0 = Instant::now();
+        let r = run(&comm, sc.coll, k);
+        let took = t0.elapsed();
+        match r {
+            Ok(()) if k < sc.at => {}
+            // The faulty rank itself may finish its part before the others refuse theirs
+            // (corrupt: its own receives were fine); there is no agreement step.
+            Ok(()) if rank == v => {
+                failed = Some((k, pccl::Error::remote("none: it succeeded here"), took));
+                break;
+            }
+            Ok(()) => panic!("rank {rank}: the faulty collective #{k} succeeded"),
+            Err(e) if k == sc.at || (dies && k + 1 == sc.at) => {
+                failed = Some((k, e, took));
+                break;
+            }
+            Err(e) => panic!("rank {rank}, round {k}: {e}"),
+        }
+    }
+    let Some((k, e, took)) = failed else {
+        unreachable!("the loop ends with a failure")
+    };
     println!(
-        "\n@@ rank {rank}: {:?} at #{} failed after {} ms: {:?}: {}",
+        "\n@@ rank {rank}: {:?} at #{} failed #{k} after {} ms: {:?}: {}",
         sc.kind,
         sc.at,
         took.as_millis(),

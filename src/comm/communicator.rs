@@ -49,6 +49,10 @@ struct Inner {
     topo: Topology,
     cfg: Config,
     seq: AtomicU32,
+    /// Shrinks called so far: names each shrink's sub-communicator. Not the sequence number,
+    /// which differs between survivors when a death failed one rank's collective k-1 but
+    /// another's collective k.
+    shrinks: AtomicU32,
     /// Set while an application thread is inside a call (one call at a time).
     busy: AtomicBool,
     /// Held while a plan runs; owns the scratch space (u64 words keep every dtype aligned).
@@ -136,6 +140,7 @@ impl Communicator {
                 topo,
                 cfg,
                 seq: AtomicU32::new(0),
+                shrinks: AtomicU32::new(0),
                 busy: AtomicBool::new(false),
                 exec: Mutex::new(Vec::new()),
                 worker: Mutex::new(None),
@@ -300,11 +305,13 @@ impl Communicator {
                 self.rank()
             )));
         }
-        let seq = self.inner.next_seq();
+        // The call takes its turn like any other (its number names nothing, see `shrinks`).
+        self.inner.next_seq();
         let members: Vec<usize> = (0..p).filter(|r| ex.binary_search(r).is_err()).collect();
         let words: Vec<u8> = ex.iter().flat_map(|&r| (r as u64).to_le_bytes()).collect();
         let agreed = fnv1a(&words);
-        let ctx = fnv1a(&[b"shrink".as_slice(), &seq.to_le_bytes(), &words].concat());
+        let nth = self.inner.shrinks.fetch_add(1, Ordering::SeqCst);
+        let ctx = fnv1a(&[b"shrink".as_slice(), &nth.to_le_bytes(), &words].concat());
         let transport = self.inner.transport.subset(&members, ctx)?;
         let keys: Vec<u64> = members
             .iter()

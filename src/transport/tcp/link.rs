@@ -630,6 +630,10 @@ impl Link {
                     return Err(self.closed_error(tag));
                 }
                 if self.left() || self.broken() {
+                    // What the peer published before it left comes first.
+                    if let Some(h) = ring.peek() {
+                        return Ok(h);
+                    }
                     return Err(self.closed_error(tag));
                 }
                 idle()?;
