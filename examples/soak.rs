@@ -234,7 +234,10 @@ fn main() {
     let p = arg("--ranks", 4) as usize;
     let calls = arg("--calls", 10_000);
     let seed = arg("--seed", 0x50a4);
-    if let (Ok(r), Ok(id)) = (std::env::var("PCCL_SOAK_RANK"), std::env::var("PCCL_SOAK_ID")) {
+    if let (Ok(r), Ok(id)) = (
+        std::env::var("PCCL_SOAK_RANK"),
+        std::env::var("PCCL_SOAK_ID"),
+    ) {
         let rank: usize = r.parse().unwrap_or(0);
         if let Err(e) = rank_main(rank, p, &id, calls, seed) {
             eprintln!("soak rank {rank}: {e}");

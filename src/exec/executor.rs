@@ -83,7 +83,12 @@ pub fn execute<T: Element>(
 /// board already holds the cause (then every rank knows it already).
 pub fn abandon(tr: &dyn Transport, tag: Tag, e: &Error) {
     if tr.faults().check(tag, tr.rank()).is_ok() {
-        tr.abandon(tag, e.message());
+        if e.kind() == crate::error::ErrorKind::Timeout {
+            let why = format!("{}{}", crate::transport::faults::TIMED_OUT, e.message());
+            tr.abandon(tag, &why);
+        } else {
+            tr.abandon(tag, e.message());
+        }
     }
 }
 

@@ -28,6 +28,9 @@ pub type Tag = u64;
 /// Fingerprint bit of the transport's own traffic (bootstraps of sub-communicators, shrink).
 pub const CONTROL: u32 = 1 << 31;
 
+/// Marks a refusal whose cause was a timeout, so the peers report a timeout too.
+pub const TIMED_OUT: &str = "[timeout] ";
+
 /// How often a blocked wait looks at the board (bounds how late a failure is noticed).
 pub const POLL: Duration = Duration::from_millis(20);
 
@@ -276,6 +279,11 @@ impl Faults {
         }
         let seq = seq_of(tag);
         if let Some((_, r, why)) = b.refused.iter().rev().find(|(s, _, _)| *s == seq) {
+            if let Some(why) = why.strip_prefix(TIMED_OUT) {
+                return Err(Error::timeout(format!(
+                    "rank {r} gave up collective #{seq} at its deadline: {why}"
+                )));
+            }
             return Err(Error::remote(format!(
                 "rank {r} refused collective #{seq}: {why}"
             )));
@@ -398,6 +406,9 @@ mod tests {
             "control: only the peer matters"
         );
         assert!(f.check(stamp(2, CONTROL), 4).is_err());
+        f.refuse(2, 1, &format!("{TIMED_OUT}waited in vain"));
+        let e = f.check(stamp(2, 5), 0).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Remote, "death first: {e}");
         f.abort("by the test");
         assert_eq!(
             f.check(stamp(2, CONTROL), 2).unwrap_err().kind(),

@@ -6,6 +6,14 @@
 //! and the receiver hands each slot straight to its sink (copy or reduction), so a byte is
 //! written once into the ring and read once out of it, with sender and receiver working on
 //! different slots at the same time.
+//!
+//! Every slot header says where its piece lies in its message, so a consumer that gave a
+//! message up half-way (its collective failed) drops the rest of it by itself: a slot whose
+//! piece does not start a message, or that carries [`ABANDONED`] (a producer that gave the
+//! message up half-way), never starts one. Waiting is the transport's business: the ring only
+//! answers whether a slot is free or published ([`Ring::has_room`], [`Ring::peek`]), so every
+//! wait can look at the failure board, and a cut ring ([`Ring::close`]) is seen by both
+//! sides.
 
 use crate::error::{Error, Result};
 use memmap2::MmapRaw;
@@ -13,16 +21,16 @@ use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::Duration;
 
 /// Slots per ring.
 const SLOTS: u64 = 4;
 /// Payload bytes per slot.
 pub const SLOT_BYTES: usize = 512 * 1024;
-/// Per-slot header: tag, message length, piece length (u64 each).
+/// Per-slot header: tag, message length, piece offset, piece length, flags (u64 each).
 const SLOT_HEAD: usize = 64;
-/// Ring header: head (consumer) and tail (producer) on separate cache lines.
-const RING_HEAD: usize = 128;
+/// Ring header: head (consumer), tail (producer) and the cut mark on separate cache lines.
+const RING_HEAD: usize = 192;
 const RING_BYTES: usize = RING_HEAD + SLOTS as usize * (SLOT_HEAD + SLOT_BYTES);
 
 /// One direction between two processes.
@@ -100,8 +108,8 @@ impl Ring {
     }
 
     fn counter(&self, which: usize) -> &AtomicU64 {
-        // SAFETY: offsets 0 and 64 are 8-byte aligned inside the mapping (page aligned), and
-        // the memory is only ever accessed atomically at these offsets.
+        // SAFETY: offsets 0, 64 and 128 are 8-byte aligned inside the mapping (page aligned,
+        // at least RING_BYTES long), and the memory is only ever accessed atomically there.
         unsafe { &*(self.map.as_mut_ptr().add(which * 64) as *const AtomicU64) }
     }
 
@@ -115,87 +123,132 @@ impl Ring {
         }
     }
 
-    fn wait(&self, deadline: Instant, ready: impl Fn() -> bool, what: &str) -> Result<()> {
-        let mut spins = 0u32;
-        while !ready() {
-            spins += 1;
-            if spins % 256 == 0 && Instant::now() >= deadline {
-                return Err(Error::timeout(format!(
-                    "{what}: the peer process stopped (it may have died or be running a different \
-                     collective; raise PCCL_TIMEOUT if it is only slow)"
-                )));
-            }
-            if spins > 64 {
-                std::thread::yield_now();
-            }
-        }
-        Ok(())
+    /// Producer side: whether a slot is free.
+    pub fn has_room(&self) -> bool {
+        let (head, tail) = (self.counter(0), self.counter(1));
+        tail.load(Ordering::Relaxed) - head.load(Ordering::Acquire) < SLOTS
     }
 
-    /// Producer side: copies one message into the ring, piece by piece.
-    pub fn push(&self, tag: u64, data: &[u8], deadline: Instant) -> Result<()> {
-        let (head, tail) = (self.counter(0), self.counter(1));
-        let pieces = data.len().div_ceil(SLOT_BYTES).max(1);
-        let mut t = tail.load(Ordering::Relaxed);
-        for k in 0..pieces {
-            self.wait(
-                deadline,
-                || t - head.load(Ordering::Acquire) < SLOTS,
-                "sending through shared memory",
-            )?;
-            let off = k * SLOT_BYTES;
-            let n = SLOT_BYTES.min(data.len() - off.min(data.len()));
-            let s = self.slot(t);
-            // SAFETY: the consumer is done with this slot (head passed it: Acquire above), and
-            // it will not read it before the Release store of `tail` below.
-            unsafe {
-                let h = s as *mut u64;
-                h.write(tag);
-                h.add(1).write(data.len() as u64);
-                h.add(2).write(n as u64);
-                std::ptr::copy_nonoverlapping(data.as_ptr().add(off), s.add(SLOT_HEAD), n);
-            }
-            t += 1;
-            tail.store(t, Ordering::Release);
+    /// Producer side: fills the next slot with `head` and `data` (at most [`SLOT_BYTES`],
+    /// `head.n` of them) and hands it to the consumer. Call only after [`Ring::has_room`]
+    /// said yes, from the ring's one producer thread.
+    pub fn publish(&self, head: SlotHead, data: &[u8]) {
+        let tail = self.counter(1);
+        let t = tail.load(Ordering::Relaxed);
+        let n = data.len().min(SLOT_BYTES);
+        let s = self.slot(t);
+        // SAFETY: the consumer is done with this slot (`has_room` saw its head past it with
+        // Acquire) and will not read it before the Release store of `tail` below; the header
+        // words and `n <= SLOT_BYTES` payload bytes lie inside the slot.
+        unsafe {
+            let h = s as *mut u64;
+            h.write(head.tag);
+            h.add(1).write(head.len);
+            h.add(2).write(head.off);
+            h.add(3).write(n as u64);
+            h.add(4).write(head.flags);
+            std::ptr::copy_nonoverlapping(data.as_ptr(), s.add(SLOT_HEAD), n);
         }
-        Ok(())
+        tail.store(t + 1, Ordering::Release);
     }
 
-    /// Consumer side: hands the next message's pieces to `sink`; the message must carry
-    /// `tag` and be `len` bytes.
-    pub fn pop(
-        &self,
-        tag: u64,
-        len: usize,
-        deadline: Instant,
-        sink: &mut dyn FnMut(usize, &[u8]),
-    ) -> Result<std::result::Result<(), (u64, u64)>> {
+    /// Consumer side: the header of the next slot, if the producer published one.
+    pub fn peek(&self) -> Option<SlotHead> {
         let (head, tail) = (self.counter(0), self.counter(1));
-        let pieces = len.div_ceil(SLOT_BYTES).max(1);
-        let mut h = head.load(Ordering::Relaxed);
-        for k in 0..pieces {
-            self.wait(
-                deadline,
-                || tail.load(Ordering::Acquire) > h,
-                "receiving through shared memory",
-            )?;
-            let s = self.slot(h);
-            // SAFETY: the producer published this slot (Acquire above) and will not touch it
-            // again before the Release store of `head` below.
-            let (got_tag, got_len, n) = unsafe {
-                let p = s as *const u64;
-                (p.read(), p.add(1).read(), p.add(2).read() as usize)
-            };
-            if got_tag != tag || got_len != len as u64 || n > SLOT_BYTES {
-                return Ok(Err((got_tag, got_len)));
-            }
-            // SAFETY: as above; `n <= SLOT_BYTES` was checked.
-            let bytes = unsafe { std::slice::from_raw_parts(s.add(SLOT_HEAD), n) };
-            sink(k * SLOT_BYTES, bytes);
-            h += 1;
-            head.store(h, Ordering::Release);
+        let h = head.load(Ordering::Relaxed);
+        if tail.load(Ordering::Acquire) <= h {
+            return None;
         }
-        Ok(Ok(()))
+        let s = self.slot(h);
+        // SAFETY: the producer published this slot (Acquire above) and will not touch it
+        // again before the consumer's Release store of `head` (`take` / `skip`).
+        let w = unsafe {
+            let p = s as *const u64;
+            [
+                p.read(),
+                p.add(1).read(),
+                p.add(2).read(),
+                p.add(3).read(),
+                p.add(4).read(),
+            ]
+        };
+        Some(SlotHead {
+            tag: w[0],
+            len: w[1],
+            off: w[2],
+            n: w[3].min(SLOT_BYTES as u64),
+            flags: w[4],
+        })
+    }
+
+    /// Consumer side: hands the next slot's payload to `sink`, then frees the slot. Call only
+    /// after [`Ring::peek`] returned `head`, from the ring's one consumer thread.
+    pub fn take(&self, head: &SlotHead, sink: impl FnOnce(&[u8])) {
+        let h = self.counter(0).load(Ordering::Relaxed);
+        let n = (head.n as usize).min(SLOT_BYTES);
+        // SAFETY: published and not yet released (see `peek`); `n <= SLOT_BYTES`.
+        let bytes = unsafe { std::slice::from_raw_parts(self.slot(h).add(SLOT_HEAD), n) };
+        sink(bytes);
+        self.counter(0).store(h + 1, Ordering::Release);
+    }
+
+    /// Consumer side: frees the next slot without reading it (after [`Ring::peek`]).
+    pub fn skip(&self) {
+        let head = self.counter(0);
+        head.store(head.load(Ordering::Relaxed) + 1, Ordering::Release);
+    }
+
+    /// Marks the ring cut (fault injection `drop`): both sides see it while they wait.
+    pub fn close(&self) {
+        self.counter(2).store(1, Ordering::Release);
+    }
+
+    /// Whether either side cut the ring.
+    pub fn is_closed(&self) -> bool {
+        self.counter(2).load(Ordering::Acquire) != 0
+    }
+}
+
+/// The header of one slot: a piece of a message, or the mark of an abandoned one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotHead {
+    /// The message's stamp.
+    pub tag: u64,
+    /// The whole message's length.
+    pub len: u64,
+    /// Where this piece starts in the message (0 only for a message's first piece).
+    pub off: u64,
+    /// This piece's length.
+    pub n: u64,
+    /// [`ABANDONED`] or 0.
+    pub flags: u64,
+}
+
+/// Slot flag: the sender gave the message up half-way; no more pieces of it follow.
+pub const ABANDONED: u64 = 1;
+
+/// Waiting without burning a core: spin a little, yield a while, then sleep in short naps.
+#[derive(Default)]
+pub struct Backoff {
+    n: u32,
+}
+
+impl Backoff {
+    /// Waits a little longer than the previous call did.
+    pub fn snooze(&mut self) {
+        self.n = self.n.saturating_add(1);
+        if self.n < 64 {
+            std::hint::spin_loop();
+        } else if self.n < 2048 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// Whether it is time to look at slower conditions (the clock, the board).
+    pub fn every(&self, k: u32) -> bool {
+        self.n % k == 0 || self.n >= 2048
     }
 }
 

@@ -24,7 +24,45 @@
 //!
 //! Peers on the same host talk through shared-memory rings: files created with mode 0600 and
 //! a random name that the receiver sends its peer over their authenticated connection.
+//! Same-host peers move messages through the rings; their socket then carries only control
+//! frames.
+//!
+//! **Failing fast.** Every wait looks at the communicator's failure board at least every
+//! [`faults::POLL`] (sockets run with short timeouts, rings wait in short naps) and ends with
+//! its error; a message of an earlier collective is read and dropped whole, one of a later
+//! collective is kept (its header, per peer) for the call it belongs to.
+//!
+//! - *Notices* ([`Transport::notify`]: refusals, aborts) are control frames: on a socket
+//!   that carries data they are queued on the peer's writer (so they never cut into a
+//!   frame); on a shared-memory pair's socket, which carries nothing else, they are written
+//!   at once. Nothing blocks the notifier.
+//! - *Reading them while the application waits on another peer*: a monitor thread per
+//!   transport polls (poll(2)) every socket nobody is reading and reads frame headers off
+//!   it: notices go to the board, a goodbye is remembered, a data frame's header is kept for
+//!   its receive, with the payload left in the socket (no extra copy: the receive reads the
+//!   payload straight into its destination). A socket the application is reading is read by
+//!   the application, which handles the control frames it meets the same way.
+//! - *Death*: an end of stream (or a reset) without a goodbye records the peer dead, as soon
+//!   as the monitor or a receive reaches it, so a process that ended is seen within a poll
+//!   step whatever `PCCL_TIMEOUT` is; for a same-host peer the pair's idle socket tells it.
+//!   A transport that is dropped says goodbye first, so a normal close is never a death.
+//!   Fault injection `drop` shuts every socket down and marks every ring cut.
+//! - *Sends never outlive their collective*: a waiter whose collective failed or whose
+//!   deadline passed asks the writer to let go; the writer stops reading the caller's
+//!   memory within one write step and finishes the frame from zeros, marked abandoned by its
+//!   trailer (rings: by a marked slot), so the stream stays framed and the receiver never
+//!   takes padding for data (see `writer`).
+//!
+//! Limits: the monitor does not watch a socket whose next data frame is already announced
+//! and waits for its receive; a death behind such a frame is seen when that frame is read,
+//! or through the notice of a peer that saw it.
 
+mod link;
+mod monitor;
+mod wire;
+mod writer;
+
+use self::link::{lock, Link, Target};
 use super::faults::{self, Faults};
 use super::mesh::mesh;
 use super::rendezvous::join;
@@ -36,8 +74,10 @@ use super::{fnv1a, hostname, Notice, SendOp, Tag, Transport};
 use crate::error::{Error, Result};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::channel;
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub(super) fn io_err(what: &str, e: std::io::Error) -> Error {
@@ -90,111 +130,21 @@ fn read_u64(s: &mut impl Read) -> std::io::Result<u64> {
     Ok(u64::from_le_bytes(b))
 }
 
-#[derive(Default)]
-struct Done {
-    state: Mutex<Option<std::result::Result<(), String>>>,
-    cv: Condvar,
-}
-
-struct WriteJob {
-    tag: Tag,
-    ptr: usize,
-    len: usize,
-    done: Arc<Done>,
-}
-
-struct Peer {
-    writer: Sender<WriteJob>,
-    reader: Mutex<TcpStream>,
-    /// Inbound shared-memory ring, for a peer on this host.
-    shm_in: Option<Mutex<Ring>>,
-}
-
 /// The token same-host peers exchange once they mapped each other's rings.
 const SHM_MAPPED: u64 = 0x5043_434c_5348_4d31;
 
 /// The transport of one rank over TCP.
 pub struct TcpTransport {
     rank: usize,
-    peers: Vec<Option<Peer>>,
+    links: Vec<Option<Arc<Link>>>,
     nodes: Vec<u64>,
     chunk: usize,
     timeout: Duration,
-    faults: Faults,
-}
-
-struct TcpSend {
-    done: Arc<Done>,
-    peer: usize,
-}
-
-impl SendOp for TcpSend {
-    fn wait(self: Box<Self>, deadline: Instant) -> Result<()> {
-        let mut st = self.done.state.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            if let Some(r) = st.take() {
-                return r.map_err(|m| Error::system(format!("sending to rank {}: {m}", self.peer)));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                // The writer may still be reading our buffer: it is bounded by the socket's
-                // write timeout, so wait for it rather than release memory it uses.
-                st = self.done.cv.wait(st).unwrap_or_else(|e| e.into_inner());
-                continue;
-            }
-            st = self
-                .done
-                .cv
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-    }
-}
-
-/// Where a peer's writer thread puts messages.
-enum Outbound {
-    Socket(TcpStream),
-    Shm(Ring, Duration),
-}
-
-fn writer_loop(out: Outbound, rx: std::sync::mpsc::Receiver<WriteJob>) {
-    let mut s = match out {
-        Outbound::Socket(s) => s,
-        Outbound::Shm(ring, timeout) => {
-            while let Ok(job) = rx.recv() {
-                let bytes: &[u8] = if job.len == 0 {
-                    &[]
-                } else {
-                    // SAFETY: the sender keeps these bytes valid until `done` is set below.
-                    unsafe { std::slice::from_raw_parts(job.ptr as *const u8, job.len) }
-                };
-                let r = ring.push(u64::from(job.tag), bytes, Instant::now() + timeout);
-                *job.done.state.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some(r.map_err(|e| e.message().to_string()));
-                job.done.cv.notify_all();
-            }
-            return;
-        }
-    };
-    while let Ok(job) = rx.recv() {
-        let r = (|| -> std::io::Result<()> {
-            let mut head = [0u8; 16];
-            head[..8].copy_from_slice(&u64::from(job.tag).to_le_bytes());
-            head[8..].copy_from_slice(&(job.len as u64).to_le_bytes());
-            s.write_all(&head)?;
-            if job.len > 0 {
-                // SAFETY: the sender keeps these bytes valid until `done` is set below
-                // (the `isend` contract; `TcpSend::wait` never returns before that).
-                let bytes = unsafe { std::slice::from_raw_parts(job.ptr as *const u8, job.len) };
-                s.write_all(bytes)?;
-            }
-            Ok(())
-        })();
-        *job.done.state.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(r.map_err(|e| e.to_string()));
-        job.done.cv.notify_all();
-    }
+    faults: Arc<Faults>,
+    /// Tells the monitor thread to end.
+    stop: Arc<AtomicBool>,
+    monitor: Option<JoinHandle<()>>,
+    writers: Vec<JoinHandle<()>>,
 }
 
 impl TcpTransport {
@@ -332,97 +282,55 @@ impl TcpTransport {
         chunk: usize,
         timeout: Duration,
     ) -> Result<Self> {
-        let mut peers = Vec::with_capacity(streams.len());
-        for ((s, ring_in), ring_out) in streams.into_iter().zip(inbound).zip(outbound) {
-            let Some(s) = s else {
-                peers.push(None);
-                continue;
-            };
-            s.set_nodelay(true)
-                .map_err(|e| io_err("socket option", e))?;
-            s.set_read_timeout(Some(timeout))
-                .map_err(|e| io_err("socket option", e))?;
-            s.set_write_timeout(Some(timeout))
-                .map_err(|e| io_err("socket option", e))?;
-            let out = match ring_out {
-                Some(r) => Outbound::Shm(r, timeout),
-                None => Outbound::Socket(s.try_clone().map_err(|e| io_err("socket clone", e))?),
-            };
-            let (tx, rx) = channel();
-            std::thread::Builder::new()
-                .name("pccl-tcp-writer".into())
-                .spawn(move || writer_loop(out, rx))
-                .map_err(|e| Error::system(format!("cannot start a writer thread: {e}")))?;
-            peers.push(Some(Peer {
-                writer: tx,
-                reader: Mutex::new(s),
-                shm_in: ring_in.map(Mutex::new),
-            }));
-        }
-        Ok(TcpTransport {
+        let faults = Arc::new(Faults::default());
+        let mut t = TcpTransport {
             rank,
-            peers,
+            links: Vec::with_capacity(streams.len()),
             nodes,
             chunk: chunk.max(4096),
             timeout,
-            faults: Faults::default(),
-        })
-    }
-
-    fn recv_shm(
-        &self,
-        ring: &Mutex<Ring>,
-        peer: usize,
-        tag: Tag,
-        len: usize,
-        deadline: Instant,
-        sink: &mut dyn FnMut(usize, &[u8]),
-    ) -> Result<()> {
-        let ring = ring.lock().unwrap_or_else(|e| e.into_inner());
-        match ring.pop(u64::from(tag), len, deadline, sink)? {
-            Ok(()) => Ok(()),
-            Err((got_tag, got_len)) => Err(mismatch(self.rank, peer, tag, len, got_tag, got_len)),
+            faults: faults.clone(),
+            stop: Arc::new(AtomicBool::new(false)),
+            monitor: None,
+            writers: Vec::new(),
+        };
+        // From here on, a failure drops `t`, which stops every thread started so far.
+        for (peer, ((s, ring_in), ring_out)) in
+            streams.into_iter().zip(inbound).zip(outbound).enumerate()
+        {
+            let Some(s) = s else {
+                t.links.push(None);
+                continue;
+            };
+            let link = Arc::new(Link::new(rank, peer, faults.clone(), s, ring_in, ring_out)?);
+            let (tx, rx) = channel();
+            let l = link.clone();
+            let out = match &link.ring_out {
+                Some(r) => Ok(r.clone()),
+                None => Err(link.socket_clone()?),
+            };
+            let h = std::thread::Builder::new()
+                .name(format!("pccl-tcp-writer-{peer}"))
+                .spawn(move || match out {
+                    Ok(ring) => writer::ring_writer(ring, l, rx),
+                    Err(s) => writer::socket_writer(s, l, rx),
+                })
+                .map_err(|e| Error::system(format!("cannot start a writer thread: {e}")))?;
+            *lock(&link.writer) = Some(tx);
+            t.writers.push(h);
+            t.links.push(Some(link));
         }
+        let links = t.links.iter().flatten().cloned().collect();
+        t.monitor = Some(monitor::spawn(links, t.stop.clone())?);
+        Ok(t)
     }
 
-    /// Locks `peer`'s socket and reads a frame header, which must announce `tag` and `len`.
-    fn read_header<'a>(
-        &self,
-        p: &'a Peer,
-        peer: usize,
-        tag: Tag,
-        len: usize,
-        deadline: Instant,
-    ) -> Result<(std::sync::MutexGuard<'a, TcpStream>, String)> {
-        let mut s = p.reader.lock().unwrap_or_else(|e| e.into_inner());
-        let wait = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1));
-        s.set_read_timeout(Some(wait.min(self.timeout)))
-            .map_err(|e| io_err("socket option", e))?;
-        let what = format!("rank {} receiving from rank {peer}", self.rank);
-        let got_tag = read_u64(&mut *s).map_err(|e| io_err(&what, e))?;
-        let got_len = read_u64(&mut *s).map_err(|e| io_err(&what, e))? as usize;
-        if got_tag != u64::from(tag) || got_len != len {
-            return Err(mismatch(self.rank, peer, tag, len, got_tag, got_len as u64));
-        }
-        Ok((s, what))
-    }
-
-    fn peer(&self, p: usize) -> Result<&Peer> {
-        self.peers
+    fn link(&self, p: usize) -> Result<&Arc<Link>> {
+        self.links
             .get(p)
             .and_then(Option::as_ref)
             .ok_or_else(|| Error::invalid(format!("rank {p} is not a peer of rank {}", self.rank)))
     }
-}
-
-/// The error of a frame that is not the one this rank expected.
-fn mismatch(rank: usize, peer: usize, tag: Tag, len: usize, got_tag: u64, got_len: u64) -> Error {
-    Error::remote(format!(
-        "rank {rank} expected collective #{tag} of {len} bytes from rank {peer} but got #{got_tag} of \
-         {got_len} bytes: do all ranks call the same collectives with the same counts?"
-    ))
 }
 
 pub(super) fn connect_retry(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream> {
@@ -440,7 +348,7 @@ impl Transport for TcpTransport {
         self.rank
     }
     fn size(&self) -> usize {
-        self.peers.len()
+        self.links.len()
     }
     fn name(&self) -> &'static str {
         "tcp"
@@ -453,7 +361,30 @@ impl Transport for TcpTransport {
         &self.faults
     }
 
-    fn notify(&self, _notice: &Notice) {}
+    fn notify(&self, notice: &Notice) {
+        let frame = match notice {
+            Notice::Refused { seq, why } => {
+                wire::control(wire::Kind::Refused, u64::from(*seq), why)
+            }
+            Notice::Aborted { why } => wire::control(wire::Kind::Aborted, 0, why),
+        };
+        for l in self.links.iter().flatten() {
+            l.send_control(frame.clone());
+        }
+    }
+
+    fn drop_links(&self) -> Result<()> {
+        for l in self.links.iter().flatten() {
+            self.faults.dead(
+                l.peer,
+                "this rank's links were cut by fault injection (PCCL_FAULT drop)",
+            );
+        }
+        for l in self.links.iter().flatten() {
+            l.cut();
+        }
+        Ok(())
+    }
 
     unsafe fn isend(
         &self,
@@ -462,17 +393,8 @@ impl Transport for TcpTransport {
         ptr: *const u8,
         len: usize,
     ) -> Result<Box<dyn SendOp>> {
-        let p = self.peer(peer)?;
-        let done = Arc::new(Done::default());
-        p.writer
-            .send(WriteJob {
-                tag,
-                ptr: ptr as usize,
-                len,
-                done: done.clone(),
-            })
-            .map_err(|_| Error::system(format!("the connection to rank {peer} is closed")))?;
-        Ok(Box::new(TcpSend { done, peer }))
+        // SAFETY: forwarded from the caller (the memory outlives the op's wait).
+        unsafe { writer::post(self.link(peer)?, tag, ptr, len) }
     }
 
     fn recv(
@@ -483,42 +405,13 @@ impl Transport for TcpTransport {
         deadline: Instant,
         sink: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
-        let p = self.peer(peer)?;
-        if let Some(ring) = &p.shm_in {
-            return self.recv_shm(ring, peer, tag, len, deadline, sink);
-        }
-        let (mut s, what) = self.read_header(p, peer, tag, len, deadline)?;
-        // u64 words keep every dtype aligned for the reduction kernels.
-        let mut buf = vec![0u64; self.chunk.min(len).div_ceil(8).max(1)];
-        let mut off = 0;
-        while off < len {
-            let n = self.chunk.min(len - off);
-            let bytes: &mut [u8] = &mut bytemuck::cast_slice_mut(&mut buf)[..n];
-            s.read_exact(bytes).map_err(|e| io_err(&what, e))?;
-            sink(off, bytes);
-            off += n;
-        }
-        Ok(())
+        self.link(peer)?
+            .recv(tag, len, deadline, Target::Sink(sink, self.chunk))
     }
 
     fn recv_into(&self, peer: usize, tag: Tag, dst: &mut [u8], deadline: Instant) -> Result<()> {
         let len = dst.len();
-        let mut pos = 0;
-        let p = self.peer(peer)?;
-        if let Some(ring) = &p.shm_in {
-            return self.recv_shm(ring, peer, tag, len, deadline, &mut |off, b| {
-                dst[off..off + b.len()].copy_from_slice(b)
-            });
-        }
-        let (mut s, what) = self.read_header(p, peer, tag, len, deadline)?;
-        while pos < len {
-            let n = s.read(&mut dst[pos..]).map_err(|e| io_err(&what, e))?;
-            if n == 0 {
-                return Err(Error::remote(format!("rank {peer} closed the connection")));
-            }
-            pos += n;
-        }
-        Ok(())
+        self.link(peer)?.recv(tag, len, deadline, Target::Into(dst))
     }
 
     fn subset(&self, members: &[usize], ctx: u64) -> Result<Arc<dyn Transport>> {
@@ -583,7 +476,7 @@ impl Transport for TcpTransport {
         let addrs = received?;
         sent?;
         let nodes = members.iter().map(|&m| self.nodes[m]).collect();
-        let use_shm = self.peers.iter().flatten().any(|p| p.shm_in.is_some());
+        let use_shm = self.links.iter().flatten().any(|l| l.ring_in.is_some());
         let t = Self::build(
             use_shm,
             listener,
@@ -596,5 +489,28 @@ impl Transport for TcpTransport {
             deadline(),
         )?;
         Ok(Arc::new(t))
+    }
+}
+
+impl Drop for TcpTransport {
+    /// Says goodbye to every peer (so closing is never taken for a death), lets the writers
+    /// flush it (for a bounded time), then stops the threads and closes the connections.
+    fn drop(&mut self) {
+        let bye = wire::control(wire::Kind::Goodbye, 0, "");
+        for l in self.links.iter().flatten() {
+            l.send_control(bye.clone());
+            lock(&l.writer).take();
+        }
+        let give_up = Instant::now() + Duration::from_secs(2);
+        while self.writers.iter().any(|h| !h.is_finished()) && Instant::now() < give_up {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for l in self.links.iter().flatten() {
+            l.finish();
+        }
+        self.stop.store(true, Ordering::Release);
+        for h in self.writers.drain(..).chain(self.monitor.take()) {
+            let _ = h.join();
+        }
     }
 }

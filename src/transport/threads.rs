@@ -99,7 +99,7 @@ impl Hub {
         let mut groups = lock(&self.groups);
         let g = groups.entry(ctx).or_insert_with(|| Group {
             world: world.clone(),
-            boards: vec![Weak::new(); world.len()],
+            boards: (0..world.len()).map(|_| Weak::new()).collect(),
         });
         if let Some(slot) = g.boards.get_mut(rank) {
             *slot = Arc::downgrade(&f);

@@ -1,0 +1,644 @@
+//! One rank's end of its connection to one peer: the inbound side (a socket read as a
+//! resumable stream of frames, or a shared-memory ring), what the link knows of the peer
+//! (it said goodbye, it is gone), and the receive of one message with the board checked
+//! while it waits.
+
+use super::wire::{self, Got, Header, Kind, HEADER, TRAILER, TRAILER_OK};
+use super::writer::Job;
+use crate::error::{Error, Result};
+use crate::transport::faults::{self, Faults, Tag};
+use crate::transport::shm::{Backoff, Ring, ABANDONED};
+use std::io::IoSliceMut;
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How long a control frame (or a header) that started arriving may take to finish before
+/// the connection counts as broken.
+const CONTROL_PATIENCE: Duration = Duration::from_secs(1);
+
+/// How long a receive that met a later collective's message waits for the board to say why.
+const EXPLAIN: Duration = Duration::from_millis(500);
+
+/// Why a read of the inbound stream stopped.
+pub(super) enum Stop {
+    /// The wait's own reason (the board, the deadline, "not now" for the monitor).
+    Fail(Error),
+    /// The connection is closed (EOF after a goodbye, or the peer is dead).
+    Closed,
+}
+
+impl From<Error> for Stop {
+    fn from(e: Error) -> Self {
+        Stop::Fail(e)
+    }
+}
+
+/// Where a received message goes.
+pub(super) enum Target<'a> {
+    /// Straight into this memory (exactly the message's length).
+    Into(&'a mut [u8]),
+    /// To this sink, in pieces of at most the given length.
+    Sink(&'a mut dyn FnMut(usize, &[u8]), usize),
+}
+
+/// The inbound socket as a stream of frames, resumable at any byte: a wait that gives up
+/// in the middle of a header or a payload leaves the position here, so the stream never
+/// loses its framing.
+pub(super) struct Inbox {
+    s: TcpStream,
+    /// A partly read header and how many of its bytes arrived.
+    head: [u8; HEADER],
+    got: usize,
+    /// A data frame whose header was read but whose message nobody took yet.
+    pub(super) pending: Option<Header>,
+    /// Bytes of an interrupted or dropped frame still to discard before the next header.
+    pub(super) skip: u64,
+    /// EOF or a broken stream was seen: nothing more will arrive.
+    closed: bool,
+    /// Staging for receives into a sink and for discarded bytes (u64 words keep every dtype
+    /// aligned for the reduction kernels).
+    scratch: Vec<u64>,
+}
+
+impl Inbox {
+    /// Whether nothing more will arrive (EOF or a broken stream was seen).
+    pub(super) fn is_closed(&self) -> bool {
+        self.closed
+    }
+}
+
+/// One peer as seen from this rank.
+pub(super) struct Link {
+    pub(super) rank: usize,
+    pub(super) peer: usize,
+    pub(super) faults: Arc<Faults>,
+    pub(super) inbox: Mutex<Inbox>,
+    /// The socket's descriptor, for the monitor's poll.
+    pub(super) fd: RawFd,
+    /// Another handle on the socket: direct control writes (shared-memory pairs, whose
+    /// socket carries nothing else) and shutdown.
+    socket: Mutex<TcpStream>,
+    /// Inbound ring from a same-host peer, and the lock of its one consumer.
+    pub(super) ring_in: Option<Arc<Ring>>,
+    ring_rx: Mutex<()>,
+    /// Outbound ring to a same-host peer (written by the writer thread).
+    pub(super) ring_out: Option<Arc<Ring>>,
+    /// The queue of this peer's writer thread (taken when the transport closes).
+    pub(super) writer: Mutex<Option<Sender<Job>>>,
+    /// The peer said goodbye: its connection may close, normally.
+    left: AtomicBool,
+    /// The link is finished (the peer is gone, or this rank cut or closed it): writers stop.
+    broken: AtomicBool,
+}
+
+/// Whether a message stamped `got` must be dropped by a receive waiting for `want`: it
+/// belongs to an earlier collective, or it is a collective's message found while waiting
+/// for the transport's own traffic (which always follows what the peer sent before).
+pub(super) fn superseded(got: Tag, want: Tag) -> bool {
+    faults::is_stale(got, want) || (faults::is_control(want) && !faults::is_control(got))
+}
+
+impl Link {
+    /// A link over `s` (timeouts set here), with the rings of a same-host peer.
+    pub(super) fn new(
+        rank: usize,
+        peer: usize,
+        faults: Arc<Faults>,
+        s: TcpStream,
+        ring_in: Option<Ring>,
+        ring_out: Option<Ring>,
+    ) -> Result<Self> {
+        let opt = |e: std::io::Error| Error::system(format!("socket option for rank {peer}: {e}"));
+        s.set_nodelay(true).map_err(opt)?;
+        s.set_read_timeout(Some(wire::IO_STEP)).map_err(opt)?;
+        s.set_write_timeout(Some(wire::IO_STEP)).map_err(opt)?;
+        let other = s.try_clone().map_err(opt)?;
+        Ok(Link {
+            rank,
+            peer,
+            faults,
+            fd: s.as_raw_fd(),
+            inbox: Mutex::new(Inbox {
+                s,
+                head: [0; HEADER],
+                got: 0,
+                pending: None,
+                skip: 0,
+                closed: false,
+                scratch: Vec::new(),
+            }),
+            socket: Mutex::new(other),
+            ring_in: ring_in.map(Arc::new),
+            ring_rx: Mutex::new(()),
+            ring_out: ring_out.map(Arc::new),
+            writer: Mutex::new(None),
+            left: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
+        })
+    }
+
+    /// Another handle on the socket (for a writer thread).
+    pub(super) fn socket_clone(&self) -> Result<TcpStream> {
+        lock(&self.socket).try_clone().map_err(|e| {
+            Error::system(format!(
+                "cannot clone the socket to rank {}: {e}",
+                self.peer
+            ))
+        })
+    }
+
+    /// Whether the peer said goodbye.
+    pub(super) fn left(&self) -> bool {
+        self.left.load(Ordering::Acquire)
+    }
+
+    /// Whether the link is finished.
+    pub(super) fn broken(&self) -> bool {
+        self.broken.load(Ordering::Acquire)
+    }
+
+    /// Marks the link finished (writers stop at their next step).
+    pub(super) fn set_broken(&self) {
+        self.broken.store(true, Ordering::Release);
+    }
+
+    /// The connection ended: a death unless the peer said goodbye first.
+    fn on_eof(&self) {
+        self.set_broken();
+        if !self.left() {
+            self.faults.dead(
+                self.peer,
+                "its connection closed without a goodbye: its process ended or its links were \
+                 cut",
+            );
+        }
+    }
+
+    /// The connection failed (`what` happened): the peer counts as dead unless it left.
+    pub(super) fn on_failure(&self, what: &str) {
+        self.set_broken();
+        if !self.left() {
+            self.faults
+                .dead(self.peer, &format!("its connection failed: {what}"));
+        }
+    }
+
+    fn on_control(&self, h: &Header, payload: &[u8]) {
+        let why = String::from_utf8_lossy(payload);
+        match h.kind {
+            Kind::Refused => {
+                self.faults.refuse(h.tag as u32, self.peer, &why);
+            }
+            Kind::Aborted => self.faults.revoked(self.peer, &why),
+            Kind::Goodbye => self.left.store(true, Ordering::Release),
+            Kind::Data => {}
+        }
+    }
+
+    /// The error of a wait for `tag` from this peer whose connection is closed.
+    pub(super) fn closed_error(&self, tag: Tag) -> Error {
+        if let Err(e) = self.faults.check(tag, self.peer) {
+            return e;
+        }
+        if self.left() {
+            return Error::remote(format!(
+                "rank {} left (it destroyed its communicator) while rank {} still expected a \
+                 message of collective #{} from it",
+                self.peer,
+                self.rank,
+                faults::seq_of(tag)
+            ));
+        }
+        Error::remote(format!(
+            "the connection between rank {} and rank {} is closed",
+            self.rank, self.peer
+        ))
+    }
+
+    /// Sends a control frame without blocking the caller for long: on a socket that also
+    /// carries data it goes through the writer's queue (behind what is queued already); on a
+    /// shared-memory pair's socket, which carries nothing else, it is written at once.
+    pub(super) fn send_control(&self, frame: Vec<u8>) {
+        if self.broken() {
+            return;
+        }
+        if self.ring_out.is_none() {
+            if let Some(tx) = lock(&self.writer).as_ref() {
+                let _ = tx.send(Job::Control(frame));
+            }
+            return;
+        }
+        let mut s = lock(&self.socket);
+        let give_up = Instant::now() + CONTROL_PATIENCE;
+        let mut done = 0;
+        while done < frame.len() && Instant::now() < give_up && !self.broken() {
+            match wire::write_some(&mut s, &[std::io::IoSlice::new(&frame[done..])]) {
+                Ok(Got::Bytes(n)) => done += n,
+                Ok(_) => {}
+                Err(e) => {
+                    drop(s);
+                    self.on_failure(&e.to_string());
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Cuts the link (fault injection `drop`): the socket is shut down both ways and the
+    /// rings are marked cut, so the peer sees the cut at once.
+    pub(super) fn cut(&self) {
+        self.set_broken();
+        let _ = lock(&self.socket).shutdown(Shutdown::Both);
+        for r in self.ring_in.iter().chain(self.ring_out.iter()) {
+            r.close();
+        }
+    }
+
+    /// Shuts the socket's sending side after the goodbye went out (the transport closes).
+    pub(super) fn finish(&self) {
+        self.set_broken();
+        let _ = lock(&self.socket).shutdown(Shutdown::Write);
+    }
+
+    // ---- the inbound stream ------------------------------------------------------------
+
+    /// The next data frame's header; control frames met on the way are handled. `idle` is
+    /// called whenever nothing arrived for a step; its error ends the read (the position
+    /// in the stream is kept).
+    pub(super) fn next(
+        &self,
+        ib: &mut Inbox,
+        idle: &mut dyn FnMut() -> Result<()>,
+    ) -> std::result::Result<Header, Stop> {
+        loop {
+            if let Some(h) = ib.pending.take() {
+                return Ok(h);
+            }
+            if ib.closed {
+                return Err(Stop::Closed);
+            }
+            while ib.skip > 0 {
+                let n = ib.skip.min(256 * 1024) as usize;
+                let words = n.div_ceil(8);
+                if ib.scratch.len() < words {
+                    ib.scratch.resize(words, 0);
+                }
+                let Inbox {
+                    s, scratch, closed, ..
+                } = &mut *ib;
+                let buf = &mut bytemuck::cast_slice_mut::<u64, u8>(scratch)[..n];
+                match self.read(s, closed, &mut [IoSliceMut::new(buf)])? {
+                    Some(k) => ib.skip -= k as u64,
+                    None => idle()?,
+                }
+            }
+            let mut started = None;
+            while ib.got < HEADER {
+                let Inbox {
+                    s,
+                    head,
+                    got,
+                    closed,
+                    ..
+                } = &mut *ib;
+                match self.read(s, closed, &mut [IoSliceMut::new(&mut head[*got..])])? {
+                    Some(k) => ib.got += k,
+                    None if ib.got > 0 => {
+                        // A header that started arriving finishes soon, or the link is broken.
+                        let t = *started.get_or_insert_with(Instant::now);
+                        if t.elapsed() > CONTROL_PATIENCE {
+                            return Err(self.broken_stream(ib, "it stopped in a frame header"));
+                        }
+                        idle()?
+                    }
+                    None => idle()?,
+                }
+            }
+            ib.got = 0;
+            let Some(h) = Header::decode(&ib.head) else {
+                return Err(self.broken_stream(ib, "it sent bytes that are not PCCL frames"));
+            };
+            if h.kind == Kind::Data {
+                return Ok(h);
+            }
+            let mut payload = vec![0u8; h.len as usize];
+            let mut done = 0;
+            let give_up = Instant::now() + CONTROL_PATIENCE;
+            while done < payload.len() {
+                match self.read(
+                    &mut ib.s,
+                    &mut ib.closed,
+                    &mut [IoSliceMut::new(&mut payload[done..])],
+                )? {
+                    Some(k) => done += k,
+                    None if Instant::now() > give_up => {
+                        return Err(self.broken_stream(ib, "it stopped in a control frame"));
+                    }
+                    None => {}
+                }
+            }
+            self.on_control(&h, &payload);
+        }
+    }
+
+    fn broken_stream(&self, ib: &mut Inbox, what: &str) -> Stop {
+        ib.closed = true;
+        self.on_failure(what);
+        Stop::Closed
+    }
+
+    /// One read step from `s`: `Some(bytes)` or `None` when nothing came; EOF and errors
+    /// set `closed` (and record the peer's death unless it said goodbye).
+    fn read(
+        &self,
+        s: &mut TcpStream,
+        closed: &mut bool,
+        bufs: &mut [IoSliceMut<'_>],
+    ) -> std::result::Result<Option<usize>, Stop> {
+        match wire::read_some(s, bufs) {
+            Ok(Got::Bytes(n)) => Ok(Some(n)),
+            Ok(Got::Idle) => Ok(None),
+            Ok(Got::Eof) => {
+                *closed = true;
+                self.on_eof();
+                Err(Stop::Closed)
+            }
+            Err(e) => {
+                *closed = true;
+                self.on_failure(&e.to_string());
+                Err(Stop::Closed)
+            }
+        }
+    }
+
+    /// Reads a data frame's payload of `len` bytes into `target`, then its trailer, which it
+    /// returns. Interrupted (by `idle`), the rest of the frame is left to skip.
+    fn payload(
+        &self,
+        ib: &mut Inbox,
+        len: usize,
+        target: Target<'_>,
+        idle: &mut dyn FnMut() -> Result<()>,
+    ) -> std::result::Result<u64, Stop> {
+        let total = len + TRAILER;
+        let mut trailer = [0u8; TRAILER];
+        let mut done = 0;
+        // On an interruption, the rest of the frame is discarded by the next reader.
+        let interrupted = |ib: &mut Inbox, done: usize, e: Stop| {
+            ib.skip = (total - done) as u64;
+            e
+        };
+        match target {
+            Target::Into(dst) => {
+                while done < total {
+                    match self.read(
+                        &mut ib.s,
+                        &mut ib.closed,
+                        &mut wire::rest(dst, &mut trailer, done),
+                    ) {
+                        Ok(Some(k)) => done += k,
+                        Ok(None) => {
+                            if let Err(e) = idle() {
+                                return Err(interrupted(ib, done, e.into()));
+                            }
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            Target::Sink(sink, chunk) => {
+                let chunk = chunk.clamp(4096, len.max(4096));
+                let mut buf = std::mem::take(&mut ib.scratch);
+                let words = chunk.min(len).div_ceil(8).max(1);
+                if buf.len() < words {
+                    buf.resize(words, 0);
+                }
+                let r = (|| {
+                    let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut buf);
+                    let mut off = 0;
+                    loop {
+                        let n = chunk.min(len - off);
+                        let last = off + n == len;
+                        let mut got = 0;
+                        let want = n + if last { TRAILER } else { 0 };
+                        while got < want {
+                            let tail: &mut [u8] = if last { &mut trailer } else { &mut [] };
+                            let rest = &mut wire::rest(&mut bytes[..n], tail, got);
+                            match self.read(&mut ib.s, &mut ib.closed, rest) {
+                                Ok(Some(k)) => got += k,
+                                Ok(None) => {
+                                    if let Err(e) = idle() {
+                                        return Err(interrupted(ib, off + got, e.into()));
+                                    }
+                                }
+                                Err(e) => return Err(e),
+                            }
+                        }
+                        if n > 0 {
+                            sink(off, &bytes[..n]);
+                        }
+                        off += n;
+                        if last {
+                            return Ok(());
+                        }
+                    }
+                })();
+                ib.scratch = buf;
+                r?;
+            }
+        }
+        Ok(u64::from_le_bytes(trailer))
+    }
+
+    // ---- receives ----------------------------------------------------------------------
+
+    /// Receives the next message of collective `tag` (exactly `len` bytes) into `target`:
+    /// drops stale messages, leaves a later collective's message for its call, and ends
+    /// with the board's error, the deadline, or the peer's death.
+    pub(super) fn recv(
+        &self,
+        tag: Tag,
+        len: usize,
+        deadline: Instant,
+        target: Target<'_>,
+    ) -> Result<()> {
+        let mut idle = || -> Result<()> {
+            self.faults.check(tag, self.peer)?;
+            if Instant::now() >= deadline {
+                return Err(faults::timed_out(
+                    self.rank,
+                    self.peer,
+                    "waited in vain for a message from",
+                    true,
+                ));
+            }
+            Ok(())
+        };
+        if let Some(ring) = &self.ring_in {
+            let _one = lock(&self.ring_rx);
+            return self.recv_ring(ring, tag, len, deadline, target, &mut idle);
+        }
+        let mut ib = lock(&self.inbox);
+        let stop = |s: Stop| match s {
+            Stop::Fail(e) => e,
+            Stop::Closed => self.closed_error(tag),
+        };
+        loop {
+            let h = self.next(&mut ib, &mut idle).map_err(stop)?;
+            if superseded(h.tag, tag) {
+                ib.skip = h.len + TRAILER as u64;
+                continue;
+            }
+            if h.tag != tag || h.len != len as u64 {
+                ib.pending = Some(h);
+                drop(ib);
+                self.explain(tag, h.tag, deadline)?;
+                return Err(self.wrong_message(tag, len, h.tag, h.len));
+            }
+            let trailer = self
+                .payload(&mut ib, len, target, &mut idle)
+                .map_err(stop)?;
+            if trailer != TRAILER_OK {
+                return Err(self.abandoned(tag));
+            }
+            return Ok(());
+        }
+    }
+
+    /// A message of a later collective (`got`) came where one of `want` was expected: the
+    /// peer is done with `want`'s collective without sending this rank its message, so the
+    /// collective failed somewhere and the notice saying so is on its way (from another
+    /// peer, read by the monitor): give the board a moment to explain, so the error names
+    /// the cause rather than the symptom. Same-collective mismatches are their own cause.
+    fn explain(&self, want: Tag, got: Tag, deadline: Instant) -> Result<()> {
+        self.faults.check(want, self.peer)?;
+        if faults::seq_of(got) == faults::seq_of(want) {
+            return Ok(());
+        }
+        let until = deadline.min(Instant::now() + EXPLAIN);
+        while Instant::now() < until {
+            self.faults.nap(faults::POLL);
+            self.faults.check(want, self.peer)?;
+        }
+        Ok(())
+    }
+
+    fn abandoned(&self, tag: Tag) -> Error {
+        if let Err(e) = self.faults.check(tag, self.peer) {
+            return e;
+        }
+        Error::remote(format!(
+            "rank {} gave up its message of collective #{} to rank {} half-way (its collective \
+             failed)",
+            self.peer,
+            faults::seq_of(tag),
+            self.rank
+        ))
+    }
+
+    fn wrong_message(&self, tag: Tag, len: usize, got: Tag, got_len: u64) -> Error {
+        if got != tag {
+            return faults::mismatch(self.rank, self.peer, tag, got);
+        }
+        Error::remote(format!(
+            "rank {} expected {len} bytes from rank {} but it sent {got_len}: do all ranks pass \
+             the same count and dtype?",
+            self.rank, self.peer
+        ))
+    }
+
+    /// The shared-memory form of [`Link::recv`].
+    fn recv_ring(
+        &self,
+        ring: &Ring,
+        tag: Tag,
+        len: usize,
+        deadline: Instant,
+        mut target: Target<'_>,
+        idle: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        let mut off = 0u64;
+        let mut started = false;
+        loop {
+            let h = self.wait_slot(ring, tag, idle)?;
+            if !started {
+                // Leftovers of a message given up half-way, and stale messages, go.
+                if h.off != 0 || h.flags & ABANDONED != 0 || superseded(h.tag, tag) {
+                    ring.skip();
+                    continue;
+                }
+                if h.tag != tag || h.len != len as u64 {
+                    self.explain(tag, h.tag, deadline)?;
+                    return Err(self.wrong_message(tag, len, h.tag, h.len));
+                }
+                started = true;
+            } else if h.tag != tag || h.off != off {
+                // The message ended early without a mark: the producer's side is broken.
+                self.faults.check(tag, self.peer)?;
+                return Err(self.abandoned(tag));
+            }
+            if h.flags & ABANDONED != 0 {
+                ring.skip();
+                return Err(self.abandoned(tag));
+            }
+            let at = off as usize;
+            ring.take(&h, |bytes| match &mut target {
+                Target::Into(dst) => {
+                    if let Some(d) = dst.get_mut(at..at + bytes.len()) {
+                        d.copy_from_slice(bytes);
+                    }
+                }
+                Target::Sink(sink, _) => {
+                    if !bytes.is_empty() {
+                        sink(at, bytes)
+                    }
+                }
+            });
+            off += h.n;
+            if off >= len as u64 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Waits for the next published slot of the inbound ring.
+    fn wait_slot(
+        &self,
+        ring: &Ring,
+        tag: Tag,
+        idle: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<crate::transport::shm::SlotHead> {
+        let mut b = Backoff::default();
+        loop {
+            if let Some(h) = ring.peek() {
+                return Ok(h);
+            }
+            if self.faults.any() {
+                self.faults.check(tag, self.peer)?;
+            }
+            if b.every(64) {
+                if ring.is_closed() {
+                    self.on_failure("it cut its shared-memory ring");
+                    return Err(self.closed_error(tag));
+                }
+                if self.left() || self.broken() {
+                    // What the peer published before it left comes first.
+                    if let Some(h) = ring.peek() {
+                        return Ok(h);
+                    }
+                    return Err(self.closed_error(tag));
+                }
+                idle()?;
+            }
+            b.snooze();
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! The frames on a TCP connection, and reads and writes that never block for long.
+//!
+//! Every frame starts with a 24-byte header: a magic word, the frame's kind, the stamp and
+//! the payload length. A data frame's payload is followed by an 8-byte trailer saying whether
+//! the payload is the message ([`TRAILER_OK`]) or padding from a sender that gave the send
+//! up half-way ([`TRAILER_ABANDONED`]): the receiver then fails (or drops the frame if it
+//! is stale) instead of taking the padding as data. Control frames (notices, goodbye) have a
+//! short payload and no trailer.
+//!
+//! Sockets run with short timeouts ([`IO_STEP`]), so every read and write returns at least
+//! that often and the caller can look at the failure board in between ([`Got::Idle`]).
+
+use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+/// Bytes of a frame header.
+pub const HEADER: usize = 24;
+/// Bytes of a data frame's trailer.
+pub const TRAILER: usize = 8;
+/// A data frame's trailer: the payload is the message.
+pub const TRAILER_OK: u64 = 0x4b4f_4c43_4350_0001;
+/// A data frame's trailer: the sender gave the message up; the payload is padding.
+pub const TRAILER_ABANDONED: u64 = 0x4241_4c43_4350_0002;
+/// The longest control payload a receiver accepts (a notice's reason).
+pub const MAX_CONTROL: u64 = 64 * 1024;
+/// The socket timeout of every read and write: how often a blocked one looks up.
+pub const IO_STEP: Duration = Duration::from_millis(10);
+
+const MAGIC: u32 = 0x4c43_4350; // "PCCL"
+
+/// What a frame is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A message of a collective (`tag` its stamp), payload and trailer.
+    Data,
+    /// The sender refused collective `tag` (a sequence number); the payload says why.
+    Refused,
+    /// The sender aborted the communicator; the payload says why.
+    Aborted,
+    /// The sender destroyed its communicator: its connection closes next, normally.
+    Goodbye,
+}
+
+impl Kind {
+    fn code(self) -> u32 {
+        match self {
+            Kind::Data => 1,
+            Kind::Refused => 2,
+            Kind::Aborted => 3,
+            Kind::Goodbye => 4,
+        }
+    }
+
+    fn from_code(c: u32) -> Option<Kind> {
+        Some(match c {
+            1 => Kind::Data,
+            2 => Kind::Refused,
+            3 => Kind::Aborted,
+            4 => Kind::Goodbye,
+            _ => return None,
+        })
+    }
+}
+
+/// A frame's header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// What the frame is.
+    pub kind: Kind,
+    /// The stamp (data) or sequence number (refusal).
+    pub tag: u64,
+    /// Payload bytes.
+    pub len: u64,
+}
+
+impl Header {
+    /// The header's bytes.
+    pub fn encode(&self) -> [u8; HEADER] {
+        let mut b = [0u8; HEADER];
+        b[..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4..8].copy_from_slice(&self.kind.code().to_le_bytes());
+        b[8..16].copy_from_slice(&self.tag.to_le_bytes());
+        b[16..].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// Parses a header; `None` for bytes that are not one (a broken stream).
+    pub fn decode(b: &[u8; HEADER]) -> Option<Header> {
+        let word = |r: std::ops::Range<usize>| {
+            let mut w = [0u8; 8];
+            w[..r.len()].copy_from_slice(&b[r]);
+            u64::from_le_bytes(w)
+        };
+        if word(0..4) as u32 != MAGIC {
+            return None;
+        }
+        let kind = Kind::from_code(word(4..8) as u32)?;
+        let (tag, len) = (word(8..16), word(16..24));
+        if kind != Kind::Data && len > MAX_CONTROL {
+            return None;
+        }
+        Some(Header { kind, tag, len })
+    }
+}
+
+/// A whole control frame (header and payload) ready to write.
+pub fn control(kind: Kind, tag: u64, why: &str) -> Vec<u8> {
+    let why = &why.as_bytes()[..why.len().min(MAX_CONTROL as usize)];
+    let mut v = Header {
+        kind,
+        tag,
+        len: why.len() as u64,
+    }
+    .encode()
+    .to_vec();
+    v.extend_from_slice(why);
+    v
+}
+
+/// What one read or write step did.
+pub enum Got {
+    /// Moved this many bytes (more than zero).
+    Bytes(usize),
+    /// Nothing within [`IO_STEP`].
+    Idle,
+    /// The peer closed its side (reads only).
+    Eof,
+}
+
+fn idle(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
+}
+
+/// One read into `bufs` (in order), waiting at most about [`IO_STEP`].
+pub fn read_some(s: &mut TcpStream, bufs: &mut [IoSliceMut<'_>]) -> std::io::Result<Got> {
+    loop {
+        return match s.read_vectored(bufs) {
+            Ok(0) => Ok(Got::Eof),
+            Ok(n) => Ok(Got::Bytes(n)),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) if idle(&e) => Ok(Got::Idle),
+            Err(e) => Err(e),
+        };
+    }
+}
+
+/// One write of `bufs` (in order), waiting at most about [`IO_STEP`].
+pub fn write_some(s: &mut TcpStream, bufs: &[IoSlice<'_>]) -> std::io::Result<Got> {
+    loop {
+        return match s.write_vectored(bufs) {
+            Ok(0) => Err(std::io::Error::new(
+                std::io::ErrorKind::WriteZero,
+                "the connection accepts no more bytes",
+            )),
+            Ok(n) => Ok(Got::Bytes(n)),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) if idle(&e) => Ok(Got::Idle),
+            Err(e) => Err(e),
+        };
+    }
+}
+
+/// The part of `a ++ b` from byte `done` on, as at most two slices.
+pub fn rest<'a>(a: &'a mut [u8], b: &'a mut [u8], done: usize) -> [IoSliceMut<'a>; 2] {
+    if done < a.len() {
+        [IoSliceMut::new(&mut a[done..]), IoSliceMut::new(b)]
+    } else {
+        let k = (done - a.len()).min(b.len());
+        [IoSliceMut::new(&mut b[k..]), IoSliceMut::new(&mut [])]
+    }
+}

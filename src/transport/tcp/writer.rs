@@ -1,0 +1,391 @@
+//! The writer thread of each peer, and posted sends that can be given up.
+//!
+//! A send is a job on the peer's writer thread, which writes the caller's memory straight
+//! into the socket (or the shared-memory ring) in bounded steps. Between steps it looks at
+//! the job: a waiter whose collective failed (or whose deadline passed) asks it to stop, and
+//! the writer then stops touching the caller's memory at once and says so, which is when
+//! [`TcpSend::wait`] returns. The frame already begun is finished in the background — from
+//! a buffer of zeros, marked abandoned by its trailer (socket) or by a marked slot (ring) —
+//! so the peer's stream stays framed and the padding is never taken for data. A job still
+//! queued is simply dropped. So no send outlives its collective's deadline by more than one
+//! write step, and none holds the caller's memory after its wait returned.
+
+use super::link::{lock, Link};
+use super::wire::{self, Got, Header, Kind, HEADER, TRAILER, TRAILER_ABANDONED, TRAILER_OK};
+use crate::error::{Error, Result};
+use crate::transport::faults::{self, Tag};
+use crate::transport::shm::{Backoff, Ring, SlotHead, ABANDONED, SLOT_BYTES};
+use crate::transport::SendOp;
+use std::io::IoSlice;
+use std::net::TcpStream;
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+/// Bytes of the caller's memory one write step offers the socket.
+const PIECE: usize = 1 << 20;
+/// Padding for abandoned frames.
+static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+
+/// Where a send job stands.
+enum Phase {
+    /// In the writer's queue.
+    Queued,
+    /// Being written from the caller's memory.
+    Writing,
+    /// The waiter asked the writer to stop using the caller's memory.
+    Cancel,
+    /// The writer no longer touches the caller's memory (given up, or never started).
+    Released,
+    /// The message is written (or failed: the error's text).
+    Done(Option<String>),
+}
+
+/// One posted send.
+pub(super) struct SendJob {
+    tag: Tag,
+    ptr: usize,
+    len: usize,
+    phase: Mutex<Phase>,
+    cv: Condvar,
+}
+
+impl SendJob {
+    /// The writer takes the job; false if it was given up while queued.
+    fn start(&self) -> bool {
+        let mut p = lock(&self.phase);
+        if matches!(*p, Phase::Queued) {
+            *p = Phase::Writing;
+            return true;
+        }
+        false
+    }
+
+    /// Between steps: whether the waiter gave the job up (it is then released).
+    fn cancelled(&self) -> bool {
+        let mut p = lock(&self.phase);
+        if matches!(*p, Phase::Cancel) {
+            *p = Phase::Released;
+            self.cv.notify_all();
+            return true;
+        }
+        false
+    }
+
+    /// The caller's memory is no longer needed: report `r` unless the job was released.
+    fn finish(&self, r: std::result::Result<(), String>) {
+        let mut p = lock(&self.phase);
+        if matches!(*p, Phase::Writing | Phase::Cancel) {
+            *p = Phase::Done(r.err());
+            self.cv.notify_all();
+        }
+    }
+
+    /// The caller's memory as a slice.
+    ///
+    /// # Safety
+    /// Only while the job is `Writing` (the `isend` contract keeps the memory valid until
+    /// the waiter returned, which it does only once the job is released or done).
+    unsafe fn bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: as the caller guarantees.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+}
+
+/// What a writer thread is asked to do.
+pub(super) enum Job {
+    /// Write a message.
+    Data(Arc<SendJob>),
+    /// Write a control frame (notice, goodbye).
+    Control(Vec<u8>),
+}
+
+/// Queues a send of `len` bytes at `ptr` on `link`'s writer.
+///
+/// # Safety
+/// As [`crate::transport::Transport::isend`]: the memory stays valid and unmodified until
+/// the returned op's `wait` returned.
+pub(super) unsafe fn post(
+    link: &Arc<Link>,
+    tag: Tag,
+    ptr: *const u8,
+    len: usize,
+) -> Result<Box<dyn SendOp>> {
+    link.faults.check(tag, link.peer)?;
+    if link.broken() || link.left() {
+        return Err(link.closed_error(tag));
+    }
+    let job = Arc::new(SendJob {
+        tag,
+        ptr: ptr as usize,
+        len,
+        phase: Mutex::new(Phase::Queued),
+        cv: Condvar::new(),
+    });
+    let sent = match lock(&link.writer).as_ref() {
+        Some(tx) => tx.send(Job::Data(job.clone())).is_ok(),
+        None => false,
+    };
+    if !sent {
+        return Err(link.closed_error(tag));
+    }
+    Ok(Box::new(TcpSend {
+        job,
+        link: link.clone(),
+    }))
+}
+
+/// A posted send on the TCP transport.
+struct TcpSend {
+    job: Arc<SendJob>,
+    link: Arc<Link>,
+}
+
+impl SendOp for TcpSend {
+    fn wait(self: Box<Self>, deadline: Instant) -> Result<()> {
+        let (link, job) = (&self.link, &self.job);
+        let mut p = lock(&job.phase);
+        let mut failure: Option<Error> = None;
+        loop {
+            match &*p {
+                Phase::Done(None) if failure.is_none() => return Ok(()),
+                Phase::Done(Some(msg)) if failure.is_none() => {
+                    let msg = msg.clone();
+                    drop(p);
+                    link.faults.check(job.tag, link.peer)?;
+                    if link.left() {
+                        return Err(link.closed_error(job.tag));
+                    }
+                    return Err(Error::remote(format!(
+                        "rank {} could not send to rank {}: {msg}",
+                        link.rank, link.peer
+                    )));
+                }
+                Phase::Done(_) | Phase::Released => {
+                    return Err(failure.unwrap_or_else(|| Error::internal("send released twice")))
+                }
+                Phase::Queued | Phase::Writing if failure.is_none() => {
+                    let f = link.faults.check(job.tag, link.peer).err().or_else(|| {
+                        (Instant::now() >= deadline).then(|| {
+                            faults::timed_out(
+                                link.rank,
+                                link.peer,
+                                "sent a message never taken by",
+                                true,
+                            )
+                        })
+                    });
+                    if let Some(e) = f {
+                        if matches!(*p, Phase::Queued) {
+                            *p = Phase::Released;
+                            return Err(e);
+                        }
+                        *p = Phase::Cancel;
+                        failure = Some(e);
+                    }
+                }
+                _ => {}
+            }
+            let wait = if failure.is_some() {
+                faults::POLL
+            } else {
+                deadline
+                    .saturating_duration_since(Instant::now())
+                    .clamp(std::time::Duration::from_millis(1), faults::POLL)
+            };
+            p = job
+                .cv
+                .wait_timeout(p, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// The writer thread of a peer reached by socket: messages and control frames in order.
+pub(super) fn socket_writer(mut s: TcpStream, link: Arc<Link>, rx: Receiver<Job>) {
+    while let Ok(job) = rx.recv() {
+        let r = match job {
+            Job::Control(frame) => write_control(&mut s, &link, &frame),
+            Job::Data(j) => {
+                if !j.start() {
+                    continue;
+                }
+                if link.broken() {
+                    j.finish(Err("the connection is closed".into()));
+                    continue;
+                }
+                let r = write_data(&mut s, &link, &j);
+                if let Err(e) = &r {
+                    j.finish(Err(e.to_string()));
+                }
+                r
+            }
+        };
+        if let Err(e) = r {
+            if !link.broken() {
+                link.on_failure(&format!("sending to it failed: {e}"));
+            }
+        }
+    }
+}
+
+fn closed() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::NotConnected, "the link is closed")
+}
+
+fn write_control(s: &mut TcpStream, link: &Link, frame: &[u8]) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < frame.len() {
+        if link.broken() {
+            return Err(closed());
+        }
+        if let Got::Bytes(n) = wire::write_some(s, &[IoSlice::new(&frame[done..])])? {
+            done += n;
+        }
+    }
+    Ok(())
+}
+
+/// Writes one data frame: header, the caller's bytes (or zeros once the job is given up),
+/// trailer. The job is finished as soon as the caller's bytes are all written.
+fn write_data(s: &mut TcpStream, link: &Link, j: &SendJob) -> std::io::Result<()> {
+    let head = Header {
+        kind: Kind::Data,
+        tag: j.tag,
+        len: j.len as u64,
+    }
+    .encode();
+    let body_end = HEADER + j.len;
+    let total = body_end + TRAILER;
+    let mut trailer = TRAILER_OK.to_le_bytes();
+    let mut padding = false;
+    let mut done = 0;
+    while done < total {
+        if link.broken() {
+            return Err(closed());
+        }
+        if done < body_end && !padding && j.cancelled() {
+            padding = true;
+            trailer = TRAILER_ABANDONED.to_le_bytes();
+        }
+        let b = done.saturating_sub(HEADER).min(j.len);
+        let body: &[u8] = if padding {
+            let n = (j.len - b).min(ZEROS.len());
+            &ZEROS[..n]
+        } else {
+            // SAFETY: the job is `Writing` (not given up: checked just above, and only this
+            // thread releases it), so the caller's memory is valid.
+            let all = unsafe { j.bytes() };
+            &all[b..(b + PIECE).min(j.len)]
+        };
+        let mut parts: [IoSlice<'_>; 3] = [IoSlice::new(&[]); 3];
+        let mut k = 0;
+        if done < HEADER {
+            parts[k] = IoSlice::new(&head[done..]);
+            k += 1;
+        }
+        if b < j.len {
+            parts[k] = IoSlice::new(body);
+            k += 1;
+        }
+        if b + body.len() == j.len {
+            let t = done.saturating_sub(body_end);
+            parts[k] = IoSlice::new(&trailer[t..]);
+            k += 1;
+        }
+        if let Got::Bytes(n) = wire::write_some(s, &parts[..k])? {
+            let was_body = done < body_end;
+            done += n;
+            if was_body && done >= body_end && !padding {
+                j.finish(Ok(()));
+            }
+        }
+    }
+    if j.len == 0 && !padding {
+        j.finish(Ok(()));
+    }
+    Ok(())
+}
+
+/// The writer thread of a peer on this host: messages into its shared-memory ring (control
+/// frames go on the pair's socket, see [`Link::send_control`]).
+pub(super) fn ring_writer(ring: Arc<Ring>, link: Arc<Link>, rx: Receiver<Job>) {
+    while let Ok(job) = rx.recv() {
+        let Job::Data(j) = job else { continue };
+        if !j.start() {
+            continue;
+        }
+        push(&ring, &link, &j);
+    }
+}
+
+/// Waits for a free slot; false if the ring or the link was cut (or `give_up` said so).
+fn room(ring: &Ring, link: &Link, mut give_up: impl FnMut() -> bool) -> Option<bool> {
+    let mut b = Backoff::default();
+    loop {
+        if ring.has_room() {
+            return Some(true);
+        }
+        if b.every(64) {
+            if ring.is_closed() || link.broken() {
+                return None;
+            }
+            if give_up() {
+                return Some(false);
+            }
+        }
+        b.snooze();
+    }
+}
+
+fn push(ring: &Ring, link: &Link, j: &SendJob) {
+    let cut = || {
+        if ring.is_closed() && !link.broken() {
+            link.on_failure("it cut its shared-memory ring");
+        }
+        j.finish(Err("the shared-memory ring is closed".into()));
+    };
+    let mut off = 0;
+    loop {
+        match room(ring, link, || j.cancelled()) {
+            None => return cut(),
+            Some(false) => break,
+            Some(true) => {}
+        }
+        let n = SLOT_BYTES.min(j.len - off);
+        // SAFETY: the job is `Writing` (`cancelled` said no, and only this thread releases
+        // it), so the caller's memory is valid.
+        let piece = unsafe { &j.bytes()[off..off + n] };
+        let head = SlotHead {
+            tag: j.tag,
+            len: j.len as u64,
+            off: off as u64,
+            n: n as u64,
+            flags: 0,
+        };
+        ring.publish(head, piece);
+        off += n;
+        if off >= j.len {
+            j.finish(Ok(()));
+            return;
+        }
+        if j.cancelled() {
+            break;
+        }
+    }
+    // Given up (the job is released): mark the message abandoned if any of it went out.
+    if off > 0 && room(ring, link, || false) == Some(true) {
+        let head = SlotHead {
+            tag: j.tag,
+            len: j.len as u64,
+            off: off as u64,
+            n: 0,
+            flags: ABANDONED,
+        };
+        ring.publish(head, &[]);
+    }
+}
