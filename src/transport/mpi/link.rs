@@ -1,0 +1,933 @@
+//! The MPI transport's messages, notices and waits, under faults.
+//!
+//! **Framing.** A message is a 24-byte header (its full 64-bit stamp, its length, the sender's
+//! piece size) followed by its pieces. The MPI tag holds only the collective's sequence number
+//! (headers on `1 + 2·(seq mod W)`, pieces on the next tag, `W = (MPI_TAG_UB - 1) / 2`), so
+//! MPI never matches one collective's data with another's receive. The receiver posts the
+//! header receive together with the first pieces' receives (no round trip is added), then
+//! checks the header: the exact stamp, length and piece size, or the message is refused (a
+//! different call of the same collective: [`faults::mismatch`]) or dropped (a stale message of
+//! a sequence number `W` collectives back). The pieces of a refused or dropped message are
+//! received and thrown away (the sender's requests complete), never left to match later.
+//!
+//! **Notices and the board.** Notices ([`Notice`]) travel on tag 0 of the same communicator;
+//! every wait polls them (`MPI_Improbe` from any source) every millisecond, records them on
+//! the board, and checks [`Faults::check`], so a refusal or an abort anywhere ends every wait.
+//!
+//! **Leftovers.** Messages of a failed collective that nobody will receive are drained by every
+//! later wait (the "janitor": the last few failed sequence numbers, from any source), so a
+//! peer's send blocked on them completes and MPI's unexpected queue does not grow.
+//!
+//! **Buffers.** A request is never released while MPI may still use its buffer. A wait that
+//! gives up cancels its requests and waits (up to [`CONFIRM`]) for MPI to confirm each ended.
+//! MPICH cannot cancel a send that was not matched (its UCX device never can): the send ends
+//! only when the peer drains it. If MPI cannot confirm in time, a request on PCCL's own buffer
+//! is leaked with its buffer (and `MPI_Finalize` is skipped at exit); a request on the
+//! caller's buffer ends the job with `MPI_Abort` and a message naming the peer, since control
+//! cannot return to a caller whose buffer MPI may still read or write.
+
+use super::{call, check, is_finalized};
+use crate::error::{Error, Result};
+use crate::transport::faults::{self, Faults, Tag};
+use crate::transport::Notice;
+use mpi::ffi;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The MPI tag of notices.
+const NOTICE_TAG: i32 = 0;
+/// Header: stamp, length, piece size.
+const HEADER: usize = 24;
+/// How long a cancelled request may take to end before PCCL gives up on it.
+pub const CONFIRM: Duration = Duration::from_secs(1);
+/// How often a wait polls notices, drains leftovers and checks the board.
+const SERVICE: Duration = Duration::from_millis(1);
+/// Failed collectives whose leftovers are drained.
+const JUNK_KEPT: usize = 16;
+/// Notices being sent at most (more are dropped: notices are best effort).
+const OUTBOX_MAX: usize = 4096;
+/// Pieces a staged receive keeps in flight.
+const DEPTH: usize = 3;
+
+/// Transports whose latest collective failed, over the process.
+static UNSETTLED: AtomicUsize = AtomicUsize::new(0);
+/// Requests PCCL gave up on (their buffers leaked), over the process.
+static LEAKED: AtomicUsize = AtomicUsize::new(0);
+/// The latest failure, for the message at exit.
+static LAST_FAILURE: Mutex<String> = Mutex::new(String::new());
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Why `MPI_Finalize` could hang or is unsafe now: a collective failed and was not followed
+/// by a successful one (its peers may never reach `MPI_Finalize`), or a request PCCL gave up
+/// on may still be in flight. `None` when finalising is safe.
+pub fn unsettled() -> Option<String> {
+    let leaked = LEAKED.load(Ordering::SeqCst);
+    let failed = UNSETTLED.load(Ordering::SeqCst);
+    if leaked == 0 && failed == 0 {
+        return None;
+    }
+    let last = lock(&LAST_FAILURE).clone();
+    Some(if leaked > 0 {
+        format!("{leaked} MPI request(s) could not be cancelled (last failure: {last})")
+    } else {
+        format!("a collective failed: {last}")
+    })
+}
+
+/// An MPI request handle (plain data; completed from any thread).
+#[derive(Clone, Copy)]
+struct Req(ffi::MPI_Request);
+
+// SAFETY: a request handle may be tested or cancelled from any thread (calls serialised by
+// `call` when MPI is not MPI_THREAD_MULTIPLE).
+unsafe impl Send for Req {}
+
+impl Req {
+    fn live(&self) -> bool {
+        // SAFETY: reading the exported null-request constant.
+        self.0 != unsafe { ffi::RSMPI_REQUEST_NULL }
+    }
+}
+
+fn zero_status() -> ffi::MPI_Status {
+    // SAFETY: MPI_Status is plain integers.
+    unsafe { std::mem::zeroed() }
+}
+
+/// The number of pieces of a `len`-byte message cut at `chunk` bytes (one for empty).
+pub fn pieces(len: usize, chunk: usize) -> usize {
+    len.div_ceil(chunk.max(1)).max(1)
+}
+
+/// Piece `k`'s (offset, length).
+fn piece(len: usize, chunk: usize, k: usize) -> (usize, usize) {
+    let off = (k * chunk).min(len);
+    (off, chunk.min(len - off))
+}
+
+/// One communicator's link state: see the module documentation.
+pub struct Core {
+    /// Our own duplicate communicator (freed by the owner's `Drop`).
+    pub comm: ffi::MPI_Comm,
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub size: usize,
+    /// Piece size in bytes (below 2^31).
+    pub chunk: usize,
+    /// Sequence numbers the tag space tells apart.
+    window: u32,
+    /// The failure board.
+    pub faults: Faults,
+    /// Failed collectives (sequence numbers) whose leftover messages are drained.
+    junk: Mutex<VecDeque<u32>>,
+    any_junk: AtomicBool,
+    /// The newest sequence number this rank sent or received.
+    latest: AtomicU32,
+    /// Notices still being sent, with their buffers.
+    outbox: Mutex<Vec<(Req, Box<[u8]>)>>,
+    /// This transport's unrecovered failure (its sequence number).
+    failed: Mutex<Option<u32>>,
+    any_failed: AtomicBool,
+}
+
+// SAFETY: MPI handles may be used from any thread (serialised by `call` when needed); the
+// rest is atomics and mutexes.
+unsafe impl Send for Core {}
+// SAFETY: as above.
+unsafe impl Sync for Core {}
+
+/// Where the pieces of a receive go.
+pub trait Dest {
+    /// How many pieces may be in flight at once.
+    fn depth(&self) -> usize;
+    /// The address piece `k` (of `m` bytes) is received at.
+    fn slot(&mut self, k: usize, m: usize) -> *mut u8;
+    /// Piece `k` (`m` bytes at message offset `off`) has arrived at its slot.
+    fn arrived(&mut self, k: usize, off: usize, m: usize);
+    /// Gives up the slots' memory for good (MPI may still write it), if it is PCCL's own;
+    /// returns false when it is the caller's (which cannot be given up).
+    fn leak(&mut self) -> bool;
+}
+
+/// A receive into staging buffers of PCCL's own, handed to a sink piece by piece.
+pub struct Staged<'a> {
+    bufs: Vec<Vec<u64>>,
+    sink: &'a mut dyn FnMut(usize, &[u8]),
+}
+
+impl<'a> Staged<'a> {
+    /// Staging for a `len`-byte message in `chunk`-byte pieces.
+    pub fn new(len: usize, chunk: usize, sink: &'a mut dyn FnMut(usize, &[u8])) -> Self {
+        let depth = DEPTH.min(pieces(len, chunk));
+        // u64 words keep every dtype aligned for the reduction kernels.
+        let words = chunk.min(len).div_ceil(8).max(1);
+        Staged {
+            bufs: (0..depth).map(|_| vec![0u64; words]).collect(),
+            sink,
+        }
+    }
+}
+
+impl Dest for Staged<'_> {
+    fn depth(&self) -> usize {
+        self.bufs.len()
+    }
+    fn slot(&mut self, k: usize, _m: usize) -> *mut u8 {
+        let n = self.bufs.len();
+        self.bufs[k % n].as_mut_ptr() as *mut u8
+    }
+    fn arrived(&mut self, k: usize, off: usize, m: usize) {
+        let n = self.bufs.len();
+        let bytes: &[u8] = bytemuck::cast_slice(&self.bufs[k % n]);
+        (self.sink)(off, &bytes[..m]);
+    }
+    fn leak(&mut self) -> bool {
+        for b in std::mem::take(&mut self.bufs) {
+            std::mem::forget(b);
+        }
+        true
+    }
+}
+
+/// A receive straight into the caller's memory (host, or device for a CUDA-aware MPI), every
+/// piece in flight at once.
+pub struct Direct {
+    /// The first byte (only handed to MPI).
+    pub base: *mut u8,
+    /// The message length.
+    pub len: usize,
+    /// Piece size.
+    pub chunk: usize,
+}
+
+impl Dest for Direct {
+    fn depth(&self) -> usize {
+        pieces(self.len, self.chunk)
+    }
+    fn slot(&mut self, k: usize, m: usize) -> *mut u8 {
+        let (off, _) = piece(self.len, self.chunk, k);
+        // `wrapping_add`: the address may be device memory, which Rust never reads.
+        if m == 0 {
+            self.base
+        } else {
+            self.base.wrapping_add(off)
+        }
+    }
+    fn arrived(&mut self, _k: usize, _off: usize, _m: usize) {}
+    fn leak(&mut self) -> bool {
+        false
+    }
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        if !mpi::environment::is_initialized() || is_finalized() {
+            return;
+        }
+        let mut out = std::mem::take(&mut *lock(&self.outbox));
+        let mut reqs: Vec<Req> = out.iter().map(|(r, _)| *r).collect();
+        let (_, live) = self.retire(&mut reqs);
+        if live > 0 {
+            // A notice nobody received: its buffers stay with MPI.
+            self.give_up(live, std::mem::take(&mut out));
+        }
+        // SAFETY: `comm` is this transport's own duplicate, freed once here.
+        call(|| unsafe { ffi::MPI_Comm_free(&mut self.comm) });
+    }
+}
+
+impl Core {
+    /// Link state over `comm` (a communicator this transport owns, errors returned).
+    pub fn new(comm: ffi::MPI_Comm, rank: usize, size: usize, chunk: usize) -> Result<Core> {
+        let mut ub: *mut i32 = std::ptr::null_mut();
+        let mut flag = 0;
+        // SAFETY: MPI_TAG_UB's value is a pointer to an int owned by MPI, written into `ub`.
+        check(
+            call(|| unsafe {
+                ffi::MPI_Comm_get_attr(
+                    comm,
+                    ffi::MPI_TAG_UB as i32,
+                    &mut ub as *mut *mut i32 as *mut _,
+                    &mut flag,
+                )
+            }),
+            "MPI_Comm_get_attr(MPI_TAG_UB)",
+        )?;
+        let tag_ub = if flag != 0 && !ub.is_null() {
+            // SAFETY: MPI returned a pointer to its attribute value, valid for the process.
+            unsafe { *ub }
+        } else {
+            32767
+        };
+        Ok(Core {
+            comm,
+            rank,
+            size,
+            chunk: chunk.clamp(4096, i32::MAX as usize),
+            window: ((tag_ub.max(32767) - 1) / 2) as u32,
+            faults: Faults::default(),
+            junk: Mutex::new(VecDeque::new()),
+            any_junk: AtomicBool::new(false),
+            latest: AtomicU32::new(0),
+            outbox: Mutex::new(Vec::new()),
+            failed: Mutex::new(None),
+            any_failed: AtomicBool::new(false),
+        })
+    }
+
+    fn header_tag(&self, seq: u32) -> i32 {
+        1 + 2 * (seq % self.window) as i32
+    }
+
+    fn seen(&self, tag: Tag) {
+        self.latest.store(faults::seq_of(tag), Ordering::Relaxed);
+    }
+
+    // ---- failures and exit ----------------------------------------------------------------
+
+    /// Records that collective `seq` failed here (`why`), for the exit decision.
+    pub fn note_failure(&self, seq: u32, why: &str) {
+        let mut f = lock(&self.failed);
+        if f.is_none() {
+            UNSETTLED.fetch_add(1, Ordering::SeqCst);
+        }
+        *f = Some(seq);
+        self.any_failed.store(true, Ordering::SeqCst);
+        *lock(&LAST_FAILURE) = format!("rank {}: {why}", self.rank);
+    }
+
+    /// A message of `tag` went through: a later collective than the failed one settles it.
+    fn note_success(&self, tag: Tag) {
+        if !self.any_failed.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut f = lock(&self.failed);
+        if let Some(s) = *f {
+            let later = faults::seq_of(tag).wrapping_sub(s) as i32 > 0;
+            if later && self.faults.check(tag, self.rank).is_ok() {
+                *f = None;
+                self.any_failed.store(false, Ordering::SeqCst);
+                UNSETTLED.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Ends the job: MPI still uses the caller's memory and control cannot return.
+    fn fatal(&self, what: &str) -> ! {
+        eprintln!(
+            "PCCL FATAL rank {}: {what}; MPI could not confirm the request ended within {:?}, so \
+             the caller's buffer cannot be released: ending the job with MPI_Abort",
+            self.rank, CONFIRM
+        );
+        // SAFETY: aborting the job through the world communicator; it does not return.
+        call(|| unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 70) });
+        std::process::abort()
+    }
+
+    // ---- notices --------------------------------------------------------------------------
+
+    /// Sends `notice` to every peer without blocking (buffers kept until sent).
+    pub fn notify(&self, notice: &Notice) {
+        let mut bytes = Vec::new();
+        match notice {
+            Notice::Refused { seq, why } => {
+                bytes.push(1u8);
+                bytes.extend_from_slice(&seq.to_le_bytes());
+                bytes.extend_from_slice(why.as_bytes());
+                self.add_junk(*seq);
+                self.note_failure(*seq, why);
+            }
+            Notice::Aborted { why } => {
+                bytes.push(2u8);
+                bytes.extend_from_slice(&0u32.to_le_bytes());
+                bytes.extend_from_slice(why.as_bytes());
+                self.note_failure(self.latest.load(Ordering::Relaxed), why);
+            }
+        }
+        bytes.truncate(4096);
+        self.reap_outbox();
+        let mut out = lock(&self.outbox);
+        for peer in (0..self.size).filter(|&p| p != self.rank) {
+            if out.len() >= OUTBOX_MAX {
+                break;
+            }
+            let buf: Box<[u8]> = bytes.clone().into_boxed_slice();
+            let mut req = Req(null_req());
+            // SAFETY: `buf` is kept in the outbox until the request completes.
+            let rc = call(|| unsafe {
+                ffi::MPI_Isend(
+                    buf.as_ptr() as *const _,
+                    buf.len() as i32,
+                    ffi::RSMPI_UINT8_T,
+                    peer as i32,
+                    NOTICE_TAG,
+                    self.comm,
+                    &mut req.0,
+                )
+            });
+            if rc == 0 {
+                out.push((req, buf));
+            }
+        }
+    }
+
+    fn reap_outbox(&self) {
+        let mut out = lock(&self.outbox);
+        out.retain_mut(|(req, _)| !self.test(req));
+    }
+
+    /// Receives every notice that has arrived and records it on the board.
+    fn take_notices(&self) {
+        for _ in 0..64 {
+            let Some((src, bytes)) = self.take_any(NOTICE_TAG) else {
+                return;
+            };
+            if bytes.len() < 5 {
+                continue;
+            }
+            let seq = u32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+            let why = String::from_utf8_lossy(&bytes[5..]).into_owned();
+            match bytes[0] {
+                1 => {
+                    self.faults.refuse(seq, src, &why);
+                    self.add_junk(seq);
+                }
+                2 => self.faults.revoked(src, &why),
+                _ => {}
+            }
+        }
+    }
+
+    /// Receives one message of `tag` from any source that no receive matched, if there is one.
+    fn take_any(&self, tag: i32) -> Option<(usize, Vec<u8>)> {
+        // SAFETY: reading an exported constant.
+        let any = unsafe { ffi::RSMPI_ANY_SOURCE };
+        self.take(any, tag)
+    }
+
+    /// Receives one unmatched message of `tag` from `src` (or any source), if there is one.
+    fn take(&self, src: i32, tag: i32) -> Option<(usize, Vec<u8>)> {
+        let mut flag = 0;
+        let mut status = zero_status();
+        // SAFETY: a message handle is written by MPI_Improbe before use.
+        let mut msg: ffi::MPI_Message = unsafe { std::mem::zeroed() };
+        // SAFETY: probing our own communicator; outputs are locals.
+        let rc = call(|| unsafe {
+            ffi::MPI_Improbe(src, tag, self.comm, &mut flag, &mut msg, &mut status)
+        });
+        if rc != 0 || flag == 0 {
+            return None;
+        }
+        let mut n = 0i32;
+        // SAFETY: `status` came from a successful probe.
+        call(|| unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut n) });
+        let mut buf = vec![0u8; n.max(0) as usize];
+        // SAFETY: `buf` holds the probed message's `n` bytes; `msg` is ours to receive.
+        call(|| unsafe {
+            ffi::MPI_Mrecv(
+                buf.as_mut_ptr() as *mut _,
+                n.max(0),
+                ffi::RSMPI_UINT8_T,
+                &mut msg,
+                &mut status,
+            )
+        });
+        Some((status.MPI_SOURCE.max(0) as usize, buf))
+    }
+
+    // ---- leftovers ------------------------------------------------------------------------
+
+    /// Collective `seq` failed: its leftover messages are drained from now on.
+    fn add_junk(&self, seq: u32) {
+        let mut j = lock(&self.junk);
+        if !j.contains(&seq) {
+            if j.len() == JUNK_KEPT {
+                j.pop_front();
+            }
+            j.push_back(seq);
+        }
+        self.any_junk.store(true, Ordering::SeqCst);
+    }
+
+    /// Drains every unmatched message of the failed collectives (too old ones are forgotten,
+    /// before their tags come round again).
+    fn drain_junk(&self) {
+        if !self.any_junk.load(Ordering::Relaxed) {
+            return;
+        }
+        let latest = self.latest.load(Ordering::Relaxed);
+        let seqs: Vec<u32> = {
+            let mut j = lock(&self.junk);
+            // Sequence numbers wrap: keep those less than a quarter of the tag space behind.
+            j.retain(|&s| (latest.wrapping_sub(s) as i32) < (self.window / 4) as i32);
+            self.any_junk.store(!j.is_empty(), Ordering::SeqCst);
+            j.iter().copied().collect()
+        };
+        for s in seqs {
+            let h = self.header_tag(s);
+            for t in [h, h + 1] {
+                for _ in 0..256 {
+                    if self.take_any(t).is_none() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A wait's periodic work: notices, finished notice sends, leftovers.
+    pub fn service(&self) {
+        self.take_notices();
+        self.reap_outbox();
+        self.drain_junk();
+    }
+
+    // ---- requests -------------------------------------------------------------------------
+
+    /// Tests `req` once; true (and the request released by MPI) when it has ended.
+    fn test(&self, req: &mut Req) -> bool {
+        if !req.live() {
+            return true;
+        }
+        let mut flag = 0;
+        let mut status = zero_status();
+        // SAFETY: `req` is a live request we posted.
+        let rc = call(|| unsafe { ffi::MPI_Test(&mut req.0, &mut flag, &mut status) });
+        flag != 0 || (rc != 0 && !req.live())
+    }
+
+    /// Waits for `req`, polling notices and the board; `Err` (the request still live) on a
+    /// failure on the board, the deadline, or an MPI error.
+    fn poll(
+        &self,
+        req: &mut Req,
+        tag: Tag,
+        peer: usize,
+        deadline: Instant,
+        what: &str,
+    ) -> Result<ffi::MPI_Status> {
+        let mut status = zero_status();
+        let mut next = Instant::now() + SERVICE;
+        let mut spins = 0u32;
+        loop {
+            let mut flag = 0;
+            // SAFETY: `req` is a live request we posted.
+            let rc = call(|| unsafe { ffi::MPI_Test(&mut req.0, &mut flag, &mut status) });
+            if rc != 0 {
+                check(rc, what)?;
+            }
+            if flag != 0 {
+                return Ok(status);
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 16 == 0 {
+                let now = Instant::now();
+                if now >= next {
+                    self.service();
+                    self.faults.check(tag, peer)?;
+                    next = now + SERVICE;
+                }
+                if now >= deadline {
+                    self.faults.check(tag, peer)?;
+                    return Err(faults::timed_out(self.rank, peer, what, true));
+                }
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Cancels every live request of `reqs` and waits (up to [`CONFIRM`]) for each to end;
+    /// returns (how many ended by completing instead of being cancelled, how many are still
+    /// live).
+    fn retire(&self, reqs: &mut [Req]) -> (usize, usize) {
+        for r in reqs.iter_mut().filter(|r| r.live()) {
+            // SAFETY: cancelling a live request we posted (it stays live until tested).
+            call(|| unsafe { ffi::MPI_Cancel(&mut r.0) });
+        }
+        let end = Instant::now() + CONFIRM;
+        let mut completed = 0;
+        loop {
+            let mut live = 0;
+            for r in reqs.iter_mut().filter(|r| r.live()) {
+                let mut flag = 0;
+                let mut status = zero_status();
+                // SAFETY: `r` is a live request we posted.
+                let rc = call(|| unsafe { ffi::MPI_Test(&mut r.0, &mut flag, &mut status) });
+                if flag != 0 {
+                    let mut cancelled = 0;
+                    // SAFETY: `status` belongs to the request that just ended.
+                    call(|| unsafe { ffi::MPI_Test_cancelled(&status, &mut cancelled) });
+                    if cancelled == 0 {
+                        completed += 1;
+                    }
+                } else if rc != 0 && !r.live() {
+                    completed += 1; // ended with an error (truncated): it matched a message
+                } else {
+                    live += 1;
+                }
+            }
+            if live == 0 || Instant::now() >= end {
+                return (completed, live);
+            }
+            self.service();
+            std::thread::yield_now();
+        }
+    }
+
+    /// [`Core::retire`] for requests on the caller's memory: ends the job if one stays live.
+    fn retire_or_die(&self, reqs: &mut [Req], what: &str) -> usize {
+        let (completed, live) = self.retire(reqs);
+        if live > 0 {
+            self.fatal(what);
+        }
+        completed
+    }
+
+    /// Leaks a live request's own buffer (MPI may still use it) and counts it.
+    fn give_up<T>(&self, live: usize, buf: T) {
+        if live > 0 {
+            std::mem::forget(buf);
+            LEAKED.fetch_add(live, Ordering::SeqCst);
+            *lock(&LAST_FAILURE) = format!("rank {}: a request outlived its wait", self.rank);
+        }
+    }
+
+    /// Receives (and discards) `count` pieces on `tag` from `peer`, until `until`.
+    fn drain(&self, peer: usize, tag: i32, count: usize, until: Instant) {
+        let mut left = count;
+        while left > 0 && Instant::now() < until {
+            if self.take(peer as i32, tag).is_some() {
+                left -= 1;
+            } else {
+                self.service();
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    fn irecv(&self, ptr: *mut u8, len: usize, peer: usize, tag: i32) -> Result<Req> {
+        let mut req = Req(null_req());
+        // SAFETY: the caller keeps `len` bytes at `ptr` valid until the request ends.
+        let rc = call(|| unsafe {
+            ffi::MPI_Irecv(
+                ptr as *mut _,
+                len as i32,
+                ffi::RSMPI_UINT8_T,
+                peer as i32,
+                tag,
+                self.comm,
+                &mut req.0,
+            )
+        });
+        check(rc, "MPI_Irecv")?;
+        Ok(req)
+    }
+
+    fn isend_bytes(&self, ptr: *const u8, len: usize, peer: usize, tag: i32) -> Result<Req> {
+        let mut req = Req(null_req());
+        // SAFETY: the caller keeps `len` bytes at `ptr` valid until the request ends.
+        let rc = call(|| unsafe {
+            ffi::MPI_Isend(
+                ptr as *const _,
+                len as i32,
+                ffi::RSMPI_UINT8_T,
+                peer as i32,
+                tag,
+                self.comm,
+                &mut req.0,
+            )
+        });
+        check(rc, "MPI_Isend")?;
+        Ok(req)
+    }
+
+    // ---- messages -------------------------------------------------------------------------
+
+    /// Posts the header and pieces of a `len`-byte message at `ptr` stamped `tag` to `peer`.
+    ///
+    /// # Safety
+    /// The `len` bytes at `ptr` (host, or device memory for a CUDA-aware MPI: only handed to
+    /// MPI) must stay valid and unmodified until the returned send's `wait` returns.
+    pub unsafe fn isend(
+        self: &std::sync::Arc<Self>,
+        peer: usize,
+        tag: Tag,
+        ptr: *const u8,
+        len: usize,
+    ) -> Result<MpiSend> {
+        if peer >= self.size {
+            return Err(Error::invalid(format!("no rank {peer}")));
+        }
+        self.seen(tag);
+        let header = Box::new([tag.to_le(), (len as u64).to_le(), (self.chunk as u64).to_le()]);
+        let h = self.header_tag(faults::seq_of(tag));
+        let mut send = MpiSend {
+            core: self.clone(),
+            reqs: Vec::with_capacity(1 + pieces(len, self.chunk)),
+            header,
+            peer,
+            tag,
+        };
+        let hp = send.header.as_ptr() as *const u8;
+        send.reqs.push(self.isend_bytes(hp, HEADER, peer, h)?);
+        for k in 0..pieces(len, self.chunk) {
+            let (off, m) = piece(len, self.chunk, k);
+            // `wrapping_add`: the address may be device memory, which Rust never reads.
+            let p = if m == 0 { ptr } else { ptr.wrapping_add(off) };
+            send.reqs.push(self.isend_bytes(p, m, peer, h + 1)?);
+        }
+        Ok(send)
+    }
+
+    /// Receives the message stamped `tag` (exactly `len` bytes) from `peer` into `dest`.
+    pub fn recv(
+        &self,
+        peer: usize,
+        tag: Tag,
+        len: usize,
+        deadline: Instant,
+        dest: &mut dyn Dest,
+    ) -> Result<()> {
+        if peer >= self.size {
+            return Err(Error::invalid(format!("no rank {peer}")));
+        }
+        self.seen(tag);
+        let r = self.recv_inner(peer, tag, len, deadline, dest);
+        match &r {
+            Ok(()) => self.note_success(tag),
+            Err(e) => self.note_failure(faults::seq_of(tag), e.message()),
+        }
+        r
+    }
+
+    fn recv_inner(
+        &self,
+        peer: usize,
+        tag: Tag,
+        len: usize,
+        deadline: Instant,
+        dest: &mut dyn Dest,
+    ) -> Result<()> {
+        let n = pieces(len, self.chunk);
+        let ahead = dest.depth().clamp(1, n);
+        let h = self.header_tag(faults::seq_of(tag));
+        let waiting = "waited in vain for a message from";
+        loop {
+            let mut header = Box::new([0u64; 3]);
+            let mut hreq = [self.irecv(header.as_mut_ptr() as *mut u8, HEADER, peer, h)?];
+            let mut reqs: VecDeque<Req> = VecDeque::with_capacity(ahead);
+            for k in 0..ahead {
+                let (_, m) = piece(len, self.chunk, k);
+                match self.irecv(dest.slot(k, m), m, peer, h + 1) {
+                    Ok(r) => reqs.push_back(r),
+                    Err(e) => {
+                        self.abandon_recv(&mut hreq, header, &mut reqs, dest, peer);
+                        return Err(e);
+                    }
+                }
+            }
+            let st = match self.poll(&mut hreq[0], tag, peer, deadline, waiting) {
+                Ok(s) => s,
+                Err(e) => {
+                    self.abandon_recv(&mut hreq, header, &mut reqs, dest, peer);
+                    return Err(e);
+                }
+            };
+            let got = count_of(&st);
+            let [stamp, hlen, hchunk] = header.map(u64::from_le);
+            if got == HEADER && stamp == tag && hlen == len as u64 && hchunk == self.chunk as u64
+            {
+                return self.take_pieces(peer, tag, len, deadline, dest, reqs, ahead);
+            }
+            // Not the message this receive expects: take back our piece receives, then throw
+            // away the rest of the sender's pieces.
+            let sent = match (usize::try_from(hlen), usize::try_from(hchunk)) {
+                (Ok(l), Ok(c)) if got == HEADER && (1..=i32::MAX as usize).contains(&c) => {
+                    pieces(l, c)
+                }
+                _ => 0,
+            };
+            let mut rs: Vec<Req> = reqs.into_iter().collect();
+            let matched = self.retire_pieces(&mut rs, dest, peer);
+            // Pieces already posted by the sender are here at once; later ones the janitor takes.
+            let until = Instant::now() + Duration::from_millis(200);
+            self.drain(peer, h + 1, sent.saturating_sub(matched), until);
+            if got == HEADER && faults::is_stale(stamp, tag) && matched <= sent {
+                // A leftover of a collective `window` sequence numbers back: dropped.
+                self.add_junk(faults::seq_of(stamp));
+                continue;
+            }
+            self.faults.check(tag, peer)?;
+            return Err(if got != HEADER {
+                Error::remote(format!(
+                    "rank {} got a malformed {got}-byte message header from rank {peer}",
+                    self.rank
+                ))
+            } else if stamp != tag {
+                faults::mismatch(self.rank, peer, tag, stamp)
+            } else if hchunk != self.chunk as u64 {
+                Error::remote(format!(
+                    "rank {} cuts messages in pieces of {} bytes but rank {peer} in pieces of \
+                     {hchunk}: do all ranks set the same PCCL_CHUNK_SIZE?",
+                    self.rank, self.chunk
+                ))
+            } else {
+                Error::remote(format!(
+                    "rank {} expected {len} bytes from rank {peer} but it sent {hlen}: do all \
+                     ranks pass the same count and dtype?",
+                    self.rank
+                ))
+            });
+        }
+    }
+
+    /// Takes the pieces of a message whose header checked out.
+    #[allow(clippy::too_many_arguments)]
+    fn take_pieces(
+        &self,
+        peer: usize,
+        tag: Tag,
+        len: usize,
+        deadline: Instant,
+        dest: &mut dyn Dest,
+        mut reqs: VecDeque<Req>,
+        ahead: usize,
+    ) -> Result<()> {
+        let n = pieces(len, self.chunk);
+        let h = self.header_tag(faults::seq_of(tag));
+        for k in 0..n {
+            let (off, m) = piece(len, self.chunk, k);
+            let mut r = reqs.pop_front().unwrap_or(Req(null_req()));
+            let res = self
+                .poll(&mut r, tag, peer, deadline, "waited in vain for a message from")
+                .and_then(|st| {
+                    let got = count_of(&st);
+                    if got == m {
+                        Ok(())
+                    } else {
+                        Err(Error::remote(format!(
+                            "rank {} expected a piece of {m} bytes from rank {peer} but got \
+                             {got}: do all ranks pass the same count and dtype?",
+                            self.rank
+                        )))
+                    }
+                });
+            if let Err(e) = res {
+                let mut rs: Vec<Req> = std::iter::once(r).chain(reqs).collect();
+                self.retire_pieces(&mut rs, dest, peer);
+                return Err(e);
+            }
+            dest.arrived(k, off, m);
+            if k + ahead < n {
+                let (_, m2) = piece(len, self.chunk, k + ahead);
+                match self.irecv(dest.slot(k + ahead, m2), m2, peer, h + 1) {
+                    Ok(r) => reqs.push_back(r),
+                    Err(e) => {
+                        let mut rs: Vec<Req> = reqs.into_iter().collect();
+                        self.retire_pieces(&mut rs, dest, peer);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Cancels a receive's piece requests; returns how many matched a message anyway.
+    fn retire_pieces(&self, rs: &mut [Req], dest: &mut dyn Dest, peer: usize) -> usize {
+        let (matched, live) = self.retire(rs);
+        if live > 0 {
+            if dest.leak() {
+                self.give_up(live, ());
+            } else {
+                self.fatal(&format!(
+                    "a receive from rank {peer} into the caller's buffer could not be cancelled"
+                ));
+            }
+        }
+        matched
+    }
+
+    /// Takes back a receive's header and piece requests after a failure.
+    fn abandon_recv(
+        &self,
+        hreq: &mut [Req; 1],
+        header: Box<[u64; 3]>,
+        reqs: &mut VecDeque<Req>,
+        dest: &mut dyn Dest,
+        peer: usize,
+    ) {
+        let (_, live) = self.retire(hreq);
+        self.give_up(live, header);
+        let mut rs: Vec<Req> = reqs.drain(..).collect();
+        self.retire_pieces(&mut rs, dest, peer);
+    }
+}
+
+fn count_of(st: &ffi::MPI_Status) -> usize {
+    let mut got = 0i32;
+    // SAFETY: `st` came from a completed receive.
+    call(|| unsafe { ffi::MPI_Get_count(st, ffi::RSMPI_UINT8_T, &mut got) });
+    got.max(0) as usize
+}
+
+fn null_req() -> ffi::MPI_Request {
+    // SAFETY: reading the exported null-request constant.
+    unsafe { ffi::RSMPI_REQUEST_NULL }
+}
+
+/// A posted message (header and pieces).
+pub struct MpiSend {
+    core: std::sync::Arc<Core>,
+    reqs: Vec<Req>,
+    /// The header's bytes, kept until its request ends.
+    header: Box<[u64; 3]>,
+    peer: usize,
+    tag: Tag,
+}
+
+impl MpiSend {
+    /// Waits until every request ended; on a failure on the board or the deadline, cancels
+    /// them and waits for MPI to confirm (or ends the job: see the module documentation).
+    pub fn finish(&mut self, deadline: Instant) -> Result<()> {
+        let core = self.core.clone();
+        for i in 0..self.reqs.len() {
+            let what = "sent a message never taken by";
+            let mut r = self.reqs[i];
+            let res = core.poll(&mut r, self.tag, self.peer, deadline, what);
+            self.reqs[i] = r;
+            if let Err(e) = res {
+                core.note_failure(faults::seq_of(self.tag), e.message());
+                self.give_back();
+                return Err(e);
+            }
+        }
+        core.note_success(self.tag);
+        Ok(())
+    }
+
+    /// Cancels what is still live; ends the job if MPI cannot confirm it.
+    fn give_back(&mut self) {
+        if self.reqs.iter().any(Req::live) {
+            let peer = self.peer;
+            let mut reqs = std::mem::take(&mut self.reqs);
+            self.core.retire_or_die(
+                &mut reqs,
+                &format!("a send to rank {peer} was never received and could not be cancelled"),
+            );
+        }
+    }
+}
+
+impl Drop for MpiSend {
+    fn drop(&mut self) {
+        // Only a send that was never waited for still has live requests.
+        self.give_back();
+    }
+}
