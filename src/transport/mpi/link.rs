@@ -33,7 +33,7 @@ use crate::transport::Notice;
 use mpi::ffi;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 /// The MPI tag of notices.
@@ -77,6 +77,56 @@ pub fn unsettled() -> Option<String> {
     } else {
         format!("a collective failed: {last}")
     })
+}
+
+/// Live transports, which the service thread keeps draining.
+static LIVE: Mutex<Vec<Weak<Core>>> = Mutex::new(Vec::new());
+/// The service thread and its stop flag.
+static SERVICE_THREAD: Mutex<Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>> =
+    Mutex::new(None);
+
+/// Registers `core` with the service thread.
+pub fn register(core: &Arc<Core>) {
+    let mut live = lock(&LIVE);
+    live.retain(|w| w.strong_count() > 0);
+    live.push(Arc::downgrade(core));
+}
+
+/// Starts the service thread (once): every 2 ms it takes notices and drains leftovers on every
+/// live transport, so a rank outside PCCL (computing, sleeping, or stalled) still takes the
+/// messages of a failed collective that a peer's send waits on. Only while PCCL owns MPI (it
+/// is stopped by [`stop_service`] before `MPI_Finalize`).
+pub fn start_service() {
+    let mut st = lock(&SERVICE_THREAD);
+    if st.is_some() {
+        return;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let spawned = std::thread::Builder::new()
+        .name("pccl-mpi-service".into())
+        .spawn(move || {
+            while !flag.load(Ordering::SeqCst) {
+                let cores: Vec<Arc<Core>> = lock(&LIVE).iter().filter_map(Weak::upgrade).collect();
+                for c in &cores {
+                    c.service();
+                }
+                drop(cores);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+    if let Ok(h) = spawned {
+        *st = Some((stop, h));
+    }
+}
+
+/// Stops the service thread (before `MPI_Finalize`).
+pub fn stop_service() {
+    let st = lock(&SERVICE_THREAD).take();
+    if let Some((stop, h)) = st {
+        stop.store(true, Ordering::SeqCst);
+        let _ = h.join();
+    }
 }
 
 /// An MPI request handle (plain data; completed from any thread).
@@ -134,6 +184,8 @@ pub struct Core {
     /// This transport's unrecovered failure (its sequence number).
     failed: Mutex<Option<u32>>,
     any_failed: AtomicBool,
+    /// The communicator was aborted (here or by a peer): every message on it is a leftover.
+    finished: AtomicBool,
 }
 
 // SAFETY: MPI handles may be used from any thread (serialised by `call` when needed); the
@@ -230,6 +282,8 @@ impl Drop for Core {
         if !mpi::environment::is_initialized() || is_finalized() {
             return;
         }
+        // Notices and leftovers that arrived since the last wait, so MPI holds none at exit.
+        self.service();
         let mut out = std::mem::take(&mut *lock(&self.outbox));
         let mut reqs: Vec<Req> = out.iter().map(|(r, _)| *r).collect();
         let (_, live) = self.retire(&mut reqs);
@@ -278,6 +332,7 @@ impl Core {
             outbox: Mutex::new(Vec::new()),
             failed: Mutex::new(None),
             any_failed: AtomicBool::new(false),
+            finished: AtomicBool::new(false),
         })
     }
 
@@ -346,6 +401,7 @@ impl Core {
             Notice::Aborted { why } => {
                 bytes.push(2u8);
                 bytes.extend_from_slice(&0u32.to_le_bytes());
+                self.finished.store(true, Ordering::SeqCst);
                 bytes.extend_from_slice(why.as_bytes());
                 self.note_failure(self.latest.load(Ordering::Relaxed), why);
             }
@@ -385,34 +441,42 @@ impl Core {
     /// Receives every notice that has arrived and records it on the board.
     fn take_notices(&self) {
         for _ in 0..64 {
-            let Some((src, bytes)) = self.take_any(NOTICE_TAG) else {
+            let Some((src, _, bytes)) = self.take_any(NOTICE_TAG) else {
                 return;
             };
-            if bytes.len() < 5 {
-                continue;
+            self.record(src, &bytes);
+        }
+    }
+
+    /// Records the notice `bytes` from `src` on the board.
+    fn record(&self, src: usize, bytes: &[u8]) {
+        if bytes.len() < 5 {
+            return;
+        }
+        let seq = u32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+        let why = String::from_utf8_lossy(&bytes[5..]).into_owned();
+        match bytes[0] {
+            1 => {
+                self.faults.refuse(seq, src, &why);
+                self.add_junk(seq);
             }
-            let seq = u32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
-            let why = String::from_utf8_lossy(&bytes[5..]).into_owned();
-            match bytes[0] {
-                1 => {
-                    self.faults.refuse(seq, src, &why);
-                    self.add_junk(seq);
-                }
-                2 => self.faults.revoked(src, &why),
-                _ => {}
+            2 => {
+                self.faults.revoked(src, &why);
+                self.finished.store(true, Ordering::SeqCst);
             }
+            _ => {}
         }
     }
 
     /// Receives one message of `tag` from any source that no receive matched, if there is one.
-    fn take_any(&self, tag: i32) -> Option<(usize, Vec<u8>)> {
+    fn take_any(&self, tag: i32) -> Option<(usize, i32, Vec<u8>)> {
         // SAFETY: reading an exported constant.
         let any = unsafe { ffi::RSMPI_ANY_SOURCE };
         self.take(any, tag)
     }
 
     /// Receives one unmatched message of `tag` from `src` (or any source), if there is one.
-    fn take(&self, src: i32, tag: i32) -> Option<(usize, Vec<u8>)> {
+    fn take(&self, src: i32, tag: i32) -> Option<(usize, i32, Vec<u8>)> {
         let mut flag = 0;
         let mut status = zero_status();
         // SAFETY: a message handle is written by MPI_Improbe before use.
@@ -438,7 +502,7 @@ impl Core {
                 &mut status,
             )
         });
-        Some((status.MPI_SOURCE.max(0) as usize, buf))
+        Some((status.MPI_SOURCE.max(0) as usize, status.MPI_TAG, buf))
     }
 
     // ---- leftovers ------------------------------------------------------------------------
@@ -458,6 +522,17 @@ impl Core {
     /// Drains every unmatched message of the failed collectives (too old ones are forgotten,
     /// before their tags come round again).
     fn drain_junk(&self) {
+        if self.finished.load(Ordering::Relaxed) {
+            // SAFETY: reading an exported constant.
+            let any = unsafe { ffi::RSMPI_ANY_TAG };
+            for _ in 0..256 {
+                match self.take_any(any) {
+                    Some((src, NOTICE_TAG, bytes)) => self.record(src, &bytes),
+                    Some(_) => {}
+                    None => break,
+                }
+            }
+        }
         if !self.any_junk.load(Ordering::Relaxed) {
             return;
         }
@@ -655,7 +730,7 @@ impl Core {
     /// The `len` bytes at `ptr` (host, or device memory for a CUDA-aware MPI: only handed to
     /// MPI) must stay valid and unmodified until the returned send's `wait` returns.
     pub unsafe fn isend(
-        self: &std::sync::Arc<Self>,
+        self: &Arc<Self>,
         peer: usize,
         tag: Tag,
         ptr: *const u8,
@@ -884,7 +959,7 @@ fn null_req() -> ffi::MPI_Request {
 
 /// A posted message (header and pieces).
 pub struct MpiSend {
-    core: std::sync::Arc<Core>,
+    core: Arc<Core>,
     reqs: Vec<Req>,
     /// The header's bytes, kept until its request ends.
     header: Box<[u64; 3]>,

@@ -166,6 +166,7 @@ pub fn init() -> Result<()> {
         // termination and kills its peers: do it at exit if the program does not.
         // SAFETY: registering a plain `extern "C" fn()` with the C runtime.
         unsafe { libc::atexit(finalize_at_exit) };
+        link::start_service();
     } else {
         let _ = SERIALIZE.set(mpi::environment::threading_support() != mpi::Threading::Multiple);
     }
@@ -179,6 +180,9 @@ pub fn init() -> Result<()> {
 /// on stderr: the process exits at once, and the launcher ends the job's other processes.
 pub fn finalize() {
     let u = UNIVERSE.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if u.is_some() {
+        link::stop_service();
+    }
     if let (true, Some(why)) = (u.is_some(), unsettled()) {
         eprintln!(
             "PCCL WARN not calling MPI_Finalize, which would wait for every rank: {why}; the \
@@ -292,6 +296,7 @@ impl MpiTransport {
         };
         // From here `core` owns (and frees) the communicator.
         let core = Arc::new(core?);
+        link::register(&core);
         Ok(MpiTransport {
             core,
             node: node?,
