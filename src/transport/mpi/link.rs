@@ -380,6 +380,8 @@ impl Core {
              the caller's buffer cannot be released: ending the job with MPI_Abort",
             self.rank, CONFIRM
         );
+        // Give the launcher a moment to forward the message before it kills the job.
+        std::thread::sleep(Duration::from_millis(200));
         // SAFETY: aborting the job through the world communicator; it does not return.
         call(|| unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 70) });
         std::process::abort()
