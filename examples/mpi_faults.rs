@@ -55,11 +55,7 @@ fn good_all_reduce(c: &Communicator, n: usize) -> Result<(), String> {
     }
 }
 
-fn expect(
-    r: Result<(), pccl::Error>,
-    kind: ErrorKind,
-    words: &[&str],
-) -> Result<String, String> {
+fn expect(r: Result<(), pccl::Error>, kind: ErrorKind, words: &[&str]) -> Result<String, String> {
     match r {
         Ok(()) => Err(format!("expected a {kind:?} error, got success")),
         Err(e) if e.kind() == kind && words.iter().all(|w| e.message().contains(w)) => {

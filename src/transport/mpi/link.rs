@@ -742,7 +742,11 @@ impl Core {
             return Err(Error::invalid(format!("no rank {peer}")));
         }
         self.seen(tag);
-        let header = Box::new([tag.to_le(), (len as u64).to_le(), (self.chunk as u64).to_le()]);
+        let header = Box::new([
+            tag.to_le(),
+            (len as u64).to_le(),
+            (self.chunk as u64).to_le(),
+        ]);
         let h = self.header_tag(faults::seq_of(tag));
         let mut send = MpiSend {
             core: self.clone(),
@@ -818,8 +822,7 @@ impl Core {
             };
             let got = count_of(&st);
             let [stamp, hlen, hchunk] = header.map(u64::from_le);
-            if got == HEADER && stamp == tag && hlen == len as u64 && hchunk == self.chunk as u64
-            {
+            if got == HEADER && stamp == tag && hlen == len as u64 && hchunk == self.chunk as u64 {
                 return self.take_pieces(peer, tag, len, deadline, dest, reqs, ahead);
             }
             // Not the message this receive expects: take back our piece receives, then throw
@@ -882,7 +885,13 @@ impl Core {
             let (off, m) = piece(len, self.chunk, k);
             let mut r = reqs.pop_front().unwrap_or(Req(null_req()));
             let res = self
-                .poll(&mut r, tag, peer, deadline, "waited in vain for a message from")
+                .poll(
+                    &mut r,
+                    tag,
+                    peer,
+                    deadline,
+                    "waited in vain for a message from",
+                )
                 .and_then(|st| {
                     let got = count_of(&st);
                     if got == m {

@@ -36,10 +36,10 @@ pub mod link;
 
 use super::faults::Faults;
 use super::{fnv1a, hostname, Notice, SendOp, Tag, Transport};
-use link::{Core, Direct, MpiSend, Staged};
-pub use link::unsettled;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
+pub use link::unsettled;
+use link::{Core, Direct, MpiSend, Staged};
 use mpi::ffi;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -376,7 +376,15 @@ impl MpiTransport {
             i32::try_from(count).map_err(|_| Error::invalid("MPI counts must be below 2^31"))?;
         let rc = match coll {
             crate::RawCollective::AllGather => call(|| {
-                ffi::MPI_Allgather(send as *const _, n, dt, recv as *mut _, n, dt, self.core.comm)
+                ffi::MPI_Allgather(
+                    send as *const _,
+                    n,
+                    dt,
+                    recv as *mut _,
+                    n,
+                    dt,
+                    self.core.comm,
+                )
             }),
             crate::RawCollective::ReduceScatter(op) => {
                 let o = mpi_op(op)?;
@@ -393,7 +401,9 @@ impl MpiTransport {
             }
             crate::RawCollective::AllReduce(op) => {
                 let o = mpi_op(op)?;
-                call(|| ffi::MPI_Allreduce(send as *const _, recv as *mut _, n, dt, o, self.core.comm))
+                call(|| {
+                    ffi::MPI_Allreduce(send as *const _, recv as *mut _, n, dt, o, self.core.comm)
+                })
             }
             crate::RawCollective::Broadcast(root) => {
                 call(|| ffi::MPI_Bcast(recv as *mut _, n, dt, root as i32, self.core.comm))
@@ -562,7 +572,6 @@ impl MpiTransport {
             ))
         }
     }
-
 }
 
 #[cfg(test)]
