@@ -25,6 +25,10 @@
 //!   the job with `MPI_Abort`, printing which rank never took the message.
 //! * **Death.** A rank that dies (`PCCL_FAULT` kind `kill`, a crash) ends the whole job: hydra
 //!   kills every other process of it, so no survivor hangs; nothing is left to shrink.
+//! * **Service thread.** When PCCL started MPI, a thread takes notices and drains a failed
+//!   collective's leftovers every 2 ms on every live transport, so a rank that is outside PCCL
+//!   (computing, stalled, or leaving after an error) still frees its peers' blocked sends. An
+//!   application that initialised MPI itself gets this only while a PCCL wait runs.
 //! * **Links** cannot be dropped on MPI (`PCCL_FAULT` kind `drop` is refused).
 //!
 //! CUDA-awareness: an MPI that moves device memory itself (detected once per process through
@@ -497,6 +501,12 @@ impl Transport for MpiTransport {
         self.recv_raw(peer, tag, ptr as usize as *mut u8, len, deadline)
     }
 
+    /// A sub-communicator through `MPI_Comm_create_group`, which only the members call: it
+    /// works to shrink away ranks that are alive but out (they aborted, or refused to go on),
+    /// since the excluded ranks need not take part. Without ULFM (MPI fault tolerance, which
+    /// MPICH's default builds lack) nothing survives a dead rank to shrink: the launcher ends
+    /// the whole job when a process dies, and a communicator cannot be revoked or agreed on
+    /// among survivors; the new communicator starts with an empty failure board.
     fn subset(&self, members: &[usize], ctx: u64) -> Result<Arc<dyn Transport>> {
         let ranks: Vec<i32> = members.iter().map(|&m| m as i32).collect();
         // SAFETY: handles are written by MPI before use; `ranks` outlives the calls.
