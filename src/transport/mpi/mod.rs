@@ -1,26 +1,55 @@
 //! MPI transport (rsmpi's `mpi` crate over MPICH or Open MPI): non-blocking point-to-point,
 //! large messages in pieces of `PCCL_CHUNK_SIZE` (so reductions overlap the next piece, and
-//! no MPI count reaches 2^31), every wait bounded by the timeout.
+//! no MPI count reaches 2^31), every wait bounded by the collective's deadline.
 //!
 //! Every MPI call is short (no blocking call, waits poll `MPI_Test`), so when MPI gives less
 //! than `MPI_THREAD_MULTIPLE` a process-wide lock around each call is enough for several
 //! communicators to progress from several threads.
+//!
+//! **Under faults** (see [`link`] for the wire format and the waits): every message carries
+//! its full stamp in a header, so ranks running different calls fail with a remote error
+//! naming both calls instead of pairing silently; refusals and aborts reach every rank as
+//! notices that every wait polls; no request is released while MPI may use its buffer.
+//!
+//! * **Exit after an error.** `MPI_Finalize` is collective in MPICH: it waits for every rank,
+//!   which after a failure may never come. When PCCL started MPI ([`init`]), [`finalize`]
+//!   (and the exit handler that calls it) **skips `MPI_Finalize`** while [`unsettled`] says a
+//!   collective failed without a later one succeeding, or a request PCCL gave up on may still
+//!   be in flight; it prints why on stderr. The process then exits with its own status at
+//!   once, and the launcher (hydra) ends the job's other processes.
+//! * **A send that MPI cannot take back.** MPICH (its UCX device) cannot cancel a send that
+//!   the peer never matched, and such a send ends only when the peer receives it (every PCCL
+//!   wait of the peer drains a failed collective's messages). If a send on the caller's
+//!   buffer still has not ended [`link::CONFIRM`] after PCCL gave up on it (the peer stalled
+//!   outside PCCL, say), control cannot return with MPI still reading the buffer: PCCL ends
+//!   the job with `MPI_Abort`, printing which rank never took the message.
+//! * **Death.** A rank that dies (`PCCL_FAULT` kind `kill`, a crash) ends the whole job: hydra
+//!   kills every other process of it, so no survivor hangs; nothing is left to shrink.
+//! * **Service thread.** When PCCL started MPI, a thread takes notices and drains a failed
+//!   collective's leftovers every 2 ms on every live transport, so a rank that is outside PCCL
+//!   (computing, stalled, or leaving after an error) still frees its peers' blocked sends. An
+//!   application that initialised MPI itself gets this only while a PCCL wait runs.
+//! * **Links** cannot be dropped on MPI (`PCCL_FAULT` kind `drop` is refused).
 //!
 //! CUDA-awareness: an MPI that moves device memory itself (detected once per process through
 //! `MPIX_Query_cuda_support`, which MPICH >= 4 and Open MPI export; `PCCL_MPI_CUDA_AWARE=0|1`
 //! overrides) gets device pointers straight from device collectives
 //! ([`Transport::moves_device_memory`]); any other MPI gets pinned host staging.
 
-use super::faults::{self, Faults};
+pub mod link;
+
+use super::faults::Faults;
 use super::{fnv1a, hostname, Notice, SendOp, Tag, Transport};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
+pub use link::unsettled;
+use link::{Core, Direct, MpiSend, Staged};
 use mpi::ffi;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-/// Largest tag every MPI library supports (MPI guarantees `MPI_TAG_UB >= 32767`).
+/// Tags of sub-communicator creation (MPI guarantees `MPI_TAG_UB >= 32767`).
 const TAG_SPACE: u32 = 32767;
 
 static SERIALIZE: OnceLock<bool> = OnceLock::new();
@@ -141,6 +170,7 @@ pub fn init() -> Result<()> {
         // termination and kills its peers: do it at exit if the program does not.
         // SAFETY: registering a plain `extern "C" fn()` with the C runtime.
         unsafe { libc::atexit(finalize_at_exit) };
+        link::start_service();
     } else {
         let _ = SERIALIZE.set(mpi::environment::threading_support() != mpi::Threading::Multiple);
     }
@@ -148,9 +178,23 @@ pub fn init() -> Result<()> {
 }
 
 /// Finalises MPI if [`init`] started it. Call after every communicator is dropped (it also
-/// runs at process exit when the program did not call it).
+/// runs at process exit when the program did not call it). While [`unsettled`] gives a
+/// reason (a collective failed and none succeeded since, or a request is still in flight),
+/// it skips `MPI_Finalize`, which would wait for ranks that may never finalise, and says so
+/// on stderr: the process exits at once, and the launcher ends the job's other processes.
 pub fn finalize() {
     let u = UNIVERSE.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if u.is_some() {
+        link::stop_service();
+    }
+    if let (true, Some(why)) = (u.is_some(), unsettled()) {
+        eprintln!(
+            "PCCL WARN not calling MPI_Finalize, which would wait for every rank: {why}; the \
+             launcher ends the other processes of the job"
+        );
+        std::mem::forget(u);
+        return;
+    }
     if u.is_some() && !is_finalized() {
         drop(u);
     } else if let Some(u) = u {
@@ -180,29 +224,10 @@ pub fn launched_by_mpiexec() -> bool {
 
 /// A transport over an MPI communicator (a private duplicate with errors returned).
 pub struct MpiTransport {
-    comm: ffi::MPI_Comm,
-    rank: usize,
-    size: usize,
+    core: Arc<Core>,
     node: u64,
-    chunk: usize,
     /// MPI moves device memory (CUDA-aware).
     device: bool,
-    faults: Faults,
-}
-
-// SAFETY: an MPI communicator handle may be used from any thread; calls are serialised by
-// `call` when the library is not MPI_THREAD_MULTIPLE.
-unsafe impl Send for MpiTransport {}
-// SAFETY: as above.
-unsafe impl Sync for MpiTransport {}
-
-impl Drop for MpiTransport {
-    fn drop(&mut self) {
-        if mpi::environment::is_initialized() && !is_finalized() {
-            // SAFETY: `comm` is our own duplicate, freed once here.
-            call(|| unsafe { ffi::MPI_Comm_free(&mut self.comm) });
-        }
-    }
 }
 
 fn is_finalized() -> bool {
@@ -247,7 +272,7 @@ impl MpiTransport {
         Self::adopt(comm, chunk_bytes)
     }
 
-    fn adopt(comm: ffi::MPI_Comm, chunk_bytes: usize) -> Result<Self> {
+    fn adopt(mut comm: ffi::MPI_Comm, chunk_bytes: usize) -> Result<Self> {
         let (mut rank, mut size) = (0i32, 0i32);
         // SAFETY: `comm` is a valid communicator we own.
         unsafe {
@@ -264,16 +289,22 @@ impl MpiTransport {
                 "MPI_Comm_size",
             )?;
         }
-        let node = Self::node_key(comm)?;
-        let device = cuda_aware(rank as usize)?;
+        let core = Core::new(comm, rank as usize, size as usize, chunk_bytes);
+        let (node, device) = match core {
+            Ok(_) => (Self::node_key(comm), cuda_aware(rank as usize)),
+            Err(e) => {
+                // SAFETY: `comm` is ours and nothing else holds it.
+                call(|| unsafe { ffi::MPI_Comm_free(&mut comm) });
+                return Err(e);
+            }
+        };
+        // From here `core` owns (and frees) the communicator.
+        let core = Arc::new(core?);
+        link::register(&core);
         Ok(MpiTransport {
-            comm,
-            rank: rank as usize,
-            size: size as usize,
-            node,
-            chunk: chunk_bytes.max(4096),
-            device,
-            faults: Faults::default(),
+            core,
+            node: node?,
+            device: device?,
         })
     }
 
@@ -349,7 +380,15 @@ impl MpiTransport {
             i32::try_from(count).map_err(|_| Error::invalid("MPI counts must be below 2^31"))?;
         let rc = match coll {
             crate::RawCollective::AllGather => call(|| {
-                ffi::MPI_Allgather(send as *const _, n, dt, recv as *mut _, n, dt, self.comm)
+                ffi::MPI_Allgather(
+                    send as *const _,
+                    n,
+                    dt,
+                    recv as *mut _,
+                    n,
+                    dt,
+                    self.core.comm,
+                )
             }),
             crate::RawCollective::ReduceScatter(op) => {
                 let o = mpi_op(op)?;
@@ -360,160 +399,36 @@ impl MpiTransport {
                         n,
                         dt,
                         o,
-                        self.comm,
+                        self.core.comm,
                     )
                 })
             }
             crate::RawCollective::AllReduce(op) => {
                 let o = mpi_op(op)?;
-                call(|| ffi::MPI_Allreduce(send as *const _, recv as *mut _, n, dt, o, self.comm))
+                call(|| {
+                    ffi::MPI_Allreduce(send as *const _, recv as *mut _, n, dt, o, self.core.comm)
+                })
             }
             crate::RawCollective::Broadcast(root) => {
-                call(|| ffi::MPI_Bcast(recv as *mut _, n, dt, root as i32, self.comm))
+                call(|| ffi::MPI_Bcast(recv as *mut _, n, dt, root as i32, self.core.comm))
             }
         };
         check(rc, "native MPI collective")
     }
-
-    fn pieces(&self, len: usize) -> usize {
-        len.div_ceil(self.chunk).max(1)
-    }
-
-    fn piece(&self, len: usize, k: usize) -> (usize, usize) {
-        let off = k * self.chunk;
-        (off, self.chunk.min(len - off.min(len)))
-    }
-
-    fn mpi_tag(tag: Tag) -> i32 {
-        (faults::seq_of(tag) % TAG_SPACE) as i32
-    }
-
-    /// Polls `req` until done; `Err` on timeout (after cancelling it) or on an MPI error.
-    fn wait_one(
-        &self,
-        req: &mut ffi::MPI_Request,
-        deadline: Instant,
-        peer: usize,
-        what: &str,
-    ) -> Result<ffi::MPI_Status> {
-        // SAFETY: MPI_Status is plain data that MPI_Test fills in.
-        let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
-        let mut spins = 0u32;
-        loop {
-            let mut flag = 0;
-            // SAFETY: `req` is a live request we posted.
-            let rc = call(|| unsafe { ffi::MPI_Test(req, &mut flag, &mut status) });
-            check(rc, what)?;
-            if flag != 0 {
-                if status.MPI_ERROR != 0 {
-                    check(status.MPI_ERROR, what)?;
-                }
-                return Ok(status);
-            }
-            spins += 1;
-            if spins % 64 == 0 && Instant::now() >= deadline {
-                // SAFETY: cancelling and freeing our own request.
-                call(|| unsafe {
-                    ffi::MPI_Cancel(req);
-                    ffi::MPI_Request_free(req);
-                });
-                return Err(Error::timeout(format!(
-                    "rank {} timed out in {what} with rank {peer}; it may have died or be running a \
-                     different collective (raise PCCL_TIMEOUT if it is only slow)",
-                    self.rank
-                )));
-            }
-            std::thread::yield_now();
-        }
-    }
-
-    fn check_count(&self, status: &ffi::MPI_Status, want: usize, peer: usize) -> Result<()> {
-        let mut got = 0i32;
-        // SAFETY: `status` came from a completed receive.
-        check(
-            call(|| unsafe { ffi::MPI_Get_count(status, ffi::RSMPI_UINT8_T, &mut got) }),
-            "MPI_Get_count",
-        )?;
-        if got as usize != want {
-            return Err(Error::remote(format!(
-                "rank {} expected a piece of {want} bytes from rank {peer} but got {got}: do all ranks \
-                 pass the same count and dtype?",
-                self.rank
-            )));
-        }
-        Ok(())
-    }
-
-    fn irecv(&self, ptr: *mut u8, len: usize, peer: usize, tag: Tag) -> Result<ffi::MPI_Request> {
-        // SAFETY: the request handle is written by MPI_Irecv before use.
-        let mut req: ffi::MPI_Request = unsafe { std::mem::zeroed() };
-        // SAFETY: the caller keeps `len` bytes at `ptr` valid until the request completes.
-        let rc = call(|| unsafe {
-            ffi::MPI_Irecv(
-                ptr as *mut _,
-                len as i32,
-                ffi::RSMPI_UINT8_T,
-                peer as i32,
-                Self::mpi_tag(tag),
-                self.comm,
-                &mut req,
-            )
-        });
-        check(rc, "MPI_Irecv")?;
-        Ok(req)
-    }
 }
-
-struct MpiSend {
-    reqs: Vec<ffi::MPI_Request>,
-    transport_rank: usize,
-    peer: usize,
-}
-
-// SAFETY: MPI requests may be completed from any thread (serialised when needed).
-unsafe impl Send for MpiSend {}
 
 impl SendOp for MpiSend {
     fn wait(mut self: Box<Self>, deadline: Instant) -> Result<()> {
-        for req in self.reqs.iter_mut() {
-            let mut spins = 0u32;
-            loop {
-                let mut flag = 0;
-                // SAFETY: MPI_Status is plain data; `req` is a live request we posted.
-                let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
-                check(
-                    call(|| unsafe { ffi::MPI_Test(req, &mut flag, &mut status) }),
-                    "MPI_Isend",
-                )?;
-                if flag != 0 {
-                    break;
-                }
-                spins += 1;
-                if spins % 64 == 0 && Instant::now() >= deadline {
-                    // SAFETY: cancelling our own request.
-                    call(|| unsafe {
-                        ffi::MPI_Cancel(req);
-                        ffi::MPI_Request_free(req);
-                    });
-                    return Err(Error::timeout(format!(
-                        "rank {} could not hand a message to rank {}; it may have died or be running a \
-                         different collective (raise PCCL_TIMEOUT if it is only slow)",
-                        self.transport_rank, self.peer
-                    )));
-                }
-                std::thread::yield_now();
-            }
-        }
-        Ok(())
+        self.finish(deadline)
     }
 }
 
 impl Transport for MpiTransport {
     fn rank(&self) -> usize {
-        self.rank
+        self.core.rank
     }
     fn size(&self) -> usize {
-        self.size
+        self.core.size
     }
     fn name(&self) -> &'static str {
         "mpi"
@@ -523,10 +438,12 @@ impl Transport for MpiTransport {
     }
 
     fn faults(&self) -> &Faults {
-        &self.faults
+        &self.core.faults
     }
 
-    fn notify(&self, _notice: &Notice) {}
+    fn notify(&self, notice: &Notice) {
+        self.core.notify(notice);
+    }
 
     unsafe fn isend(
         &self,
@@ -546,40 +463,8 @@ impl Transport for MpiTransport {
         deadline: Instant,
         sink: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
-        let n = self.pieces(len);
-        const DEPTH: usize = 3;
-        let depth = DEPTH.min(n);
-        // u64 words keep every dtype aligned for the reduction kernels.
-        let mut bufs: Vec<Vec<u64>> = (0..depth)
-            .map(|_| vec![0u64; self.chunk.min(len).div_ceil(8).max(1)])
-            .collect();
-        let mut reqs: Vec<ffi::MPI_Request> = Vec::with_capacity(depth);
-        for (k, b) in bufs.iter_mut().enumerate().take(depth) {
-            let (_, m) = self.piece(len, k);
-            reqs.push(self.irecv(b.as_mut_ptr() as *mut u8, m, peer, tag)?);
-        }
-        for k in 0..n {
-            let slot = k % depth;
-            let (off, m) = self.piece(len, k);
-            let status = match self.wait_one(&mut reqs[slot], deadline, peer, "receive") {
-                Ok(s) => s,
-                Err(e) => {
-                    self.cancel_rest(&mut reqs, slot);
-                    return Err(e);
-                }
-            };
-            if let Err(e) = self.check_count(&status, m, peer) {
-                self.cancel_rest(&mut reqs, slot);
-                return Err(e);
-            }
-            let bytes: &[u8] = bytemuck::cast_slice(&bufs[slot]);
-            sink(off, &bytes[..m]);
-            if k + depth < n {
-                let (_, m2) = self.piece(len, k + depth);
-                reqs[slot] = self.irecv(bufs[slot].as_mut_ptr() as *mut u8, m2, peer, tag)?;
-            }
-        }
-        Ok(())
+        let mut dest = Staged::new(len, self.core.chunk, sink);
+        self.core.recv(peer, tag, len, deadline, &mut dest)
     }
 
     fn recv_into(&self, peer: usize, tag: Tag, dst: &mut [u8], deadline: Instant) -> Result<()> {
@@ -616,6 +501,12 @@ impl Transport for MpiTransport {
         self.recv_raw(peer, tag, ptr as usize as *mut u8, len, deadline)
     }
 
+    /// A sub-communicator through `MPI_Comm_create_group`, which only the members call: it
+    /// works to shrink away ranks that are alive but out (they aborted, or refused to go on),
+    /// since the excluded ranks need not take part. Without ULFM (MPI fault tolerance, which
+    /// MPICH's default builds lack) nothing survives a dead rank to shrink: the launcher ends
+    /// the whole job when a process dies, and a communicator cannot be revoked or agreed on
+    /// among survivors; the new communicator starts with an empty failure board.
     fn subset(&self, members: &[usize], ctx: u64) -> Result<Arc<dyn Transport>> {
         let ranks: Vec<i32> = members.iter().map(|&m| m as i32).collect();
         // SAFETY: handles are written by MPI before use; `ranks` outlives the calls.
@@ -624,7 +515,7 @@ impl Transport for MpiTransport {
             let mut sub: ffi::MPI_Group = std::mem::zeroed();
             let mut comm: ffi::MPI_Comm = std::mem::zeroed();
             check(
-                call(|| ffi::MPI_Comm_group(self.comm, &mut group)),
+                call(|| ffi::MPI_Comm_group(self.core.comm, &mut group)),
                 "MPI_Comm_group",
             )?;
             check(
@@ -632,20 +523,20 @@ impl Transport for MpiTransport {
                 "MPI_Group_incl",
             )?;
             let tag = (ctx % u64::from(TAG_SPACE)) as i32;
-            let rc = call(|| ffi::MPI_Comm_create_group(self.comm, sub, tag, &mut comm));
+            let rc = call(|| ffi::MPI_Comm_create_group(self.core.comm, sub, tag, &mut comm));
             call(|| {
                 ffi::MPI_Group_free(&mut sub);
                 ffi::MPI_Group_free(&mut group);
             });
             check(rc, "MPI_Comm_create_group")?;
-            Ok(Arc::new(Self::adopt(comm, self.chunk)?))
+            Ok(Arc::new(Self::adopt(comm, self.core.chunk)?))
         }
     }
 }
 
 impl MpiTransport {
-    /// Posts the pieces of a `len`-byte message at `ptr` (host memory, or device memory for a
-    /// CUDA-aware MPI): the address is only handed to MPI.
+    /// Posts a `len`-byte message at `ptr` (host memory, or device memory for a CUDA-aware
+    /// MPI): the address is only handed to MPI.
     ///
     /// # Safety
     /// As [`Transport::isend`] (or [`Transport::isend_device`] for device memory).
@@ -656,33 +547,8 @@ impl MpiTransport {
         ptr: *const u8,
         len: usize,
     ) -> Result<Box<dyn SendOp>> {
-        let mut reqs = Vec::with_capacity(self.pieces(len));
-        for k in 0..self.pieces(len) {
-            let (off, n) = self.piece(len, k);
-            // SAFETY: the request handle is written by MPI_Isend before use.
-            let mut req: ffi::MPI_Request = std::mem::zeroed();
-            // `wrapping_add`: the address may be device memory, which Rust never reads.
-            let p = if n == 0 { ptr } else { ptr.wrapping_add(off) };
-            // SAFETY: the caller keeps the bytes valid until the op's wait returns.
-            let rc = call(|| {
-                ffi::MPI_Isend(
-                    p as *const _,
-                    n as i32,
-                    ffi::RSMPI_UINT8_T,
-                    peer as i32,
-                    Self::mpi_tag(tag),
-                    self.comm,
-                    &mut req,
-                )
-            });
-            check(rc, "MPI_Isend")?;
-            reqs.push(req);
-        }
-        Ok(Box::new(MpiSend {
-            reqs,
-            transport_rank: self.rank,
-            peer,
-        }))
+        // SAFETY: forwarded from the caller.
+        Ok(Box::new(unsafe { self.core.isend(peer, tag, ptr, len) }?))
     }
 
     /// Receives a `len`-byte message from `peer` into `base` (host memory, or device memory for
@@ -698,32 +564,12 @@ impl MpiTransport {
         len: usize,
         deadline: Instant,
     ) -> Result<()> {
-        let n = self.pieces(len);
-        let mut reqs = Vec::with_capacity(n);
-        for k in 0..n {
-            let (off, m) = self.piece(len, k);
-            // `off` is within the `len` bytes (or 0 for an empty message); `wrapping_add`
-            // because the address may be device memory, which Rust never reads.
-            let p = if m == 0 { base } else { base.wrapping_add(off) };
-            match self.irecv(p, m, peer, tag) {
-                Ok(r) => reqs.push(r),
-                Err(e) => {
-                    self.cancel_rest(&mut reqs, usize::MAX);
-                    return Err(e);
-                }
-            }
-        }
-        for k in 0..n {
-            let (_, m) = self.piece(len, k);
-            let r = self
-                .wait_one(&mut reqs[k], deadline, peer, "receive")
-                .and_then(|s| self.check_count(&s, m, peer));
-            if let Err(e) = r {
-                self.cancel_rest(&mut reqs, k);
-                return Err(e);
-            }
-        }
-        Ok(())
+        let mut dest = Direct {
+            base,
+            len,
+            chunk: self.core.chunk,
+        };
+        self.core.recv(peer, tag, len, deadline, &mut dest)
     }
 
     fn device_mode(&self) -> Result<()> {
@@ -734,20 +580,6 @@ impl MpiTransport {
                 "this MPI is not CUDA-aware (MPIX_Query_cuda_support): device memory goes through \
                  pinned host staging; set PCCL_MPI_CUDA_AWARE=1 if it is CUDA-aware after all",
             ))
-        }
-    }
-
-    fn cancel_rest(&self, reqs: &mut [ffi::MPI_Request], done: usize) {
-        for (i, r) in reqs.iter_mut().enumerate() {
-            if i != done {
-                // SAFETY: cancelling requests we posted and never completed.
-                call(|| unsafe {
-                    if *r != ffi::RSMPI_REQUEST_NULL {
-                        ffi::MPI_Cancel(r);
-                        ffi::MPI_Request_free(r);
-                    }
-                });
-            }
         }
     }
 }

@@ -1,0 +1,750 @@
+//! The MPI transport's messages, notices and waits, under faults.
+//!
+//! **Framing.** A message is a 24-byte header (its full 64-bit stamp, its length, the sender's
+//! piece size) followed by its pieces. The MPI tag holds only the collective's sequence number
+//! (headers on `1 + 2·(seq mod W)`, pieces on the next tag, `W = (MPI_TAG_UB - 1) / 2`), so
+//! MPI never matches one collective's data with another's receive. The receiver posts the
+//! header receive together with the first pieces' receives (no round trip is added), then
+//! checks the header: the exact stamp, length and piece size, or the message is refused (a
+//! different call of the same collective: [`faults::mismatch`]) or dropped (a stale message of
+//! a sequence number `W` collectives back). The pieces of a refused or dropped message are
+//! received and thrown away (the sender's requests complete), never left to match later.
+//!
+//! **Notices and the board.** Notices ([`Notice`]) travel on tag 0 of the same communicator;
+//! every wait polls them (`MPI_Improbe` from any source) every millisecond, records them on
+//! the board, and checks [`Faults::check`], so a refusal or an abort anywhere ends every wait.
+//!
+//! **Leftovers.** Messages of a failed collective that nobody will receive are drained by every
+//! later wait (the "janitor": the last few failed sequence numbers, from any source), so a
+//! peer's send blocked on them completes and MPI's unexpected queue does not grow.
+//!
+//! **Buffers.** A request is never released while MPI may still use its buffer. A wait that
+//! gives up cancels its requests and waits (up to [`CONFIRM`]) for MPI to confirm each ended.
+//! MPICH cannot cancel a send that was not matched (its UCX device never can): the send ends
+//! only when the peer drains it. If MPI cannot confirm in time, a request on PCCL's own buffer
+//! is leaked with its buffer (and `MPI_Finalize` is skipped at exit); a request on the
+//! caller's buffer ends the job with `MPI_Abort` and a message naming the peer, since control
+//! cannot return to a caller whose buffer MPI may still read or write.
+
+use super::{call, check, is_finalized};
+
+mod recv;
+use crate::error::{Error, Result};
+use crate::transport::faults::{self, Faults, Tag};
+use crate::transport::Notice;
+use mpi::ffi;
+pub use recv::{Dest, Direct, Staged};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// The MPI tag of notices.
+const NOTICE_TAG: i32 = 0;
+/// Header: stamp, length, piece size.
+const HEADER: usize = 24;
+/// How long a cancelled request may take to end before PCCL gives up on it.
+pub const CONFIRM: Duration = Duration::from_secs(1);
+/// How often a wait polls notices, drains leftovers and checks the board.
+const SERVICE: Duration = Duration::from_millis(1);
+/// Failed collectives whose leftovers are drained.
+const JUNK_KEPT: usize = 16;
+/// Notices being sent at most (more are dropped: notices are best effort).
+const OUTBOX_MAX: usize = 4096;
+/// Pieces a staged receive keeps in flight.
+const DEPTH: usize = 3;
+
+/// Transports whose latest collective failed, over the process.
+static UNSETTLED: AtomicUsize = AtomicUsize::new(0);
+/// Requests PCCL gave up on (their buffers leaked), over the process.
+static LEAKED: AtomicUsize = AtomicUsize::new(0);
+/// The latest failure, for the message at exit.
+static LAST_FAILURE: Mutex<String> = Mutex::new(String::new());
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Why `MPI_Finalize` could hang or is unsafe now: a collective failed and was not followed
+/// by a successful one (its peers may never reach `MPI_Finalize`), or a request PCCL gave up
+/// on may still be in flight. `None` when finalising is safe.
+pub fn unsettled() -> Option<String> {
+    let leaked = LEAKED.load(Ordering::SeqCst);
+    let failed = UNSETTLED.load(Ordering::SeqCst);
+    if leaked == 0 && failed == 0 {
+        return None;
+    }
+    let last = lock(&LAST_FAILURE).clone();
+    Some(if leaked > 0 {
+        format!("{leaked} MPI request(s) could not be cancelled (last failure: {last})")
+    } else {
+        format!("a collective failed: {last}")
+    })
+}
+
+/// Live transports, which the service thread keeps draining.
+static LIVE: Mutex<Vec<Weak<Core>>> = Mutex::new(Vec::new());
+/// The service thread and its stop flag.
+static SERVICE_THREAD: Mutex<Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>> =
+    Mutex::new(None);
+
+/// Registers `core` with the service thread.
+pub fn register(core: &Arc<Core>) {
+    let mut live = lock(&LIVE);
+    live.retain(|w| w.strong_count() > 0);
+    live.push(Arc::downgrade(core));
+}
+
+/// Starts the service thread (once): every 2 ms it takes notices and drains leftovers on every
+/// live transport, so a rank outside PCCL (computing, sleeping, or stalled) still takes the
+/// messages of a failed collective that a peer's send waits on. Only while PCCL owns MPI (it
+/// is stopped by [`stop_service`] before `MPI_Finalize`).
+pub fn start_service() {
+    let mut st = lock(&SERVICE_THREAD);
+    if st.is_some() {
+        return;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let spawned = std::thread::Builder::new()
+        .name("pccl-mpi-service".into())
+        .spawn(move || {
+            while !flag.load(Ordering::SeqCst) {
+                let cores: Vec<Arc<Core>> = lock(&LIVE).iter().filter_map(Weak::upgrade).collect();
+                for c in &cores {
+                    c.service();
+                }
+                drop(cores);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+    if let Ok(h) = spawned {
+        *st = Some((stop, h));
+    }
+}
+
+/// Stops the service thread (before `MPI_Finalize`).
+pub fn stop_service() {
+    let st = lock(&SERVICE_THREAD).take();
+    if let Some((stop, h)) = st {
+        stop.store(true, Ordering::SeqCst);
+        let _ = h.join();
+    }
+}
+
+/// An MPI request handle (plain data; completed from any thread).
+#[derive(Clone, Copy)]
+struct Req(ffi::MPI_Request);
+
+// SAFETY: a request handle may be tested or cancelled from any thread (calls serialised by
+// `call` when MPI is not MPI_THREAD_MULTIPLE).
+unsafe impl Send for Req {}
+
+impl Req {
+    fn live(&self) -> bool {
+        // SAFETY: reading the exported null-request constant.
+        self.0 != unsafe { ffi::RSMPI_REQUEST_NULL }
+    }
+}
+
+fn zero_status() -> ffi::MPI_Status {
+    // SAFETY: MPI_Status is plain integers.
+    unsafe { std::mem::zeroed() }
+}
+
+/// The number of pieces of a `len`-byte message cut at `chunk` bytes (one for empty).
+pub fn pieces(len: usize, chunk: usize) -> usize {
+    len.div_ceil(chunk.max(1)).max(1)
+}
+
+/// Piece `k`'s (offset, length).
+fn piece(len: usize, chunk: usize, k: usize) -> (usize, usize) {
+    let off = (k * chunk).min(len);
+    (off, chunk.min(len - off))
+}
+
+/// One communicator's link state: see the module documentation.
+pub struct Core {
+    /// Our own duplicate communicator (freed by the owner's `Drop`).
+    pub comm: ffi::MPI_Comm,
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub size: usize,
+    /// Piece size in bytes (below 2^31).
+    pub chunk: usize,
+    /// Sequence numbers the tag space tells apart.
+    window: u32,
+    /// The failure board.
+    pub faults: Faults,
+    /// Failed collectives (sequence numbers) whose leftover messages are drained.
+    junk: Mutex<VecDeque<u32>>,
+    any_junk: AtomicBool,
+    /// The newest sequence number this rank sent or received.
+    latest: AtomicU32,
+    /// Notices still being sent, with their buffers.
+    outbox: Mutex<Vec<(Req, Box<[u8]>)>>,
+    /// This transport's unrecovered failure (its sequence number).
+    failed: Mutex<Option<u32>>,
+    any_failed: AtomicBool,
+    /// The communicator was aborted (here or by a peer): every message on it is a leftover.
+    finished: AtomicBool,
+}
+
+// SAFETY: MPI handles may be used from any thread (serialised by `call` when needed); the
+// rest is atomics and mutexes.
+unsafe impl Send for Core {}
+// SAFETY: as above.
+unsafe impl Sync for Core {}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        if !mpi::environment::is_initialized() || is_finalized() {
+            return;
+        }
+        // Notices and leftovers that arrived since the last wait, so MPI holds none at exit.
+        self.service();
+        let mut out = std::mem::take(&mut *lock(&self.outbox));
+        let mut reqs: Vec<Req> = out.iter().map(|(r, _)| *r).collect();
+        let (_, live) = self.retire(&mut reqs);
+        if live > 0 {
+            // A notice nobody received: its buffers stay with MPI.
+            self.give_up(live, std::mem::take(&mut out));
+        }
+        // SAFETY: `comm` is this transport's own duplicate, freed once here.
+        call(|| unsafe { ffi::MPI_Comm_free(&mut self.comm) });
+    }
+}
+
+impl Core {
+    /// Link state over `comm` (a communicator this transport owns, errors returned).
+    pub fn new(comm: ffi::MPI_Comm, rank: usize, size: usize, chunk: usize) -> Result<Core> {
+        let mut ub: *mut i32 = std::ptr::null_mut();
+        let mut flag = 0;
+        // SAFETY: MPI_TAG_UB's value is a pointer to an int owned by MPI, written into `ub`.
+        check(
+            call(|| unsafe {
+                ffi::MPI_Comm_get_attr(
+                    comm,
+                    ffi::MPI_TAG_UB as i32,
+                    &mut ub as *mut *mut i32 as *mut _,
+                    &mut flag,
+                )
+            }),
+            "MPI_Comm_get_attr(MPI_TAG_UB)",
+        )?;
+        let tag_ub = if flag != 0 && !ub.is_null() {
+            // SAFETY: MPI returned a pointer to its attribute value, valid for the process.
+            unsafe { *ub }
+        } else {
+            32767
+        };
+        Ok(Core {
+            comm,
+            rank,
+            size,
+            chunk: chunk.clamp(4096, i32::MAX as usize),
+            window: ((tag_ub.max(32767) - 1) / 2) as u32,
+            faults: Faults::default(),
+            junk: Mutex::new(VecDeque::new()),
+            any_junk: AtomicBool::new(false),
+            latest: AtomicU32::new(0),
+            outbox: Mutex::new(Vec::new()),
+            failed: Mutex::new(None),
+            any_failed: AtomicBool::new(false),
+            finished: AtomicBool::new(false),
+        })
+    }
+
+    fn header_tag(&self, seq: u32) -> i32 {
+        1 + 2 * (seq % self.window) as i32
+    }
+
+    fn seen(&self, tag: Tag) {
+        self.latest.store(faults::seq_of(tag), Ordering::Relaxed);
+    }
+
+    // ---- failures and exit ----------------------------------------------------------------
+
+    /// Records that collective `seq` failed here (`why`), for the exit decision.
+    pub fn note_failure(&self, seq: u32, why: &str) {
+        let mut f = lock(&self.failed);
+        if f.is_none() {
+            UNSETTLED.fetch_add(1, Ordering::SeqCst);
+        }
+        *f = Some(seq);
+        self.any_failed.store(true, Ordering::SeqCst);
+        *lock(&LAST_FAILURE) = format!("rank {}: {why}", self.rank);
+    }
+
+    /// A message of `tag` went through: a later collective than the failed one settles it.
+    fn note_success(&self, tag: Tag) {
+        if !self.any_failed.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut f = lock(&self.failed);
+        if let Some(s) = *f {
+            let later = faults::seq_of(tag).wrapping_sub(s) as i32 > 0;
+            if later && self.faults.check(tag, self.rank).is_ok() {
+                *f = None;
+                self.any_failed.store(false, Ordering::SeqCst);
+                UNSETTLED.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Ends the job: MPI still uses the caller's memory and control cannot return.
+    fn fatal(&self, what: &str) -> ! {
+        eprintln!(
+            "PCCL FATAL rank {}: {what}; MPI could not confirm the request ended within {:?}, so \
+             the caller's buffer cannot be released: ending the job with MPI_Abort",
+            self.rank, CONFIRM
+        );
+        // Give the launcher a moment to forward the message before it kills the job.
+        std::thread::sleep(Duration::from_millis(200));
+        // SAFETY: aborting the job through the world communicator; it does not return.
+        call(|| unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 70) });
+        std::process::abort()
+    }
+
+    // ---- notices --------------------------------------------------------------------------
+
+    /// Sends `notice` to every peer without blocking (buffers kept until sent).
+    pub fn notify(&self, notice: &Notice) {
+        let mut bytes = Vec::new();
+        match notice {
+            Notice::Refused { seq, why } => {
+                bytes.push(1u8);
+                bytes.extend_from_slice(&seq.to_le_bytes());
+                bytes.extend_from_slice(why.as_bytes());
+                self.add_junk(*seq);
+                self.note_failure(*seq, why);
+            }
+            Notice::Aborted { why } => {
+                bytes.push(2u8);
+                bytes.extend_from_slice(&0u32.to_le_bytes());
+                self.finished.store(true, Ordering::SeqCst);
+                bytes.extend_from_slice(why.as_bytes());
+                self.note_failure(self.latest.load(Ordering::Relaxed), why);
+            }
+        }
+        bytes.truncate(4096);
+        self.reap_outbox();
+        let mut out = lock(&self.outbox);
+        for peer in (0..self.size).filter(|&p| p != self.rank) {
+            if out.len() >= OUTBOX_MAX {
+                break;
+            }
+            let buf: Box<[u8]> = bytes.clone().into_boxed_slice();
+            let mut req = Req(null_req());
+            // SAFETY: `buf` is kept in the outbox until the request completes.
+            let rc = call(|| unsafe {
+                ffi::MPI_Isend(
+                    buf.as_ptr() as *const _,
+                    buf.len() as i32,
+                    ffi::RSMPI_UINT8_T,
+                    peer as i32,
+                    NOTICE_TAG,
+                    self.comm,
+                    &mut req.0,
+                )
+            });
+            if rc == 0 {
+                out.push((req, buf));
+            }
+        }
+    }
+
+    fn reap_outbox(&self) {
+        let mut out = lock(&self.outbox);
+        out.retain_mut(|(req, _)| !self.test(req));
+    }
+
+    /// Receives every notice that has arrived and records it on the board.
+    fn take_notices(&self) {
+        for _ in 0..64 {
+            let Some((src, _, bytes)) = self.take_any(NOTICE_TAG) else {
+                return;
+            };
+            self.record(src, &bytes);
+        }
+    }
+
+    /// Records the notice `bytes` from `src` on the board.
+    fn record(&self, src: usize, bytes: &[u8]) {
+        if bytes.len() < 5 {
+            return;
+        }
+        let seq = u32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+        let why = String::from_utf8_lossy(&bytes[5..]).into_owned();
+        match bytes[0] {
+            1 => {
+                self.faults.refuse(seq, src, &why);
+                self.add_junk(seq);
+            }
+            2 => {
+                self.faults.revoked(src, &why);
+                self.finished.store(true, Ordering::SeqCst);
+            }
+            _ => {}
+        }
+    }
+
+    /// Receives one message of `tag` from any source that no receive matched, if there is one.
+    fn take_any(&self, tag: i32) -> Option<(usize, i32, Vec<u8>)> {
+        // SAFETY: reading an exported constant.
+        let any = unsafe { ffi::RSMPI_ANY_SOURCE };
+        self.take(any, tag)
+    }
+
+    /// Receives one unmatched message of `tag` from `src` (or any source), if there is one.
+    fn take(&self, src: i32, tag: i32) -> Option<(usize, i32, Vec<u8>)> {
+        let mut flag = 0;
+        let mut status = zero_status();
+        // SAFETY: a message handle is written by MPI_Improbe before use.
+        let mut msg: ffi::MPI_Message = unsafe { std::mem::zeroed() };
+        // SAFETY: probing our own communicator; outputs are locals.
+        let rc = call(|| unsafe {
+            ffi::MPI_Improbe(src, tag, self.comm, &mut flag, &mut msg, &mut status)
+        });
+        if rc != 0 || flag == 0 {
+            return None;
+        }
+        let mut n = 0i32;
+        // SAFETY: `status` came from a successful probe.
+        call(|| unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut n) });
+        let mut buf = vec![0u8; n.max(0) as usize];
+        // SAFETY: `buf` holds the probed message's `n` bytes; `msg` is ours to receive.
+        call(|| unsafe {
+            ffi::MPI_Mrecv(
+                buf.as_mut_ptr() as *mut _,
+                n.max(0),
+                ffi::RSMPI_UINT8_T,
+                &mut msg,
+                &mut status,
+            )
+        });
+        Some((status.MPI_SOURCE.max(0) as usize, status.MPI_TAG, buf))
+    }
+
+    // ---- leftovers ------------------------------------------------------------------------
+
+    /// Collective `seq` failed: its leftover messages are drained from now on.
+    fn add_junk(&self, seq: u32) {
+        let mut j = lock(&self.junk);
+        if !j.contains(&seq) {
+            if j.len() == JUNK_KEPT {
+                j.pop_front();
+            }
+            j.push_back(seq);
+        }
+        self.any_junk.store(true, Ordering::SeqCst);
+    }
+
+    /// Drains every unmatched message of the failed collectives (too old ones are forgotten,
+    /// before their tags come round again).
+    fn drain_junk(&self) {
+        if self.finished.load(Ordering::Relaxed) {
+            // SAFETY: reading an exported constant.
+            let any = unsafe { ffi::RSMPI_ANY_TAG };
+            for _ in 0..256 {
+                match self.take_any(any) {
+                    Some((src, NOTICE_TAG, bytes)) => self.record(src, &bytes),
+                    Some(_) => {}
+                    None => break,
+                }
+            }
+        }
+        if !self.any_junk.load(Ordering::Relaxed) {
+            return;
+        }
+        let latest = self.latest.load(Ordering::Relaxed);
+        let seqs: Vec<u32> = {
+            let mut j = lock(&self.junk);
+            // Sequence numbers wrap: keep those less than a quarter of the tag space behind.
+            j.retain(|&s| (latest.wrapping_sub(s) as i32) < (self.window / 4) as i32);
+            self.any_junk.store(!j.is_empty(), Ordering::SeqCst);
+            j.iter().copied().collect()
+        };
+        for s in seqs {
+            let h = self.header_tag(s);
+            for t in [h, h + 1] {
+                for _ in 0..256 {
+                    if self.take_any(t).is_none() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A wait's periodic work: notices, finished notice sends, leftovers.
+    pub fn service(&self) {
+        self.take_notices();
+        self.reap_outbox();
+        self.drain_junk();
+    }
+
+    // ---- requests -------------------------------------------------------------------------
+
+    /// Tests `req` once; true (and the request released by MPI) when it has ended.
+    fn test(&self, req: &mut Req) -> bool {
+        if !req.live() {
+            return true;
+        }
+        let mut flag = 0;
+        let mut status = zero_status();
+        // SAFETY: `req` is a live request we posted.
+        let rc = call(|| unsafe { ffi::MPI_Test(&mut req.0, &mut flag, &mut status) });
+        flag != 0 || (rc != 0 && !req.live())
+    }
+
+    /// Waits for `req`, polling notices and the board; `Err` (the request still live) on a
+    /// failure on the board, the deadline, or an MPI error.
+    fn poll(
+        &self,
+        req: &mut Req,
+        tag: Tag,
+        peer: usize,
+        deadline: Instant,
+        what: &str,
+    ) -> Result<ffi::MPI_Status> {
+        let mut status = zero_status();
+        let mut next = Instant::now() + SERVICE;
+        let mut spins = 0u32;
+        loop {
+            let mut flag = 0;
+            // SAFETY: `req` is a live request we posted.
+            let rc = call(|| unsafe { ffi::MPI_Test(&mut req.0, &mut flag, &mut status) });
+            if rc != 0 {
+                check(rc, what)?;
+            }
+            if flag != 0 {
+                return Ok(status);
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 16 == 0 {
+                let now = Instant::now();
+                if now >= next {
+                    self.service();
+                    self.faults.check(tag, peer)?;
+                    next = now + SERVICE;
+                }
+                if now >= deadline {
+                    self.faults.check(tag, peer)?;
+                    return Err(faults::timed_out(self.rank, peer, what, true));
+                }
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Cancels every live request of `reqs` and waits (up to [`CONFIRM`]) for each to end;
+    /// returns (how many ended by completing instead of being cancelled, how many are still
+    /// live).
+    fn retire(&self, reqs: &mut [Req]) -> (usize, usize) {
+        for r in reqs.iter_mut().filter(|r| r.live()) {
+            // SAFETY: cancelling a live request we posted (it stays live until tested).
+            call(|| unsafe { ffi::MPI_Cancel(&mut r.0) });
+        }
+        let end = Instant::now() + CONFIRM;
+        let mut completed = 0;
+        loop {
+            let mut live = 0;
+            for r in reqs.iter_mut().filter(|r| r.live()) {
+                let mut flag = 0;
+                let mut status = zero_status();
+                // SAFETY: `r` is a live request we posted.
+                let rc = call(|| unsafe { ffi::MPI_Test(&mut r.0, &mut flag, &mut status) });
+                if flag != 0 {
+                    let mut cancelled = 0;
+                    // SAFETY: `status` belongs to the request that just ended.
+                    call(|| unsafe { ffi::MPI_Test_cancelled(&status, &mut cancelled) });
+                    if cancelled == 0 {
+                        completed += 1;
+                    }
+                } else if rc != 0 && !r.live() {
+                    completed += 1; // ended with an error (truncated): it matched a message
+                } else {
+                    live += 1;
+                }
+            }
+            if live == 0 || Instant::now() >= end {
+                return (completed, live);
+            }
+            self.service();
+            std::thread::yield_now();
+        }
+    }
+
+    /// [`Core::retire`] for requests on the caller's memory: ends the job if one stays live.
+    fn retire_or_die(&self, reqs: &mut [Req], what: &str) -> usize {
+        let (completed, live) = self.retire(reqs);
+        if live > 0 {
+            self.fatal(what);
+        }
+        completed
+    }
+
+    /// Leaks a live request's own buffer (MPI may still use it) and counts it.
+    fn give_up<T>(&self, live: usize, buf: T) {
+        if live > 0 {
+            std::mem::forget(buf);
+            LEAKED.fetch_add(live, Ordering::SeqCst);
+            *lock(&LAST_FAILURE) = format!("rank {}: a request outlived its wait", self.rank);
+        }
+    }
+
+    /// Receives (and discards) `count` pieces on `tag` from `peer`, until `until`.
+    fn drain(&self, peer: usize, tag: i32, count: usize, until: Instant) {
+        let mut left = count;
+        while left > 0 && Instant::now() < until {
+            if self.take(peer as i32, tag).is_some() {
+                left -= 1;
+            } else {
+                self.service();
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    fn irecv(&self, ptr: *mut u8, len: usize, peer: usize, tag: i32) -> Result<Req> {
+        let mut req = Req(null_req());
+        // SAFETY: the caller keeps `len` bytes at `ptr` valid until the request ends.
+        let rc = call(|| unsafe {
+            ffi::MPI_Irecv(
+                ptr as *mut _,
+                len as i32,
+                ffi::RSMPI_UINT8_T,
+                peer as i32,
+                tag,
+                self.comm,
+                &mut req.0,
+            )
+        });
+        check(rc, "MPI_Irecv")?;
+        Ok(req)
+    }
+
+    fn isend_bytes(&self, ptr: *const u8, len: usize, peer: usize, tag: i32) -> Result<Req> {
+        let mut req = Req(null_req());
+        // SAFETY: the caller keeps `len` bytes at `ptr` valid until the request ends.
+        let rc = call(|| unsafe {
+            ffi::MPI_Isend(
+                ptr as *const _,
+                len as i32,
+                ffi::RSMPI_UINT8_T,
+                peer as i32,
+                tag,
+                self.comm,
+                &mut req.0,
+            )
+        });
+        check(rc, "MPI_Isend")?;
+        Ok(req)
+    }
+
+    // ---- messages -------------------------------------------------------------------------
+
+    /// Posts the header and pieces of a `len`-byte message at `ptr` stamped `tag` to `peer`.
+    ///
+    /// # Safety
+    /// The `len` bytes at `ptr` (host, or device memory for a CUDA-aware MPI: only handed to
+    /// MPI) must stay valid and unmodified until the returned send's `wait` returns.
+    pub unsafe fn isend(
+        self: &Arc<Self>,
+        peer: usize,
+        tag: Tag,
+        ptr: *const u8,
+        len: usize,
+    ) -> Result<MpiSend> {
+        if peer >= self.size {
+            return Err(Error::invalid(format!("no rank {peer}")));
+        }
+        self.seen(tag);
+        let header = Box::new([
+            tag.to_le(),
+            (len as u64).to_le(),
+            (self.chunk as u64).to_le(),
+        ]);
+        let h = self.header_tag(faults::seq_of(tag));
+        let mut send = MpiSend {
+            core: self.clone(),
+            reqs: Vec::with_capacity(1 + pieces(len, self.chunk)),
+            header,
+            peer,
+            tag,
+        };
+        let hp = send.header.as_ptr() as *const u8;
+        send.reqs.push(self.isend_bytes(hp, HEADER, peer, h)?);
+        for k in 0..pieces(len, self.chunk) {
+            let (off, m) = piece(len, self.chunk, k);
+            // `wrapping_add`: the address may be device memory, which Rust never reads.
+            let p = if m == 0 { ptr } else { ptr.wrapping_add(off) };
+            send.reqs.push(self.isend_bytes(p, m, peer, h + 1)?);
+        }
+        Ok(send)
+    }
+}
+
+fn count_of(st: &ffi::MPI_Status) -> usize {
+    let mut got = 0i32;
+    // SAFETY: `st` came from a completed receive.
+    call(|| unsafe { ffi::MPI_Get_count(st, ffi::RSMPI_UINT8_T, &mut got) });
+    got.max(0) as usize
+}
+
+fn null_req() -> ffi::MPI_Request {
+    // SAFETY: reading the exported null-request constant.
+    unsafe { ffi::RSMPI_REQUEST_NULL }
+}
+
+/// A posted message (header and pieces).
+pub struct MpiSend {
+    core: Arc<Core>,
+    reqs: Vec<Req>,
+    /// The header's bytes, kept until its request ends.
+    header: Box<[u64; 3]>,
+    peer: usize,
+    tag: Tag,
+}
+
+impl MpiSend {
+    /// Waits until every request ended; on a failure on the board or the deadline, cancels
+    /// them and waits for MPI to confirm (or ends the job: see the module documentation).
+    pub fn finish(&mut self, deadline: Instant) -> Result<()> {
+        let core = self.core.clone();
+        for i in 0..self.reqs.len() {
+            let what = "sent a message never taken by";
+            let mut r = self.reqs[i];
+            let res = core.poll(&mut r, self.tag, self.peer, deadline, what);
+            self.reqs[i] = r;
+            if let Err(e) = res {
+                core.note_failure(faults::seq_of(self.tag), e.message());
+                self.give_back();
+                return Err(e);
+            }
+        }
+        core.note_success(self.tag);
+        Ok(())
+    }
+
+    /// Cancels what is still live; ends the job if MPI cannot confirm it.
+    fn give_back(&mut self) {
+        if self.reqs.iter().any(Req::live) {
+            let peer = self.peer;
+            let mut reqs = std::mem::take(&mut self.reqs);
+            self.core.retire_or_die(
+                &mut reqs,
+                &format!("a send to rank {peer} was never received and could not be cancelled"),
+            );
+        }
+    }
+}
+
+impl Drop for MpiSend {
+    fn drop(&mut self) {
+        // Only a send that was never waited for still has live requests.
+        self.give_back();
+    }
+}
