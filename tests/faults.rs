@@ -351,18 +351,17 @@ fn fault_case(
 fn kill_drop_and_corrupt_fail_every_survivor_within_a_second_naming_the_rank() {
     for kind in [FaultKind::Kill, FaultKind::Drop, FaultKind::Corrupt] {
         for algo in algos() {
-            for which in 0..COLLS.len() {
+            for (which, name) in COLLS.iter().enumerate() {
                 for (p, m, victim) in [(4, 2, 1), (3, 1, 2), (6, 3, 0)] {
                     let out = fault_case(p, m, algo, which, victim, kind, 30.0);
                     let failed = out.iter().flatten().count();
                     assert!(
                         failed > 0 || kind == FaultKind::Corrupt,
-                        "{kind:?} {} p{p}: nobody noticed",
-                        COLLS[which]
+                        "{kind:?} {name} p{p}: nobody noticed"
                     );
                     for (r, o) in out.iter().enumerate() {
                         let Some((e, took)) = o else { continue };
-                        let what = format!("{kind:?} {} {algo:?} p{p} rank {r}", COLLS[which]);
+                        let what = format!("{kind:?} {name} {algo:?} p{p} rank {r}");
                         assert_eq!(e.kind(), ErrorKind::Remote, "{what}: {e}");
                         assert!(*took < Duration::from_secs(1), "{what}: {took:?}");
                         assert!(
@@ -379,19 +378,17 @@ fn kill_drop_and_corrupt_fail_every_survivor_within_a_second_naming_the_rank() {
 #[test]
 fn a_stalled_rank_costs_the_survivors_one_deadline() {
     let timeout = 0.5;
-    for which in 0..COLLS.len() {
+    for (which, name) in COLLS.iter().enumerate() {
         let out = fault_case(4, 2, None, which, 3, FaultKind::Stall, timeout);
         for (r, o) in out.iter().enumerate() {
             let Some((e, took)) = o else { continue };
             assert!(
                 matches!(e.kind(), ErrorKind::Timeout | ErrorKind::Remote),
-                "{} rank {r}: {e}",
-                COLLS[which]
+                "{name} rank {r}: {e}"
             );
             assert!(
                 took.as_secs_f64() < timeout + 1.0,
-                "{} rank {r}: {took:?}",
-                COLLS[which]
+                "{name} rank {r}: {took:?}"
             );
         }
     }
@@ -424,8 +421,7 @@ fn abort_from_another_thread_ends_calls_here_and_there() {
             Err(e) => e,
             Ok(q) => q
                 .wait()
-                .err()
-                .expect("a request on an aborted communicator fails"),
+                .expect_err("a request on an aborted communicator fails"),
         };
         Some((e, took, later, queued))
     })
