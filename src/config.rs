@@ -5,7 +5,7 @@
 //! | `PCCL_DEBUG` | `WARN`, `INFO` (print each algorithm choice) or `TRACE` | `WARN` |
 //! | `PCCL_ALGO` | `auto`, `ring`, `rd`, `hier-rd`, `hier-ring`, `hier-INTER-INTRA` | `auto` |
 //! | `PCCL_RANKS_PER_NODE` | pretend nodes of this many consecutive ranks | real hosts |
-//! | `PCCL_TIMEOUT` | seconds any single wait may take before a timeout error | `300` |
+//! | `PCCL_TIMEOUT` | seconds a whole collective may take before a timeout error (one deadline per collective) | `300` |
 //! | `PCCL_CHUNK_SIZE` | bytes per pipelined piece of a large message | `1048576` |
 //! | `PCCL_MODEL` | cost-model parameters `a_intra,bw_intra,a_inter,bw_inter,bw_reduce` (µs, GB/s) | built in |
 //! | `PCCL_NCCL` | intra-node level of device collectives on NCCL: `auto`, `1` (required), `0` (never) | `auto` |
@@ -50,7 +50,7 @@ pub struct Config {
     pub algo: Option<Algorithm>,
     /// Pretend nodes of this many consecutive ranks.
     pub ranks_per_node: Option<usize>,
-    /// Limit of any single wait.
+    /// Limit of a whole collective (one deadline for every wait in it).
     pub timeout: Duration,
     /// Bytes per pipelined piece.
     pub chunk_bytes: usize,

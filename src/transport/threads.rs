@@ -641,8 +641,9 @@ mod tests {
         assert_eq!(sub.moves_device_memory(), cfg!(feature = "cuda"));
     }
 
-    /// A device send met by a host receive (or the reverse) is an error naming both kinds,
-    /// and neither side touches the other's memory (no GPU needed: nothing is copied).
+    /// A device send met by a host receive (or the reverse) is an error naming both kinds on
+    /// both sides, and neither side touches the other's memory (no GPU needed: nothing is
+    /// copied).
     #[cfg(feature = "cuda")]
     #[test]
     fn host_and_device_messages_never_mix() {
@@ -653,13 +654,14 @@ mod tests {
         let mut buf = [0u8; 8];
         let e = b.recv_into(0, 3, &mut buf, soon()).unwrap_err();
         assert!(e.message().contains("expected host memory"), "{e}");
-        op.wait(soon()).unwrap();
+        // The rejected message fails its sender too.
+        assert_eq!(op.wait(soon()).unwrap_err().kind(), ErrorKind::Remote);
         let data = [1u8; 8];
         // SAFETY: `data` outlives the wait below.
         let op = unsafe { a.isend(1, 4, data.as_ptr(), 8) }.unwrap();
         // SAFETY: refused before the address is used.
         let e = unsafe { b.recv_device(0, 4, 0xdead_0000, 8, soon()) }.unwrap_err();
         assert!(e.message().contains("expected device memory"), "{e}");
-        op.wait(soon()).unwrap();
+        assert_eq!(op.wait(soon()).unwrap_err().kind(), ErrorKind::Remote);
     }
 }

@@ -234,6 +234,38 @@ static void rank_mismatch(struct rank_ctx *R) {
     CALL(R, comm, pcclCommDestroy(comm));
 }
 
+/* One rank's bad argument (a misaligned buffer on rank 0 only): rank 0 gets
+ * pcclInvalidArgument, the peer pcclRemoteError naming rank 0, at once; the ranks stay in step,
+ * so the following all-reduces are correct on both (before the fix, rank 1's call paired with
+ * rank 0's next one and later sums were wrong). */
+static void rank_refuses(struct rank_ctx *R) {
+    pcclComm_t comm = init_comm(R);
+    if (!comm) return;
+    float buf[9] = {0};
+    float *bad = R->rank == 0 ? (float *)((char *)buf + 1) : buf;
+    pcclResult_t rc = pcclAllReduce(bad, bad, 8, pcclFloat32, pcclSum, comm, NULL);
+    R->checks++;
+    if (R->rank == 0 && rc != pcclInvalidArgument)
+        fail(R, "misaligned all-reduce returned %d: %s", rc, pcclGetLastError(comm));
+    if (R->rank != 0 && (rc != pcclRemoteError || !strstr(pcclGetLastError(comm), "rank 0 refused")))
+        fail(R, "the peer of a refused all-reduce returned %d: %s", rc, pcclGetLastError(comm));
+    for (int round = 1; round <= 3; round++) {
+        float mine[8], sum[8];
+        for (int i = 0; i < 8; i++) mine[i] = (float)(round * (R->rank + 1) + i);
+        if (!CALL(R, comm, pcclAllReduce(mine, sum, 8, pcclFloat32, pcclSum, comm, NULL))) break;
+        R->checks++;
+        for (int i = 0; i < 8; i++) {
+            float want = (float)(round * 3 + 2 * i); /* ranks 1 and 2 of the formula, 2 ranks */
+            if (sum[i] != want) {
+                fail(R, "all-reduce %d after the refusal: element %d is %g, want %g", round, i,
+                     sum[i], want);
+                break;
+            }
+        }
+    }
+    CALL(R, comm, pcclCommDestroy(comm));
+}
+
 int main(int argc, char **argv) {
     HAS_MPI = argc > 1 && strcmp(argv[1], "mpi") == 0;
     int checks = 0, failures = 0;
@@ -243,6 +275,7 @@ int main(int argc, char **argv) {
     setenv("PCCL_TIMEOUT", "2", 1);
     failures += run_world(2, rank_disagree, NULL, &checks);
     failures += run_world(2, rank_mismatch, NULL, &checks);
+    failures += run_world(2, rank_refuses, NULL, &checks);
     printf("bad_input: %d checks, %d failed\n", checks, failures);
     return failures == 0 ? 0 : 1;
 }
