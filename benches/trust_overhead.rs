@@ -16,6 +16,9 @@ use std::time::{Duration, Instant};
 
 const P: usize = 4;
 
+/// Per rank: the times with fingerprints on, and off (µs, one per round).
+type Times = (Vec<f64>, Vec<f64>);
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -74,7 +77,7 @@ fn main() {
                 ..Config::default()
             };
             let gate = Barrier::new(P);
-            let times: Vec<(Vec<f64>, Vec<f64>)> = std::thread::scope(|s| {
+            let times: Vec<Times> = std::thread::scope(|s| {
                 let hs: Vec<_> = on_t
                     .into_iter()
                     .zip(off_t)
@@ -104,7 +107,7 @@ fn main() {
                 hs.into_iter().map(|h| h.join().unwrap()).collect()
             });
             // The slowest rank's time per round is the collective's time.
-            let per_round = |pick: fn(&(Vec<f64>, Vec<f64>)) -> &Vec<f64>| {
+            let per_round = |pick: fn(&Times) -> &Vec<f64>| {
                 let mut v: Vec<f64> = (0..iters)
                     .map(|i| times.iter().map(|t| pick(t)[i]).fold(0.0, f64::max))
                     .collect();
