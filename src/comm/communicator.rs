@@ -885,6 +885,10 @@ impl Communicator {
 
 impl Inner {
     fn algorithm_for(&self, coll: Collective, block_bytes: usize) -> Result<Algorithm> {
+        if coll.fixed_algorithm() {
+            // One algorithm each (binomial trees, pairwise exchange): nothing to tune.
+            return Ok(Algorithm::Flat(plan::LevelAlgo::Ring));
+        }
         if let Some(a) = self.cfg.algo {
             return Ok(plan::effective_algorithm(a, &self.topo));
         }
@@ -1046,6 +1050,10 @@ impl Inner {
             Collective::ReduceScatter { .. } => (2, op, 0),
             Collective::AllReduce { .. } => (3, op, 0),
             Collective::Broadcast { root } => (4, 0, root as u64),
+            Collective::Reduce { root, .. } => (8, op, root as u64),
+            Collective::Gather { root } => (9, 0, root as u64),
+            Collective::Scatter { root } => (10, 0, root as u64),
+            Collective::AllToAll => (11, 0, 0),
         };
         let dtype = if kind == 0 { 0 } else { T::DTYPE as u32 + 1 };
         let algo = fnv1a(plan.algorithm.to_string().as_bytes());
