@@ -18,6 +18,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod p2p;
+mod rooted;
+
+pub use p2p::{Dir, Group, P2pOp};
+pub use rooted::RawRooted;
+
 /// A collective named for the raw-pointer entry points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RawCollective {
@@ -61,6 +67,8 @@ struct Inner {
     plans: Mutex<HashMap<(Collective, Algorithm), Arc<Plan>>>,
     /// Working space of the device front end (`comm::device`), kept between calls.
     device: Mutex<Option<Box<dyn std::any::Any + Send>>>,
+    /// Point-to-point message counters per pair.
+    p2p: Mutex<p2p::P2pSeq>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -146,6 +154,7 @@ impl Communicator {
                 choices: Mutex::new(HashMap::new()),
                 plans: Mutex::new(HashMap::new()),
                 device: Mutex::new(None),
+                p2p: Mutex::new(p2p::P2pSeq::default()),
             }),
         }
     }
@@ -683,7 +692,6 @@ impl Communicator {
 
     /// Queues `job` on the progress worker behind the collectives already queued; it counts
     /// as outstanding (blocking collectives wait for it) until it returns.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn submit_job(&self, job: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
         let inner = self.inner.clone();
         inner.outstanding.add();
