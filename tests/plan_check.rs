@@ -200,9 +200,20 @@ fn rooted_collectives_and_all_to_all_are_correct_at_1000_ranks() {
             check_all(coll, Algorithm::Flat(LevelAlgo::Ring), &topo);
         }
     }
-    check_all(Collective::AllToAll, Algorithm::Flat(LevelAlgo::Ring), &topo);
-    let ps = plans(Collective::AllToAll, Algorithm::Flat(LevelAlgo::Ring), &topo);
-    assert!(ps.iter().all(|p| p.phases.len() == 1000), "p - 1 rounds and a copy");
+    check_all(
+        Collective::AllToAll,
+        Algorithm::Flat(LevelAlgo::Ring),
+        &topo,
+    );
+    let ps = plans(
+        Collective::AllToAll,
+        Algorithm::Flat(LevelAlgo::Ring),
+        &topo,
+    );
+    assert!(
+        ps.iter().all(|p| p.phases.len() == 1000),
+        "p - 1 rounds and a copy"
+    );
     let ps = plans(
         Collective::Reduce {
             root: 3,

@@ -1065,13 +1065,14 @@ impl Inner {
         };
         let dtype = if kind == 0 { 0 } else { T::DTYPE as u32 + 1 };
         let algo = fnv1a(plan.algorithm.to_string().as_bytes());
-        let detail = [
-            call.input.1 as u64,
-            call.output.1 as u64,
-            root,
-            algo,
-            plan.nranks as u64,
-        ];
+        // Rooted collectives: buffers off the root are unused (any length); the block size is
+        // what every rank must agree on.
+        let (a, b) = if call.coll.fixed_algorithm() {
+            (call.block_bytes as u64, 0)
+        } else {
+            (call.input.1 as u64, call.output.1 as u64)
+        };
+        let detail = [a, b, root, algo, plan.nranks as u64];
         stamp(seq, stamps::fingerprint(kind, dtype, op, &detail))
     }
 

@@ -94,9 +94,7 @@ impl Layout {
             (Buf::Output, Collective::ReduceScatter { .. }, true) => (Phys::In, rank + idx),
             (Buf::Input, Collective::AllReduce { .. }, true) => (Phys::Out, idx),
             (Buf::Input, Collective::Broadcast { .. }, true) => (Phys::Out, idx),
-            (Buf::Input, Collective::Reduce { root, .. }, true) if rank == root => {
-                (Phys::Out, idx)
-            }
+            (Buf::Input, Collective::Reduce { root, .. }, true) if rank == root => (Phys::Out, idx),
             (Buf::Input, Collective::Gather { root }, true) if rank == root => {
                 (Phys::Out, root + idx)
             }

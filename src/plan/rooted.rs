@@ -65,7 +65,11 @@ pub fn reduce(rank: usize, p: usize, root: usize, average: bool) -> Vec<Phase> {
 /// Binomial-tree gather of every rank's one block into the root's `p` blocks, rank order.
 pub fn gather(rank: usize, p: usize, root: usize) -> Vec<Phase> {
     let v = (rank + p - root) % p;
-    let hold = if rank == root { Buf::Output } else { Buf::Scratch };
+    let hold = if rank == root {
+        Buf::Output
+    } else {
+        Buf::Scratch
+    };
     let mut phases = Vec::new();
     // This rank's own block: the root copies it into place; the others send it from Input.
     let own = if rank == root {
@@ -110,7 +114,11 @@ pub fn gather(rank: usize, p: usize, root: usize) -> Vec<Phase> {
 /// output.
 pub fn scatter(rank: usize, p: usize, root: usize) -> Vec<Phase> {
     let v = (rank + p - root) % p;
-    let hold = if rank == root { Buf::Input } else { Buf::Scratch };
+    let hold = if rank == root {
+        Buf::Input
+    } else {
+        Buf::Scratch
+    };
     let mut phases = Vec::new();
     let mut top = 1;
     while top < p {

@@ -303,8 +303,14 @@ impl Inner {
             )
         };
         // Messages to itself: the k-th send to itself goes to the k-th receive from itself.
-        let selfs: Vec<&P2pOp> = ops.iter().filter(|o| o.peer == me && o.dir == Dir::Send).collect();
-        let selfr: Vec<&P2pOp> = ops.iter().filter(|o| o.peer == me && o.dir == Dir::Recv).collect();
+        let selfs: Vec<&P2pOp> = ops
+            .iter()
+            .filter(|o| o.peer == me && o.dir == Dir::Send)
+            .collect();
+        let selfr: Vec<&P2pOp> = ops
+            .iter()
+            .filter(|o| o.peer == me && o.dir == Dir::Recv)
+            .collect();
         if selfs.len() != selfr.len() {
             return Err(Error::invalid(format!(
                 "rank {me}: {} sends to itself but {} receives from itself in one call or group; \
@@ -334,7 +340,11 @@ impl Inner {
                 continue;
             }
             let bytes = op.count * op.dtype.size();
-            let ptr = if bytes > 0 { op.addr as *const u8 } else { std::ptr::null() };
+            let ptr = if bytes > 0 {
+                op.addr as *const u8
+            } else {
+                std::ptr::null()
+            };
             // SAFETY: the buffer stays valid and unmodified until the wait below (caller's
             // promise), on every path.
             match unsafe { tr.isend(op.peer, tags[i].0, ptr, bytes) } {

@@ -102,11 +102,7 @@ impl Communicator {
     ) -> Result<()> {
         let (b, n) = (buf.as_mut_ptr(), buf.len());
         // SAFETY: `buf` is borrowed for the whole call; the aliasing is the in-place form.
-        unsafe {
-            self.blocking("reduce_in_place", || {
-                self.reduce_call(b, n, b, n, op, root)
-            })
-        }
+        unsafe { self.blocking("reduce_in_place", || self.reduce_call(b, n, b, n, op, root)) }
     }
 
     /// Gathers every rank's `input` into `output` on `root`, in rank order
@@ -147,7 +143,11 @@ impl Communicator {
     }
 
     /// Non-blocking [`Communicator::all_to_all`]; `wait` gives the buffers back.
-    pub fn all_to_all_async<T, I, O>(&self, input: I, mut output: O) -> Result<crate::Request<(I, O)>>
+    pub fn all_to_all_async<T, I, O>(
+        &self,
+        input: I,
+        mut output: O,
+    ) -> Result<crate::Request<(I, O)>>
     where
         T: Element,
         I: AsRef<[T]> + Send + 'static,
@@ -273,7 +273,11 @@ impl Communicator {
         count: usize,
     ) -> Result<()> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.blocking("collective", || self.raw_rooted_call(coll, send, recv, count)) }
+        unsafe {
+            self.blocking("collective", || {
+                self.raw_rooted_call(coll, send, recv, count)
+            })
+        }
     }
 
     /// Non-blocking [`Communicator::raw_rooted`].
@@ -546,7 +550,11 @@ impl Inner {
         let r = (|| -> Result<()> {
             tr.faults().check(tag, me)?;
             // Round one: expectations (8 bytes per peer, bounded by the communicator size).
-            let expect: Vec<[u8; 8]> = ex.inp.iter().map(|&(_, c)| (c as u64).to_le_bytes()).collect();
+            let expect: Vec<[u8; 8]> = ex
+                .inp
+                .iter()
+                .map(|&(_, c)| (c as u64).to_le_bytes())
+                .collect();
             let mut sends: Vec<Box<dyn SendOp>> = Vec::with_capacity(p);
             let mut first: Option<Error> = None;
             for (j, e) in expect.iter().enumerate() {
@@ -562,13 +570,11 @@ impl Inner {
                     }
                 }
             }
-            if first.is_none() {
-                if ex.out[me].1 != ex.inp[me].1 {
-                    first = Some(Error::invalid(format!(
-                        "all_to_all_v: rank {me} sends {} elements to itself but expects {}",
-                        ex.out[me].1, ex.inp[me].1
-                    )));
-                }
+            if first.is_none() && ex.out[me].1 != ex.inp[me].1 {
+                first = Some(Error::invalid(format!(
+                    "all_to_all_v: rank {me} sends {} elements to itself but expects {}",
+                    ex.out[me].1, ex.inp[me].1
+                )));
             }
             if first.is_none() {
                 for j in (0..p).filter(|&j| j != me) {
