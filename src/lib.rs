@@ -17,7 +17,7 @@ pub mod plan;
 pub mod topology;
 pub mod transport;
 
-pub use comm::communicator::{Communicator, RawCollective};
+pub use comm::communicator::{Communicator, Dir, Group, P2pOp, RawCollective, RawRooted};
 pub use comm::request::Request;
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, ErrorKind, Result};

@@ -161,3 +161,66 @@ fn logarithmic_algorithms_take_ceil_log2_steps() {
         assert_eq!(ring.sends(), p - 1);
     }
 }
+
+fn rooted(root: usize) -> [Collective; 5] {
+    [
+        Collective::Reduce {
+            root,
+            average: false,
+        },
+        Collective::Reduce {
+            root,
+            average: true,
+        },
+        Collective::Gather { root },
+        Collective::Scatter { root },
+        Collective::Broadcast { root },
+    ]
+}
+
+#[test]
+fn rooted_collectives_and_all_to_all_are_correct_in_every_root_up_to_64() {
+    for p in 1..=64usize {
+        let topo = Topology::uniform(p, 1);
+        for root in 0..p {
+            for coll in rooted(root) {
+                check_all(coll, Algorithm::Flat(LevelAlgo::Ring), &topo);
+            }
+        }
+        check_all(Collective::AllToAll, Algorithm::Flat(LevelAlgo::Rd), &topo);
+    }
+}
+
+#[test]
+fn rooted_collectives_and_all_to_all_are_correct_at_1000_ranks() {
+    let p = 1000;
+    let topo = Topology::uniform(p, 8);
+    for root in [0, 1, 511, 999] {
+        for coll in rooted(root) {
+            check_all(coll, Algorithm::Flat(LevelAlgo::Ring), &topo);
+        }
+    }
+    check_all(
+        Collective::AllToAll,
+        Algorithm::Flat(LevelAlgo::Ring),
+        &topo,
+    );
+    let ps = plans(
+        Collective::AllToAll,
+        Algorithm::Flat(LevelAlgo::Ring),
+        &topo,
+    );
+    assert!(
+        ps.iter().all(|p| p.phases.len() == 1000),
+        "p - 1 rounds and a copy"
+    );
+    let ps = plans(
+        Collective::Reduce {
+            root: 3,
+            average: false,
+        },
+        Algorithm::Flat(LevelAlgo::Ring),
+        &topo,
+    );
+    assert!(ps.iter().all(|p| p.phases.len() <= 10), "log-depth tree");
+}

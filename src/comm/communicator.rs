@@ -18,6 +18,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod p2p;
+mod rooted;
+
+pub use p2p::{Dir, Group, P2pOp};
+pub use rooted::RawRooted;
+
 /// A collective named for the raw-pointer entry points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RawCollective {
@@ -61,6 +67,8 @@ struct Inner {
     plans: Mutex<HashMap<(Collective, Algorithm), Arc<Plan>>>,
     /// Working space of the device front end (`comm::device`), kept between calls.
     device: Mutex<Option<Box<dyn std::any::Any + Send>>>,
+    /// Point-to-point message counters per pair.
+    p2p: Mutex<p2p::P2pSeq>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -146,6 +154,7 @@ impl Communicator {
                 choices: Mutex::new(HashMap::new()),
                 plans: Mutex::new(HashMap::new()),
                 device: Mutex::new(None),
+                p2p: Mutex::new(p2p::P2pSeq::default()),
             }),
         }
     }
@@ -683,7 +692,6 @@ impl Communicator {
 
     /// Queues `job` on the progress worker behind the collectives already queued; it counts
     /// as outstanding (blocking collectives wait for it) until it returns.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn submit_job(&self, job: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
         let inner = self.inner.clone();
         inner.outstanding.add();
@@ -885,6 +893,10 @@ impl Communicator {
 
 impl Inner {
     fn algorithm_for(&self, coll: Collective, block_bytes: usize) -> Result<Algorithm> {
+        if coll.fixed_algorithm() {
+            // One algorithm each (binomial trees, pairwise exchange): nothing to tune.
+            return Ok(Algorithm::Flat(plan::LevelAlgo::Ring));
+        }
         if let Some(a) = self.cfg.algo {
             return Ok(plan::effective_algorithm(a, &self.topo));
         }
@@ -1046,16 +1058,21 @@ impl Inner {
             Collective::ReduceScatter { .. } => (2, op, 0),
             Collective::AllReduce { .. } => (3, op, 0),
             Collective::Broadcast { root } => (4, 0, root as u64),
+            Collective::Reduce { root, .. } => (8, op, root as u64),
+            Collective::Gather { root } => (9, 0, root as u64),
+            Collective::Scatter { root } => (10, 0, root as u64),
+            Collective::AllToAll => (11, 0, 0),
         };
         let dtype = if kind == 0 { 0 } else { T::DTYPE as u32 + 1 };
         let algo = fnv1a(plan.algorithm.to_string().as_bytes());
-        let detail = [
-            call.input.1 as u64,
-            call.output.1 as u64,
-            root,
-            algo,
-            plan.nranks as u64,
-        ];
+        // Rooted collectives: buffers off the root are unused (any length); the block size is
+        // what every rank must agree on.
+        let (a, b) = if call.coll.fixed_algorithm() {
+            (call.block_bytes as u64, 0)
+        } else {
+            (call.input.1 as u64, call.output.1 as u64)
+        };
+        let detail = [a, b, root, algo, plan.nranks as u64];
         stamp(seq, stamps::fingerprint(kind, dtype, op, &detail))
     }
 

@@ -94,13 +94,31 @@ impl Layout {
             (Buf::Output, Collective::ReduceScatter { .. }, true) => (Phys::In, rank + idx),
             (Buf::Input, Collective::AllReduce { .. }, true) => (Phys::Out, idx),
             (Buf::Input, Collective::Broadcast { .. }, true) => (Phys::Out, idx),
+            (Buf::Input, Collective::Reduce { root, .. }, true) if rank == root => (Phys::Out, idx),
+            (Buf::Input, Collective::Gather { root }, true) if rank == root => {
+                (Phys::Out, root + idx)
+            }
+            (Buf::Output, Collective::Scatter { root }, true) if rank == root => {
+                (Phys::In, root + idx)
+            }
             (Buf::Input, _, _) => (Phys::In, idx),
             (Buf::Output, _, _) => (Phys::Out, idx),
         }
     }
-    fn len(&self, ph: Phys) -> usize {
+    fn len(&self, rank: usize, ph: Phys) -> usize {
         let p = self.p;
+        let at_root = |root: usize, n: usize| if rank == root { n } else { 0 };
         match (self.coll, ph) {
+            (Collective::Reduce { root, .. }, Phys::Out) => at_root(root, 1),
+            (Collective::Reduce { .. }, _) => 1,
+            (Collective::Gather { .. }, Phys::In) => 1,
+            (Collective::Gather { root }, Phys::Out) => at_root(root, p),
+            (Collective::Gather { .. }, Phys::Scr) => p,
+            (Collective::Scatter { root }, Phys::In) => at_root(root, p),
+            (Collective::Scatter { .. }, Phys::Out) => 1,
+            (Collective::Scatter { .. }, Phys::Scr) => p,
+            (Collective::AllToAll, Phys::Scr) => 0,
+            (Collective::AllToAll, _) => p,
             (Collective::Barrier, _) => 0,
             (Collective::Broadcast { .. }, _) => 1,
             (Collective::AllGather, Phys::In) => 1,
@@ -116,6 +134,10 @@ impl Layout {
             Collective::AllGather => (rank, rank),
             Collective::ReduceScatter { .. } | Collective::AllReduce { .. } => (idx, rank),
             Collective::Broadcast { root } if rank == root => (0, root),
+            Collective::Reduce { .. } => (0, rank),
+            Collective::Gather { .. } => (rank, rank),
+            Collective::Scatter { root } if rank == root => (idx, root),
+            Collective::AllToAll => (idx, rank),
             _ => return None,
         };
         Some(Content {
@@ -131,6 +153,12 @@ impl Layout {
                 Some(idx as u32)
             }
             (Collective::ReduceScatter { .. }, Phys::Out) => Some(rank as u32),
+            (Collective::Gather { .. }, Phys::Out | Phys::Scr) => Some(idx as u32),
+            (Collective::Scatter { .. }, Phys::In | Phys::Scr) => Some(idx as u32),
+            (Collective::Scatter { .. }, Phys::Out) | (Collective::AllToAll, Phys::Out) => {
+                Some(rank as u32)
+            }
+            (Collective::Reduce { .. }, _) => Some(0),
             (Collective::ReduceScatter { .. }, _) | (Collective::AllReduce { .. }, _) => {
                 Some(idx as u32)
             }
@@ -167,7 +195,7 @@ struct Sim<'a> {
 impl Sim<'_> {
     fn read(&self, rank: usize, buf: Buf, idx: usize) -> Result<Cell, String> {
         let (ph, i) = self.lay.phys(rank, buf, idx);
-        if i >= self.lay.len(ph) {
+        if i >= self.lay.len(rank, ph) {
             return Err(format!(
                 "rank {rank} reads {buf:?}[{idx}] outside its buffer"
             ));
@@ -189,7 +217,7 @@ impl Sim<'_> {
     }
     fn write(&mut self, rank: usize, buf: Buf, idx: usize, c: Cell) -> Result<(), String> {
         let (ph, i) = self.lay.phys(rank, buf, idx);
-        if i >= self.lay.len(ph) {
+        if i >= self.lay.len(rank, ph) {
             return Err(format!(
                 "rank {rank} writes {buf:?}[{idx}] outside its buffer"
             ));
@@ -346,15 +374,18 @@ pub fn check_plans(coll: Collective, plans: &[Plan], inplace: bool) -> Result<()
     let st = (0..p)
         .map(|r| RankState {
             input: HashMap::new(),
-            out: vec![None; lay.len(Phys::Out)],
-            scr: vec![None; lay.len(Phys::Scr)],
+            out: vec![None; lay.len(r, Phys::Out)],
+            scr: vec![None; lay.len(r, Phys::Scr)],
             heard: RankSet::one(r),
         })
         .collect();
     let mut sim = Sim { lay, plans, st };
     // In-place forms: the input starts out inside the output buffer.
     let in_blocks = match coll {
-        Collective::AllGather | Collective::Broadcast { .. } => 1,
+        Collective::AllGather
+        | Collective::Broadcast { .. }
+        | Collective::Reduce { .. }
+        | Collective::Gather { .. } => 1,
         Collective::Barrier => 0,
         _ => p,
     };
@@ -531,6 +562,24 @@ fn verify(sim: &Sim<'_>, coll: Collective, p: usize) -> Result<(), String> {
                 }
             }
             Collective::Broadcast { root } => expect(0, 0, RankSet::one(root), false)?,
+            Collective::Reduce { root, average } => {
+                if r == root {
+                    expect(0, 0, all.clone(), average)?;
+                }
+            }
+            Collective::Gather { root } => {
+                if r == root {
+                    for b in 0..p {
+                        expect(b, b, RankSet::one(b), false)?;
+                    }
+                }
+            }
+            Collective::Scatter { root } => expect(0, r, RankSet::one(root), false)?,
+            Collective::AllToAll => {
+                for i in 0..p {
+                    expect(i, r, RankSet::one(i), false)?;
+                }
+            }
             Collective::Barrier => {
                 if sim.st[r].heard != all {
                     return Err(format!(

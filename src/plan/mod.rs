@@ -14,11 +14,13 @@
 //! state at the start of the phase; every write targets positions no other step of the phase
 //! reads or writes (the checker enforces this), so steps of a phase may run in any order.
 
+pub mod alltoall;
 pub mod broadcast;
 pub mod check;
 pub mod hierarchical;
 pub mod recursive;
 pub mod ring;
+pub mod rooted;
 
 use crate::error::{Error, Result};
 use crate::topology::Topology;
@@ -147,6 +149,50 @@ pub enum Collective {
     },
     /// No data; no rank leaves before every rank has entered.
     Barrier,
+    /// Every rank contributes one block; the root gets their reduction (binomial tree).
+    Reduce {
+        /// The rank that gets the result.
+        root: usize,
+        /// Whether the result is divided by `P`.
+        average: bool,
+    },
+    /// Every rank contributes one block; the root gets all `P` in rank order.
+    Gather {
+        /// The rank that gets the blocks.
+        root: usize,
+    },
+    /// The root holds `P` blocks; rank `i` gets block `i`.
+    Scatter {
+        /// The rank whose blocks are sent.
+        root: usize,
+    },
+    /// Every rank holds `P` blocks, block `j` for rank `j`; rank `i` ends with block `i` of
+    /// every rank, in rank order (pairwise exchange).
+    AllToAll,
+}
+
+impl Collective {
+    /// The root of a rooted collective.
+    pub fn root(self) -> Option<usize> {
+        match self {
+            Collective::Broadcast { root }
+            | Collective::Reduce { root, .. }
+            | Collective::Gather { root }
+            | Collective::Scatter { root } => Some(root),
+            _ => None,
+        }
+    }
+
+    /// Whether the plan is fixed by the collective (no algorithm choice, no tuner).
+    pub fn fixed_algorithm(self) -> bool {
+        matches!(
+            self,
+            Collective::Reduce { .. }
+                | Collective::Gather { .. }
+                | Collective::Scatter { .. }
+                | Collective::AllToAll
+        )
+    }
 }
 
 /// Per-level algorithm choice.
@@ -328,16 +374,20 @@ pub fn build(
         )));
     }
     let algorithm = effective_algorithm(algorithm, topo);
+    if let Some(root) = collective.root() {
+        if root >= p {
+            return Err(Error::invalid(format!(
+                "{collective:?}: root {root} is outside a communicator of {p} ranks"
+            )));
+        }
+    }
     let phases = match collective {
         Collective::Barrier => broadcast::barrier(rank, p),
-        Collective::Broadcast { root } => {
-            if root >= p {
-                return Err(Error::invalid(format!(
-                    "broadcast root {root} is outside a communicator of {p} ranks"
-                )));
-            }
-            broadcast::binomial(rank, p, root)
-        }
+        Collective::Broadcast { root } => broadcast::binomial(rank, p, root),
+        Collective::Reduce { root, average } => rooted::reduce(rank, p, root, average),
+        Collective::Gather { root } => rooted::gather(rank, p, root),
+        Collective::Scatter { root } => rooted::scatter(rank, p, root),
+        Collective::AllToAll => alltoall::pairwise(rank, p),
         Collective::AllGather => match algorithm {
             Algorithm::Flat(a) => flat_allgather(a, rank, p),
             Algorithm::Hier { inter, intra } => hierarchical::allgather(topo, rank, inter, intra),

@@ -59,11 +59,11 @@ pub fn is_control(tag: Tag) -> bool {
 pub fn is_stale(got: Tag, want: Tag) -> bool {
     // Sequence numbers wrap: "before" is within half the space behind.
     let d = seq_of(got).wrapping_sub(seq_of(want)) as i32;
-    d < 0 && is_control(got) == is_control(want)
+    d < 0 && is_control(got) == is_control(want) && is_p2p(got) == is_p2p(want)
 }
 
 /// Names of the collective kinds a fingerprint can hold (index = the low 4 bits).
-const KINDS: [&str; 8] = [
+const KINDS: [&str; 14] = [
     "barrier",
     "all-gather",
     "reduce-scatter",
@@ -72,14 +72,33 @@ const KINDS: [&str; 8] = [
     "shrink",
     "split",
     "device collective",
+    "reduce",
+    "gather",
+    "scatter",
+    "all-to-all",
+    "all-to-all-v",
+    "point-to-point",
 ];
+
+/// Fingerprint kind of point-to-point messages (with the [`P2P`] flag).
+pub const KIND_P2P: u32 = 13;
+
+/// Fingerprint bit of point-to-point traffic: its sequence number counts the messages of one
+/// (sender, receiver) pair, not the communicator's collectives, so it is never compared with
+/// a collective's (not stale for one, never failed by a collective's refusal).
+pub const P2P: u32 = 1 << 30;
+
+/// Whether a stamp is point-to-point traffic ([`P2P`]).
+pub fn is_p2p(tag: Tag) -> bool {
+    call_of(tag) & (P2P | CONTROL) == P2P
+}
 const DTYPES: [&str; 10] = [
     "i8", "u8", "i32", "u32", "i64", "u64", "f16", "bf16", "f32", "f64",
 ];
 const OPS: [&str; 5] = ["sum", "prod", "min", "max", "avg"];
 
 /// Builds a call fingerprint: `kind` indexes the collective names above, `dtype` and `op`
-/// are indices + 1 (0 = none), `detail` is hashed into the remaining 19 bits.
+/// are indices + 1 (0 = none), `detail` is hashed into the next 18 bits.
 pub fn fingerprint(kind: u32, dtype: u32, op: u32, detail: &[u64]) -> u32 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &d in detail {
@@ -88,7 +107,8 @@ pub fn fingerprint(kind: u32, dtype: u32, op: u32, detail: &[u64]) -> u32 {
             h = h.wrapping_mul(0x0000_0100_0000_01b3);
         }
     }
-    let hash = ((h ^ (h >> 29)) as u32) & 0x7_ffff;
+    // 18 bits: bit 30 is [`P2P`], bit 31 [`CONTROL`].
+    let hash = ((h ^ (h >> 29)) as u32) & 0x3_ffff;
     (kind & 0xf) | ((dtype & 0xf) << 4) | ((op & 0xf) << 8) | (hash << 12)
 }
 
@@ -268,7 +288,7 @@ impl Faults {
                 "rank {r} aborted the communicator ({why}); create a new one (or shrink this one)"
             )));
         }
-        if is_control(tag) {
+        if is_control(tag) || is_p2p(tag) {
             if let Some(how) = b.dead.get(&peer) {
                 return Err(dead_error(peer, how));
             }

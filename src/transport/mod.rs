@@ -69,7 +69,10 @@ pub trait Transport: Send + Sync {
     /// every peer (once per collective), so every rank's waits for it end.
     fn abandon(&self, tag: Tag, why: &str) {
         let seq = faults::seq_of(tag);
-        if !faults::is_control(tag) && self.faults().refuse(seq, self.rank(), why) {
+        if !faults::is_control(tag)
+            && !faults::is_p2p(tag)
+            && self.faults().refuse(seq, self.rank(), why)
+        {
             self.notify(&Notice::Refused {
                 seq,
                 why: why.to_string(),
