@@ -317,7 +317,9 @@ def misc(ck: Checker, pg, gloo, ranks, tag):
 def c_error(ck: Checker):
     """A C error (unknown dtype code) comes back as PcclError with pcclGetLastError's text."""
     from pccl import _lib
-    be = dist.group.WORLD._get_backend(torch.device("cpu"))
+    pg = dist.group.WORLD
+    # torch <= 2.11: the group is the backend (a Python ProcessGroup)
+    be = pg if isinstance(pg, pccl.torch.PcclBackend) else pg._get_backend(torch.device("cpu"))
     ck.checks += 1
     if not isinstance(be, pccl.torch.PcclBackend):
         ck.failures.append(f"default group backend is {type(be)}, not PcclBackend")
