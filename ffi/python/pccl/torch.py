@@ -379,6 +379,7 @@ class PcclBackend(_BASE):
         self._seq = 0
         self._seq_lock = threading.Lock()
         self._timeout_s = _seconds(timeout)
+        self._timeout_set = False  # set_timeout called: wait() gets the group's deadline
         if comm is None:
             ranks = tuple(getattr(self._options, "global_ranks_in_group", None) or ())
             comm = self._bootstrap(store, rank, size, group_id, ranks,
@@ -428,8 +429,9 @@ class PcclBackend(_BASE):
         a peer otherwise), else None (block until the communicator ends the operation)."""
         comm = self._comm
         t = self._timeout_s
-        if t is None or (comm is not None and comm.timeout_s is not None
-                         and abs(comm.timeout_s - t) < 1e-6):
+        if t is None or not self._timeout_set or (
+                comm is not None and comm.timeout_s is not None
+                and abs(comm.timeout_s - t) < 1e-6):
             return None
         return t
 
@@ -437,6 +439,7 @@ class PcclBackend(_BASE):
         """The group's timeout for later ``wait()`` calls (the communicator keeps the
         PCCL_TIMEOUT it was made with: the C ABI reads it only at init)."""
         self._timeout_s = _seconds(timeout)
+        self._timeout_set = True
         try:
             self._options._timeout = timeout
         except Exception:  # noqa: BLE001
@@ -510,7 +513,8 @@ class PcclBackend(_BASE):
         if op == ReduceOp.PREMUL_SUM:
             factor = getattr(reduce_op, "factor", None)
             if factor is None:
-                raise ValueError(f"pccl: {call}: PREMUL_SUM without a factor")
+                raise ValueError(f"pccl: {call}: PREMUL_SUM without a factor (torch <= 2.11 "
+                                 "does not show a ReduceOp's factor to Python backends)")
             return _lib.pcclSum, factor
         raise ValueError(f"pccl: {call} does not support reduce op {op}")
 
@@ -628,8 +632,9 @@ class PcclBackend(_BASE):
         req = self._start("allgather", dev, _ptr(src), _ptr(flat), n, dt)
         return self._issue(opts, [req], [src, flat, inp, *outs], copy_out, output_tensors, call)
 
-    def all_gather_single_coalesced(self, outputs, inputs, opts):
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         call = "all_gather_into_tensor_coalesced"
+        opts = opts if opts is not None else _AsyncOpts()  # torch <= 2.11 passes none
         pieces = []
         for o, i in zip(outputs, inputs):
             self.all_gather_single(o, i, _AsyncOpts(collect=pieces))
@@ -678,8 +683,9 @@ class PcclBackend(_BASE):
         req = self._start("reduce_scatter", dev, _ptr(flat), _ptr(buf), n, dt, op)
         return self._issue(opts, [req], [flat, buf, out], copy_back, output_tensors, call)
 
-    def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         call = "reduce_scatter_tensor_coalesced"
+        opts = opts if opts is not None else _AsyncOpts(ReduceOp.SUM)
         pieces = []
         for o, i in zip(outputs, inputs):
             self.reduce_scatter_single(o, i, _AsyncOpts(opts.reduceOp, collect=pieces))

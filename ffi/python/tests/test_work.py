@@ -48,12 +48,12 @@ def _run(scenario, world, tmp_path, silent_ranks=()):
     return reports
 
 
-@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("world", [1, 4])
 def test_work_lifetime(world, tmp_path):
     _run("work_lifetime", world, tmp_path)
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2])
 def test_init_timeout_reaches_communicator(world, tmp_path):
     reps = _run("init_timeout", world, tmp_path, silent_ranks=(world - 1,))
     assert len(reps) == world - 1
@@ -61,7 +61,7 @@ def test_init_timeout_reaches_communicator(world, tmp_path):
         assert rep["comm_timeout_s"] == 2.0 and rep["error_after_s"] < 3.0
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [3])
 def test_peer_dies(world, tmp_path):
     reps = _run("peer_dies", world, tmp_path, silent_ranks=(world - 1,))
     assert len(reps) == world - 1
