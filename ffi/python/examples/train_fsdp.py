@@ -2,6 +2,12 @@
 
     torchrun --nproc-per-node 4 ffi/python/examples/train_fsdp.py --backend pccl --steps 30
     PCCL_RANKS_PER_NODE=2 torchrun --nproc-per-node 4 ffi/python/examples/train_fsdp.py
+    torchrun --nproc-per-node 2 ffi/python/examples/train_fsdp.py --device cuda --compare
+
+``--device cuda`` puts each rank on GPU ``local_rank % device_count`` (and stops with a clear
+message when torch sees no GPU); ``--compare`` trains again, same seed, on the reference
+backend: nccl on the same GPUs where it can run (one rank, or every rank on its own GPU),
+else gloo on the CPU; both runs' losses and step times are reported.
 
 Every transformer block is sharded with FSDP2 ``fully_shard`` (then the root module), so
 each step all-gathers parameters (forward and backward) and reduce-scatters gradients. The
@@ -79,7 +85,7 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x).split(d, dim=2)
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
-        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
         att = att.masked_fill(~mask, float("-inf")).softmax(-1)
         y = (att @ v).transpose(1, 2).reshape(b, t, d)
         return self.proj(y)
@@ -109,7 +115,7 @@ class GPT(nn.Module):
 
     def forward(self, idx):
         t = idx.shape[1]
-        x = self.tok(idx) + self.pos(torch.arange(t))
+        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
         for blk in self.blocks:
             x = blk(x)
         return self.head(self.ln(x))
@@ -165,9 +171,101 @@ class _TimedWork:
 
 # ---------------------------------------------------------------------------------------
 
+def pick_device(kind: str) -> torch.device:
+    """CPU, or CUDA device ``local_rank % device_count`` (fails clearly without CUDA)."""
+    if kind == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        raise SystemExit("train_fsdp: --device cuda needs a CUDA GPU, and torch sees none "
+                         f"(torch {torch.__version__}, built with CUDA "
+                         f"{torch.version.cuda}); run with --device cpu")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = torch.device("cuda", local % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    return dev
+
+
+def reference_backend(device: torch.device, world: int) -> tuple[str, torch.device]:
+    """What pccl is compared with: nccl on the same GPUs where it can run (one rank, or every
+    rank on a GPU of its own), else gloo on the CPU (the same seed gives the same run)."""
+    if device.type == "cuda" and dist.is_nccl_available():
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+        if world == 1 or torch.cuda.device_count() >= local_world:
+            return "nccl", device
+    return "gloo", torch.device("cpu")
+
+
+def train(args, group, backend, device, rank, world, timer, log):
+    """Trains a fresh model (seeded) with FSDP2 over ``group``; returns the run's summary."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = DeviceMesh.from_group(group, device.type)
+    torch.manual_seed(args.seed)
+    model = GPT(256, args.d_model, args.layers, args.heads, args.seq).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    for blk in model.blocks:
+        fully_shard(blk, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    if backend == "gloo":
+        # gloo has no ReduceOp.AVG: reduce-scatter with SUM and divide afterwards.
+        model.set_force_sum_reduction_for_comms(True)
+        for blk in model.blocks:
+            blk.set_force_sum_reduction_for_comms(True)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    data = load_corpus(args.corpus_bytes)
+    if rank == 0 and log:
+        print(f"backend={backend} device={device} world={world} params={n_params} "
+              f"corpus={len(data)} bytes batch={args.batch}x{args.seq}/rank", flush=True)
+    losses, step_times, comm_times = [], [], []
+    for step in range(args.steps):
+        sync(device)
+        t0 = time.perf_counter()
+        c0 = timer.seconds
+        x, y = get_batch(data, step, rank, args.seed, args.batch, args.seq)
+        x, y = x.to(device), y.to(device)
+        logits = model(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        lt = loss.detach().clone().to(torch.float64)
+        dist.all_reduce(lt, group=group)  # SUM works on every backend; mean below
+        mean_loss = lt.item() / world
+        sync(device)
+        dt = time.perf_counter() - t0
+        losses.append(mean_loss)
+        step_times.append(dt)
+        comm_times.append(timer.seconds - c0)
+        if rank == 0 and log:
+            tok_s = world * args.batch * args.seq / dt
+            print(f"[{backend}] step {step:3d} loss {mean_loss:.6f} tokens/s {tok_s:9.0f} "
+                  f"step {dt * 1e3:7.1f} ms comm {comm_times[-1] * 1e3:7.1f} ms", flush=True)
+    warm = step_times[1:] or step_times
+    return {
+        "backend": backend, "device": str(device), "world": world, "steps": args.steps,
+        "seed": args.seed, "params": n_params, "losses": losses,
+        "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+        "mean_step_s": sum(warm) / len(warm) if warm else None,
+        "tokens_per_s": world * args.batch * args.seq * len(warm) / sum(warm) if warm else None,
+        "comm_s_total": sum(comm_times),
+        "ranks_per_node": os.environ.get("PCCL_RANKS_PER_NODE"),
+    }
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--backend", default="pccl", choices=["pccl", "gloo"])
+    ap.add_argument("--backend", default="pccl", choices=["pccl", "gloo", "nccl"])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="cuda: each rank on GPU local_rank %% device_count")
+    ap.add_argument("--compare", action="store_true",
+                    help="after the run, train again on the reference backend (nccl on the "
+                         "GPUs where it can run, else gloo on CPU) and report both")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
@@ -183,67 +281,38 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
+    device = pick_device(args.device)
     if args.backend == "pccl":
         import pccl.torch  # noqa: F401  (registers the backend)
+    if args.backend == "nccl" and device.type != "cuda":
+        raise SystemExit("train_fsdp: --backend nccl needs --device cuda")
+    if args.backend == "gloo" and device.type == "cuda":
+        device = torch.device("cpu")  # gloo runs the CPU model (same seed, same data)
     dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = init_device_mesh("cpu", (world,))
-    torch.manual_seed(args.seed)
-    model = GPT(256, args.d_model, args.layers, args.heads, args.seq)
-    n_params = sum(p.numel() for p in model.parameters())
-    for blk in model.blocks:
-        fully_shard(blk, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    if args.backend == "gloo":
-        # gloo has no ReduceOp.AVG: reduce-scatter with SUM and divide afterwards.
-        model.set_force_sum_reduction_for_comms(True)
-        for blk in model.blocks:
-            blk.set_force_sum_reduction_for_comms(True)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    data = load_corpus(args.corpus_bytes)
 
     timer = CommTimer()
     timer.install()
-    if rank == 0 and not args.quiet:
-        print(f"backend={args.backend} world={world} params={n_params} corpus={len(data)} "
-              f"bytes batch={args.batch}x{args.seq}/rank", flush=True)
-    losses, step_times, comm_times = [], [], []
-    for step in range(args.steps):
-        t0 = time.perf_counter()
-        c0 = timer.seconds
-        x, y = get_batch(data, step, rank, args.seed, args.batch, args.seq)
-        logits = model(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        lt = loss.detach().clone().to(torch.float64)
-        dist.all_reduce(lt)  # SUM works on every backend; mean below
-        mean_loss = lt.item() / world
-        dt = time.perf_counter() - t0
-        losses.append(mean_loss)
-        step_times.append(dt)
-        comm_times.append(timer.seconds - c0)
-        if rank == 0 and not args.quiet:
-            tok_s = world * args.batch * args.seq / dt
-            print(f"step {step:3d} loss {mean_loss:.6f} tokens/s {tok_s:9.0f} "
-                  f"step {dt * 1e3:7.1f} ms comm {comm_times[-1] * 1e3:7.1f} ms", flush=True)
-    warm = step_times[1:] or step_times
-    summary = {
-        "backend": args.backend, "world": world, "steps": args.steps, "seed": args.seed,
-        "params": n_params, "losses": losses,
-        "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
-        "mean_step_s": sum(warm) / len(warm) if warm else None,
-        "tokens_per_s": world * args.batch * args.seq * len(warm) / sum(warm) if warm else None,
-        "comm_s_total": sum(comm_times), "comm_calls": timer.calls,
-        "ranks_per_node": os.environ.get("PCCL_RANKS_PER_NODE"),
-    }
+    summary = train(args, dist.group.WORLD, args.backend, device, rank, world, timer,
+                    not args.quiet)
+    summary["comm_calls"] = timer.calls
+    if args.compare:
+        ref, ref_dev = reference_backend(device, world)
+        group = dist.new_group(list(range(world)), backend=ref)
+        summary["reference"] = train(args, group, ref, ref_dev, rank, world, timer,
+                                     not args.quiet)
+        lr_ = summary["reference"]["losses"]
+        summary["worst_rel_diff"] = max((abs(a - b) / abs(b) for a, b in
+                                         zip(summary["losses"], lr_)), default=0.0)
+        if rank == 0:
+            print(f"compare: {args.backend} on {device} vs {ref} on {ref_dev}: last loss "
+                  f"{summary['last_loss']:.6f} vs {summary['reference']['last_loss']:.6f}, "
+                  f"worst relative difference {summary['worst_rel_diff']:.2e}, step "
+                  f"{summary['mean_step_s'] * 1e3:.1f} ms vs "
+                  f"{summary['reference']['mean_step_s'] * 1e3:.1f} ms", flush=True)
     if rank == 0:
-        print("SUMMARY " + json.dumps({k: v for k, v in summary.items() if k != "losses"}),
-              flush=True)
+        print("SUMMARY " + json.dumps({k: v for k, v in summary.items()
+                                       if k not in ("losses", "reference")}), flush=True)
         if args.json_out:
             with open(args.json_out, "w") as f:
                 json.dump(summary, f)

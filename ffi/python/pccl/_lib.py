@@ -2,9 +2,11 @@
 
 The shared library is found, in this order, at:
   1. ``$PCCL_LIBRARY`` (a path to ``libpccl.so``);
-  2. ``$CARGO_TARGET_DIR/{release,debug}`` when that is set, then the repository's
-     ``target/release`` and ``target/debug`` (this package lives in ``<repo>/ffi/python/pccl``);
-  3. next to this package (``pccl/libpccl.so``);
+  2. next to this package (``pccl/libpccl.so``: what ``pip install ./ffi/python`` builds and
+     puts in the wheel);
+  3. ``$CARGO_TARGET_DIR/{release,debug}`` when that is set, then the repository's
+     ``target/release`` and ``target/debug`` (a source checkout: this package lives in
+     ``<repo>/ffi/python/pccl``);
   4. the system loader path (``ctypes.util.find_library("pccl")``).
 """
 
@@ -14,6 +16,8 @@ import ctypes
 import ctypes.util
 import os
 import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 # Result codes (include/pccl.h).
@@ -106,6 +110,9 @@ _SIGNATURES = {
     "pcclWait": [_req_t],
     "pcclTest": [_req_t, ctypes.POINTER(_int)],
 }
+# Newer libraries also export point-to-point, group, rooted and all-to-all calls (pcclSend,
+# pcclRecv, pcclGroupStart/End, pcclAllToAll(v), pcclReduce, pcclGather, pcclScatter): see
+# ``has()``; the backend does not use them yet.
 
 _lock = threading.Lock()
 _lib = None
@@ -120,6 +127,8 @@ def _candidates():
     here = Path(__file__).resolve().parent
     repo = here.parent.parent.parent  # <repo>/ffi/python/pccl -> <repo>
     names = ["libpccl.so", "libpccl.dylib"]
+    for n in names:  # the library packaged in the wheel
+        yield here / n
     dirs = []
     tdir = os.environ.get("CARGO_TARGET_DIR")
     if tdir:  # where cargo builds when it is set
@@ -129,8 +138,6 @@ def _candidates():
         for sub in ("release", "debug"):
             for n in names:
                 yield d / sub / n
-    for n in names:
-        yield here / n
 
 
 def library_path() -> str:
@@ -192,6 +199,11 @@ def check(call: str, code: int, comm=None) -> None:
         raise PcclError(call, code, msg)
 
 
+def has(name: str) -> bool:
+    """Whether the loaded libpccl exports C function ``name`` (e.g. ``"pcclSend"``)."""
+    return getattr(lib(), name, None) is not None
+
+
 def version() -> int:
     v = _int(0)
     check("pcclGetVersion", lib().pcclGetVersion(ctypes.byref(v)))
@@ -202,17 +214,42 @@ def has_mpi() -> bool:
     return hasattr(lib(), "pcclCommInitMPIWorld")
 
 
-def get_unique_id() -> bytes:
+_env_lock = threading.Lock()
+
+
+@contextmanager
+def timeout_env(seconds):
+    """Sets ``PCCL_TIMEOUT`` to ``seconds`` for the duration of the block (the C ABI reads it
+    when a rendezvous opens and when a communicator is made); ``None`` leaves it as it is.
+    Serialised, so concurrent inits each see their own value."""
+    with _env_lock:
+        if seconds is None:
+            yield
+            return
+        old = os.environ.get("PCCL_TIMEOUT")
+        os.environ["PCCL_TIMEOUT"] = repr(float(seconds))
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop("PCCL_TIMEOUT", None)
+            else:
+                os.environ["PCCL_TIMEOUT"] = old
+
+
+def get_unique_id(timeout_s=None) -> bytes:
     uid = pcclUniqueId()
-    check("pcclGetUniqueId", lib().pcclGetUniqueId(ctypes.byref(uid)))
+    with timeout_env(timeout_s):
+        check("pcclGetUniqueId", lib().pcclGetUniqueId(ctypes.byref(uid)))
     return uid.to_bytes()
 
 
 class Communicator:
     """An owning handle of a pcclComm_t."""
 
-    def __init__(self, handle: int):
+    def __init__(self, handle: int, timeout_s=None):
         self.handle = ctypes.c_void_p(handle)
+        self.timeout_s = timeout_s  # PCCL_TIMEOUT the communicator was made with (None: its own)
         n = _int(0)
         r = _int(0)
         check("pcclCommCount", lib().pcclCommCount(self.handle, ctypes.byref(n)), self.handle)
@@ -221,25 +258,38 @@ class Communicator:
         self.rank = r.value
 
     @classmethod
-    def init_rank(cls, nranks: int, uid: bytes, rank: int) -> "Communicator":
+    def init_rank(cls, nranks: int, uid: bytes, rank: int, timeout_s=None) -> "Communicator":
+        """``pcclCommInitRank``; ``timeout_s`` (seconds) becomes the communicator's
+        ``PCCL_TIMEOUT`` (every wait on a peer), ``None`` keeps the environment's."""
         c = _comm_t()
-        code = lib().pcclCommInitRank(ctypes.byref(c), nranks, pcclUniqueId.from_bytes(uid), rank)
+        with timeout_env(timeout_s):
+            code = lib().pcclCommInitRank(ctypes.byref(c), nranks, pcclUniqueId.from_bytes(uid),
+                                          rank)
         check("pcclCommInitRank", code)
-        return cls(c.value)
+        return cls(c.value, timeout_s)
 
     @classmethod
-    def init_mpi_world(cls) -> "Communicator":
+    def init_mpi_world(cls, timeout_s=None) -> "Communicator":
         if not has_mpi():
             raise RuntimeError("pccl: this libpccl has no pcclCommInitMPIWorld")
         c = _comm_t()
-        check("pcclCommInitMPIWorld", lib().pcclCommInitMPIWorld(ctypes.byref(c)))
-        return cls(c.value)
+        with timeout_env(timeout_s):
+            check("pcclCommInitMPIWorld", lib().pcclCommInitMPIWorld(ctypes.byref(c)))
+        return cls(c.value, timeout_s)
 
     def destroy(self) -> None:
         if self.handle is not None and self.handle.value:
             h = self.handle
             self.handle = None
             check("pcclCommDestroy", lib().pcclCommDestroy(h))
+
+    def abort(self) -> None:
+        """``pcclCommAbort``: every call and request in flight on it ends within a second
+        (with an error), the peers are told; the handle is freed."""
+        if self.handle is not None and self.handle.value:
+            h = self.handle
+            self.handle = None
+            check("pcclCommAbort", lib().pcclCommAbort(h))
 
     # Blocking calls on device memory, ordered on a CUDA stream (a non-zero cudaStream_t:
     # 1 is cudaStreamLegacy, 2 cudaStreamPerThread); they return once the work is done.
@@ -293,7 +343,8 @@ class Communicator:
 
 
 class Request:
-    """A pcclRequest_t: ``wait()`` (idempotent, thread-safe) and ``test()``."""
+    """A pcclRequest_t: ``wait()`` (idempotent, thread-safe; frees the request) and
+    ``test()`` (never blocks). Every request must be waited for once: that frees it."""
 
     def __init__(self, comm: Communicator, req, call: str):
         self.comm = comm
@@ -304,19 +355,32 @@ class Request:
         self._error = None
 
     def test(self) -> bool:
-        # Never blocks: while another thread is inside wait(), the request is not done yet.
+        """Whether the request has completed (successfully or not); never blocks: while
+        another thread is inside wait(), the request is not done yet."""
         if not self._lock.acquire(blocking=False):
             return self._done
         try:
             if self._done:
                 return True
             flag = _int(0)
-            check("pcclTest", lib().pcclTest(self.req, ctypes.byref(flag)), self.comm.handle)
-            return bool(flag.value)
+            code = lib().pcclTest(self.req, ctypes.byref(flag))
+            # An error from pcclTest itself: done (wait() reports the request's error).
+            return code != pcclSuccess or bool(flag.value)
         finally:
             self._lock.release()
 
-    def wait(self) -> None:
+    def wait(self, timeout_s=None) -> bool:
+        """Waits for the request and frees it; raises PcclError if it failed. With
+        ``timeout_s``, returns False (the request goes on) when it has not completed by then."""
+        if timeout_s is not None:
+            deadline = time.monotonic() + timeout_s
+            pause = 0.0
+            while not self.test():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                time.sleep(min(pause, left))
+                pause = min(0.001 if pause == 0 else pause * 2, 0.01)
         with self._lock:
             if not self._done:
                 code = lib().pcclWait(self.req)
@@ -327,3 +391,4 @@ class Request:
                     self._error = PcclError(self.call, code, msg)
             if self._error is not None:
                 raise self._error
+        return True

@@ -26,8 +26,11 @@ tensors of one call must be on one device.
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
+import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -36,7 +39,8 @@ from torch._C._distributed_c10d import ReduceOp
 
 from . import _lib
 
-__all__ = ["PcclBackend", "PcclWork", "BACKEND_NAME", "register"]
+__all__ = ["PcclBackend", "PcclWork", "PcclTimeoutError", "BACKEND_NAME", "register",
+           "inflight", "reap", "drain"]
 
 BACKEND_NAME = "pccl"
 
@@ -105,87 +109,237 @@ def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
-class PcclWork(dist._Work):
-    """Work of one (or several) PCCL requests; keeps the tensors alive until completion."""
+class PcclTimeoutError(RuntimeError):
+    """``Work.wait(timeout)`` ran out of time; the operation goes on (safely) in the
+    background and is finished later (see :func:`inflight`)."""
 
-    def __init__(self, requests=(), keep=(), post=None, result=None, call=""):
-        super().__init__()
-        self._requests = list(requests)
-        self._keep = list(keep)
-        self._post = post
-        self._result = result if result is not None else []
-        self._call = call
-        self._lock = threading.Lock()
-        self._finished = False
-        self._error = None
-        self._future = None
 
-    def _finish(self):
-        with self._lock:
-            if not self._finished:
+def _seconds(timeout):
+    """A torch timeout (timedelta, seconds or milliseconds-as-timedelta) in seconds; None for
+    none (torch's ``kNoTimeout`` is 0)."""
+    if timeout is None:
+        return None
+    if hasattr(timeout, "total_seconds"):
+        s = timeout.total_seconds()
+    else:
+        s = float(timeout)
+    return s if s > 0 else None
+
+
+class _Op:
+    """What one issued operation needs until it ends: its PCCL requests, the tensors their
+    buffers belong to, the copy-back to run afterwards. Owned by the in-flight registry
+    (:data:`_INFLIGHT`) from issue to completion, so a :class:`PcclWork` dropped without
+    ``wait()`` frees nothing the worker thread still writes to; completed operations are
+    reaped (``pcclWait``, which frees the request) on later calls and at exit."""
+
+    __slots__ = ("requests", "keep", "post", "result", "call", "lock", "finished", "error",
+                 "seq", "__weakref__")
+
+    def __init__(self, requests, keep, post, result, call, seq):
+        self.requests = list(requests)
+        self.keep = list(keep)
+        self.post = post
+        self.result = result if result is not None else []
+        self.call = call
+        self.lock = threading.Lock()
+        self.finished = False
+        self.error = None
+        self.seq = seq
+
+    def test(self) -> bool:
+        return self.finished or all(r.test() for r in self.requests)
+
+    def finish(self, blocking=True) -> bool:
+        """Waits for the requests (frees them), runs the copy-back, releases the tensors and
+        leaves the registry. Returns False when not blocking and another thread holds it."""
+        if not self.lock.acquire(blocking=blocking):
+            return False
+        try:
+            if not self.finished:
                 try:
-                    for r in self._requests:
-                        r.wait()
-                    if self._post is not None:
-                        self._post()
+                    err = None
+                    for r in self.requests:  # wait for every one (frees them), first error wins
+                        try:
+                            r.wait()
+                        except BaseException as e:  # noqa: BLE001
+                            err = err or e
+                    if err is not None:
+                        raise err
+                    if self.post is not None:
+                        self.post()
                 except BaseException as e:  # surfaced to every waiter
-                    self._error = e
-                self._finished = True
-                self._requests = []
-                self._keep = []
-                self._post = None
-            if self._error is not None:
-                raise self._error
+                    self.error = e
+                self.finished = True
+                self.requests = []
+                self.keep = []
+                self.post = None
+                _unregister(self)
+            return True
+        finally:
+            self.lock.release()
+
+
+# In-flight operations, in issue order: id(op) -> op.
+_INFLIGHT: dict = {}
+_INFLIGHT_LOCK = threading.Lock()
+
+
+def _register(op: _Op) -> None:
+    with _INFLIGHT_LOCK:
+        _INFLIGHT[id(op)] = op
+
+
+def _unregister(op: _Op) -> None:
+    with _INFLIGHT_LOCK:
+        _INFLIGHT.pop(id(op), None)
+
+
+def inflight() -> int:
+    """How many issued operations have not been finished (waited for or reaped) yet."""
+    return len(_INFLIGHT)
+
+
+def reap() -> int:
+    """Finishes every in-flight operation that has completed, without blocking (frees its
+    requests and tensors); returns how many remain in flight."""
+    with _INFLIGHT_LOCK:
+        ops = list(_INFLIGHT.values())
+    for op in ops:
+        try:
+            if op.test():
+                op.finish(blocking=False)
+        except BaseException:  # noqa: BLE001 (kept on the op for a later wait())
+            pass
+    return len(_INFLIGHT)
+
+
+def drain() -> None:
+    """Waits for every in-flight operation (each ends by the communicator's timeout, or
+    within a second of an abort). Run at exit so no buffer is freed under the worker."""
+    while True:
+        with _INFLIGHT_LOCK:
+            ops = list(_INFLIGHT.values())
+        if not ops:
+            return
+        for op in ops:
+            op.finish()
+
+
+atexit.register(drain)
+
+
+class PcclWork(dist._Work):
+    """Work of one (or several) PCCL requests. The operation itself lives in the in-flight
+    registry until it ends, so dropping the Work is safe."""
+
+    def __init__(self, requests=(), keep=(), post=None, result=None, call="", seq=0,
+                 backend=None):
+        super().__init__()
+        self._op = _Op(requests, keep, post, result, call, seq)
+        self._backend = backend
+        self._future = None
+        if self._op.requests:
+            _register(self._op)
+        else:
+            self._op.finish()
+
+    # The pieces the coalesced calls merge (see all_gather_single_coalesced).
+    @property
+    def _requests(self):
+        return self._op.requests
+
+    @property
+    def _keep(self):
+        return self._op.keep
+
+    @property
+    def _post(self):
+        return self._op.post
+
+    @property
+    def _finished(self):
+        return self._op.finished
+
+    def _raise(self):
+        if self._op.error is not None:
+            raise self._op.error
 
     def wait(self, timeout=None):
-        self._finish()
+        """Waits for the operation; raises its error. ``timeout`` (a timedelta or seconds;
+        default: the group's timeout when one was set with ``set_timeout`` after the
+        communicator was made, else the communicator's own, PCCL_TIMEOUT) raises
+        :class:`PcclTimeoutError` when it passes, leaving the operation running safely."""
+        op = self._op
+        secs = _seconds(timeout)
+        if secs is None and self._backend is not None:
+            secs = self._backend._wait_timeout_s()
+        if not op.finished and secs is not None:
+            deadline = time.monotonic() + secs
+            pause = 0.0
+            while not op.test():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PcclTimeoutError(
+                        f"pccl: {op.call or 'operation'} (sequence number {op.seq}) did not "
+                        f"complete within {secs:g} s; it goes on in the background")
+                time.sleep(min(pause, left))
+                pause = min(0.0005 if pause == 0 else pause * 2, 0.01)
+        op.finish()
+        self._raise()
         return True
 
     def is_completed(self):
-        if self._finished:
+        op = self._op
+        if op.finished:
             return True
-        if all(r.test() for r in self._requests):
-            try:
-                self._finish()  # requests done: completes at once (runs any copy-back)
-            except BaseException:  # noqa: BLE001 (kept for wait() / exception())
-                pass
+        try:
+            done = op.test()
+        except BaseException:  # noqa: BLE001
+            done = True
+        if done:
+            op.finish()  # completes at once (runs any copy-back); an error stays for wait()
             return True
         return False
 
     def is_success(self):
-        return self._finished and self._error is None
+        return self._op.finished and self._op.error is None
 
     def exception(self):
-        return self._error
+        return self._op.error
 
     def result(self):
-        self._finish()
-        return self._result
+        self.wait()
+        return self._op.result
+
+    def _get_sequence_number(self):
+        return self._op.seq
 
     def get_future(self):
         if self._future is not None:
             return self._future
         fut = torch.futures.Future()
         self._future = fut
+        op = self._op
 
         def run():
             try:
-                self._finish()
-                fut.set_result(self._result)
+                op.finish()
+                if op.error is not None:
+                    raise op.error
+                fut.set_result(op.result)
             except BaseException as e:
                 fut.set_exception(e)
 
-        if self._finished or not self._requests:
+        if op.finished:
             run()
         else:
             threading.Thread(target=run, name="pccl-future", daemon=True).start()
         return fut
 
 
-def _done_work(result=None):
-    w = PcclWork(result=result)
-    w._finished = True
-    return w
+def _done_work(result=None, backend=None):
+    return PcclWork(result=result, backend=backend)
 
 
 # Groups created with the same (group id, ranks) get distinct keys: every member of a group
@@ -220,9 +374,16 @@ class PcclBackend(_BASE):
         self._options = options if options is not None else C10DBackend.Options(
             BACKEND_NAME, timeout=timeout)
         self._group_id = group_id
+        self._group_name = str(group_id)
+        self._group_desc = "undefined"
+        self._seq = 0
+        self._seq_lock = threading.Lock()
+        self._timeout_s = _seconds(timeout)
+        self._timeout_set = False  # set_timeout called: wait() gets the group's deadline
         if comm is None:
             ranks = tuple(getattr(self._options, "global_ranks_in_group", None) or ())
-            comm = self._bootstrap(store, rank, size, group_id, ranks)
+            comm = self._bootstrap(store, rank, size, group_id, ranks,
+                                   self._comm_timeout_s(self._timeout_s))
         self._comm = comm
         if comm.size != size or comm.rank != rank:
             raise RuntimeError(
@@ -230,22 +391,85 @@ class PcclBackend(_BASE):
                 f"rank {rank} of {size}")
 
     @staticmethod
-    def _bootstrap(store, rank, size, group_id, ranks=()):
+    def _comm_timeout_s(timeout_s):
+        """The PCCL_TIMEOUT a new communicator gets: the group's timeout, except that
+        torch's default timeout leaves a PCCL_TIMEOUT set in the environment in force."""
+        if timeout_s is None:
+            return None
+        default = _seconds(getattr(dist, "default_pg_timeout", None)
+                           or getattr(dist.distributed_c10d, "default_pg_timeout", None))
+        if os.environ.get("PCCL_TIMEOUT", "").strip() and default is not None \
+                and abs(timeout_s - default) < 1e-6:
+            return None
+        return timeout_s
+
+    @staticmethod
+    def _bootstrap(store, rank, size, group_id, ranks=(), timeout_s=None):
         mode = os.environ.get("PCCL_TORCH_BOOTSTRAP", "tcp").lower()
         if (mode == "mpi" and str(group_id) in ("0", "default_pg", "")
                 and "PMI_RANK" in os.environ and _lib.has_mpi()):
-            return _lib.Communicator.init_mpi_world()
+            return _lib.Communicator.init_mpi_world(timeout_s)
         with _group_counts_lock:
             n = _group_counts.get((group_id, ranks), 0)
             _group_counts[(group_id, ranks)] = n + 1
         key = f"pccl/unique_id/{group_id}/{n}"
         if rank == 0:
-            uid = _lib.get_unique_id()
+            uid = _lib.get_unique_id(timeout_s)
             store.set(key, uid)
         else:
             store.wait([key])
             uid = bytes(store.get(key))
-        return _lib.Communicator.init_rank(size, uid, rank)
+        return _lib.Communicator.init_rank(size, uid, rank, timeout_s)
+
+    # ---- timeouts, sequence numbers, names, abort ---------------------------------------
+
+    def _wait_timeout_s(self):
+        """The deadline of a plain ``wait()``: the group's timeout when ``set_timeout``
+        changed it after the communicator was made (whose own timeout bounds every wait on
+        a peer otherwise), else None (block until the communicator ends the operation)."""
+        comm = self._comm
+        t = self._timeout_s
+        if t is None or not self._timeout_set or (
+                comm is not None and comm.timeout_s is not None
+                and abs(comm.timeout_s - t) < 1e-6):
+            return None
+        return t
+
+    def set_timeout(self, timeout):
+        """The group's timeout for later ``wait()`` calls (the communicator keeps the
+        PCCL_TIMEOUT it was made with: the C ABI reads it only at init)."""
+        self._timeout_s = _seconds(timeout)
+        self._timeout_set = True
+        try:
+            self._options._timeout = timeout
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _next_seq(self):
+        with self._seq_lock:
+            self._seq += 1
+            return self._seq
+
+    def _get_sequence_number_for_group(self):
+        return self._seq
+
+    def _set_sequence_number_for_group(self):
+        pass  # numbers start at 0 on every member of the group and count the same calls
+
+    # torch <= 2.11 (Python ProcessGroup): c10d keeps the group's name on its backends, and
+    # a Python group has none; these overrides (called by c10d's trampoline under their C++
+    # names) hold it on the group itself, for DeviceMesh, FSDP2 and functional collectives.
+    def getGroupName(self):
+        return self._group_name
+
+    def setGroupName(self, name):
+        self._group_name = str(name)
+
+    def getGroupDesc(self):
+        return self._group_desc
+
+    def setGroupDesc(self, desc):
+        self._group_desc = str(desc)
 
     @property
     def options(self):
@@ -289,7 +513,8 @@ class PcclBackend(_BASE):
         if op == ReduceOp.PREMUL_SUM:
             factor = getattr(reduce_op, "factor", None)
             if factor is None:
-                raise ValueError(f"pccl: {call}: PREMUL_SUM without a factor")
+                raise ValueError(f"pccl: {call}: PREMUL_SUM without a factor (torch <= 2.11 "
+                                 "does not show a ReduceOp's factor to Python backends)")
             return _lib.pcclSum, factor
         raise ValueError(f"pccl: {call} does not support reduce op {op}")
 
@@ -302,17 +527,36 @@ class PcclBackend(_BASE):
     def _start(self, name, dev, *args):
         """Issues collective ``name``: a PCCL request on host memory, or a device collective
         queued on the current stream of CUDA device ``dev``."""
+        comm = self._live()
         if dev.type == "cpu":
-            return getattr(self._comm, "i" + name)(*args)
+            return getattr(comm, "i" + name)(*args)
         with torch.cuda.device(dev):
-            getattr(self._comm, name)(*args, _stream_of(dev))
+            getattr(comm, name)(*args, _stream_of(dev))
         return _Done()
 
+    def _live(self):
+        comm = self._comm
+        if comm is None:
+            raise RuntimeError(f"pccl: process group {self._group_name!r} was shut down or "
+                               "aborted")
+        return comm
+
     def _issue(self, opts, requests, keep, post=None, result=None, call=""):
-        work = PcclWork(requests, keep, post, result, call)
+        collect = getattr(opts, "collect", None)
+        if collect is not None:  # a piece of a coalesced call
+            collect.append((requests, keep, post))
+            return None
+        reap()  # finish what dropped Works left behind
+        work = PcclWork(requests, keep, post, result, call, self._next_seq(), self)
         if not getattr(opts, "asyncOp", True):
             work.wait()
         return work
+
+    def _done(self, opts, result):
+        """The Work of a call with nothing to move (still counted: every member counts it)."""
+        if getattr(opts, "collect", None) is not None:
+            return None
+        return PcclWork(result=result, call="", seq=self._next_seq(), backend=self)
 
     @staticmethod
     def _out_buffer(t: torch.Tensor):
@@ -321,6 +565,14 @@ class PcclBackend(_BASE):
             return t, None
         buf = t.contiguous()
         return buf, (lambda: t.copy_(buf))
+
+    def _issue_pieces(self, opts, pieces, result, call):
+        reqs, keep, posts = [], [], []
+        for r, k, p in pieces:
+            reqs += r
+            keep += k
+            posts.append(p)
+        return self._issue(opts, reqs, keep, self._chain(*posts), result, call)
 
     @staticmethod
     def _chain(*fns):
@@ -345,7 +597,7 @@ class PcclBackend(_BASE):
             raise ValueError(f"pccl: {call}: output has {output.numel()} elements, expected "
                              f"{n} x {self.size()}")
         if n == 0:
-            return _done_work([output])
+            return self._done(opts, [output])
         dt = _dtype(input, call)
         out, copy_back = self._out_buffer(output)
         inp = input.contiguous()
@@ -368,7 +620,7 @@ class PcclBackend(_BASE):
                 raise ValueError(f"pccl: {call}: every output must match the input's size and "
                                  "dtype (uneven all_gather is not supported)")
         if n == 0:
-            return _done_work(output_tensors)
+            return self._done(opts, output_tensors)
         dt = _dtype(inp, call)
         src = inp.contiguous()
         flat = torch.empty(n * self.size(), dtype=inp.dtype, device=dev)
@@ -380,15 +632,13 @@ class PcclBackend(_BASE):
         req = self._start("allgather", dev, _ptr(src), _ptr(flat), n, dt)
         return self._issue(opts, [req], [src, flat, inp, *outs], copy_out, output_tensors, call)
 
-    def all_gather_single_coalesced(self, outputs, inputs, opts):
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         call = "all_gather_into_tensor_coalesced"
-        reqs, keep, posts = [], [], []
+        opts = opts if opts is not None else _AsyncOpts()  # torch <= 2.11 passes none
+        pieces = []
         for o, i in zip(outputs, inputs):
-            w = self.all_gather_single(o, i, _AsyncOpts())
-            reqs += w._requests
-            keep += w._keep
-            posts.append(w._post)
-        return self._issue(opts, reqs, keep, self._chain(*posts), list(outputs), call)
+            self.all_gather_single(o, i, _AsyncOpts(collect=pieces))
+        return self._issue_pieces(opts, pieces, list(outputs), call)
 
     def reduce_scatter_single(self, output, input, opts):
         call = "reduce_scatter_tensor"
@@ -400,7 +650,7 @@ class PcclBackend(_BASE):
             raise ValueError(f"pccl: {call}: input has {input.numel()} elements, expected "
                              f"{n} x {self.size()}")
         if n == 0:
-            return _done_work([output])
+            return self._done(opts, [output])
         dt = _dtype(input, call)
         op, factor = self._op(opts.reduceOp, input.dtype, call)
         src = input.contiguous() if factor is None else self._premul(input.contiguous(), factor)
@@ -423,7 +673,7 @@ class PcclBackend(_BASE):
                 raise ValueError(f"pccl: {call}: every input must match the output's size and "
                                  "dtype")
         if n == 0:
-            return _done_work(output_tensors)
+            return self._done(opts, output_tensors)
         dt = _dtype(out, call)
         op, factor = self._op(opts.reduceOp, out.dtype, call)
         flat = torch.cat([t.reshape(-1) for t in ins])
@@ -433,16 +683,13 @@ class PcclBackend(_BASE):
         req = self._start("reduce_scatter", dev, _ptr(flat), _ptr(buf), n, dt, op)
         return self._issue(opts, [req], [flat, buf, out], copy_back, output_tensors, call)
 
-    def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         call = "reduce_scatter_tensor_coalesced"
-        reqs, keep, posts = [], [], []
+        opts = opts if opts is not None else _AsyncOpts(ReduceOp.SUM)
+        pieces = []
         for o, i in zip(outputs, inputs):
-            a = _AsyncOpts(opts.reduceOp)
-            w = self.reduce_scatter_single(o, i, a)
-            reqs += w._requests
-            keep += w._keep
-            posts.append(w._post)
-        return self._issue(opts, reqs, keep, self._chain(*posts), list(outputs), call)
+            self.reduce_scatter_single(o, i, _AsyncOpts(opts.reduceOp, collect=pieces))
+        return self._issue_pieces(opts, pieces, list(outputs), call)
 
     def _allreduce_one(self, t, reduce_op, call):
         """Issues an in-place all-reduce of t; returns (requests, keep, post)."""
@@ -471,7 +718,7 @@ class PcclBackend(_BASE):
         call = "all_reduce_coalesced"
         _device_of(tensors, call)
         if not tensors:
-            return _done_work([])
+            return self._done(opts, [])
         dtype = tensors[0].dtype
         if any(t.dtype != dtype for t in tensors):
             raise TypeError(f"pccl: {call}: all tensors must have one dtype")
@@ -507,7 +754,7 @@ class PcclBackend(_BASE):
         return self._issue(opts, reqs, keep, self._chain(*posts), list(tensors), call)
 
     def barrier(self, opts):
-        req = self._comm.ibarrier()
+        req = self._live().ibarrier()
         return self._issue(opts, [req], [], None, [], "barrier")
 
     # Built from the collectives above (each moves size x the data a rooted call needs).
@@ -535,7 +782,7 @@ class PcclBackend(_BASE):
         n = inp.numel()
         root = opts.rootRank
         if n == 0:
-            return _done_work(output_tensors)
+            return self._done(opts, output_tensors)
         src = inp.contiguous()
         flat = torch.empty(n * self.size(), dtype=inp.dtype, device=dev)
         outs = output_tensors[0] if self.rank() == root else []
@@ -556,7 +803,7 @@ class PcclBackend(_BASE):
         n = out.numel()
         root = opts.rootRank
         if n == 0:
-            return _done_work(output_tensors)
+            return self._done(opts, output_tensors)
         if self.rank() == root:
             flat = torch.cat([t.reshape(-1) for t in input_tensors[0]]).to(dev)
         else:
@@ -595,15 +842,26 @@ class PcclBackend(_BASE):
         self._unsupported("all_gather_coalesced")
 
     def shutdown(self):
+        """``pcclCommDestroy`` (destroy_process_group): operations still in flight keep the
+        communicator alive until they end (the in-flight registry finishes them)."""
         comm, self._comm = self._comm, None
         if comm is not None:
             try:
                 comm.destroy()
-            except Exception:
+            except Exception:  # noqa: BLE001
                 pass
+        reap()
 
     def abort(self):
-        self.shutdown()
+        """``pcclCommAbort``: every operation in flight on the group ends within a second
+        with an error (raised by its ``wait()``), and the other ranks are told."""
+        comm, self._comm = self._comm, None
+        if comm is not None:
+            try:
+                comm.abort()
+            except Exception:  # noqa: BLE001
+                pass
+        reap()
 
     # The names a Python ProcessGroup is called by on older torch (see _base_class).
     _allgather_base = all_gather_single
@@ -620,8 +878,9 @@ class PcclBackend(_BASE):
 class _AsyncOpts:
     asyncOp = True
 
-    def __init__(self, reduce_op=None):
+    def __init__(self, reduce_op=None, collect=None):
         self.reduceOp = reduce_op
+        self.collect = collect
 
 
 def _create_backend(opts, backend_options):

@@ -116,10 +116,14 @@ def run_async(ck: Checker, fn, *args, **kw):
     return None
 
 
+# torch <= 2.11 keeps a PREMUL_SUM factor out of Python's reach (the backend raises).
+HAS_PREMUL = hasattr(dist._make_nccl_premul_sum(PREMUL), "factor")
+
+
 def ops_for(dtype):
     ops = ["sum", "prod", "max", "min"]
     if dtype in FLOATS:
-        ops += ["avg", "premul"]
+        ops += ["avg"] + (["premul"] if HAS_PREMUL else [])
     return ops
 
 
@@ -317,7 +321,9 @@ def misc(ck: Checker, pg, gloo, ranks, tag):
 def c_error(ck: Checker):
     """A C error (unknown dtype code) comes back as PcclError with pcclGetLastError's text."""
     from pccl import _lib
-    be = dist.group.WORLD._get_backend(torch.device("cpu"))
+    pg = dist.group.WORLD
+    # torch <= 2.11: the group is the backend (a Python ProcessGroup)
+    be = pg if isinstance(pg, pccl.torch.PcclBackend) else pg._get_backend(torch.device("cpu"))
     ck.checks += 1
     if not isinstance(be, pccl.torch.PcclBackend):
         ck.failures.append(f"default group backend is {type(be)}, not PcclBackend")

@@ -88,3 +88,20 @@ def test_tensors_on_several_or_unknown_devices_rejected():
     with pytest.raises(RuntimeError, match="all_reduce.*CPU and CUDA"):
         pt._device_of([Fake("meta")], "all_reduce")
     assert pt._device_of([Fake("cuda")], "x") == torch.device("cuda", 0)
+
+
+def test_library_path_order(tmp_path, monkeypatch):
+    """PCCL_LIBRARY overrides, then the library packaged next to the module, then target/."""
+    import pccl
+    from pccl import _lib
+
+    fake = tmp_path / "libpccl.so"
+    fake.write_bytes(b"")
+    monkeypatch.setattr(_lib, "_lib_path", None)
+    monkeypatch.setenv("PCCL_LIBRARY", str(fake))
+    assert pccl.library_path() == str(fake)
+    monkeypatch.delenv("PCCL_LIBRARY")
+    cands = [str(c) for c in _lib._candidates()]
+    pkg = os.path.join(os.path.dirname(os.path.abspath(_lib.__file__)), "libpccl.so")
+    assert cands[0] == pkg
+    assert any(c.endswith(os.path.join("target", "release", "libpccl.so")) for c in cands[1:])

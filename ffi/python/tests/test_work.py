@@ -1,0 +1,87 @@
+"""Work lifetime (dropped Works, wait(timeout), is_completed, sequence numbers), timeouts
+reaching the communicator, a peer that dies, and FSDP2 / DeviceMesh / DTensor / functional
+collectives on the pccl backend. Run on the newest torch and on torch 2.11 (test-python.sh)."""
+
+import json
+import os
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import _work_worker
+
+TIMEOUT_S = int(os.environ.get("PCCL_TEST_TIMEOUT", "180"))
+
+
+def _run(scenario, world, tmp_path, silent_ranks=()):
+    init = f"file://{tmp_path}/rendezvous-{scenario}"
+    t0 = time.time()
+    ctx = mp.start_processes(_work_worker.main, args=(world, init, str(tmp_path), scenario),
+                             nprocs=world, join=False, start_method="spawn")
+    err = None
+    try:
+        while not ctx.join(timeout=2):
+            if time.time() - t0 > TIMEOUT_S:
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.kill()
+                err = f"world {world} {scenario}: no end in {TIMEOUT_S}s (hang?)"
+                break
+    except Exception as e:  # noqa: BLE001
+        err = str(e)
+    reports, failures = [], []
+    for r in range(world):
+        p = tmp_path / f"{scenario}-rank{r}.json"
+        if p.exists():
+            rep = json.loads(p.read_text())
+            reports.append(rep)
+            failures += [f"rank {r}: {m}" for m in rep["failures"]]
+        elif r not in silent_ranks:
+            failures.append(f"rank {r}: no report")
+    print(f"\n{scenario} world {world} ({time.time() - t0:.1f}s): "
+          f"{[{k: v for k, v in rep.items() if k != 'failures'} for rep in reports]}")
+    assert not failures, "\n".join(failures)
+    if err and not silent_ranks:
+        raise AssertionError(err)
+    return reports
+
+
+@pytest.mark.parametrize("world", [1, 4])
+def test_work_lifetime(world, tmp_path):
+    _run("work_lifetime", world, tmp_path)
+
+
+@pytest.mark.parametrize("world", [2])
+def test_init_timeout_reaches_communicator(world, tmp_path):
+    reps = _run("init_timeout", world, tmp_path, silent_ranks=(world - 1,))
+    assert len(reps) == world - 1
+    for rep in reps:
+        assert rep["comm_timeout_s"] == 2.0 and rep["error_after_s"] < 3.0
+
+
+@pytest.mark.parametrize("world", [3])
+def test_peer_dies(world, tmp_path):
+    reps = _run("peer_dies", world, tmp_path, silent_ranks=(world - 1,))
+    assert len(reps) == world - 1
+    for rep in reps:
+        assert rep["error_after_s"] < 3 + 1
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_fsdp2_device_mesh_functional(world, tmp_path):
+    _run("fsdp_mesh", world, tmp_path)
+
+
+def test_timeout_env_restored(monkeypatch):
+    from pccl import _lib
+
+    monkeypatch.setenv("PCCL_TIMEOUT", "77")
+    with _lib.timeout_env(5):
+        assert os.environ["PCCL_TIMEOUT"] == "5.0"
+    assert os.environ["PCCL_TIMEOUT"] == "77"
+    monkeypatch.delenv("PCCL_TIMEOUT")
+    with _lib.timeout_env(5):
+        pass
+    assert "PCCL_TIMEOUT" not in os.environ
