@@ -71,6 +71,11 @@ typedef int pcclResult_t;
 
 /**
  * A communicator: a group of ranks that run collectives together (`ncclComm_t`).
+ *
+ * Thread safety: a communicator takes one call at a time. A call made while another thread
+ * is inside a call on the same communicator returns `pcclInvalidUsage` at once and takes no
+ * part in any collective; calls from several threads one after another must be made in the
+ * same order on every rank (as with NCCL). `pcclCommAbort` may be called from any thread.
  */
 typedef struct pcclComm *pcclComm_t;
 
@@ -135,19 +140,22 @@ typedef struct pcclRequest *pcclRequest_t;
 #define pcclInvalidArgument 4
 
 /**
- * The call is not valid now: a destroyed handle, a stream (device memory) on a host-only
+ * The call is not valid now: a destroyed or aborted communicator, a call made while another
+ * thread is inside one on the same communicator, a stream (device memory) on a host-only
  * build, a library built without MPI, a thread-rank initialised twice.
  */
 #define pcclInvalidUsage 5
 
 /**
- * Another rank sent what this one did not expect (ranks disagree on counts, datatypes or
- * the order of collectives).
+ * Another rank caused the failure, named in the message: it refused the call (bad arguments
+ * there), called a different collective, datatype, op, count or root, aborted the
+ * communicator, or died.
  */
 #define pcclRemoteError 6
 
 /**
- * A peer did not answer within `PCCL_TIMEOUT` seconds (it may have died or be stuck).
+ * A peer did not answer before the collective's deadline (`PCCL_TIMEOUT` seconds for the
+ * whole collective): it is stuck or too slow.
  */
 #define pcclTimeout 7
 
