@@ -6,20 +6,23 @@ use crate::config::{Config, DebugLevel};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::{abandon, execute, BlockLayout, ExecOptions, Memory};
-use crate::fault::{self, FaultKind};
 use crate::model::tuner;
 use crate::plan::{self, Algorithm, Collective, Plan};
 use crate::topology::Topology;
-use crate::transport::faults::{self as stamps, stamp, Tag};
+use crate::transport::faults::Tag;
 use crate::transport::threads::ThreadWorld;
 use crate::transport::{fnv1a, Transport};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+mod calls;
 mod p2p;
 mod rooted;
+mod trust;
+
+use calls::len_mul;
 
 pub use p2p::{Dir, Group, P2pOp};
 pub use rooted::RawRooted;
@@ -75,15 +78,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// An application thread inside a call; leaving clears the mark.
-struct Busy<'a>(&'a AtomicBool);
-
-impl Drop for Busy<'_> {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
-    }
-}
-
 /// What a collective call hands to the executor, with pointers (the safe front ends build it
 /// from borrowed slices; the async ones from buffers they own until completion).
 struct Call<T> {
@@ -99,11 +93,6 @@ struct Call<T> {
 // untouched until the call completes (borrowed for a blocking call, owned by the job of a
 // non-blocking one).
 unsafe impl<T: Send> Send for Call<T> {}
-
-fn len_mul(a: usize, b: usize, what: &str) -> Result<usize> {
-    a.checked_mul(b)
-        .ok_or_else(|| Error::invalid(format!("{what}: count {a} x {b} ranks overflows usize")))
-}
 
 impl Communicator {
     /// A communicator over `transport`, reading settings from the `PCCL_*` variables.
@@ -256,88 +245,6 @@ impl Communicator {
         let call = build().map_err(|e| self.inner.refuse(seq, what, e))?;
         // SAFETY: forwarded from the caller.
         unsafe { self.inner.submit(call, keep, seq) }
-    }
-
-    /// Takes this rank's turn at the next collective and refuses it with `err`: every peer's
-    /// call of that collective fails with a remote error naming this rank and `what`, and
-    /// the ranks stay in step for the next one. For front ends that reject a call before it
-    /// reaches the communicator (the C ABI's argument checks); returns `err`.
-    pub fn refuse_call(&self, what: &str, err: Error) -> Error {
-        let Ok(_one) = self.inner.enter(what) else {
-            return err;
-        };
-        let seq = self.inner.next_seq();
-        self.inner.refuse(seq, what, err)
-    }
-
-    /// Aborts the communicator, from any thread: every call in progress or queued on it (on
-    /// this rank) ends within a fraction of a second with an invalid-usage error, every later
-    /// call fails the same way, and the peers are told (their calls fail with a remote error
-    /// naming this rank) where the transport can reach them.
-    pub fn abort(&self) {
-        let why = format!("aborted by the application on rank {}", self.rank());
-        self.inner.transport.abort(&why);
-    }
-
-    /// Ranks this communicator knows to be dead, with how each was detected (what to pass
-    /// to [`Communicator::shrink`]).
-    pub fn dead_ranks(&self) -> Vec<usize> {
-        self.inner
-            .transport
-            .faults()
-            .dead_ranks()
-            .into_iter()
-            .map(|(r, _)| r)
-            .collect()
-    }
-
-    /// A new communicator of the ranks not in `excluded` (ranks renumbered in order, the
-    /// hierarchy recomputed; nodes of unequal size allowed), made by the survivors without
-    /// the excluded ranks taking part: the way on after a rank died. Every surviving rank
-    /// must call it with the same `excluded`; the new communicator checks that they did.
-    pub fn shrink(&self, excluded: &[usize]) -> Result<Communicator> {
-        let _one = self.inner.enter("shrink")?;
-        let p = self.size();
-        let mut ex: Vec<usize> = excluded.to_vec();
-        ex.sort_unstable();
-        ex.dedup();
-        if let Some(&bad) = ex.iter().find(|&&r| r >= p) {
-            return Err(Error::invalid(format!(
-                "shrink: rank {bad} is not a rank of this communicator of {p}"
-            )));
-        }
-        if ex.binary_search(&self.rank()).is_ok() {
-            return Err(Error::invalid(format!(
-                "shrink: rank {} excluded itself; only the ranks that stay call shrink",
-                self.rank()
-            )));
-        }
-        // Survivors may have seen the failure at different collectives (and so taken
-        // different sequence numbers): the new context counts shrinks instead.
-        let nth = self.inner.shrinks.fetch_add(1, Ordering::SeqCst);
-        let members: Vec<usize> = (0..p).filter(|r| ex.binary_search(r).is_err()).collect();
-        let words: Vec<u8> = ex.iter().flat_map(|&r| (r as u64).to_le_bytes()).collect();
-        let agreed = fnv1a(&words);
-        let ctx = fnv1a(&[b"shrink".as_slice(), &nth.to_le_bytes(), &words].concat());
-        let transport = self.inner.transport.subset(&members, ctx)?;
-        let keys: Vec<u64> = members
-            .iter()
-            .map(|&r| self.inner.topo.position(r).0 as u64)
-            .collect();
-        let mut cfg = self.inner.cfg.clone();
-        cfg.faults.clear();
-        let child = Communicator::build(transport, Topology::from_node_keys(&keys), cfg);
-        let mut all = vec![0u64; members.len()];
-        child.all_gather(&[agreed], &mut all)?;
-        if let Some(r) = all.iter().position(|&h| h != agreed) {
-            return Err(Error::invalid(format!(
-                "shrink: rank {} (rank {r} of the new communicator) excluded other ranks than \
-                 rank {}; every surviving rank must pass the same list",
-                members[r],
-                self.rank()
-            )));
-        }
-        Ok(child)
     }
 
     // ---- blocking collectives -------------------------------------------------------------
@@ -570,70 +477,6 @@ impl Communicator {
         self.barrier_async()
     }
 
-    unsafe fn raw_call<T: Element>(
-        &self,
-        coll: RawCollective,
-        send: *const T,
-        recv: *mut T,
-        count: usize,
-    ) -> Result<Call<T>> {
-        let p = self.size();
-        let es = std::mem::size_of::<T>();
-        let (in_len, out_len) = match coll {
-            RawCollective::AllGather => (count, len_mul(count, p, "all_gather")?),
-            RawCollective::ReduceScatter(_) => (len_mul(count, p, "reduce_scatter")?, count),
-            RawCollective::AllReduce(_) | RawCollective::Broadcast(_) => (count, count),
-        };
-        len_mul(in_len.max(out_len), es, "buffer size in bytes")?;
-        let needs_send = match coll {
-            RawCollective::Broadcast(root) => root == self.rank(),
-            _ => true,
-        };
-        if (needs_send && in_len > 0 && send.is_null()) || (out_len > 0 && recv.is_null()) {
-            return Err(Error::invalid(
-                "a buffer pointer is NULL but the count is above zero",
-            ));
-        }
-        let align = std::mem::align_of::<T>();
-        if (in_len > 0 && needs_send && send as usize % align != 0)
-            || (out_len > 0 && recv as usize % align != 0)
-        {
-            return Err(Error::invalid(format!(
-                "buffers of dtype {} must be aligned to {align} bytes",
-                T::DTYPE
-            )));
-        }
-        let (s0, s1) = (send as usize, send as usize + in_len * es);
-        let (r0, r1) = (recv as usize, recv as usize + out_len * es);
-        let overlap = needs_send && in_len > 0 && out_len > 0 && s0 < r1 && r0 < s1;
-        let inplace = match coll {
-            RawCollective::AllGather => s0 == r0 + self.rank() * count * es,
-            RawCollective::ReduceScatter(_) => r0 == s0 + self.rank() * count * es,
-            RawCollective::AllReduce(_) | RawCollective::Broadcast(_) => s0 == r0,
-        };
-        if overlap && !inplace {
-            return Err(Error::invalid(
-                "send and receive buffers overlap without being the in-place form \
-                 (all-gather: send = recv + rank*count; reduce-scatter: recv = send + rank*count; \
-                 all-reduce/broadcast: send = recv)",
-            ));
-        }
-        match coll {
-            RawCollective::AllGather => self.all_gather_call(send, in_len, recv, out_len),
-            RawCollective::ReduceScatter(op) => {
-                self.reduce_scatter_call(send, in_len, recv, out_len, op)
-            }
-            RawCollective::AllReduce(op) => self.all_reduce_call(send, in_len, recv, out_len, op),
-            RawCollective::Broadcast(root) => {
-                let mut c = self.broadcast_call(recv, count, root)?;
-                if needs_send {
-                    c.input.0 = send;
-                }
-                Ok(c)
-            }
-        }
-    }
-
     // ---- sub-communicators ----------------------------------------------------------------
 
     /// Splits into sub-communicators as `MPI_Comm_split`: ranks passing the same `color` form
@@ -736,159 +579,6 @@ impl Communicator {
     ) {
         (self.inner.transport.as_ref(), lock(&self.inner.device))
     }
-
-    // ---- argument checking ----------------------------------------------------------------
-
-    fn block_of(&self, len: usize, what: &str) -> Result<usize> {
-        let p = self.size();
-        if len % p != 0 {
-            return Err(Error::invalid(format!(
-                "{what}: buffer of {len} elements is not {p} equal blocks (one per rank)"
-            )));
-        }
-        Ok(len / p)
-    }
-
-    fn all_gather_call<T: Element>(
-        &self,
-        inp: *const T,
-        in_len: usize,
-        out: *mut T,
-        out_len: usize,
-    ) -> Result<Call<T>> {
-        let p = self.size();
-        let need = len_mul(in_len, p, "all_gather")?;
-        if out_len != need {
-            return Err(Error::invalid(format!(
-                "all_gather: output holds {out_len} elements but {p} ranks x {in_len} needs {need}"
-            )));
-        }
-        Ok(Call {
-            coll: Collective::AllGather,
-            op: ReduceOp::Sum,
-            block_bytes: in_len * std::mem::size_of::<T>(),
-            input: (
-                inp,
-                in_len,
-                BlockLayout::Uniform {
-                    count: in_len,
-                    parts: 1,
-                },
-            ),
-            output: (
-                out,
-                out_len,
-                BlockLayout::Uniform {
-                    count: in_len,
-                    parts: p,
-                },
-            ),
-            scratch: BlockLayout::Uniform { count: 0, parts: 0 },
-        })
-    }
-
-    fn reduce_scatter_call<T: Element>(
-        &self,
-        inp: *const T,
-        in_len: usize,
-        out: *mut T,
-        out_len: usize,
-        op: ReduceOp,
-    ) -> Result<Call<T>> {
-        T::DTYPE.check_op(op)?;
-        let p = self.size();
-        let need = len_mul(out_len, p, "reduce_scatter")?;
-        if in_len != need {
-            return Err(Error::invalid(format!(
-                "reduce_scatter: input holds {in_len} elements but {p} ranks x {out_len} needs {need}"
-            )));
-        }
-        let lay = BlockLayout::Uniform {
-            count: out_len,
-            parts: p,
-        };
-        Ok(Call {
-            coll: Collective::ReduceScatter {
-                average: op == ReduceOp::Avg,
-            },
-            op,
-            block_bytes: out_len * std::mem::size_of::<T>(),
-            input: (inp, in_len, lay),
-            output: (
-                out,
-                out_len,
-                BlockLayout::Uniform {
-                    count: out_len,
-                    parts: 1,
-                },
-            ),
-            scratch: lay,
-        })
-    }
-
-    fn all_reduce_call<T: Element>(
-        &self,
-        inp: *const T,
-        in_len: usize,
-        out: *mut T,
-        out_len: usize,
-        op: ReduceOp,
-    ) -> Result<Call<T>> {
-        T::DTYPE.check_op(op)?;
-        if in_len != out_len {
-            return Err(Error::invalid(format!(
-                "all_reduce: input has {in_len} elements but output has {out_len}; they must match"
-            )));
-        }
-        let p = self.size();
-        let lay = BlockLayout::Balanced {
-            total: in_len,
-            parts: p,
-        };
-        Ok(Call {
-            coll: Collective::AllReduce {
-                average: op == ReduceOp::Avg,
-            },
-            op,
-            block_bytes: in_len.div_ceil(p) * std::mem::size_of::<T>(),
-            input: (inp, in_len, lay),
-            output: (out, out_len, lay),
-            scratch: lay,
-        })
-    }
-
-    fn broadcast_call<T: Element>(&self, buf: *mut T, len: usize, root: usize) -> Result<Call<T>> {
-        if root >= self.size() {
-            return Err(Error::invalid(format!(
-                "broadcast: root {root} is not a rank of this communicator of {}",
-                self.size()
-            )));
-        }
-        let lay = BlockLayout::Uniform {
-            count: len,
-            parts: 1,
-        };
-        Ok(Call {
-            coll: Collective::Broadcast { root },
-            op: ReduceOp::Sum,
-            block_bytes: len * std::mem::size_of::<T>(),
-            input: (buf, len, lay),
-            output: (buf, len, lay),
-            scratch: BlockLayout::Uniform { count: 0, parts: 0 },
-        })
-    }
-
-    fn barrier_call(&self) -> Call<u8> {
-        let none = BlockLayout::Uniform { count: 0, parts: 0 };
-        Call {
-            coll: Collective::Barrier,
-            op: ReduceOp::Sum,
-            block_bytes: 0,
-            input: (std::ptr::null(), 0, none),
-            output: (std::ptr::null_mut(), 0, none),
-            scratch: none,
-        }
-    }
 }
 
 impl Inner {
@@ -941,39 +631,6 @@ impl Inner {
         }
         lock(&self.plans).insert((coll, algo), p.clone());
         Ok(p)
-    }
-
-    /// Marks an application thread inside a call; a second one gets an invalid-usage error.
-    fn enter(&self, what: &str) -> Result<Busy<'_>> {
-        if self
-            .busy
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            return Err(Error::usage(format!(
-                "{what}: another thread is inside a call on this communicator (rank {}); a \
-                 communicator takes one call at a time: serialise the calls, or give each \
-                 thread a communicator of its own (split)",
-                self.transport.rank()
-            )));
-        }
-        Ok(Busy(&self.busy))
-    }
-
-    /// This rank's next collective sequence number (every call takes one, failed or not).
-    fn next_seq(&self) -> u32 {
-        self.seq.fetch_add(1, Ordering::SeqCst)
-    }
-
-    /// Refuses collective `seq` on every rank because of `err` (this rank's own error).
-    fn refuse(&self, seq: u32, what: &str, err: Error) -> Error {
-        let why = format!(
-            "{what} on rank {}: {}",
-            self.transport.rank(),
-            err.message()
-        );
-        self.transport.abandon(stamp(seq, 0), &why);
-        err
     }
 
     /// Runs `call` as collective `seq` on the calling thread, after any queued non-blocking
@@ -1043,65 +700,6 @@ impl Inner {
             return Err(lost());
         }
         Ok(req)
-    }
-
-    /// The stamp of collective `seq` running `call` with `plan`: its number and a
-    /// fingerprint of the call (collective, dtype, op, counts, root, algorithm).
-    fn stamp_of<T: Element>(&self, plan: &Plan, call: &Call<T>, seq: u32) -> Tag {
-        if !self.cfg.checks {
-            return stamp(seq, 0);
-        }
-        let op = call.op as u32 + 1;
-        let (kind, op, root) = match call.coll {
-            Collective::Barrier => (0, 0, 0),
-            Collective::AllGather => (1, 0, 0),
-            Collective::ReduceScatter { .. } => (2, op, 0),
-            Collective::AllReduce { .. } => (3, op, 0),
-            Collective::Broadcast { root } => (4, 0, root as u64),
-            Collective::Reduce { root, .. } => (8, op, root as u64),
-            Collective::Gather { root } => (9, 0, root as u64),
-            Collective::Scatter { root } => (10, 0, root as u64),
-            Collective::AllToAll => (11, 0, 0),
-        };
-        let dtype = if kind == 0 { 0 } else { T::DTYPE as u32 + 1 };
-        let algo = fnv1a(plan.algorithm.to_string().as_bytes());
-        // Rooted collectives: buffers off the root are unused (any length); the block size is
-        // what every rank must agree on.
-        let (a, b) = if call.coll.fixed_algorithm() {
-            (call.block_bytes as u64, 0)
-        } else {
-            (call.input.1 as u64, call.output.1 as u64)
-        };
-        let detail = [a, b, root, algo, plan.nranks as u64];
-        stamp(seq, stamps::fingerprint(kind, dtype, op, &detail))
-    }
-
-    /// Injects the fault `PCCL_FAULT` asks of this rank at collective `seq`, if any; returns
-    /// whether the collective's messages must leave with a damaged stamp.
-    fn inject(&self, seq: u32) -> Result<bool> {
-        let rank = self.transport.rank();
-        match fault::at(&self.cfg.faults, rank, seq) {
-            None => Ok(false),
-            Some(FaultKind::Kill) => {
-                eprintln!("PCCL WARN rank {rank}: killed at collective #{seq} (PCCL_FAULT)");
-                self.transport.kill_self();
-                Err(Error::usage(format!(
-                    "rank {rank} was killed by fault injection at collective #{seq}"
-                )))
-            }
-            Some(FaultKind::Stall) => {
-                let end = Instant::now() + 2 * self.cfg.timeout;
-                while Instant::now() < end && self.transport.faults().aborted().is_none() {
-                    self.transport.faults().nap(Duration::from_millis(50));
-                }
-                Ok(false)
-            }
-            Some(FaultKind::Drop) => {
-                self.transport.drop_links()?;
-                Ok(false)
-            }
-            Some(FaultKind::Corrupt) => Ok(true),
-        }
     }
 
     /// Runs `call` as collective `seq`: the stamp, the fault board, injected faults, then the
