@@ -585,7 +585,7 @@ impl Communicator {
         let detail = [
             in_len as u64,
             out_len as u64,
-            crate::transport::fnv1a(plan.algorithm.to_string().as_bytes()),
+            plan.algorithm.code(),
             plan.nranks as u64,
         ];
         let fp = stamps::fingerprint(7, T::DTYPE as u32 + 1, op as u32 + 1, &detail);

@@ -220,6 +220,19 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// A small number naming the algorithm, equal on every rank (part of a call's
+    /// fingerprint): cheaper than hashing its name on every call.
+    pub fn code(self) -> u64 {
+        let level = |l: LevelAlgo| match l {
+            LevelAlgo::Ring => 1,
+            LevelAlgo::Rd => 2,
+        };
+        match self {
+            Algorithm::Flat(l) => level(l),
+            Algorithm::Hier { inter, intra } => 16 + 4 * level(inter) + level(intra),
+        }
+    }
+
     /// Every algorithm: the two flat ones and the four two-level combinations.
     pub const ALL: [Algorithm; 6] = [
         Algorithm::Flat(LevelAlgo::Ring),

@@ -100,12 +100,11 @@ const OPS: [&str; 5] = ["sum", "prod", "min", "max", "avg"];
 /// Builds a call fingerprint: `kind` indexes the collective names above, `dtype` and `op`
 /// are indices + 1 (0 = none), `detail` is hashed into the next 18 bits.
 pub fn fingerprint(kind: u32, dtype: u32, op: u32, detail: &[u64]) -> u32 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    // A multiply-xorshift mix per word: a few nanoseconds per call on the hot path.
+    let mut h: u64 = 0x9e37_79b9_7f4a_7c15;
     for &d in detail {
-        for b in d.to_le_bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
+        h = (h ^ d).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h ^= h >> 31;
     }
     // 18 bits: bit 30 is [`P2P`], bit 31 [`CONTROL`].
     let hash = ((h ^ (h >> 29)) as u32) & 0x3_ffff;

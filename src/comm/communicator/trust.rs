@@ -159,7 +159,7 @@ impl Inner {
             Collective::AllToAll => (11, 0, 0),
         };
         let dtype = if kind == 0 { 0 } else { T::DTYPE as u32 + 1 };
-        let algo = fnv1a(plan.algorithm.to_string().as_bytes());
+        let algo = plan.algorithm.code();
         // Rooted collectives: buffers off the root are unused (any length); the block size is
         // what every rank must agree on.
         let (a, b) = if call.coll.fixed_algorithm() {
