@@ -4,8 +4,8 @@
 
 use super::handles::{self, CommEntry};
 use super::{
-    check_buffer, datatype, entry, hand_out, not_null, pcclComm_t, pcclDataType_t,
-    pcclRedOp_t, pcclRequest_t, pcclResult_t, red_op, start, OnComm, Outcome,
+    check_buffer, datatype, entry, hand_out, not_null, pcclComm_t, pcclDataType_t, pcclRedOp_t,
+    pcclRequest_t, pcclResult_t, red_op, start, OnComm, Outcome,
 };
 use crate::comm::request::Request;
 use crate::error::{Error, Result};
@@ -191,7 +191,9 @@ unsafe fn rooted(
     let args = host_collective(stream)
         .and_then(|()| datatype(dtype_code))
         .and_then(|dt| Ok((dt, make(cm.size())?)));
-    let (dt, coll) = args.map_err(|e| cm.refuse_call("argument check", e)).on(&c)?;
+    let (dt, coll) = args
+        .map_err(|e| cm.refuse_call("argument check", e))
+        .on(&c)?;
     // SAFETY: forwarded from the caller.
     unsafe { by_type!(dt, rooted_typed(cm, coll, send, recv, count)) }.on(&c)
 }
@@ -301,9 +303,7 @@ pub unsafe extern "C" fn pcclAllToAll(
 unsafe fn counts_of<'a>(ptr: *const usize, p: usize, name: &str) -> Result<&'a [usize]> {
     not_null(ptr, name)?;
     if ptr as usize % std::mem::align_of::<usize>() != 0 {
-        return Err(Error::invalid(format!(
-            "{name} must be aligned for size_t"
-        )));
+        return Err(Error::invalid(format!("{name} must be aligned for size_t")));
     }
     // SAFETY: non-NULL and aligned; the caller guarantees `p` readable elements (`p` is the
     // communicator's size, not caller input).
@@ -355,9 +355,7 @@ unsafe fn all_to_all_v_typed<T: Element>(
     };
     let (sc, sd, rc, rd) = arrays.map_err(|e| comm.refuse_call("argument check", e))?;
     // SAFETY: the buffers are valid for every block the arrays name (caller's promise).
-    unsafe {
-        comm.raw_all_to_all_v(send.cast::<T>(), sc, sd, recv.cast::<T>(), rc, rd)
-    }
+    unsafe { comm.raw_all_to_all_v(send.cast::<T>(), sc, sd, recv.cast::<T>(), rc, rd) }
 }
 
 /// Uneven all-to-all (MPI's `MPI_Alltoallv`): this rank sends `sendcounts[j]` elements at
@@ -393,7 +391,9 @@ pub unsafe extern "C" fn pcclAllToAllv(
         unsafe {
             by_type!(
                 dt,
-                all_to_all_v_typed(cm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls)
+                all_to_all_v_typed(
+                    cm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls
+                )
             )
         }
         .on(&c)
@@ -424,9 +424,15 @@ fn p2p_op(
         })?;
     let addr = buf as usize;
     if count > 0 {
-        let name = if dir == Dir::Send { "sendbuff" } else { "recvbuff" };
+        let name = if dir == Dir::Send {
+            "sendbuff"
+        } else {
+            "recvbuff"
+        };
         if buf.is_null() {
-            return Err(Error::invalid(format!("{name} is NULL but count is {count}")));
+            return Err(Error::invalid(format!(
+                "{name} is NULL but count is {count}"
+            )));
         }
         if addr % es != 0 {
             return Err(Error::invalid(format!(
@@ -513,7 +519,14 @@ pub unsafe extern "C" fn pcclSend(
         // SAFETY: forwarded from the caller (documented above).
         unsafe {
             p2p(
-                "pcclSend", Dir::Send, sendbuff, count, datatype, peer, comm, stream,
+                "pcclSend",
+                Dir::Send,
+                sendbuff,
+                count,
+                datatype,
+                peer,
+                comm,
+                stream,
             )
         }
     })
@@ -539,7 +552,14 @@ pub unsafe extern "C" fn pcclRecv(
         // SAFETY: forwarded from the caller (documented above).
         unsafe {
             p2p(
-                "pcclRecv", Dir::Recv, recvbuff, count, datatype, peer, comm, stream,
+                "pcclRecv",
+                Dir::Recv,
+                recvbuff,
+                count,
+                datatype,
+                peer,
+                comm,
+                stream,
             )
         }
     })
@@ -595,7 +615,14 @@ pub unsafe extern "C" fn pcclIsend(
         // SAFETY: forwarded from the caller (documented above).
         unsafe {
             ip2p(
-                "pcclIsend", Dir::Send, sendbuff, count, datatype, peer, comm, request,
+                "pcclIsend",
+                Dir::Send,
+                sendbuff,
+                count,
+                datatype,
+                peer,
+                comm,
+                request,
             )
         }
     })
@@ -620,7 +647,14 @@ pub unsafe extern "C" fn pcclIrecv(
         // SAFETY: forwarded from the caller (documented above).
         unsafe {
             ip2p(
-                "pcclIrecv", Dir::Recv, recvbuff, count, datatype, peer, comm, request,
+                "pcclIrecv",
+                Dir::Recv,
+                recvbuff,
+                count,
+                datatype,
+                peer,
+                comm,
+                request,
             )
         }
     })
