@@ -176,7 +176,6 @@ unsafe fn rooted_typed<T: Element>(
 ///
 /// # Safety
 /// As for `rooted_typed`.
-#[allow(clippy::too_many_arguments)]
 unsafe fn rooted(
     comm: pcclComm_t,
     make: impl FnOnce(usize) -> Result<RawRooted>,
@@ -458,6 +457,7 @@ fn p2p_op(
 ///
 /// # Safety
 /// The buffer must be valid for `count` elements until the call (or the group) ends.
+#[allow(clippy::too_many_arguments)]
 unsafe fn p2p(
     what: &str,
     dir: Dir,
@@ -569,6 +569,7 @@ pub unsafe extern "C" fn pcclRecv(
 ///
 /// # Safety
 /// As for `pcclIsend`.
+#[allow(clippy::too_many_arguments)]
 unsafe fn ip2p(
     what: &'static str,
     dir: Dir,
