@@ -604,6 +604,178 @@ pcclResult_t pcclWait(pcclRequest_t request);
  */
 pcclResult_t pcclTest(pcclRequest_t request, int *done);
 
+/**
+ * Starts (or nests) a group of point-to-point calls on this thread (NCCL's
+ * `ncclGroupStart`): `pcclSend` and `pcclRecv` issued until the matching outermost
+ * `pcclGroupEnd` are only queued, and posted together there, so a ring where every rank
+ * sends right and receives left cannot deadlock. A group holds the calls of one communicator;
+ * collectives and `pcclIsend`/`pcclIrecv` are refused inside a group (`pcclInvalidUsage`).
+ */
+pcclResult_t pcclGroupStart(void);
+
+/**
+ * Ends a group opened by `pcclGroupStart`. At the outermost end, posts every queued send
+ * and receive together and returns once all have completed; their first error is returned
+ * (on the group's communicator). Without an open group: `pcclInvalidUsage`.
+ */
+pcclResult_t pcclGroupEnd(void);
+
+/**
+ * Reduces `count` elements of every rank's `sendbuff` with `op` into `recvbuff` on rank
+ * `root` (`recvbuff` is used on `root` only and may be NULL elsewhere). In place when
+ * `sendbuff == recvbuff` on the root. `stream` must be NULL (host memory).
+ *
+ * # Safety
+ * `sendbuff` must be readable for `count` elements, and on `root` `recvbuff` writable for
+ * `count`; neither touched by others during the call.
+ */
+pcclResult_t pcclReduce(const void *sendbuff,
+                        void *recvbuff,
+                        size_t count,
+                        pcclDataType_t datatype,
+                        pcclRedOp_t op,
+                        int root,
+                        pcclComm_t comm,
+                        void *stream);
+
+/**
+ * Gathers `sendcount` elements of every rank's `sendbuff` into `recvbuff` on `root`, in
+ * rank order (`sendcount * nranks` elements; `recvbuff` is used on `root` only and may be
+ * NULL elsewhere). In place on the root when `sendbuff == recvbuff + root * sendcount` (in
+ * elements). `stream` must be NULL (host memory).
+ *
+ * # Safety
+ * `sendbuff` must be readable for `sendcount` elements, and on `root` `recvbuff` writable
+ * for `sendcount * nranks`; neither touched by others during the call.
+ */
+pcclResult_t pcclGather(const void *sendbuff,
+                        void *recvbuff,
+                        size_t sendcount,
+                        pcclDataType_t datatype,
+                        int root,
+                        pcclComm_t comm,
+                        void *stream);
+
+/**
+ * Scatters `root`'s `sendbuff` (`recvcount * nranks` elements, block `i` for rank `i`):
+ * every rank's `recvbuff` gets its `recvcount` elements (`sendbuff` is read on `root` only
+ * and may be NULL elsewhere). In place on the root when
+ * `recvbuff == sendbuff + root * recvcount` (in elements). `stream` must be NULL.
+ *
+ * # Safety
+ * On `root` `sendbuff` must be readable for `recvcount * nranks` elements; `recvbuff` must
+ * be writable for `recvcount`; neither touched by others during the call.
+ */
+pcclResult_t pcclScatter(const void *sendbuff,
+                         void *recvbuff,
+                         size_t recvcount,
+                         pcclDataType_t datatype,
+                         int root,
+                         pcclComm_t comm,
+                         void *stream);
+
+/**
+ * All-to-all of equal blocks: block `j` of `sendbuff` (`count` elements at `j * count`)
+ * goes to rank `j`, and block `i` of `recvbuff` comes from rank `i`. Both buffers hold
+ * `count * nranks` elements and must not overlap. `stream` must be NULL (host memory).
+ *
+ * # Safety
+ * `sendbuff` must be readable and `recvbuff` writable for `count * nranks` elements,
+ * neither touched by others during the call.
+ */
+pcclResult_t pcclAllToAll(const void *sendbuff,
+                          void *recvbuff,
+                          size_t count,
+                          pcclDataType_t datatype,
+                          pcclComm_t comm,
+                          void *stream);
+
+/**
+ * Uneven all-to-all (MPI's `MPI_Alltoallv`): this rank sends `sendcounts[j]` elements at
+ * `sendbuff + sdispls[j]` to rank `j`, and receives rank `i`'s block into `recvbuff +
+ * rdispls[i]` (`recvcounts[i]` elements). The four arrays have one entry per rank, in
+ * elements; the counts must agree pairwise (a disagreement fails the call on every rank
+ * before data moves); receive blocks must not overlap, nor the two buffers. `stream` must
+ * be NULL (host memory).
+ *
+ * # Safety
+ * The arrays must be readable for `nranks` `size_t`s; `sendbuff` readable and `recvbuff`
+ * writable for every block they name, untouched by others during the call.
+ */
+pcclResult_t pcclAllToAllv(const void *sendbuff,
+                           const size_t *sendcounts,
+                           const size_t *sdispls,
+                           void *recvbuff,
+                           const size_t *recvcounts,
+                           const size_t *rdispls,
+                           pcclDataType_t datatype,
+                           pcclComm_t comm,
+                           void *stream);
+
+/**
+ * Sends `count` elements of `sendbuff` to rank `peer`; it matches, in order, `peer`'s
+ * receives from this rank, which must name the same count and datatype. Only the two ranks
+ * take part. Inside `pcclGroupStart`/`pcclGroupEnd` it is queued and posted at the
+ * outermost `pcclGroupEnd`, and `sendbuff` must stay valid until then. `stream` must be
+ * NULL (host memory).
+ *
+ * # Safety
+ * `sendbuff` must be readable for `count` elements until the send (or the group) completes.
+ */
+pcclResult_t pcclSend(const void *sendbuff,
+                      size_t count,
+                      pcclDataType_t datatype,
+                      int peer,
+                      pcclComm_t comm,
+                      void *stream);
+
+/**
+ * Receives `count` elements from rank `peer` into `recvbuff` (the matching send must name
+ * the same count and datatype). Inside a group it is queued like `pcclSend`. `stream` must
+ * be NULL (host memory).
+ *
+ * # Safety
+ * `recvbuff` must be writable for `count` elements, and untouched by others, until the
+ * receive (or the group) completes.
+ */
+pcclResult_t pcclRecv(void *recvbuff,
+                      size_t count,
+                      pcclDataType_t datatype,
+                      int peer,
+                      pcclComm_t comm,
+                      void *stream);
+
+/**
+ * Non-blocking `pcclSend` on host memory: stores a request in `*request` to finish with
+ * `pcclWait` (or poll with `pcclTest`); `sendbuff` must stay valid until then. Queued behind
+ * this rank's earlier non-blocking calls on `comm`. Not allowed inside a group.
+ *
+ * # Safety
+ * `sendbuff` must be readable for `count` elements until the request completes; `request`
+ * must be NULL (an error) or point to a writable `pcclRequest_t`.
+ */
+pcclResult_t pcclIsend(const void *sendbuff,
+                       size_t count,
+                       pcclDataType_t datatype,
+                       int peer,
+                       pcclComm_t comm,
+                       pcclRequest_t *request);
+
+/**
+ * Non-blocking `pcclRecv` on host memory (see `pcclIsend`): `recvbuff` must stay valid and
+ * untouched until `pcclWait` on the request returns.
+ *
+ * # Safety
+ * `recvbuff` must be writable for `count` elements until the request completes; `request`
+ * must be NULL (an error) or point to a writable `pcclRequest_t`.
+ */
+pcclResult_t pcclIrecv(void *recvbuff,
+                       size_t count,
+                       pcclDataType_t datatype,
+                       int peer,
+                       pcclComm_t comm,
+                       pcclRequest_t *request);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

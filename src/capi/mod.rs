@@ -24,6 +24,7 @@
 
 mod device;
 mod handles;
+mod ops;
 
 use crate::comm::request::Request;
 use crate::error::{Error, ErrorKind, Result};

@@ -132,6 +132,56 @@ static void rank_main(struct rank_ctx *R) {
     ROW(pcclInvalidArgument, "version is NULL", NULL, pcclGetVersion(NULL));
     ROW(pcclInvalidArgument, "newcomm is NULL", comm, pcclCommSplit(comm, 0, 0, NULL));
 
+
+    /* ---- rooted collectives, all-to-all(v), point-to-point, groups ---- */
+    size_t cnt[2] = {1, 1}, dsp[2] = {0, 1}, zero[2] = {0, 0};
+    int other = 1 - r;
+    ROW(pcclInvalidArgument, "NULL", comm, pcclReduce(NULL, g, 4, pcclFloat32, pcclSum, 0, comm, NULL));
+    ROW(pcclInvalidArgument, "NULL", comm, pcclReduce(f, NULL, 4, pcclFloat32, pcclSum, r, comm, NULL));
+    ROW(pcclInvalidArgument, "NULL", comm, pcclGather(NULL, g, 2, pcclFloat32, 0, comm, NULL));
+    ROW(pcclInvalidArgument, "NULL", comm, pcclGather(f, NULL, 2, pcclFloat32, r, comm, NULL));
+    ROW(pcclInvalidArgument, "NULL", comm, pcclScatter(NULL, g, 2, pcclFloat32, r, comm, NULL));
+    ROW(pcclInvalidArgument, "NULL", comm, pcclScatter(f, NULL, 2, pcclFloat32, 0, comm, NULL));
+    ROW(pcclInvalidArgument, "NULL", comm, pcclAllToAll(NULL, g, 2, pcclFloat32, comm, NULL));
+    ROW(pcclInvalidArgument, "NULL", comm, pcclAllToAll(f, NULL, 2, pcclFloat32, comm, NULL));
+    ROW(pcclInvalidArgument, "NULL", comm, pcclAllToAllv(NULL, cnt, dsp, g, cnt, dsp, pcclFloat32, comm, NULL));
+    ROW(pcclInvalidArgument, "NULL", comm, pcclAllToAllv(f, cnt, dsp, NULL, cnt, dsp, pcclFloat32, comm, NULL));
+    ROW(pcclInvalidArgument, "NULL", comm, pcclSend(NULL, 4, pcclFloat32, other, comm, NULL));
+    ROW(pcclInvalidArgument, "NULL", comm, pcclRecv(NULL, 4, pcclFloat32, other, comm, NULL));
+    ROW(pcclInvalidArgument, "root 2 is not a rank", comm, pcclReduce(f, g, 4, pcclFloat32, pcclSum, 2, comm, NULL));
+    ROW(pcclInvalidArgument, "root -1 is not a rank", comm, pcclGather(f, g, 2, pcclFloat32, -1, comm, NULL));
+    ROW(pcclInvalidArgument, "root 9 is not a rank", comm, pcclScatter(f, g, 2, pcclFloat32, 9, comm, NULL));
+    ROW(pcclInvalidArgument, "op 7 is not a pcclRedOp_t", comm, pcclReduce(f, g, 4, pcclFloat32, 7, 0, comm, NULL));
+    ROW(pcclInvalidArgument, "datatype 12 is not", comm, pcclAllToAll(f, g, 2, 12, comm, NULL));
+    ROW(pcclInvalidArgument, "overflows", comm, pcclGather(d, d, SIZE_MAX / 2 + 1, pcclFloat64, r, comm, NULL));
+    ROW(pcclInvalidArgument, "overflows", comm, pcclAllToAll(d, g, SIZE_MAX / 2 + 1, pcclFloat64, comm, NULL));
+    ROW(pcclInvalidArgument, "overlap", comm, pcclAllToAll(f, f + 1, 2, pcclFloat32, comm, NULL));
+    ROW(pcclInvalidArgument, "peer 2 is not a rank", comm, pcclSend(f, 4, pcclFloat32, 2, comm, NULL));
+    ROW(pcclInvalidArgument, "peer -1 is not a rank", comm, pcclRecv(g, 4, pcclFloat32, -1, comm, NULL));
+    ROW(pcclInvalidArgument, "peer 5 is not a rank", comm, pcclIsend(f, 4, pcclFloat32, 5, comm, &req));
+    ROW(pcclInvalidArgument, "request is NULL", comm, pcclIrecv(g, 4, pcclFloat32, other, comm, NULL));
+    ROW(pcclInvalidArgument, "datatype 10 is not", comm, pcclSend(f, 4, 10, other, comm, NULL));
+    ROW(pcclInvalidArgument, "sendcounts is NULL", comm, pcclAllToAllv(f, NULL, dsp, g, cnt, dsp, pcclFloat32, comm, NULL));
+    ROW(pcclInvalidArgument, "sdispls is NULL", comm, pcclAllToAllv(f, cnt, NULL, g, cnt, dsp, pcclFloat32, comm, NULL));
+    ROW(pcclInvalidArgument, "recvcounts is NULL", comm, pcclAllToAllv(f, cnt, dsp, g, NULL, dsp, pcclFloat32, comm, NULL));
+    ROW(pcclInvalidArgument, "rdispls is NULL", comm, pcclAllToAllv(f, cnt, dsp, g, cnt, NULL, pcclFloat32, comm, NULL));
+    ROW(pcclInvalidUsage, "device memory is not supported", comm, pcclReduce(f, g, 4, pcclFloat32, pcclSum, 0, comm, (void *)bytes));
+    ROW(pcclInvalidUsage, "device memory is not supported", comm, pcclGather(f, g, 2, pcclFloat32, 0, comm, (void *)bytes));
+    ROW(pcclInvalidUsage, "device memory is not supported", comm, pcclScatter(f, g, 2, pcclFloat32, 0, comm, (void *)bytes));
+    ROW(pcclInvalidUsage, "device memory is not supported", comm, pcclAllToAll(f, g, 2, pcclFloat32, comm, (void *)bytes));
+    ROW(pcclInvalidUsage, "device memory is not supported", comm,
+        pcclAllToAllv(f, cnt, dsp, g, cnt, dsp, pcclFloat32, comm, (void *)bytes));
+    ROW(pcclInvalidUsage, "device memory is not supported", comm, pcclSend(f, 4, pcclFloat32, other, comm, (void *)bytes));
+    ROW(pcclInvalidUsage, "device memory is not supported", comm, pcclRecv(g, 4, pcclFloat32, other, comm, (void *)bytes));
+    ROW(pcclInvalidUsage, "without pcclGroupStart", NULL, pcclGroupEnd());
+    ROW(pcclSuccess, "", NULL, pcclGroupStart());
+    ROW(pcclInvalidUsage, "inside pcclGroupStart/pcclGroupEnd", comm, pcclReduce(f, g, 4, pcclFloat32, pcclSum, 0, comm, NULL));
+    ROW(pcclInvalidUsage, "not supported inside a group", comm, pcclIsend(f, 4, pcclFloat32, other, comm, &req));
+    ROW(pcclSuccess, "", NULL, pcclGroupEnd());
+    ROW(pcclInvalidUsage, "without pcclGroupStart", NULL, pcclGroupEnd());
+    ROW(pcclSuccess, "", comm, pcclReduce(f, r == 0 ? g : NULL, 4, pcclFloat32, pcclSum, 0, comm, NULL));
+    ROW(pcclSuccess, "", comm, pcclAllToAllv(NULL, zero, zero, NULL, zero, zero, pcclFloat32, comm, NULL));
+
     /* ---- initialisation ---- */
     pcclThreadWorld_t w = NULL;
     ROW(pcclInvalidArgument, "nranks 0 is out of range", NULL, pcclThreadWorldCreate(0, &w));

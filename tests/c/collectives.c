@@ -155,6 +155,234 @@ static void test_broadcast(struct rank_ctx *R, pcclComm_t comm, pcclDataType_t d
     free(recv);
 }
 
+/* ---- rooted collectives, all-to-all(v), point-to-point ------------------------------------ */
+
+/* form 0: out of place (unused buffers NULL off the root), 1: in place at the root. */
+static void test_reduce(struct rank_ctx *R, pcclComm_t comm, pcclDataType_t dt, pcclRedOp_t op,
+                        size_t count, int root, int form) {
+    int r = R->rank, p = R->nranks;
+    void *send = alloc_elems(dt, count);
+    void *recv = r == root ? (form ? send : alloc_elems(dt, count)) : NULL;
+    for (size_t i = 0; i < count; i++) set_elem(send, dt, i, red_value(op, dt, r, p, i));
+    if (CALL(R, comm, pcclReduce(send, recv, count, dt, op, root, comm, NULL)) && r == root) {
+        struct red_args ra = {op, dt, p, 0};
+        check_elems(R, "reduce", dt, op, count, form, recv, count, red_expect, &ra);
+    }
+    if (r == root && !form) free(recv);
+    free(send);
+}
+
+static void test_gather(struct rank_ctx *R, pcclComm_t comm, pcclDataType_t dt, size_t count,
+                        int root, int form) {
+    int r = R->rank, p = R->nranks;
+    size_t es = dtype_size(dt);
+    void *recv = r == root ? alloc_elems(dt, count * (size_t)p) : NULL;
+    void *send = (r == root && form) ? (count ? (char *)recv + (size_t)r * count * es : NULL)
+                                     : alloc_elems(dt, count);
+    for (size_t j = 0; j < count; j++) set_elem(send, dt, j, gather_value(r, j));
+    if (CALL(R, comm, pcclGather(send, recv, count, dt, root, comm, NULL)) && r == root) {
+        struct gather_args ga = {count, -1};
+        check_elems(R, "gather", dt, pcclSum, count, form, recv, count * (size_t)p, gather_expect,
+                    &ga);
+    }
+    if (!(r == root && form)) free(send);
+    free(recv);
+}
+
+static void test_scatter(struct rank_ctx *R, pcclComm_t comm, pcclDataType_t dt, size_t count,
+                         int root, int form) {
+    int r = R->rank, p = R->nranks;
+    size_t es = dtype_size(dt);
+    void *send = r == root ? alloc_elems(dt, count * (size_t)p) : NULL;
+    void *recv = (r == root && form) ? (count ? (char *)send + (size_t)r * count * es : NULL)
+                                     : alloc_elems(dt, count);
+    if (r == root)
+        for (size_t i = 0; i < count * (size_t)p; i++)
+            set_elem(send, dt, i, gather_value((int)(i / count), i % count));
+    if (CALL(R, comm, pcclScatter(send, recv, count, dt, root, comm, NULL))) {
+        struct gather_args ga = {count, r};
+        check_elems(R, "scatter", dt, pcclSum, count, form, recv, count, gather_expect, &ga);
+    }
+    if (!(r == root && form)) free(recv);
+    free(send);
+}
+
+/* What rank i sends to rank j at element k of an all-to-all. */
+static double a2a_value(int i, int j, size_t k) { return (double)((i * 17 + j * 5 + k * 3) % 100); }
+
+static void test_all_to_all(struct rank_ctx *R, pcclComm_t comm, pcclDataType_t dt, size_t count) {
+    int r = R->rank, p = R->nranks;
+    size_t n = count * (size_t)p;
+    void *send = alloc_elems(dt, n), *recv = alloc_elems(dt, n);
+    for (int j = 0; j < p; j++)
+        for (size_t k = 0; k < count; k++) set_elem(send, dt, (size_t)j * count + k, a2a_value(r, j, k));
+    R->checks++;
+    if (CALL(R, comm, pcclAllToAll(send, recv, count, dt, comm, NULL)))
+        for (int i = 0; i < p; i++)
+            for (size_t k = 0; k < count; k++) {
+                double got = get_elem(recv, dt, (size_t)i * count + k), want = a2a_value(i, r, k);
+                if (got != want) {
+                    fail(R, "alltoall %s count=%zu: block %d element %zu is %g, expected %g",
+                         dtype_name(dt), count, i, k, got, want);
+                    i = p;
+                    break;
+                }
+            }
+    free(send);
+    free(recv);
+}
+
+/* Elements rank i sends to rank j in the uneven all-to-all (some zero). */
+static size_t a2av_count(int i, int j, size_t scale) { return ((size_t)(i + 2 * j) % 4) * scale; }
+
+static void test_all_to_all_v(struct rank_ctx *R, pcclComm_t comm, pcclDataType_t dt, size_t scale) {
+    int r = R->rank, p = R->nranks;
+    size_t *sc = calloc((size_t)p, sizeof *sc), *sd = calloc((size_t)p, sizeof *sd);
+    size_t *rc = calloc((size_t)p, sizeof *rc), *rd = calloc((size_t)p, sizeof *rd);
+    size_t sn = 0, rn = 0;
+    /* Send blocks in reverse rank order with a one-element gap; receive blocks in rank order. */
+    for (int j = p - 1; j >= 0; j--) {
+        sc[j] = a2av_count(r, j, scale);
+        sd[j] = sn;
+        sn += sc[j] + 1;
+    }
+    for (int i = 0; i < p; i++) {
+        rc[i] = a2av_count(i, r, scale);
+        rd[i] = rn;
+        rn += rc[i];
+    }
+    void *send = alloc_elems(dt, sn), *recv = alloc_elems(dt, rn + 1);
+    for (int j = 0; j < p; j++)
+        for (size_t k = 0; k < sc[j]; k++) set_elem(send, dt, sd[j] + k, a2a_value(r, j, k));
+    R->checks++;
+    if (CALL(R, comm, pcclAllToAllv(send, sc, sd, recv, rc, rd, dt, comm, NULL)))
+        for (int i = 0; i < p; i++)
+            for (size_t k = 0; k < rc[i]; k++) {
+                double got = get_elem(recv, dt, rd[i] + k), want = a2a_value(i, r, k);
+                if (got != want) {
+                    fail(R, "alltoallv %s scale=%zu: block from %d element %zu is %g, expected %g",
+                         dtype_name(dt), scale, i, k, got, want);
+                    i = p;
+                    break;
+                }
+            }
+    free(send);
+    free(recv);
+    free(sc);
+    free(sd);
+    free(rc);
+    free(rd);
+}
+
+/* A ring (send right, receive left) inside a (nested) group, then with pcclIsend/pcclIrecv. */
+static void test_p2p(struct rank_ctx *R, pcclComm_t comm, pcclDataType_t dt, size_t count) {
+    int r = R->rank, p = R->nranks;
+    int right = (r + 1) % p, left = (r + p - 1) % p;
+    void *send = alloc_elems(dt, count), *recv = alloc_elems(dt, count);
+    for (size_t k = 0; k < count; k++) set_elem(send, dt, k, a2a_value(r, right, k));
+    CALL(R, comm, pcclGroupStart());
+    CALL(R, comm, pcclGroupStart());
+    CALL(R, comm, pcclRecv(recv, count, dt, left, comm, NULL));
+    CALL(R, comm, pcclGroupEnd());
+    CALL(R, comm, pcclSend(send, count, dt, right, comm, NULL));
+    if (CALL(R, comm, pcclGroupEnd())) {
+        R->checks++;
+        for (size_t k = 0; k < count; k++) {
+            double got = get_elem(recv, dt, k), want = a2a_value(left, r, k);
+            if (got != want) {
+                fail(R, "group ring %s count=%zu: element %zu is %g, expected %g", dtype_name(dt),
+                     count, k, got, want);
+                break;
+            }
+        }
+    }
+    /* pcclIsend/pcclIrecv between pairs (r, r^1): a rank's non-blocking calls run in order
+     * and a send completes when its receiver takes it, so the even rank sends first. */
+    if (p > 1 && (r ^ 1) < p) {
+        int peer = r ^ 1;
+        if (count) memset(recv, 0x5a, count * dtype_size(dt));
+        pcclRequest_t rs = NULL, rr = NULL;
+        int a, b;
+        if (r % 2 == 0) {
+            a = CALL(R, comm, pcclIsend(send, count, dt, peer, comm, &rs));
+            b = CALL(R, comm, pcclIrecv(recv, count, dt, peer, comm, &rr));
+        } else {
+            b = CALL(R, comm, pcclIrecv(recv, count, dt, peer, comm, &rr));
+            a = CALL(R, comm, pcclIsend(send, count, dt, peer, comm, &rs));
+        }
+        int done = 0;
+        if (b) CALL(R, comm, pcclTest(rr, &done));
+        int c = a && CALL(R, comm, pcclWait(rs));
+        int d = b && CALL(R, comm, pcclWait(rr));
+        if (c && d) {
+            R->checks++;
+            for (size_t k = 0; k < count; k++)
+                if (get_elem(recv, dt, k) != a2a_value(peer, (peer + 1) % p, k)) {
+                    fail(R, "isend/irecv %s count=%zu: element %zu is %g", dtype_name(dt), count,
+                         k, get_elem(recv, dt, k));
+                    break;
+                }
+        }
+    }
+    /* Plain blocking pairs: even ranks send first, odd ranks receive first. */
+    if (p > 1 && (r ^ 1) < p) {
+        int peer = r ^ 1;
+        if (count) memset(recv, 0x5a, count * dtype_size(dt));
+        int ok = r % 2 == 0 ? CALL(R, comm, pcclSend(send, count, dt, peer, comm, NULL)) &&
+                                  CALL(R, comm, pcclRecv(recv, count, dt, peer, comm, NULL))
+                            : CALL(R, comm, pcclRecv(recv, count, dt, peer, comm, NULL)) &&
+                                  CALL(R, comm, pcclSend(send, count, dt, peer, comm, NULL));
+        if (ok) {
+            R->checks++;
+            for (size_t k = 0; k < count; k++)
+                if (get_elem(recv, dt, k) != a2a_value(peer, (peer + 1) % p, k)) {
+                    fail(R, "send/recv pair %s count=%zu: element %zu is %g", dtype_name(dt),
+                         count, k, get_elem(recv, dt, k));
+                    break;
+                }
+        }
+    }
+    free(send);
+    free(recv);
+}
+
+static void test_ops(struct rank_ctx *R, pcclComm_t comm) {
+    static const pcclDataType_t dts_full[] = {pcclInt8, pcclUint32, pcclFloat16, pcclBfloat16,
+                                              pcclFloat32, pcclFloat64, pcclInt64};
+    static const pcclDataType_t dts_quick[] = {pcclFloat32, pcclInt64};
+    static const size_t counts_full[] = {0, 1, 7, 300};
+    static const size_t counts_quick[] = {0, 3};
+    const pcclDataType_t *dts = QUICK ? dts_quick : dts_full;
+    int ndts = QUICK ? 2 : 7;
+    const size_t *counts = QUICK ? counts_quick : counts_full;
+    int ncounts = QUICK ? 2 : 4;
+    for (int d = 0; d < ndts; d++) {
+        pcclDataType_t dt = dts[d];
+        for (int c = 0; c < ncounts; c++) {
+            size_t count = counts[c];
+            for (int root = 0; root < R->nranks; root++)
+                for (int form = 0; form < 2; form++) {
+                    pcclRedOp_t op = (root + form) % 2 ? pcclMax : pcclSum;
+                    test_reduce(R, comm, dt, op, count, root, form);
+                    test_gather(R, comm, dt, count, root, form);
+                    test_scatter(R, comm, dt, count, root, form);
+                }
+            test_all_to_all(R, comm, dt, count);
+            test_p2p(R, comm, dt, count);
+        }
+        test_all_to_all_v(R, comm, dt, 1);
+        if (!QUICK) test_all_to_all_v(R, comm, dt, 37);
+    }
+    if (!QUICK) {
+        test_reduce(R, comm, pcclFloat32, pcclAvg, 5, R->nranks - 1, 0);
+        test_reduce(R, comm, pcclInt32, pcclProd, 100000, 0, 1);
+        test_gather(R, comm, pcclUint8, 50000, R->nranks / 2, 0);
+        test_scatter(R, comm, pcclFloat64, 20000, R->nranks - 1, 1);
+        test_all_to_all(R, comm, pcclInt32, 30000);
+        test_p2p(R, comm, pcclUint8, 200000);
+    }
+}
+
 /* Several non-blocking collectives in flight at once, polled with pcclTest, waited out of
  * order. */
 static void test_nonblocking(struct rank_ctx *R, pcclComm_t comm, size_t count) {
@@ -299,6 +527,7 @@ static void rank_main(struct rank_ctx *R) {
         test_all_gather(R, comm, pcclUint8, 70000, 1);
     }
     test_nonblocking(R, comm, QUICK ? 4 : 1000);
+    test_ops(R, comm);
     test_split(R, comm);
     CALL(R, comm, pcclBarrier(comm));
     CALL(R, comm, pcclCommDestroy(comm));
