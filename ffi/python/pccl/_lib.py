@@ -109,10 +109,21 @@ _SIGNATURES = {
     "pcclIbarrier": [_comm_t, ctypes.POINTER(_req_t)],
     "pcclWait": [_req_t],
     "pcclTest": [_req_t, ctypes.POINTER(_int)],
+    # Rooted, all-to-all and point-to-point calls (host memory: stream must be NULL). Older
+    # libraries lack them: see ``has()``.
+    "pcclReduce": [_vp, _vp, _sz, _int, _int, _int, _comm_t, _vp],
+    "pcclGather": [_vp, _vp, _sz, _int, _int, _comm_t, _vp],
+    "pcclScatter": [_vp, _vp, _sz, _int, _int, _comm_t, _vp],
+    "pcclAllToAll": [_vp, _vp, _sz, _int, _comm_t, _vp],
+    "pcclAllToAllv": [_vp, ctypes.POINTER(_sz), ctypes.POINTER(_sz), _vp, ctypes.POINTER(_sz),
+                      ctypes.POINTER(_sz), _int, _comm_t, _vp],
+    "pcclSend": [_vp, _sz, _int, _int, _comm_t, _vp],
+    "pcclRecv": [_vp, _sz, _int, _int, _comm_t, _vp],
+    "pcclGroupStart": [],
+    "pcclGroupEnd": [],
+    "pcclIsend": [_vp, _sz, _int, _int, _comm_t, ctypes.POINTER(_req_t)],
+    "pcclIrecv": [_vp, _sz, _int, _int, _comm_t, ctypes.POINTER(_req_t)],
 }
-# Newer libraries also export point-to-point, group, rooted and all-to-all calls (pcclSend,
-# pcclRecv, pcclGroupStart/End, pcclAllToAll(v), pcclReduce, pcclGather, pcclScatter): see
-# ``has()``; the backend does not use them yet.
 
 _lock = threading.Lock()
 _lib = None
@@ -340,6 +351,59 @@ class Communicator:
         req = _req_t()
         check("pcclIbarrier", lib().pcclIbarrier(self.handle, ctypes.byref(req)), self.handle)
         return Request(self, req, "pcclIbarrier")
+
+
+    # Blocking calls on host memory (stream NULL): rooted collectives, all-to-all(v) and
+    # point-to-point; they return once this rank's part is done.
+    def reduce(self, send, recv, count, dtype, op, root) -> None:
+        code = lib().pcclReduce(send, recv, count, dtype, op, root, self.handle, None)
+        check("pcclReduce", code, self.handle)
+
+    def gather(self, send, recv, sendcount, dtype, root) -> None:
+        code = lib().pcclGather(send, recv, sendcount, dtype, root, self.handle, None)
+        check("pcclGather", code, self.handle)
+
+    def scatter(self, send, recv, recvcount, dtype, root) -> None:
+        code = lib().pcclScatter(send, recv, recvcount, dtype, root, self.handle, None)
+        check("pcclScatter", code, self.handle)
+
+    def alltoall(self, send, recv, count, dtype) -> None:
+        code = lib().pcclAllToAll(send, recv, count, dtype, self.handle, None)
+        check("pcclAllToAll", code, self.handle)
+
+    def alltoallv(self, send, sendcounts, sdispls, recv, recvcounts, rdispls, dtype) -> None:
+        """Counts and displacements are sequences of ``size`` ints, in elements."""
+        arr = _sz * self.size
+        code = lib().pcclAllToAllv(send, arr(*sendcounts), arr(*sdispls), recv,
+                                   arr(*recvcounts), arr(*rdispls), dtype, self.handle, None)
+        check("pcclAllToAllv", code, self.handle)
+
+    def send(self, buf, count, dtype, peer) -> None:
+        check("pcclSend", lib().pcclSend(buf, count, dtype, peer, self.handle, None),
+              self.handle)
+
+    def recv(self, buf, count, dtype, peer) -> None:
+        check("pcclRecv", lib().pcclRecv(buf, count, dtype, peer, self.handle, None),
+              self.handle)
+
+    def group(self, ops) -> None:
+        """Runs ``ops`` (``("send" | "recv", ptr, count, dtype, peer)`` tuples) as one
+        pcclGroupStart/pcclGroupEnd group on the calling thread: posted together, so rings
+        cannot deadlock; returns once all completed (raises the first error)."""
+        check("pcclGroupStart", lib().pcclGroupStart())
+        err = None
+        try:
+            for kind, ptr, count, dtype, peer in ops:
+                if kind == "send":
+                    self.send(ptr, count, dtype, peer)
+                else:
+                    self.recv(ptr, count, dtype, peer)
+        except PcclError as e:
+            err = e
+        code = lib().pcclGroupEnd()  # always close the group (posts what was queued)
+        if err is not None:
+            raise err
+        check("pcclGroupEnd", code, self.handle)
 
 
 class Request:

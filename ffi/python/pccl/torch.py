@@ -338,6 +338,61 @@ class PcclWork(dist._Work):
         return fut
 
 
+class _P2PWork(dist._Work):
+    """Work of a queued send or receive: waiting for it (or polling it) posts every queued
+    send and receive of its group as one PCCL group and completes them all."""
+
+    def __init__(self, backend, call, seq, result):
+        super().__init__()
+        self._backend = backend
+        self._call = call
+        self._seq = seq
+        self._result = result
+        self._event = threading.Event()
+        self._error = None
+
+    def _complete(self, err):
+        self._error = err
+        self._event.set()
+
+    def _run(self):
+        if not self._event.is_set():
+            self._backend._flush_p2p()
+            self._event.wait()
+
+    def wait(self, timeout=None):
+        self._run()
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self):
+        self._run()  # posts the group (blocking): a queued send would never start otherwise
+        return True
+
+    def is_success(self):
+        return self._event.is_set() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def result(self):
+        self.wait()
+        return self._result
+
+    def _get_sequence_number(self):
+        return self._seq
+
+    def get_future(self):
+        fut = torch.futures.Future()
+        try:
+            self.wait()
+            fut.set_result(self._result)
+        except BaseException as e:  # noqa: BLE001
+            fut.set_exception(e)
+        return fut
+
+
 def _done_work(result=None, backend=None):
     return PcclWork(result=result, backend=backend)
 
@@ -380,6 +435,9 @@ class PcclBackend(_BASE):
         self._seq_lock = threading.Lock()
         self._timeout_s = _seconds(timeout)
         self._timeout_set = False  # set_timeout called: wait() gets the group's deadline
+        self._p2p_pending = []  # queued sends/receives (see _flush_p2p)
+        self._p2p_lock = threading.Lock()
+        self._p2p_flush_lock = threading.RLock()
         if comm is None:
             ranks = tuple(getattr(self._options, "global_ranks_in_group", None) or ())
             comm = self._bootstrap(store, rank, size, group_id, ranks,
@@ -527,6 +585,7 @@ class PcclBackend(_BASE):
     def _start(self, name, dev, *args):
         """Issues collective ``name``: a PCCL request on host memory, or a device collective
         queued on the current stream of CUDA device ``dev``."""
+        self._flush_p2p()  # queued sends/receives go first
         comm = self._live()
         if dev.type == "cpu":
             return getattr(comm, "i" + name)(*args)
@@ -754,12 +813,13 @@ class PcclBackend(_BASE):
         return self._issue(opts, reqs, keep, self._chain(*posts), list(tensors), call)
 
     def barrier(self, opts):
+        self._flush_p2p()
         req = self._live().ibarrier()
         return self._issue(opts, [req], [], None, [], "barrier")
 
-    # Built from the collectives above (each moves size x the data a rooted call needs).
+    # Fallbacks for a libpccl without pcclReduce/Gather/Scatter (each moves size x the data).
 
-    def reduce(self, tensors, opts):
+    def _reduce_emulated(self, tensors, opts):
         call = "reduce"
         _device_of(tensors, call)
         root = opts.rootRank
@@ -773,7 +833,7 @@ class PcclBackend(_BASE):
                 posts.append(lambda t=t, tmp=tmp: t.copy_(tmp))
         return self._issue(opts, reqs, keep, self._chain(*posts), list(tensors), call)
 
-    def gather(self, output_tensors, input_tensors, opts):
+    def _gather_emulated(self, output_tensors, input_tensors, opts):
         call = "gather"
         if len(input_tensors) != 1:
             raise ValueError(f"pccl: {call} takes one input tensor per process")
@@ -794,7 +854,7 @@ class PcclBackend(_BASE):
         req = self._start("allgather", dev, _ptr(src), _ptr(flat), n, _dtype(inp, call))
         return self._issue(opts, [req], [src, flat, *outs], copy_out, output_tensors, call)
 
-    def scatter(self, output_tensors, input_tensors, opts):
+    def _scatter_emulated(self, output_tensors, input_tensors, opts):
         call = "scatter"
         if len(output_tensors) != 1:
             raise ValueError(f"pccl: {call} takes one output tensor per process")
@@ -817,20 +877,263 @@ class PcclBackend(_BASE):
 
         return self._issue(opts, [req], [flat, out], copy_out, output_tensors, call)
 
-    def _unsupported(self, call):
-        raise NotImplementedError(f"pccl: {call} is not supported by the pccl backend")
+    # ---- rooted collectives, all-to-all, point-to-point ----------------------------------
+    #
+    # pcclReduce/Gather/Scatter/AllToAll(v) and pcclSend/Recv are blocking host-memory calls:
+    # they run on the calling thread (after the communicator's earlier non-blocking requests,
+    # which the library waits for) and return a completed Work, also for async_op=True. CUDA
+    # tensors are staged through host copies.
 
-    def alltoall(self, output_tensors, input_tensors, opts):
-        self._unsupported("all_to_all")
+    def _blocking(self, opts, call, fn, result):
+        """Runs blocking C call ``fn`` (after any pending sends/receives) and returns a
+        completed Work for ``result``."""
+        self._flush_p2p()
+        self._live()
+        fn()
+        return PcclWork(result=result, call=call, seq=self._next_seq(), backend=self)
+
+    @staticmethod
+    def _host_in(t: torch.Tensor) -> torch.Tensor:
+        """A contiguous host tensor with t's data (t itself when it already is one)."""
+        return t.contiguous() if t.device.type == "cpu" else t.detach().to("cpu").contiguous()
+
+    @staticmethod
+    def _host_out(t: torch.Tensor):
+        """A contiguous host buffer for output t, and the copy-back (or None)."""
+        if t.device.type == "cpu" and t.is_contiguous():
+            return t, None
+        buf = torch.empty(t.shape, dtype=t.dtype, device="cpu")
+        return buf, (lambda: t.copy_(buf))
+
+    @staticmethod
+    def _has(name):
+        return _lib.has(name)
+
+    def reduce(self, tensors, opts):
+        call = "reduce"
+        if not self._has("pcclReduce"):
+            return self._reduce_emulated(tensors, opts)
+        _device_of(tensors, call)
+        root = opts.rootRank
+        if len(tensors) != 1:
+            raise ValueError(f"pccl: {call} takes one tensor per process")
+        t = tensors[0]
+        if t.numel() == 0:
+            return self._done(opts, list(tensors))
+        dt = _dtype(t, call)
+        op, factor = self._op(opts.reduceOp, t.dtype, call)
+        buf, copy_back = self._host_out(t)
+        if buf is not t:
+            buf.copy_(t)
+        if factor is not None:
+            buf.copy_(self._premul(buf, factor))
+        me = self.rank()
+
+        def run():
+            self._live().reduce(_ptr(buf), _ptr(buf), buf.numel(), dt, op, root)
+            if me == root and copy_back is not None:
+                copy_back()
+
+        return self._blocking(opts, call, run, list(tensors))
+
+    def gather(self, output_tensors, input_tensors, opts):
+        call = "gather"
+        if not self._has("pcclGather"):
+            return self._gather_emulated(output_tensors, input_tensors, opts)
+        if len(input_tensors) != 1:
+            raise ValueError(f"pccl: {call} takes one input tensor per process")
+        inp = input_tensors[0]
+        root = opts.rootRank
+        me = self.rank()
+        outs = output_tensors[0] if (me == root and output_tensors) else []
+        _device_of([inp, *outs], call)
+        n = inp.numel()
+        if me == root:
+            if len(outs) != self.size():
+                raise ValueError(f"pccl: {call}: needs {self.size()} output tensors on the "
+                                 f"root, got {len(outs)}")
+            for o in outs:
+                if o.numel() != n or o.dtype != inp.dtype:
+                    raise ValueError(f"pccl: {call}: every output must match the input's size "
+                                     "and dtype")
+        if n == 0:
+            return self._done(opts, output_tensors)
+        dt = _dtype(inp, call)
+        src = self._host_in(inp)
+        flat = torch.empty(n * self.size(), dtype=inp.dtype) if me == root else None
+
+        def run():
+            self._live().gather(_ptr(src), _ptr(flat) if flat is not None else None, n, dt,
+                                root)
+            for i, o in enumerate(outs):
+                o.copy_(flat.narrow(0, i * n, n).view(o.shape))
+
+        return self._blocking(opts, call, run, output_tensors)
+
+    def scatter(self, output_tensors, input_tensors, opts):
+        call = "scatter"
+        if not self._has("pcclScatter"):
+            return self._scatter_emulated(output_tensors, input_tensors, opts)
+        if len(output_tensors) != 1:
+            raise ValueError(f"pccl: {call} takes one output tensor per process")
+        out = output_tensors[0]
+        root = opts.rootRank
+        me = self.rank()
+        ins = input_tensors[0] if (me == root and input_tensors) else []
+        _device_of([out, *ins], call)
+        n = out.numel()
+        if me == root:
+            if len(ins) != self.size():
+                raise ValueError(f"pccl: {call}: needs {self.size()} input tensors on the "
+                                 f"root, got {len(ins)}")
+            for t in ins:
+                if t.numel() != n or t.dtype != out.dtype:
+                    raise ValueError(f"pccl: {call}: every input must match the output's size "
+                                     "and dtype")
+        if n == 0:
+            return self._done(opts, output_tensors)
+        dt = _dtype(out, call)
+        flat = (torch.cat([self._host_in(t).reshape(-1) for t in ins]) if me == root else None)
+        buf, copy_back = self._host_out(out)
+
+        def run():
+            self._live().scatter(_ptr(flat) if flat is not None else None, _ptr(buf), n, dt,
+                                 root)
+            if copy_back is not None:
+                copy_back()
+
+        return self._blocking(opts, call, run, output_tensors)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts):
-        self._unsupported("all_to_all_single")
+        call = "all_to_all_single"
+        _device_of([output, input], call)
+        if output.dtype != input.dtype:
+            raise TypeError(f"pccl: {call}: output dtype {output.dtype} != input {input.dtype}")
+        p = self.size()
+        dt = _dtype(input, call)
+        src = self._host_in(input)
+        buf, copy_back = self._host_out(output)
+        if buf.data_ptr() == src.data_ptr() and src.numel():  # the buffers must not overlap
+            src = src.clone()
+        out_split = list(output_split_sizes or [])
+        in_split = list(input_split_sizes or [])
+        if not out_split and not in_split:
+            if input.numel() != output.numel() or input.numel() % p:
+                raise ValueError(f"pccl: {call}: input ({input.numel()}) and output "
+                                 f"({output.numel()}) must have the same number of elements, "
+                                 f"a multiple of {p}")
+            n = input.numel() // p
+
+            def run():
+                if n:
+                    self._live().alltoall(_ptr(src), _ptr(buf), n, dt)
+                if copy_back is not None:
+                    copy_back()
+
+            return self._blocking(opts, call, run, [output])
+
+        def counts(t, split, which):
+            rows = t.shape[0] if t.dim() else 1
+            row = t.numel() // rows if rows else 0
+            if not split:
+                if rows % p:
+                    raise ValueError(f"pccl: {call}: {which} dim 0 ({rows}) is not a multiple "
+                                     f"of {p} and no split sizes were given")
+                split = [rows // p] * p
+            if len(split) != p or sum(split) != rows:
+                raise ValueError(f"pccl: {call}: {which} split sizes {split} do not cover dim "
+                                 f"0 ({rows}) in {p} parts")
+            c = [int(s) * row for s in split]
+            d = [sum(c[:i]) for i in range(p)]
+            return c, d
+
+        sc, sd = counts(input, in_split, "input")
+        rc, rd = counts(output, out_split, "output")
+
+        def run():
+            self._live().alltoallv(_ptr(src), sc, sd, _ptr(buf), rc, rd, dt)
+            if copy_back is not None:
+                copy_back()
+
+        return self._blocking(opts, call, run, [output])
+
+    def alltoall(self, output_tensors, input_tensors, opts):
+        call = "all_to_all"
+        p = self.size()
+        _device_of([*output_tensors, *input_tensors], call)
+        if len(output_tensors) != p or len(input_tensors) != p:
+            raise ValueError(f"pccl: {call}: needs {p} input and {p} output tensors")
+        dtype = input_tensors[0].dtype
+        if any(t.dtype != dtype for t in [*output_tensors, *input_tensors]):
+            raise TypeError(f"pccl: {call}: all tensors must have one dtype")
+        dt = _dtype(input_tensors[0], call)
+        src = torch.cat([self._host_in(t).reshape(-1) for t in input_tensors])
+        sc = [t.numel() for t in input_tensors]
+        rc = [t.numel() for t in output_tensors]
+        sd = [sum(sc[:i]) for i in range(p)]
+        rd = [sum(rc[:i]) for i in range(p)]
+        flat = torch.empty(sum(rc), dtype=dtype)
+
+        def run():
+            self._live().alltoallv(_ptr(src), sc, sd, _ptr(flat), rc, rd, dt)
+            for o, off, c in zip(output_tensors, rd, rc):
+                o.copy_(flat.narrow(0, off, c).view(o.shape))
+
+        return self._blocking(opts, call, run, list(output_tensors))
+
+    # Point-to-point: send/recv (torch's isend/irecv, batch_isend_irecv) are queued on the
+    # backend and posted together, as one pcclGroupStart/pcclGroupEnd group, when one of their
+    # Works is waited for or polled, or before any other call on the group. So the separate
+    # isend/irecv of a ring (what batch_isend_irecv issues for a backend without coalescing)
+    # are posted as one group and cannot deadlock; dist.send/dist.recv wait at once.
+
+    def _p2p(self, kind, tensors, peer, call):
+        if len(tensors) != 1:
+            raise ValueError(f"pccl: {call} takes one tensor")
+        t = tensors[0]
+        _device_of([t], call)
+        if not 0 <= peer < self.size() or peer == self.rank():
+            raise ValueError(f"pccl: {call}: peer {peer} is not another rank of the group of "
+                             f"{self.size()}")
+        dt = _dtype(t, call)
+        if kind == "send":
+            buf, post = self._host_in(t), None
+        else:
+            buf, post = self._host_out(t)
+        work = _P2PWork(self, call, self._next_seq(), [t])
+        with self._p2p_lock:
+            self._p2p_pending.append((kind, buf, t.numel(), dt, peer, post, work))
+        return work
 
     def send(self, tensors, dst, tag=0):
-        self._unsupported("send")
+        return self._p2p("send", tensors, dst, "send")
 
     def recv(self, tensors, src, tag=0):
-        self._unsupported("recv")
+        return self._p2p("recv", tensors, src, "recv")
+
+    def _flush_p2p(self):
+        """Posts the queued sends and receives as one group (blocking) and completes their
+        Works."""
+        with self._p2p_flush_lock:
+            with self._p2p_lock:
+                pending, self._p2p_pending = self._p2p_pending, []
+            if not pending:
+                return
+            err = None
+            try:
+                ops = [(k, _ptr(b), n, dt, peer) for k, b, n, dt, peer, _, _ in pending if n]
+                if ops:
+                    self._live().group(ops)
+                for *_, post, _w in pending:
+                    if post is not None:
+                        post()
+            except BaseException as e:  # noqa: BLE001 (every Work of the group reports it)
+                err = e
+            for *_, w in pending:
+                w._complete(err)
+
+    def _unsupported(self, call):
+        raise NotImplementedError(f"pccl: {call} is not supported by the pccl backend")
 
     def recv_anysource(self, tensors, tag=0):
         self._unsupported("recv_anysource")
@@ -844,6 +1147,10 @@ class PcclBackend(_BASE):
     def shutdown(self):
         """``pcclCommDestroy`` (destroy_process_group): operations still in flight keep the
         communicator alive until they end (the in-flight registry finishes them)."""
+        try:
+            self._flush_p2p()
+        except Exception:  # noqa: BLE001
+            pass
         comm, self._comm = self._comm, None
         if comm is not None:
             try:
@@ -861,6 +1168,10 @@ class PcclBackend(_BASE):
                 comm.abort()
             except Exception:  # noqa: BLE001
                 pass
+        try:
+            self._flush_p2p()  # the comm is gone: queued sends/receives fail
+        except Exception:  # noqa: BLE001
+            pass
         reap()
 
     # The names a Python ProcessGroup is called by on older torch (see _base_class).

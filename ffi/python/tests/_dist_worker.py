@@ -304,8 +304,6 @@ def misc(ck: Checker, pg, gloo, ranks, tag):
     for name, fn in [
         ("all_reduce with ReduceOp.AVG needs a floating dtype",
          lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=R.AVG, group=pg)),
-        ("all_to_all_single",
-         lambda: dist.all_to_all_single(torch.zeros(n_ranks), torch.zeros(n_ranks), group=pg)),
         ("does not support dtype",
          lambda: dist.broadcast(torch.ones(2).to(torch.float8_e5m2), src=ranks[0], group=pg)),
     ]:
