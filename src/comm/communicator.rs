@@ -350,30 +350,22 @@ impl Communicator {
     // ---- non-blocking collectives ---------------------------------------------------------
 
     /// Non-blocking [`Communicator::all_gather`]; `wait` gives the buffers back.
-    pub fn all_gather_async<T, I, O>(&self, input: I, mut output: O) -> Result<Request<(I, O)>>
+    pub fn all_gather_async<T, I, O>(&self, input: I, output: O) -> Result<Request<(I, O)>>
     where
         T: Element,
         I: AsRef<[T]> + Send + 'static,
         O: AsMut<[T]> + Send + 'static,
     {
-        let (i, o) = (input.as_ref(), output.as_mut());
-        let (ip, il, op, ol) = (i.as_ptr(), i.len(), o.as_mut_ptr(), o.len());
-        // SAFETY: the job owns `input` and `output` until it completes; moving them does not
-        // move their heap contents, which is what the call points into.
-        unsafe {
-            self.nonblocking(
-                "all_gather_async",
-                || self.all_gather_call(ip, il, op, ol),
-                (input, output),
-            )
-        }
+        self.nonblocking_io("all_gather_async", input, output, |ip, il, op, ol| {
+            self.all_gather_call(ip, il, op, ol)
+        })
     }
 
     /// Non-blocking [`Communicator::reduce_scatter`].
     pub fn reduce_scatter_async<T, I, O>(
         &self,
         input: I,
-        mut output: O,
+        output: O,
         op: ReduceOp,
     ) -> Result<Request<(I, O)>>
     where
@@ -381,16 +373,9 @@ impl Communicator {
         I: AsRef<[T]> + Send + 'static,
         O: AsMut<[T]> + Send + 'static,
     {
-        let (i, o) = (input.as_ref(), output.as_mut());
-        let (ip, il, outp, ol) = (i.as_ptr(), i.len(), o.as_mut_ptr(), o.len());
-        // SAFETY: as in `all_gather_async`.
-        unsafe {
-            self.nonblocking(
-                "reduce_scatter_async",
-                || self.reduce_scatter_call::<T>(ip, il, outp, ol, op),
-                (input, output),
-            )
-        }
+        self.nonblocking_io("reduce_scatter_async", input, output, |ip, il, outp, ol| {
+            self.reduce_scatter_call::<T>(ip, il, outp, ol, op)
+        })
     }
 
     /// Non-blocking in-place [`Communicator::all_reduce_in_place`].

@@ -143,27 +143,15 @@ impl Communicator {
     }
 
     /// Non-blocking [`Communicator::all_to_all`]; `wait` gives the buffers back.
-    pub fn all_to_all_async<T, I, O>(
-        &self,
-        input: I,
-        mut output: O,
-    ) -> Result<crate::Request<(I, O)>>
+    pub fn all_to_all_async<T, I, O>(&self, input: I, output: O) -> Result<crate::Request<(I, O)>>
     where
         T: Element,
         I: AsRef<[T]> + Send + 'static,
         O: AsMut<[T]> + Send + 'static,
     {
-        let (i, o) = (input.as_ref(), output.as_mut());
-        let (ip, il, op, ol) = (i.as_ptr(), i.len(), o.as_mut_ptr(), o.len());
-        // SAFETY: the job owns `input` and `output` until it completes; moving them does not
-        // move their heap contents, which is what the call points into.
-        unsafe {
-            self.nonblocking(
-                "all_to_all_async",
-                || self.all_to_all_call(ip, il, op, ol),
-                (input, output),
-            )
-        }
+        self.nonblocking_io("all_to_all_async", input, output, |ip, il, op, ol| {
+            self.all_to_all_call(ip, il, op, ol)
+        })
     }
 
     /// Uneven all-to-all (MPI's `MPI_Alltoallv`): this rank sends

@@ -23,6 +23,27 @@ impl Drop for Busy<'_> {
 }
 
 impl Communicator {
+    /// A non-blocking call on an owned input and output: `build` gets their pointers and
+    /// lengths; the request owns both until the collective completes and gives them back.
+    pub(super) fn nonblocking_io<T, I, O>(
+        &self,
+        what: &str,
+        input: I,
+        mut output: O,
+        build: impl FnOnce(*const T, usize, *mut T, usize) -> Result<Call<T>>,
+    ) -> Result<crate::Request<(I, O)>>
+    where
+        T: Element,
+        I: AsRef<[T]> + Send + 'static,
+        O: AsMut<[T]> + Send + 'static,
+    {
+        let (i, o) = (input.as_ref(), output.as_mut());
+        let (ip, il, op, ol) = (i.as_ptr(), i.len(), o.as_mut_ptr(), o.len());
+        // SAFETY: the job owns `input` and `output` until it completes; moving them does not
+        // move their heap contents, which is what the call points into.
+        unsafe { self.nonblocking(what, || build(ip, il, op, ol), (input, output)) }
+    }
+
     /// Takes this rank's turn at the next collective and refuses it with `err`: every peer's
     /// call of that collective fails with a remote error naming this rank and `what`, and
     /// the ranks stay in step for the next one. For front ends that reject a call before it
