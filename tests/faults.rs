@@ -228,9 +228,10 @@ fn two_threads_on_one_communicator_never_get_wrong_data() {
         })
     })
     .unwrap();
-    let refused: usize = out.iter().flatten().map(|x| x.1).sum();
+    // Whether the threads ever overlap depends on scheduling (on a busy 2-core machine they
+    // may not); detection itself is asserted by `concurrent_use_is_invalid_usage`. What must
+    // hold every time is checked above: no success ever carries wrong or torn data.
     eprintln!("two threads per rank: (ok, errors) per thread {out:?}");
-    assert!(refused > 0, "concurrent use must be detected at least once");
 }
 
 #[test]
