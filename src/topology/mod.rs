@@ -1,10 +1,15 @@
-//! Which ranks share a node, and each rank's local index.
+//! Which ranks share a node, each rank's local index, and which NIC each local rank uses.
+
+pub mod nic_map;
+
+pub use nic_map::NicMap;
 
 /// The node structure of a communicator.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Topology {
     nodes: Vec<Vec<usize>>,
     position: Vec<(usize, usize)>,
+    nic_map: Option<NicMap>,
 }
 
 impl Topology {
@@ -41,7 +46,28 @@ impl Topology {
                 position[r] = (n, m);
             }
         }
-        Topology { nodes, position }
+        Topology {
+            nodes,
+            position,
+            nic_map: None,
+        }
+    }
+
+    /// The same topology with the NIC map every node uses.
+    pub fn with_nic_map(mut self, map: NicMap) -> Self {
+        self.nic_map = Some(map);
+        self
+    }
+
+    /// The NIC map, when one is known (discovered, given by `PCCL_NIC_MAP`, or set by a model).
+    pub fn nic_map(&self) -> Option<&NicMap> {
+        self.nic_map.as_ref()
+    }
+
+    /// NIC of `rank` on its node: from the NIC map, or NIC 0 when none is known.
+    pub fn nic_of_rank(&self, rank: usize) -> usize {
+        let local = self.position[rank].1;
+        self.nic_map.as_ref().map_or(0, |m| m.nic_of(local))
     }
 
     /// Number of ranks.
