@@ -99,7 +99,7 @@ fn hiprtc_and_rccl_missing_are_errors() {
             assert_missing_library(&e, "librccl.so", "PCCL_RCCL_LIBRARY");
             println!("skipped: no RCCL ({e})");
         }
-        Ok(api) => println!("RCCL {} at {}", api.version().unwrap_or(0), api.path),
+        Ok(api) => println!("RCCL {} at {}", api.version(), api.path()),
     }
 }
 

@@ -5,11 +5,16 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+pub mod dl;
 #[cfg(feature = "rocm")]
 pub mod hip;
 pub mod host;
 // Pure launch arithmetic shared by the GPU back ends.
 #[cfg(any(feature = "cuda", feature = "rocm", test))]
 pub(crate) mod launch;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+pub mod nccl_abi;
+/// NCCL: the CUDA build of [`nccl_abi`] (the same module, under its old name).
 #[cfg(feature = "cuda")]
-pub mod nccl;
+pub use nccl_abi as nccl;

@@ -1,15 +1,21 @@
-//! NCCL, loaded at run time: the intra-node level of the device collectives.
+//! The NCCL-shaped collective library ABI, shared by NCCL (CUDA) and RCCL (ROCm): the
+//! unique-id type, the dtype and op codes, the result codes and their mapping to PCCL
+//! errors, the function table and a communicator handle. Both libraries export the same C
+//! API (RCCL is NCCL's port, with `hipStream_t` where NCCL takes `cudaStream_t`; both are
+//! opaque pointers), so one table serves both, loaded through [`super::dl`] from a
+//! [`LibrarySpec`].
 //!
 //! NCCL ships as `libnccl.so.2` (its soname; the `libnccl.so` link exists only where the
-//! development package is installed, and pip's `nvidia-nccl-cu*` wheels have no such link).
-//! cudarc's loader searches `libnccl.so` and `.so.{1,9..12}` but never `.so.2`, so PCCL loads
-//! NCCL itself with `libloading`, trying in order: the path in `PCCL_NCCL_LIBRARY`,
-//! `libnccl.so.2`, `libnccl.so`. A process that already holds NCCL (PyTorch loads it) gets that
-//! copy back from the dynamic loader, which matches the soname.
+//! development package is installed, and pip's `nvidia-nccl-cu*` wheels have no such link),
+//! so PCCL loads it itself, trying the path in `PCCL_NCCL_LIBRARY`, `libnccl.so.2`,
+//! `libnccl.so`; RCCL is looked for at `PCCL_RCCL_LIBRARY`, `librccl.so`, `librccl.so.1`. A
+//! process that already holds the library (PyTorch loads it) gets that copy back from the
+//! dynamic loader, which matches the soname.
 //!
 //! Only the calls PCCL makes are bound; their signatures are those of `nccl.h` since NCCL 2.10
 //! (bfloat16 and `ncclAvg`), which is the oldest version accepted.
 
+use super::dl::{open_library, symbol, LibrarySpec};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -18,6 +24,22 @@ use std::sync::OnceLock;
 /// The variable naming the NCCL library file to load before the usual names.
 pub const LIBRARY_VAR: &str = "PCCL_NCCL_LIBRARY";
 
+/// Where NCCL is looked for.
+pub const NCCL_SPEC: LibrarySpec = LibrarySpec {
+    what: "NCCL",
+    env: LIBRARY_VAR,
+    names: &["libnccl.so.2", "libnccl.so"],
+    hint: "install NCCL (libnccl2, or pip's nvidia-nccl-cu12/cu13) and put it on the loader path",
+};
+
+/// Where RCCL is looked for.
+pub const RCCL_SPEC: LibrarySpec = LibrarySpec {
+    what: "RCCL",
+    env: "PCCL_RCCL_LIBRARY",
+    names: &["librccl.so", "librccl.so.1"],
+    hint: "install ROCm and add its lib folder (/opt/rocm/lib) to LD_LIBRARY_PATH",
+};
+
 /// `ncclComm_t`.
 type RawComm = *mut c_void;
 /// `ncclResult_t`.
@@ -25,12 +47,53 @@ type RawResult = c_int;
 const NCCL_SUCCESS: RawResult = 0;
 const NCCL_IN_PROGRESS: RawResult = 7;
 
+/// `ncclDataType_t`.
+pub type NcclDataType = c_int;
+/// `ncclRedOp_t`.
+pub type NcclRedOp = c_int;
+/// `ncclInt8`.
+pub const NCCL_INT8: NcclDataType = 0;
+/// `ncclUint8`.
+pub const NCCL_UINT8: NcclDataType = 1;
+/// `ncclInt32`.
+pub const NCCL_INT32: NcclDataType = 2;
+/// `ncclUint32`.
+pub const NCCL_UINT32: NcclDataType = 3;
+/// `ncclInt64`.
+pub const NCCL_INT64: NcclDataType = 4;
+/// `ncclUint64`.
+pub const NCCL_UINT64: NcclDataType = 5;
+/// `ncclFloat16`.
+pub const NCCL_FLOAT16: NcclDataType = 6;
+/// `ncclFloat32`.
+pub const NCCL_FLOAT32: NcclDataType = 7;
+/// `ncclFloat64`.
+pub const NCCL_FLOAT64: NcclDataType = 8;
+/// `ncclBfloat16`.
+pub const NCCL_BFLOAT16: NcclDataType = 9;
+/// `ncclSum`.
+pub const NCCL_SUM: NcclRedOp = 0;
+/// `ncclProd`.
+pub const NCCL_PROD: NcclRedOp = 1;
+/// `ncclMax`.
+pub const NCCL_MAX: NcclRedOp = 2;
+/// `ncclMin`.
+pub const NCCL_MIN: NcclRedOp = 3;
+/// `ncclAvg`.
+pub const NCCL_AVG: NcclRedOp = 4;
+
 /// `ncclUniqueId`: the 128 opaque bytes one rank creates and the others receive out of band.
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NcclUniqueId {
     /// The bytes, as NCCL wrote them.
     pub internal: [c_char; 128],
+}
+
+impl Default for NcclUniqueId {
+    fn default() -> Self {
+        NcclUniqueId { internal: [0; 128] }
+    }
 }
 
 impl NcclUniqueId {
@@ -80,8 +143,10 @@ type BroadcastFn = unsafe extern "C" fn(
     *mut c_void,
 ) -> RawResult;
 
-/// The NCCL entry points PCCL calls, resolved once per process.
-struct Api {
+/// The entry points PCCL calls, resolved once per process per library.
+pub struct NcclApi {
+    /// "NCCL" or "RCCL", for messages.
+    name: &'static str,
     /// Keeps the library mapped while the function pointers are in use.
     _lib: libloading::Library,
     path: String,
@@ -98,50 +163,16 @@ struct Api {
     broadcast: BroadcastFn,
 }
 
-/// The library names tried, in order.
-fn candidates() -> Vec<String> {
-    let mut c = Vec::new();
-    if let Ok(p) = std::env::var(LIBRARY_VAR) {
-        if !p.is_empty() {
-            c.push(p);
-        }
-    }
-    c.push("libnccl.so.2".into());
-    c.push("libnccl.so".into());
-    c
-}
-
-fn load() -> std::result::Result<Api, String> {
-    let names = candidates();
-    let mut tried = Vec::new();
-    let (lib, path) = names
-        .iter()
-        .find_map(|n| {
-            // SAFETY: loading NCCL runs its library initialisers, which only set up NCCL's own
-            // state; no other code is run.
-            match unsafe { libloading::Library::new(n) } {
-                Ok(l) => Some((l, n.clone())),
-                Err(e) => {
-                    tried.push(format!("{n} ({e})"));
-                    None
-                }
-            }
-        })
-        .ok_or_else(|| {
-            format!(
-                "NCCL could not be loaded: tried {}. Install NCCL (libnccl2, or pip's \
-                 nvidia-nccl-cu12/cu13) and set {LIBRARY_VAR} to the full path of libnccl.so.2 \
-                 if it is not on the loader path",
-                tried.join(", ")
-            )
-        })?;
+fn load(spec: &LibrarySpec) -> std::result::Result<NcclApi, String> {
+    let (lib, path) = open_library(spec)?;
+    let env = spec.env;
     macro_rules! sym {
         ($name:literal, $t:ty) => {{
             // SAFETY: the symbol is declared in nccl.h with the signature `$t` spells out
-            // (NCCL >= 2.10, checked below through ncclGetVersion).
-            let s: libloading::Symbol<$t> = unsafe { lib.get(concat!($name, "\0").as_bytes()) }
-                .map_err(|e| format!("{path} has no {}: {e}", $name))?;
-            *s
+            // (NCCL >= 2.10, checked below through ncclGetVersion); the pointer lives in the
+            // same table as the library, which is never unloaded.
+            let f: $t = unsafe { symbol(&lib, &path, env, $name)? };
+            f
         }};
     }
     let get_version = sym!("ncclGetVersion", VersionFn);
@@ -153,10 +184,12 @@ fn load() -> std::result::Result<Api, String> {
     }
     if version < 21000 {
         return Err(format!(
-            "{path} is NCCL {version}, older than 2.10 (no bfloat16 or avg); install a newer NCCL"
+            "{path} is {} {version}, older than 2.10 (no bfloat16 or avg); install a newer one",
+            spec.what
         ));
     }
-    Ok(Api {
+    Ok(NcclApi {
+        name: spec.what,
         unique_id: sym!("ncclGetUniqueId", UniqueIdFn),
         init_rank: sym!("ncclCommInitRank", InitRankFn),
         destroy: sym!("ncclCommDestroy", CommFn),
@@ -173,58 +206,94 @@ fn load() -> std::result::Result<Api, String> {
     })
 }
 
-fn api() -> Result<&'static Api> {
-    static API: OnceLock<std::result::Result<Api, String>> = OnceLock::new();
-    API.get_or_init(load)
+/// The NCCL table, loaded once per process; a System error saying what was searched.
+pub fn nccl() -> Result<&'static NcclApi> {
+    static API: OnceLock<std::result::Result<NcclApi, String>> = OnceLock::new();
+    API.get_or_init(|| load(&NCCL_SPEC))
         .as_ref()
         .map_err(|m| Error::system(m.clone()))
 }
 
-/// Loads NCCL (once per process) and returns its version as `major * 10000 + minor * 100 +
-/// patch` (NCCL's `NCCL_VERSION_CODE`), or a System error saying what was searched.
+/// The RCCL table, loaded once per process; a System error naming `PCCL_RCCL_LIBRARY`.
+pub fn rccl() -> Result<&'static NcclApi> {
+    static API: OnceLock<std::result::Result<NcclApi, String>> = OnceLock::new();
+    API.get_or_init(|| load(&RCCL_SPEC))
+        .as_ref()
+        .map_err(|m| Error::system(m.clone()))
+}
+
+impl NcclApi {
+    /// The library's version as `major * 10000 + minor * 100 + patch` (`NCCL_VERSION_CODE`).
+    pub fn version(&self) -> i32 {
+        self.version
+    }
+
+    /// The file the library was loaded from (as named to the loader).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// "NCCL" or "RCCL".
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// A fresh unique id (call on one rank, send to the others).
+    pub fn unique_id(&'static self) -> Result<NcclUniqueId> {
+        let mut id = NcclUniqueId { internal: [0; 128] };
+        // SAFETY: `id` is a valid out-pointer to a 128-byte ncclUniqueId.
+        check(self, "ncclGetUniqueId", unsafe {
+            (self.unique_id)(&mut id)
+        })?;
+        Ok(id)
+    }
+}
+
+/// Loads NCCL (once per process) and returns its version, or a System error saying what was
+/// searched.
 pub fn version() -> Result<i32> {
-    api().map(|a| a.version)
+    nccl().map(|a| a.version)
 }
 
-/// The file NCCL was loaded from (as named to the loader).
+/// The file NCCL was loaded from.
 pub fn library_path() -> Result<&'static str> {
-    api().map(|a| a.path.as_str())
+    nccl().map(|a| a.path.as_str())
 }
 
-/// NCCL's `ncclDataType_t` for a PCCL dtype.
-pub fn nccl_dtype(d: DType) -> c_int {
-    match d {
-        DType::I8 => 0,
-        DType::U8 => 1,
-        DType::I32 => 2,
-        DType::U32 => 3,
-        DType::I64 => 4,
-        DType::U64 => 5,
-        DType::F16 => 6,
-        DType::F32 => 7,
-        DType::F64 => 8,
-        DType::BF16 => 9,
+/// The `ncclDataType_t` of a PCCL dtype (NCCL and RCCL alike).
+pub fn nccl_dtype(dtype: DType) -> NcclDataType {
+    match dtype {
+        DType::I8 => NCCL_INT8,
+        DType::U8 => NCCL_UINT8,
+        DType::I32 => NCCL_INT32,
+        DType::U32 => NCCL_UINT32,
+        DType::I64 => NCCL_INT64,
+        DType::U64 => NCCL_UINT64,
+        DType::F16 => NCCL_FLOAT16,
+        DType::BF16 => NCCL_BFLOAT16,
+        DType::F32 => NCCL_FLOAT32,
+        DType::F64 => NCCL_FLOAT64,
     }
 }
 
-/// NCCL's `ncclRedOp_t` for a PCCL operator.
-pub fn nccl_op(op: ReduceOp) -> c_int {
+/// The `ncclRedOp_t` of a PCCL op. Note the order differs: NCCL has max before min.
+pub fn nccl_op(op: ReduceOp) -> NcclRedOp {
     match op {
-        ReduceOp::Sum => 0,
-        ReduceOp::Prod => 1,
-        ReduceOp::Max => 2,
-        ReduceOp::Min => 3,
-        ReduceOp::Avg => 4,
+        ReduceOp::Sum => NCCL_SUM,
+        ReduceOp::Prod => NCCL_PROD,
+        ReduceOp::Min => NCCL_MIN,
+        ReduceOp::Max => NCCL_MAX,
+        ReduceOp::Avg => NCCL_AVG,
     }
 }
 
-fn check(a: &Api, what: &str, r: RawResult) -> Result<()> {
+fn check(a: &NcclApi, what: &str, r: RawResult) -> Result<()> {
     if r == NCCL_SUCCESS {
         return Ok(());
     }
     // SAFETY: ncclGetErrorString returns a static NUL-terminated string for any code.
     let msg = unsafe { CStr::from_ptr((a.error_string)(r)) }.to_string_lossy();
-    let text = format!("NCCL {what} failed: {msg} (ncclResult {r})");
+    let text = format!("{} {what} failed: {msg} (ncclResult {r})", a.name);
     Err(match r {
         4 | 5 => Error::usage(text),
         6 => Error::remote(text),
@@ -232,18 +301,15 @@ fn check(a: &Api, what: &str, r: RawResult) -> Result<()> {
     })
 }
 
-/// A fresh unique id (call on one rank, send to the others).
+/// A fresh NCCL unique id (call on one rank, send to the others).
 pub fn unique_id() -> Result<NcclUniqueId> {
-    let a = api()?;
-    let mut id = NcclUniqueId { internal: [0; 128] };
-    // SAFETY: `id` is a valid out-pointer to a 128-byte ncclUniqueId.
-    check(a, "ncclGetUniqueId", unsafe { (a.unique_id)(&mut id) })?;
-    Ok(id)
+    nccl()?.unique_id()
 }
 
 /// One rank's NCCL communicator. Its calls are queued on the stream passed to each; the
 /// caller's CUDA context must be current on the calling thread.
 pub struct NcclComm {
+    api: &'static NcclApi,
     raw: RawComm,
     rank: usize,
     size: usize,
@@ -258,7 +324,16 @@ impl NcclComm {
     /// `ncclCommInitRank`: collective over the `size` ranks holding `id`. The device is the
     /// one whose context is current on the calling thread.
     pub fn init(id: &NcclUniqueId, size: usize, rank: usize) -> Result<NcclComm> {
-        let a = api()?;
+        Self::init_with(nccl()?, id, size, rank)
+    }
+
+    /// `ncclCommInitRank` of library `a` (NCCL or RCCL).
+    pub fn init_with(
+        a: &'static NcclApi,
+        id: &NcclUniqueId,
+        size: usize,
+        rank: usize,
+    ) -> Result<NcclComm> {
         if rank >= size || size > c_int::MAX as usize {
             return Err(Error::invalid(format!(
                 "NCCL rank {rank} of {size} is out of range"
@@ -269,7 +344,12 @@ impl NcclComm {
         check(a, "ncclCommInitRank", unsafe {
             (a.init_rank)(&mut raw, size as c_int, *id, rank as c_int)
         })?;
-        Ok(NcclComm { raw, rank, size })
+        Ok(NcclComm {
+            api: a,
+            raw,
+            rank,
+            size,
+        })
     }
 
     /// This rank's index in the NCCL communicator.
@@ -284,7 +364,7 @@ impl NcclComm {
 
     /// An error the communicator met asynchronously (a peer failed, a network error), if any.
     pub fn async_error(&self) -> Result<()> {
-        let a = api()?;
+        let a = self.api;
         let mut r: RawResult = NCCL_SUCCESS;
         // SAFETY: `self.raw` is a live communicator and `r` a valid out-pointer.
         check(a, "ncclCommGetAsyncError", unsafe {
@@ -310,7 +390,7 @@ impl NcclComm {
         dtype: DType,
         stream: *mut c_void,
     ) -> Result<()> {
-        let a = api()?;
+        let a = self.api;
         check(
             a,
             "ncclAllGather",
@@ -338,7 +418,7 @@ impl NcclComm {
         op: ReduceOp,
         stream: *mut c_void,
     ) -> Result<()> {
-        let a = api()?;
+        let a = self.api;
         self.reduction(
             a,
             a.reduce_scatter,
@@ -366,7 +446,7 @@ impl NcclComm {
         op: ReduceOp,
         stream: *mut c_void,
     ) -> Result<()> {
-        let a = api()?;
+        let a = self.api;
         self.reduction(
             a,
             a.all_reduce,
@@ -387,7 +467,7 @@ impl NcclComm {
     #[allow(clippy::too_many_arguments)]
     unsafe fn reduction(
         &self,
-        a: &Api,
+        a: &NcclApi,
         f: ReduceFn,
         what: &str,
         send: u64,
@@ -422,7 +502,7 @@ impl NcclComm {
         root: usize,
         stream: *mut c_void,
     ) -> Result<()> {
-        let a = api()?;
+        let a = self.api;
         check(
             a,
             "ncclBroadcast",
@@ -440,10 +520,8 @@ impl NcclComm {
 
     /// Ends the communicator without waiting for its peers (after a timeout or error).
     pub fn abort(mut self) {
-        if let Ok(a) = api() {
-            // SAFETY: `self.raw` is live; it is nulled so that Drop does not destroy it again.
-            unsafe { (a.abort)(self.raw) };
-        }
+        // SAFETY: `self.raw` is live; it is nulled so that Drop does not destroy it again.
+        unsafe { (self.api.abort)(self.raw) };
         self.raw = std::ptr::null_mut();
     }
 }
@@ -453,11 +531,9 @@ impl Drop for NcclComm {
         if self.raw.is_null() {
             return;
         }
-        if let Ok(a) = api() {
-            // SAFETY: `self.raw` is a live communicator, destroyed once. Errors cannot be
-            // reported from drop; ncclCommDestroy frees the resources regardless.
-            unsafe { (a.destroy)(self.raw) };
-        }
+        // SAFETY: `self.raw` is a live communicator, destroyed once. Errors cannot be
+        // reported from drop; ncclCommDestroy frees the resources regardless.
+        unsafe { (self.api.destroy)(self.raw) };
     }
 }
 
