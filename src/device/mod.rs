@@ -3,6 +3,8 @@
 //! drives, `nccl` the NCCL library loaded at run time; `hip` (feature `rocm`) loads HIP and
 //! hipRTC for AMD GPUs.
 
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+pub mod api;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(any(feature = "cuda", feature = "rocm"))]

@@ -3,9 +3,9 @@
 use super::*;
 pub struct HipDevice {
     /// One AMD GPU with a stream of its own, on which every operation of this handle is ordered.
-    shared: Arc<DeviceShared>,
-    stream: HipStream,
-    shape: LaunchShape,
+    pub(super) shared: Arc<DeviceShared>,
+    pub(super) stream: HipStream,
+    pub(super) shape: LaunchShape,
 }
 
 // SAFETY: the stream handle is owned by this value and HIP streams may be used from any
@@ -69,7 +69,7 @@ impl HipDevice {
         })
     }
 
-    fn api(&self) -> &'static HipApi {
+    pub(super) fn api(&self) -> &'static HipApi {
         self.shared.api
     }
 
@@ -523,7 +523,7 @@ impl HipDevice {
     /// # Safety
     /// `ps` and `pd` must address `total` bytes of disjoint device memory of this device that
     /// stay valid until the work completes, as checked by [`plan_transpose_spans`].
-    unsafe fn launch_transpose(
+    pub(super) unsafe fn launch_transpose(
         &self,
         ps: u64,
         pd: u64,

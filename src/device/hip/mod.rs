@@ -34,6 +34,7 @@
 mod buffer;
 mod check;
 mod device;
+mod gpu;
 mod rtc;
 mod shared;
 mod sys;
@@ -50,6 +51,7 @@ pub use super::nccl_abi::{
 pub use buffer::HipBuffer;
 pub(crate) use check::*;
 pub use device::HipDevice;
+pub use gpu::{HipOwnedEvent, HipOwnedStream, HipPinned};
 pub use rtc::*;
 pub use shared::device_count;
 pub use sys::*;

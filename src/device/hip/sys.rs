@@ -39,6 +39,8 @@ pub const HIP_ATTR_MAX_SHARED_MEMORY_PER_BLOCK: HipDeviceAttribute = 74;
 pub const HIP_ATTR_WARP_SIZE: HipDeviceAttribute = 87;
 /// `hiprtcResult` (0 is `HIPRTC_SUCCESS`).
 pub type HiprtcResult = c_int;
+/// `hipErrorNotReady`: an event or stream query found work still running.
+pub const HIP_ERROR_NOT_READY: HipError = 600;
 /// `HIPRTC_SUCCESS`.
 pub const HIPRTC_SUCCESS: HiprtcResult = 0;
 /// `hiprtcProgram` (opaque).
@@ -126,6 +128,16 @@ pub struct HipApi {
     pub hipEventElapsedTime: unsafe extern "C" fn(*mut f32, HipEvent, HipEvent) -> HipError,
     /// `hipEventDestroy(hipEvent_t)`
     pub hipEventDestroy: unsafe extern "C" fn(HipEvent) -> HipError,
+    /// `hipEventQuery(hipEvent_t)`: `hipSuccess` when done, `hipErrorNotReady` when not.
+    pub hipEventQuery: unsafe extern "C" fn(HipEvent) -> HipError,
+    /// `hipStreamWaitEvent(hipStream_t, hipEvent_t, unsigned flags)`
+    pub hipStreamWaitEvent: unsafe extern "C" fn(HipStream, HipEvent, c_uint) -> HipError,
+    /// `hipHostMalloc(void**, size_t, unsigned flags)`: page-locked host memory.
+    pub hipHostMalloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> HipError,
+    /// `hipHostFree(void*)`
+    pub hipHostFree: unsafe extern "C" fn(*mut c_void) -> HipError,
+    /// `hipDeviceGetUuid(hipUUID*, hipDevice_t)` (ROCm 5.2 and newer), where present.
+    pub hipDeviceGetUuid: Option<unsafe extern "C" fn(*mut [u8; 16], HipDeviceId) -> HipError>,
     lib: Library,
 }
 
@@ -173,6 +185,12 @@ impl HipApi {
             hipEventSynchronize: sym!(hipEventSynchronize),
             hipEventElapsedTime: sym!(hipEventElapsedTime),
             hipEventDestroy: sym!(hipEventDestroy),
+            hipEventQuery: sym!(hipEventQuery),
+            hipStreamWaitEvent: sym!(hipStreamWaitEvent),
+            hipHostMalloc: sym!(hipHostMalloc),
+            hipHostFree: sym!(hipHostFree),
+            // SAFETY: as for `sym!` (`hipUUID` is 16 bytes).
+            hipDeviceGetUuid: unsafe { optional_symbol(&lib, "hipDeviceGetUuid") },
             path,
             lib,
         })

@@ -16,6 +16,8 @@
 //! [`Element::divide`](crate::Element)): integers wrap, `f32`/`f64` round to nearest, `f16`
 //! and `bf16` are widened to `f32`, combined and rounded back once.
 
+mod gpu;
+
 use super::launch::{self, TransposePlan, UNROLL};
 use crate::dtype::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
@@ -29,9 +31,9 @@ use std::ffi::{c_char, c_int, CStr, CString};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Source of the reduction kernels (`csrc/reduce.cu`).
-pub const REDUCE_SOURCE: &str = include_str!("../../csrc/reduce.cu");
+pub const REDUCE_SOURCE: &str = include_str!("../../../csrc/reduce.cu");
 /// Source of the block-transpose kernels (`csrc/transpose.cu`).
-pub const TRANSPOSE_SOURCE: &str = include_str!("../../csrc/transpose.cu");
+pub const TRANSPOSE_SOURCE: &str = include_str!("../../../csrc/transpose.cu");
 
 fn cuda_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
     move |e| Error::system(format!("CUDA {what} failed: {e}"))
