@@ -14,6 +14,7 @@
 use super::communicator::{Communicator, RawCollective};
 use super::nccl_level::NcclLevel;
 use crate::config::DebugLevel;
+use crate::device::api::DevSpan;
 use crate::device::cuda::{CudaDevice, StreamGate};
 use crate::dtype::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
@@ -31,7 +32,7 @@ use std::time::{Duration, Instant};
 #[derive(Default)]
 struct DeviceState {
     /// Pinned staging and device scratch of the host-staged path.
-    staging: Option<DeviceStaging>,
+    staging: Option<DeviceStaging<CudaDevice>>,
     /// Whether the first device collective has decided on NCCL yet.
     nccl_decided: bool,
     /// The two-level NCCL path, when in use.
@@ -575,11 +576,17 @@ impl Communicator {
             spans.iter().any(|sp| sp.buf == Buf::Scratch)
         });
         let scratch = if uses_scratch && scl.total() > 0 {
-            (st.scratch(dev, scl.total() * es)?, scl.total(), scl)
+            (st.scratch(dev, scl.total() * es)?, scl)
         } else {
-            (0, 0, none)
+            (DevSpan::empty(dev.ordinal()), none)
         };
-        let mem = DeviceMemory::from_raw((send, in_len, inl), (recv, out_len, outl), scratch, es)?;
+        let ord = dev.ordinal();
+        let mem = DeviceMemory::new(
+            (DevSpan::new(send, in_len * es, ord)?, inl),
+            (DevSpan::new(recv, out_len * es, ord)?, outl),
+            scratch,
+            es,
+        )?;
         // Device collectives are stamped as such (number, dtype, op, counts, algorithm), so a
         // rank running a host collective at the same number fails instead of pairing.
         let detail = [
@@ -596,7 +603,7 @@ impl Communicator {
             piece_bytes: self.config().chunk_bytes,
             direct: self.config().device_direct,
         };
-        execute_device::<T>(&plan, tr, dev, &mem, st, &opt)
+        execute_device::<T, CudaDevice>(&plan, tr, dev, &mem, st, &opt)
     }
 }
 

@@ -3,6 +3,7 @@
 //! sends. Large messages arrive in pieces (`PCCL_CHUNK_SIZE`), so the reduction of one piece
 //! overlaps the transfer of the next.
 
+use super::local::{local_steps, LocalTarget};
 use super::memory::Memory;
 use super::segments::{segments, total, zip_segments, Seg};
 use crate::dtype::{Element, ReduceOp};
@@ -178,38 +179,29 @@ fn run_phase<T: Element>(
     }
 }
 
-fn local_steps<T: Element>(phase: &Phase, nranks: usize, mem: &Memory<'_, T>) -> Result<()> {
-    for step in &phase.steps {
-        match step {
-            Step::Copy { src, dst } => {
-                let s = segments(src, |sp| mem.elems(sp));
-                let d = segments(dst, |sp| mem.elems(sp));
-                if total(&s) != total(&d) {
-                    return Err(Error::internal("copy between spans of different sizes"));
-                }
-                for (_, a, b) in zip_segments(&s, &d) {
-                    let n = a.len;
-                    if mem.addr(a.buf, a.off) == mem.addr(b.buf, b.off) {
-                        continue; // in-place form: already where it belongs
-                    }
-                    // SAFETY: the plan writes `b` only here in this phase and `a` is not
-                    // written; distinct addresses of distinct blocks do not overlap.
-                    unsafe {
-                        mem.slice_mut(b.buf, b.off, n)
-                            .copy_from_slice(mem.slice(a.buf, a.off, n))
-                    };
-                }
-            }
-            Step::Average { dst } => {
-                for s in segments(dst, |sp| mem.elems(sp)) {
-                    // SAFETY: the target of an average is touched by no other step of its phase.
-                    T::divide(unsafe { mem.slice_mut(s.buf, s.off, s.len) }, nranks);
-                }
-            }
-            _ => {}
-        }
+impl<T: Element> LocalTarget for Memory<'_, T> {
+    fn elems(&self, s: Span) -> std::ops::Range<usize> {
+        Memory::elems(self, s)
     }
-    Ok(())
+
+    fn copy(&self, a: Seg, b: Seg) -> Result<()> {
+        if self.addr(a.buf, a.off) == self.addr(b.buf, b.off) {
+            return Ok(()); // in-place form: already where it belongs
+        }
+        // SAFETY: the plan writes `b` only here in this phase and `a` is not written;
+        // distinct addresses of distinct blocks do not overlap.
+        unsafe {
+            self.slice_mut(b.buf, b.off, a.len)
+                .copy_from_slice(self.slice(a.buf, a.off, a.len))
+        };
+        Ok(())
+    }
+
+    fn divide(&self, s: Seg, ranks: usize) -> Result<()> {
+        // SAFETY: the target of an average is touched by no other step of its phase.
+        T::divide(unsafe { self.slice_mut(s.buf, s.off, s.len) }, ranks);
+        Ok(())
+    }
 }
 
 fn recv_copy<T: Element>(

@@ -1,8 +1,9 @@
 //! The executor: runs a [`crate::plan::Plan`] on a transport and the host kernels.
 
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "rocm"))]
 pub mod device;
 pub mod executor;
+mod local;
 pub mod memory;
 mod segments;
 
