@@ -499,13 +499,13 @@ impl Communicator {
     // ---- hooks for the device front end (comm::device) -------------------------------------
 
     /// The tag of the next collective in issue order.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
     pub(crate) fn take_tag(&self) -> u32 {
         self.inner.next_seq()
     }
 
     /// The plan of `coll` (tuned, cached), without waiting for queued work.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
     pub(crate) fn plan_of(&self, coll: Collective, block_bytes: usize) -> Result<Arc<Plan>> {
         self.inner.plan(coll, block_bytes)
     }
@@ -549,13 +549,13 @@ impl Communicator {
 
     /// Waits until the queued non-blocking collectives have finished (device collectives that
     /// take no plan from [`Communicator::next_collective`] keep issue order this way).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
     pub(crate) fn wait_idle(&self) {
         self.inner.outstanding.wait_idle();
     }
 
     /// The transport, and the device front end's working space (locked for one collective).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
     pub(crate) fn device_parts(
         &self,
     ) -> (

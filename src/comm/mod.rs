@@ -3,6 +3,8 @@
 pub mod communicator;
 #[cfg(feature = "cuda")]
 mod device;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+mod device_run;
 #[cfg(feature = "cuda")]
 mod nccl_level;
 pub mod progress;
