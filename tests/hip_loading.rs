@@ -222,6 +222,10 @@ E hipEventRecord(void* e, void* s) { return 0; }
 E hipEventSynchronize(void* e) { return 0; }
 E hipEventElapsedTime(float* ms, void* a, void* b) { *ms = 0.25f; return 0; }
 E hipEventDestroy(void* e) { free(e); return 0; }
+E hipEventQuery(void* e) { return 0; }
+E hipStreamWaitEvent(void* s, void* e, unsigned f) { return 0; }
+E hipHostMalloc(void** p, size_t n, unsigned f) { *p = malloc(n ? n : 1); return 0; }
+E hipHostFree(void* p) { free(p); return 0; }
 static int arch_ok;
 E hiprtcCreateProgram(void** p, const char* src, const char* name, int nh, const char** h,
                       const char** hn) {

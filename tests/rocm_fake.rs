@@ -1,0 +1,310 @@
+//! The ROCm path of the device collectives, end to end on the CPU: `tests/fake_rocm/fake_rocm.c`
+//! (a stand-in for libamdhip64, hipRTC and RCCL) is built with the system C compiler and
+//! loaded through the same dlopen path as the real libraries (`PCCL_HIP_LIBRARY`, ...), and
+//! thread ranks run every collective, dtype and op through the staged and the direct
+//! executors on `HipDevice`s, checked bit for bit against the host collectives of the same
+//! communicator. A runtime that starts failing kernel launches must make the collective fail.
+//!
+//! The checks run in a child process (the libraries are loaded once per process, from the
+//! environment); skipped where no C compiler is found.
+
+#![cfg(feature = "rocm")]
+
+mod common;
+
+use common::input;
+use half::{bf16, f16};
+use pccl::config::Config;
+use pccl::device::api::Device;
+use pccl::device::hip::{HipBuffer, HipDevice};
+use pccl::{Communicator, Element, RawCollective, ReduceOp, ThreadWorld};
+use std::process::Command;
+
+const CHILD_ENV: &str = "PCCL_ROCM_FAKE_CHILD";
+
+/// Builds the fake runtime and runs `child` in a child process with it; returns false when
+/// there is no C compiler.
+fn with_fake_runtime(child: &str, extra: &[(&str, &str)]) -> bool {
+    let dir = std::env::temp_dir().join(format!("pccl-rocm-fake-{}-{child}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let so = dir.join("libfakerocm.so");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fake_rocm/fake_rocm.c");
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&so)
+        .arg(src)
+        .arg("-lm")
+        .status();
+    if !matches!(built, Ok(s) if s.success()) {
+        println!("skipped: no C compiler to build the fake ROCm runtime ({built:?})");
+        let _ = std::fs::remove_dir_all(&dir);
+        return false;
+    }
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", child, "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, "1")
+        .env("PCCL_HIP_LIBRARY", &so)
+        .env("PCCL_HIPRTC_LIBRARY", &so)
+        .env("PCCL_RCCL_LIBRARY", &so)
+        .env_remove("PCCL_HIP_ARCH");
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run the child test process");
+    let _ = std::fs::remove_dir_all(&dir);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("child-checked"),
+        "child did not run:\n{stdout}\n{stderr}"
+    );
+    true
+}
+
+fn is_child() -> bool {
+    std::env::var_os(CHILD_ENV).is_some()
+}
+
+fn upload<T: Element>(dev: &HipDevice, data: &[T], bytes: usize) -> HipBuffer {
+    let mut b = dev.alloc_zeroed(bytes.max(16)).unwrap();
+    if !data.is_empty() {
+        let mut whole = bytemuck::cast_slice::<T, u8>(data).to_vec();
+        whole.resize(b.len(), 0);
+        dev.upload_into(&whole, &mut b).unwrap();
+    }
+    b
+}
+
+/// Runs the three reducing/gathering collectives of `T` on device and host, and compares.
+fn run_dtype<T: Element>(c: &Communicator, dev: &HipDevice, tag: &str) {
+    let (p, r) = (c.size(), c.rank());
+    let es = std::mem::size_of::<T>();
+    let ops: Vec<ReduceOp> = ReduceOp::ALL
+        .iter()
+        .copied()
+        .filter(|&o| T::DTYPE.check_op(o).is_ok())
+        .collect();
+    for n in [1usize, 7, 1000] {
+        for &op in &ops {
+            let x: Vec<T> = input(r, n * p, op);
+            // all-reduce
+            let mut want = vec![T::zeroed(); n * p];
+            c.all_reduce(&x, &mut want, op).unwrap();
+            let s = upload(dev, &x, n * p * es);
+            let o = dev.alloc_zeroed((n * p * es).max(16)).unwrap();
+            // SAFETY: both buffers hold the counts the collective implies and live until it
+            // returns.
+            unsafe {
+                c.collective_on::<T, HipDevice>(
+                    dev,
+                    RawCollective::AllReduce(op),
+                    s.device_ptr(),
+                    o.device_ptr(),
+                    n * p,
+                )
+            }
+            .unwrap();
+            let got: Vec<u8> = dev.download(&o).unwrap();
+            assert_eq!(
+                &got[..n * p * es],
+                bytemuck::cast_slice::<T, u8>(&want),
+                "{tag} all_reduce {} {op} n={n}",
+                T::DTYPE
+            );
+            // reduce-scatter
+            let mut want = vec![T::zeroed(); n];
+            c.reduce_scatter(&x, &mut want, op).unwrap();
+            let o = dev.alloc_zeroed((n * es).max(16)).unwrap();
+            // SAFETY: as above.
+            unsafe {
+                c.collective_on::<T, HipDevice>(
+                    dev,
+                    RawCollective::ReduceScatter(op),
+                    s.device_ptr(),
+                    o.device_ptr(),
+                    n,
+                )
+            }
+            .unwrap();
+            let got: Vec<u8> = dev.download(&o).unwrap();
+            assert_eq!(
+                &got[..n * es],
+                bytemuck::cast_slice::<T, u8>(&want),
+                "{tag} reduce_scatter {} {op} n={n}",
+                T::DTYPE
+            );
+        }
+        // all-gather
+        let x: Vec<T> = input(r, n, ReduceOp::Sum);
+        let mut want = vec![T::zeroed(); n * p];
+        c.all_gather(&x, &mut want).unwrap();
+        let s = upload(dev, &x, n * es);
+        let o = dev.alloc_zeroed((n * p * es).max(16)).unwrap();
+        // SAFETY: as above.
+        unsafe {
+            c.collective_on::<T, HipDevice>(
+                dev,
+                RawCollective::AllGather,
+                s.device_ptr(),
+                o.device_ptr(),
+                n,
+            )
+        }
+        .unwrap();
+        let got: Vec<u8> = dev.download(&o).unwrap();
+        assert_eq!(
+            &got[..n * p * es],
+            bytemuck::cast_slice::<T, u8>(&want),
+            "{tag} all_gather {} n={n}",
+            T::DTYPE
+        );
+    }
+}
+
+fn run_world(p: usize, direct: bool, algo: &str) {
+    let cfg = Config {
+        algo: if algo == "auto" {
+            None
+        } else {
+            Some(algo.parse().unwrap())
+        },
+        device_direct: direct,
+        chunk_bytes: 256,
+        timeout: std::time::Duration::from_secs(60),
+        ..Config::default()
+    };
+    let world = ThreadWorld::new(p).with_device_direct(direct);
+    let tag = format!("p={p} {algo} direct={direct}");
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..p)
+            .map(|r| {
+                let t = world.transport(r).unwrap();
+                let (cfg, tag) = (cfg.clone(), &tag);
+                s.spawn(move || {
+                    let c = Communicator::with_config(t, cfg).unwrap();
+                    let dev = HipDevice::open(r % 2).unwrap();
+                    run_dtype::<i8>(&c, &dev, tag);
+                    run_dtype::<u8>(&c, &dev, tag);
+                    run_dtype::<i32>(&c, &dev, tag);
+                    run_dtype::<u32>(&c, &dev, tag);
+                    run_dtype::<i64>(&c, &dev, tag);
+                    run_dtype::<u64>(&c, &dev, tag);
+                    run_dtype::<f16>(&c, &dev, tag);
+                    run_dtype::<bf16>(&c, &dev, tag);
+                    run_dtype::<f32>(&c, &dev, tag);
+                    run_dtype::<f64>(&c, &dev, tag);
+                })
+            })
+            .collect();
+        for h in hs {
+            if let Err(e) = h.join() {
+                std::panic::resume_unwind(e);
+            }
+        }
+    });
+    println!("ok: {tag}");
+}
+
+#[test]
+fn rocm_device_collectives_match_the_host_on_the_fake_runtime() {
+    with_fake_runtime("child_collectives", &[]);
+}
+
+#[test]
+fn child_collectives() {
+    if !is_child() {
+        return;
+    }
+    // Distinct fake GPUs have distinct UUIDs (the identity "same GPU" decisions use).
+    let (d0, d1) = (HipDevice::open(0).unwrap(), HipDevice::open(1).unwrap());
+    assert_ne!(d0.uuid().unwrap(), d1.uuid().unwrap());
+    assert_eq!(
+        d0.uuid().unwrap(),
+        HipDevice::open(0).unwrap().uuid().unwrap()
+    );
+    for (p, algo) in [(3, "ring"), (4, "rd"), (2, "auto")] {
+        run_world(p, false, algo);
+        run_world(p, true, algo);
+    }
+    // RCCL through the shared NCCL ABI (the fake has a world of one rank).
+    let rccl = HipDevice::collectives().unwrap();
+    assert_eq!((rccl.name(), rccl.version()), ("RCCL", 21804));
+    let id = rccl.unique_id().unwrap();
+    let comm = pccl::device::nccl_abi::NcclComm::init_with(rccl, &id, 1, 0).unwrap();
+    let x: Vec<f32> = (0..10).map(|i| i as f32).collect();
+    let s = d0.upload(&x).unwrap();
+    let o = d0.alloc_zeroed(40).unwrap();
+    // SAFETY: both buffers hold 10 f32 and live until the (synchronous) call returns.
+    unsafe {
+        comm.all_reduce(
+            s.device_ptr(),
+            o.device_ptr(),
+            10,
+            pccl::DType::F32,
+            ReduceOp::Sum,
+            d0.raw_stream(),
+        )
+    }
+    .unwrap();
+    assert_eq!(d0.download::<f32>(&o).unwrap(), x);
+    // A second rank is refused by the fake: an RCCL error, not success.
+    assert!(pccl::device::nccl_abi::NcclComm::init_with(rccl, &id, 2, 1).is_err());
+    println!("child-checked");
+}
+
+#[test]
+fn a_failing_kernel_launch_fails_the_collective() {
+    with_fake_runtime(
+        "child_launch_failure",
+        &[("FAKE_HIP_FAIL_LAUNCH_AFTER", "0")],
+    );
+}
+
+#[test]
+fn child_launch_failure() {
+    if !is_child() {
+        return;
+    }
+    let p = 2;
+    let world = ThreadWorld::new(p);
+    let cfg = Config {
+        timeout: std::time::Duration::from_secs(10),
+        ..Config::default()
+    };
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..p)
+            .map(|r| {
+                let t = world.transport(r).unwrap();
+                let cfg = cfg.clone();
+                s.spawn(move || {
+                    let c = Communicator::with_config(t, cfg).unwrap();
+                    let dev = HipDevice::open(r).unwrap();
+                    let x = vec![1.5f32; 64];
+                    let sb = dev.upload(&x).unwrap();
+                    let o = dev.alloc_zeroed(256).unwrap();
+                    // SAFETY: both buffers hold 64 f32 and live until the call returns.
+                    let r = unsafe {
+                        c.collective_on::<f32, HipDevice>(
+                            &dev,
+                            RawCollective::AllReduce(ReduceOp::Sum),
+                            sb.device_ptr(),
+                            o.device_ptr(),
+                            64,
+                        )
+                    };
+                    match r {
+                        Ok(()) => String::new(),
+                        Err(e) => e.to_string(),
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // Every rank reduces on the device, so every rank's launch fails and says so.
+    for e in &errors {
+        assert!(e.contains("fake launch failure"), "rank error: {e:?}");
+    }
+    println!("child-checked");
+}
