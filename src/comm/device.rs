@@ -360,7 +360,7 @@ impl Communicator {
         drop(slot);
         let tag = self.take_tag();
         let comm = self.handle();
-        let timeout = self.config().timeout;
+        let timeout = self.timeout();
         let job = Box::new(move || {
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 wait_event(&ready, timeout)?;
@@ -591,7 +591,7 @@ impl Communicator {
         let fp = stamps::fingerprint(7, T::DTYPE as u32 + 1, op as u32 + 1, &detail);
         let opt = DeviceExecOptions {
             tag: stamps::stamp(tag, fp),
-            timeout: self.config().timeout,
+            timeout: self.timeout(),
             op,
             piece_bytes: self.config().chunk_bytes,
             direct: self.config().device_direct,

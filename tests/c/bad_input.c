@@ -131,6 +131,9 @@ static void rank_main(struct rank_ctx *R) {
     ROW(pcclInvalidArgument, "comm is NULL", NULL, pcclCommUserRank(NULL, &out));
     ROW(pcclInvalidArgument, "version is NULL", NULL, pcclGetVersion(NULL));
     ROW(pcclInvalidArgument, "newcomm is NULL", comm, pcclCommSplit(comm, 0, 0, NULL));
+    ROW(pcclInvalidArgument, "timeout must be positive", comm, pcclCommSetTimeout(comm, 0));
+    ROW(pcclInvalidArgument, "timeout_ms is NULL", comm, pcclCommGetTimeout(comm, NULL));
+    ROW(pcclInvalidArgument, "comm is NULL", NULL, pcclCommSetTimeout(NULL, 1000));
 
 
     /* ---- rooted collectives, all-to-all(v), point-to-point, groups ---- */
