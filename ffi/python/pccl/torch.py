@@ -438,8 +438,11 @@ class PcclBackend(_BASE):
         self._p2p_pending = []  # queued sends/receives (see _flush_p2p)
         self._p2p_lock = threading.Lock()
         self._p2p_flush_lock = threading.RLock()
+        self._splits = {}  # (group name, ranks) -> child backend or None (see split)
+        self._split_count = 0
+        ranks = tuple(getattr(self._options, "global_ranks_in_group", None) or ())
+        self._global_ranks = list(ranks) if ranks else list(range(size))
         if comm is None:
-            ranks = tuple(getattr(self._options, "global_ranks_in_group", None) or ())
             comm = self._bootstrap(store, rank, size, group_id, ranks,
                                    self._comm_timeout_s(self._timeout_s))
         self._comm = comm
@@ -494,10 +497,15 @@ class PcclBackend(_BASE):
         return t
 
     def set_timeout(self, timeout):
-        """The group's timeout for later ``wait()`` calls (the communicator keeps the
-        PCCL_TIMEOUT it was made with: the C ABI reads it only at init)."""
-        self._timeout_s = _seconds(timeout)
+        """The group's timeout: every later operation on the communicator (and the queued
+        ones not started yet) fails after it without its peers (``pcclCommSetTimeout``);
+        with an older libpccl only ``wait()`` honours it."""
+        secs = _seconds(timeout)
+        self._timeout_s = secs
         self._timeout_set = True
+        comm = self._comm
+        if secs is not None and comm is not None and _lib.has("pcclCommSetTimeout"):
+            comm.set_timeout(secs)
         try:
             self._options._timeout = timeout
         except Exception:  # noqa: BLE001
@@ -533,9 +541,73 @@ class PcclBackend(_BASE):
     def options(self):
         return self._options
 
+    # ---- splitting (torch >= 2.12: dist.split_group, and new_group from an eager default
+    # group) through pcclCommSplit: the new communicator runs over the parent's links, no
+    # new bootstrap. Collective over the parent: every member of it must take part.
+
     @property
     def supports_splitting(self):
-        return False
+        return _lib.has("pcclCommSplit")
+
+    def comm_split_count(self):
+        """How many splits this group took part in (torch names split groups by it)."""
+        return self._split_count
+
+    def _split_comm(self, ranks):
+        """``pcclCommSplit`` of the parent: ``ranks`` (parent-group ranks, in the new group's
+        order) form the new communicator; a rank not in it (or ``ranks`` None) joins none.
+        Disjoint groups have distinct smallest ranks: that is the color."""
+        self._flush_p2p()
+        me = self.rank()
+        self._split_count += 1
+        if ranks is None or me not in ranks:
+            self._live().split(-1, 0)
+            return None
+        return self._live().split(min(ranks), ranks.index(me))
+
+    def perform_nocolor_split(self, device=None):
+        """A rank outside a new group takes part in the parent's split (torch's new_group
+        calls this on non-members when it splits)."""
+        self._split_comm(None)
+
+    def _child(self, comm, store, ranks, timeout, group_name, options=None):
+        """The backend of a split-off group over ``comm``."""
+        opts = options if options is not None else C10DBackend.Options(BACKEND_NAME,
+                                                                      timeout=timeout)
+        try:
+            opts.global_ranks_in_group = [self._global_ranks[r] for r in ranks]
+            opts.group_name = group_name
+        except Exception:  # noqa: BLE001
+            pass
+        secs = self._comm_timeout_s(_seconds(timeout))
+        if secs is not None and _lib.has("pcclCommSetTimeout"):
+            comm.set_timeout(secs)
+        return PcclBackend(store, ranks.index(self.rank()), len(ranks), timeout,
+                           group_id=group_name, options=opts, comm=comm)
+
+    def split(self, store, ranks, opts):
+        """``ProcessGroup.split_group`` (``dist.split_group``): a new backend of ``ranks``
+        (ranks of this group, in order) over ``pcclCommSplit``; None on a rank outside."""
+        ranks = [int(r) for r in ranks]
+        name = str(getattr(opts, "group_name", "") or "")
+        key = (name, tuple(ranks))
+        if key in self._splits:  # c10d asks once per device type of the group (cpu, cuda)
+            return self._splits[key]
+        comm = self._split_comm(ranks)
+        if comm is None:
+            # torch's C++ side dereferences a None split (a crash), so a rank outside every
+            # split is answered by the split_group wrapper below and never comes here; one
+            # that does (ProcessGroup.split_group called directly) gets an error instead.
+            raise RuntimeError(
+                f"pccl: rank {self.rank()} is in none of the groups split from "
+                f"{self._group_name!r}; use dist.split_group, which returns "
+                "GroupMember.NON_GROUP_MEMBER here (it took part in the split)")
+        child = None
+        if comm is not None:
+            timeout = getattr(opts, "_timeout", None) or self._options._timeout
+            child = self._child(comm, store, ranks, timeout, name)
+        self._splits[key] = child
+        return child
 
     @property
     def supports_coalescing(self):
@@ -1203,8 +1275,65 @@ def _create_backend(opts, backend_options):
         backend_options.group_name = opts.group_id
     except Exception:
         pass
+    parent = getattr(opts, "split_from", None)
+    ranks = list(getattr(opts, "global_ranks_in_group", None) or [])
+    # new_group from an eagerly made default group (init_process_group(device_id=...)):
+    # split the parent, as torch's nccl does (its non-members call perform_nocolor_split).
+    # Not for use_local_synchronization=True groups (hashed names): their non-members do
+    # not take part.
+    if (isinstance(parent, PcclBackend) and parent._comm is not None and ranks
+            and str(opts.group_id).isdigit()
+            and all(r in parent._global_ranks for r in ranks)):
+        local = [parent._global_ranks.index(r) for r in ranks]
+        comm = parent._split_comm(local)
+        return parent._child(comm, opts.store, local, opts.timeout, str(opts.group_id),
+                             backend_options)
     return PcclBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout,
                        group_id=opts.group_id, options=backend_options)
+
+
+def _pccl_backend_of(pg):
+    """The PcclBackend of process group ``pg`` (None when it is another backend's)."""
+    if isinstance(pg, PcclBackend):
+        return pg
+    try:
+        be = pg._get_backend(torch.device("cpu"))
+    except Exception:  # noqa: BLE001
+        return None
+    return be if isinstance(be, PcclBackend) else None
+
+
+def _wrap_split_group() -> None:
+    """``dist.split_group`` on a pccl group, for a rank in none of the splits: it takes part
+    in the parent's pcclCommSplit (collective) and gets ``GroupMember.NON_GROUP_MEMBER``, as
+    on nccl. torch's own path would hand our None to C++, which dereferences it."""
+    c10d = dist.distributed_c10d
+    orig = getattr(c10d, "split_group", None)
+    if orig is None or getattr(orig, "_pccl", False):
+        return
+
+    def split_group(parent_pg=None, split_ranks=None, *args, **kwargs):
+        pg = parent_pg
+        if pg is None and c10d.is_initialized():
+            pg = c10d._get_default_group()
+        be = _pccl_backend_of(pg) if pg is not None else None
+        if be is not None and split_ranks:
+            me = c10d._world.pg_group_ranks.get(pg, {}).get(dist.get_rank())
+            if me is not None and not any(me in s for s in split_ranks):
+                if any(len(s) == 0 or len(set(s)) != len(s) for s in split_ranks):
+                    raise ValueError("split groups must be non-empty, without duplicates")
+                be._split_comm(None)
+                if hasattr(c10d, "_process_group_name"):  # every rank counts every group
+                    c10d._process_group_name(list(split_ranks[0]), use_hashed_name=True)
+                return dist.GroupMember.NON_GROUP_MEMBER
+        return orig(parent_pg, split_ranks, *args, **kwargs)
+
+    split_group.__doc__ = orig.__doc__
+    split_group.__wrapped__ = orig
+    split_group._pccl = True
+    c10d.split_group = split_group
+    if getattr(dist, "split_group", None) is orig:
+        dist.split_group = split_group
 
 
 def register() -> None:
@@ -1213,6 +1342,7 @@ def register() -> None:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True,
                                   devices=["cpu", "cuda"])
+    _wrap_split_group()
 
 
 register()
