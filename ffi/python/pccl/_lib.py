@@ -123,6 +123,7 @@ _SIGNATURES = {
     "pcclRecv": [_vp, _sz, _int, _int, _comm_t, _vp],
     "pcclGroupStart": [],
     "pcclGroupEnd": [],
+    "pcclGroupEndAsync": [ctypes.POINTER(_req_t)],
     "pcclIsend": [_vp, _sz, _int, _int, _comm_t, ctypes.POINTER(_req_t)],
     "pcclIrecv": [_vp, _sz, _int, _int, _comm_t, ctypes.POINTER(_req_t)],
 }
@@ -434,6 +435,30 @@ class Communicator:
         if err is not None:
             raise err
         check("pcclGroupEnd", code, self.handle)
+
+
+    def igroup(self, ops) -> "Request":
+        """Posts ``ops`` (as for ``group``) as one non-blocking request
+        (``pcclGroupEndAsync``), behind this rank's earlier non-blocking calls; the buffers
+        must stay valid until the request completes."""
+        check("pcclGroupStart", lib().pcclGroupStart())
+        err = None
+        try:
+            for kind, ptr, count, dtype, peer in ops:
+                if kind == "send":
+                    self.send(ptr, count, dtype, peer)
+                else:
+                    self.recv(ptr, count, dtype, peer)
+        except PcclError as e:
+            err = e
+        req = _req_t()
+        code = lib().pcclGroupEndAsync(ctypes.byref(req))  # always closes the group
+        if err is not None:
+            if code == pcclSuccess and req.value:
+                Request(self, req, "pcclGroupEndAsync").wait()
+            raise err
+        check("pcclGroupEndAsync", code, self.handle)
+        return Request(self, req, "pcclGroupEndAsync")
 
 
 class Request:

@@ -234,11 +234,14 @@ class PcclWork(dist._Work):
     registry until it ends, so dropping the Work is safe."""
 
     def __init__(self, requests=(), keep=(), post=None, result=None, call="", seq=0,
-                 backend=None):
+                 backend=None, op=None):
         super().__init__()
-        self._op = _Op(requests, keep, post, result, call, seq)
         self._backend = backend
         self._future = None
+        if op is not None:  # shares an operation already registered (a p2p batch)
+            self._op = op
+            return
+        self._op = _Op(requests, keep, post, result, call, seq)
         if self._op.requests:
             _register(self._op)
         else:
@@ -339,8 +342,10 @@ class PcclWork(dist._Work):
 
 
 class _P2PWork(dist._Work):
-    """Work of a queued send or receive: waiting for it (or polling it) posts every queued
-    send and receive of its group as one PCCL group and completes them all."""
+    """Work of a send or receive. Posted without blocking (torch >= 2.12: at once, or at the
+    end of its batch) it shares the batch's in-flight operation; queued (torch <= 2.11),
+    waiting for it (or polling it) posts every queued send and receive of its group as one
+    PCCL group and completes them all."""
 
     def __init__(self, backend, call, seq, result):
         super().__init__()
@@ -350,15 +355,25 @@ class _P2PWork(dist._Work):
         self._result = result
         self._event = threading.Event()
         self._error = None
+        self._op = None  # the posted batch, when posted without blocking (see _flush_p2p)
 
     def _complete(self, err):
         self._error = err
+        self._event.set()
+
+    def _attach(self, op):
+        self._op = op
         self._event.set()
 
     def _run(self):
         if not self._event.is_set():
             self._backend._flush_p2p()
             self._event.wait()
+        op = self._op
+        if op is not None:
+            op.finish()
+            if self._error is None:
+                self._error = op.error
 
     def wait(self, timeout=None):
         self._run()
@@ -367,7 +382,18 @@ class _P2PWork(dist._Work):
         return True
 
     def is_completed(self):
-        self._run()  # posts the group (blocking): a queued send would never start otherwise
+        op = self._op
+        if op is not None:  # posted: poll, never block
+            try:
+                if not op.test():
+                    return False
+            except BaseException:  # noqa: BLE001
+                pass
+            self._run()
+            return True
+        if self._backend._async_p2p and not self._event.is_set():
+            return False  # queued in an open batch (posted at its end)
+        self._run()  # torch <= 2.11: posts the queued group (blocking), else it never starts
         return True
 
     def is_success(self):
@@ -438,6 +464,12 @@ class PcclBackend(_BASE):
         self._p2p_pending = []  # queued sends/receives (see _flush_p2p)
         self._p2p_lock = threading.Lock()
         self._p2p_flush_lock = threading.RLock()
+        # torch >= 2.12 coalesces batch_isend_irecv (start/end_coalescing): a batch is posted
+        # at its end, a send or receive outside one at once, both without blocking
+        # (pcclGroupEndAsync). torch <= 2.11 (no coalescing for Python groups) queues them
+        # until a Work is waited for or another call is made, then posts them as one group.
+        self._async_p2p = _BASE is C10DBackend and _lib.has("pcclGroupEndAsync")
+        self._coalescing = False
         self._splits = {}  # (group name, ranks) -> child backend or None (see split)
         self._split_count = 0
         ranks = tuple(getattr(self._options, "global_ranks_in_group", None) or ())
@@ -611,7 +643,21 @@ class PcclBackend(_BASE):
 
     @property
     def supports_coalescing(self):
-        return False
+        return self._async_p2p
+
+    def start_coalescing(self):
+        """torch's coalescing manager (batch_isend_irecv): sends and receives are queued
+        until ``end_coalescing``."""
+        self._flush_p2p()
+        self._coalescing = True
+
+    def end_coalescing(self):
+        """Posts the batch's sends and receives as one non-blocking group; its Work."""
+        self._coalescing = False
+        op = self._flush_p2p()
+        if op is None:
+            return _done_work(backend=self)
+        return PcclWork(backend=self, op=op)
 
     def getBackendName(self):
         return BACKEND_NAME
@@ -1175,6 +1221,8 @@ class PcclBackend(_BASE):
         work = _P2PWork(self, call, self._next_seq(), [t])
         with self._p2p_lock:
             self._p2p_pending.append((kind, buf, t.numel(), dt, peer, post, work))
+        if self._async_p2p and not self._coalescing:
+            self._flush_p2p()  # outside a batch: posted at once (NCCL's order semantics)
         return work
 
     def send(self, tensors, dst, tag=0):
@@ -1184,13 +1232,16 @@ class PcclBackend(_BASE):
         return self._p2p("recv", tensors, src, "recv")
 
     def _flush_p2p(self):
-        """Posts the queued sends and receives as one group (blocking) and completes their
-        Works."""
+        """Posts the queued sends and receives as one group: without blocking where torch
+        coalesces (the group's operation, shared by their Works, is returned), else
+        blocking, completing their Works."""
         with self._p2p_flush_lock:
             with self._p2p_lock:
                 pending, self._p2p_pending = self._p2p_pending, []
             if not pending:
-                return
+                return None
+            if self._async_p2p:
+                return self._post_p2p(pending)
             err = None
             try:
                 ops = [(k, _ptr(b), n, dt, peer) for k, b, n, dt, peer, _, _ in pending if n]
@@ -1203,6 +1254,29 @@ class PcclBackend(_BASE):
                 err = e
             for *_, w in pending:
                 w._complete(err)
+
+    def _post_p2p(self, pending):
+        """One non-blocking PCCL group for ``pending``; its operation (in flight) is attached
+        to every Work of the batch."""
+        works = [w for *_, w in pending]
+        try:
+            ops = [(k, _ptr(b), n, dt, peer) for k, b, n, dt, peer, _, _ in pending if n]
+            reqs = [self._live().igroup(ops)] if ops else []
+        except BaseException as e:  # noqa: BLE001 (every Work of the batch reports it)
+            for w in works:
+                w._complete(e)
+            return None
+        keep = [b for _, b, *_ in pending] + [r for w in works for r in w._result]
+        post = self._chain(*[p for *_, p, _ in pending])
+        call = works[0]._call if len(works) == 1 else "batch_isend_irecv"
+        op = _Op(reqs, keep, post, [r for w in works for r in w._result], call, works[-1]._seq)
+        if reqs:
+            _register(op)
+        else:
+            op.finish()
+        for w in works:
+            w._attach(op)
+        return op
 
     def _unsupported(self, call):
         raise NotImplementedError(f"pccl: {call} is not supported by the pccl backend")
