@@ -637,6 +637,19 @@ pcclResult_t pcclGroupStart(void);
 pcclResult_t pcclGroupEnd(void);
 
 /**
+ * Ends a group as `pcclGroupEnd` does, but without waiting: at the outermost end the queued
+ * sends and receives are posted together as one non-blocking request, behind this rank's
+ * earlier non-blocking calls on the group's communicator, and `*request` is set to it (finish
+ * it with `pcclWait`, poll it with `pcclTest`; every queued buffer must stay valid until
+ * then). An inner end, or a group that queued nothing, stores NULL. Without an open group:
+ * `pcclInvalidUsage`.
+ *
+ * # Safety
+ * `request` must be NULL (an error) or point to a writable `pcclRequest_t`.
+ */
+pcclResult_t pcclGroupEndAsync(pcclRequest_t *request);
+
+/**
  * Reduces `count` elements of every rank's `sendbuff` with `op` into `recvbuff` on rank
  * `root` (`recvbuff` is used on `root` only and may be NULL elsewhere). In place when
  * `sendbuff == recvbuff` on the root. `stream` must be NULL (host memory).

@@ -177,6 +177,11 @@ static void rank_main(struct rank_ctx *R) {
     ROW(pcclInvalidUsage, "device memory is not supported", comm, pcclSend(f, 4, pcclFloat32, other, comm, (void *)bytes));
     ROW(pcclInvalidUsage, "device memory is not supported", comm, pcclRecv(g, 4, pcclFloat32, other, comm, (void *)bytes));
     ROW(pcclInvalidUsage, "without pcclGroupStart", NULL, pcclGroupEnd());
+    pcclRequest_t greq = NULL;
+    ROW(pcclInvalidUsage, "without pcclGroupStart", NULL, pcclGroupEndAsync(&greq));
+    ROW(pcclSuccess, "", NULL, pcclGroupStart());
+    ROW(pcclInvalidArgument, "request is NULL", NULL, pcclGroupEndAsync(NULL));
+    ROW(pcclInvalidUsage, "without pcclGroupStart", NULL, pcclGroupEnd());
     ROW(pcclSuccess, "", NULL, pcclGroupStart());
     ROW(pcclInvalidUsage, "inside pcclGroupStart/pcclGroupEnd", comm, pcclReduce(f, g, 4, pcclFloat32, pcclSum, 0, comm, NULL));
     ROW(pcclInvalidUsage, "not supported inside a group", comm, pcclIsend(f, 4, pcclFloat32, other, comm, &req));
