@@ -85,6 +85,11 @@ def _device_of(tensors, call: str) -> torch.device:
     return dev
 
 
+def _sync(opts) -> bool:
+    """Whether a call is synchronous (torch's async_op=False) and not a coalesced piece."""
+    return not getattr(opts, "asyncOp", True) and getattr(opts, "collect", None) is None
+
+
 class _Done:
     """The request of a device collective: queued on the stream, nothing to wait for on the
     host (the stream orders everything after it)."""
@@ -96,6 +101,9 @@ class _Done:
     @staticmethod
     def test():
         return True
+
+
+_DONE = _Done()
 
 
 def _stream_of(dev: torch.device) -> int:
@@ -246,6 +254,17 @@ class PcclWork(dist._Work):
             _register(self._op)
         else:
             self._op.finish()
+
+    @classmethod
+    def _completed(cls, result, call, seq, backend):
+        """The Work of an operation that already ended (a synchronous call)."""
+        w = cls.__new__(cls)
+        dist._Work.__init__(w)
+        w._backend = backend
+        w._future = None
+        w._op = _Op((), (), None, result, call, seq)
+        w._op.finished = True
+        return w
 
     # The pieces the coalesced calls merge (see all_gather_single_coalesced).
     @property
@@ -700,16 +719,22 @@ class PcclBackend(_BASE):
             factor = factor.to(device=t.device, dtype=t.dtype)
         return t * factor
 
-    def _start(self, name, dev, *args):
+    def _start(self, name, dev, *args, sync=False):
         """Issues collective ``name``: a PCCL request on host memory, or a device collective
-        queued on the current stream of CUDA device ``dev``."""
+        queued on the current stream of CUDA device ``dev``. ``sync`` (a synchronous call on
+        host memory) runs it blocking on this thread instead: no hand-off to the worker
+        thread and back (the library first waits for this rank's earlier requests, so the
+        order is the same)."""
         self._flush_p2p()  # queued sends/receives go first
         comm = self._live()
         if dev.type == "cpu":
+            if sync:
+                getattr(comm, name)(*args, None)  # stream NULL: host memory, blocking
+                return _DONE
             return getattr(comm, "i" + name)(*args)
         with torch.cuda.device(dev):
             getattr(comm, name)(*args, _stream_of(dev))
-        return _Done()
+        return _DONE
 
     def _live(self):
         comm = self._comm
@@ -723,6 +748,10 @@ class PcclBackend(_BASE):
         if collect is not None:  # a piece of a coalesced call
             collect.append((requests, keep, post))
             return None
+        if not getattr(opts, "asyncOp", True) and all(r is _DONE for r in requests):
+            if post is not None:  # ran blocking (see _start): complete at once
+                post()
+            return PcclWork._completed(result, call, self._next_seq(), self)
         reap()  # finish what dropped Works left behind
         work = PcclWork(requests, keep, post, result, call, self._next_seq(), self)
         if not getattr(opts, "asyncOp", True):
@@ -779,7 +808,7 @@ class PcclBackend(_BASE):
         out, copy_back = self._out_buffer(output)
         inp = input.contiguous()
         # An input that is block `rank` of the output is the in-place form PCCL accepts.
-        req = self._start("allgather", dev, _ptr(inp), _ptr(out), n, dt)
+        req = self._start("allgather", dev, _ptr(inp), _ptr(out), n, dt, sync=_sync(opts))
         return self._issue(opts, [req], [inp, out, input, output], copy_back, [output], call)
 
     def allgather(self, output_tensors, input_tensors, opts):
@@ -832,7 +861,8 @@ class PcclBackend(_BASE):
         op, factor = self._op(opts.reduceOp, input.dtype, call)
         src = input.contiguous() if factor is None else self._premul(input.contiguous(), factor)
         out, copy_back = self._out_buffer(output)
-        req = self._start("reduce_scatter", dev, _ptr(src), _ptr(out), n, dt, op)
+        req = self._start("reduce_scatter", dev, _ptr(src), _ptr(out), n, dt, op,
+                          sync=_sync(opts))
         return self._issue(opts, [req], [src, out, input, output], copy_back, [output], call)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts):
@@ -868,7 +898,7 @@ class PcclBackend(_BASE):
             self.reduce_scatter_single(o, i, _AsyncOpts(opts.reduceOp, collect=pieces))
         return self._issue_pieces(opts, pieces, list(outputs), call)
 
-    def _allreduce_one(self, t, reduce_op, call):
+    def _allreduce_one(self, t, reduce_op, call, sync=False):
         """Issues an in-place all-reduce of t; returns (requests, keep, post)."""
         if t.numel() == 0:
             return [], [], None
@@ -877,7 +907,8 @@ class PcclBackend(_BASE):
         buf, copy_back = self._out_buffer(t)
         if factor is not None:
             buf.copy_(self._premul(buf, factor))
-        req = self._start("allreduce", buf.device, _ptr(buf), _ptr(buf), buf.numel(), dt, op)
+        req = self._start("allreduce", buf.device, _ptr(buf), _ptr(buf), buf.numel(), dt, op,
+                          sync=sync)
         return [req], [buf, t], copy_back
 
     def allreduce(self, tensors, opts):
@@ -885,7 +916,7 @@ class PcclBackend(_BASE):
         _device_of(tensors, call)
         reqs, keep, posts = [], [], []
         for t in tensors:
-            r, k, p = self._allreduce_one(t, opts.reduceOp, call)
+            r, k, p = self._allreduce_one(t, opts.reduceOp, call, _sync(opts))
             reqs += r
             keep += k
             posts.append(p)
@@ -900,7 +931,7 @@ class PcclBackend(_BASE):
         if any(t.dtype != dtype for t in tensors):
             raise TypeError(f"pccl: {call}: all tensors must have one dtype")
         flat = torch.cat([t.reshape(-1) for t in tensors])
-        r, k, p = self._allreduce_one(flat, opts.reduceOp, call)
+        r, k, p = self._allreduce_one(flat, opts.reduceOp, call, _sync(opts))
 
         def unflatten():
             off = 0
@@ -925,7 +956,7 @@ class PcclBackend(_BASE):
             dt = _dtype(t, call)
             buf, copy_back = self._out_buffer(t)
             reqs.append(self._start("broadcast", buf.device, _ptr(buf), _ptr(buf), buf.numel(),
-                                    dt, root))
+                                    dt, root, sync=_sync(opts)))
             keep += [buf, t]
             posts.append(copy_back)
         return self._issue(opts, reqs, keep, self._chain(*posts), list(tensors), call)
