@@ -1039,7 +1039,7 @@ class PcclBackend(_BASE):
         self._flush_p2p()
         self._live()
         fn()
-        return PcclWork(result=result, call=call, seq=self._next_seq(), backend=self)
+        return PcclWork._completed(result, call, self._next_seq(), self)
 
     @staticmethod
     def _host_in(t: torch.Tensor) -> torch.Tensor:
