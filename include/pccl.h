@@ -424,6 +424,22 @@ pcclResult_t pcclCommCount(pcclComm_t comm, int *count);
 pcclResult_t pcclCommUserRank(pcclComm_t comm, int *rank);
 
 /**
+ * Sets how long every later call on `comm` (collectives, rooted calls, all-to-all,
+ * point-to-point, device calls, and non-blocking requests not started yet) may wait on its
+ * peers before failing with `pcclTimeout`, in milliseconds (> 0). Starts as `PCCL_TIMEOUT`;
+ * local to this rank; communicators split from `comm` later inherit it.
+ */
+pcclResult_t pcclCommSetTimeout(pcclComm_t comm, uint64_t timeout_ms);
+
+/**
+ * Stores `comm`'s timeout (see `pcclCommSetTimeout`) in `*timeout_ms`, in milliseconds.
+ *
+ * # Safety
+ * `timeout_ms` must be NULL (an error) or point to a writable `uint64_t`.
+ */
+pcclResult_t pcclCommGetTimeout(pcclComm_t comm, uint64_t *timeout_ms);
+
+/**
  * Splits `comm` as `MPI_Comm_split`: ranks passing the same non-negative `color` form a new
  * communicator, ordered by `key` then by rank in `comm`; a rank passing a negative color
  * (`PCCL_SPLIT_NOCOLOR`) joins none and gets `*newcomm = NULL`. Collective over `comm`.
@@ -619,6 +635,19 @@ pcclResult_t pcclGroupStart(void);
  * (on the group's communicator). Without an open group: `pcclInvalidUsage`.
  */
 pcclResult_t pcclGroupEnd(void);
+
+/**
+ * Ends a group as `pcclGroupEnd` does, but without waiting: at the outermost end the queued
+ * sends and receives are posted together as one non-blocking request, behind this rank's
+ * earlier non-blocking calls on the group's communicator, and `*request` is set to it (finish
+ * it with `pcclWait`, poll it with `pcclTest`; every queued buffer must stay valid until
+ * then). An inner end, or a group that queued nothing, stores NULL. Without an open group:
+ * `pcclInvalidUsage`.
+ *
+ * # Safety
+ * `request` must be NULL (an error) or point to a writable `pcclRequest_t`.
+ */
+pcclResult_t pcclGroupEndAsync(pcclRequest_t *request);
 
 /**
  * Reduces `count` elements of every rank's `sendbuff` with `op` into `recvbuff` on rank

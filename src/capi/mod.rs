@@ -871,6 +871,39 @@ pub unsafe extern "C" fn pcclCommUserRank(comm: pcclComm_t, rank: *mut c_int) ->
     })
 }
 
+/// Sets how long every later call on `comm` (collectives, rooted calls, all-to-all,
+/// point-to-point, device calls, and non-blocking requests not started yet) may wait on its
+/// peers before failing with `pcclTimeout`, in milliseconds (> 0). Starts as `PCCL_TIMEOUT`;
+/// local to this rank; communicators split from `comm` later inherit it.
+#[no_mangle]
+pub extern "C" fn pcclCommSetTimeout(comm: pcclComm_t, timeout_ms: u64) -> pcclResult_t {
+    entry("pcclCommSetTimeout", || {
+        let c = handles::comm(comm as usize, "comm", false)?;
+        c.comm
+            .set_timeout(std::time::Duration::from_millis(timeout_ms))
+            .on(&c)
+    })
+}
+
+/// Stores `comm`'s timeout (see `pcclCommSetTimeout`) in `*timeout_ms`, in milliseconds.
+///
+/// # Safety
+/// `timeout_ms` must be NULL (an error) or point to a writable `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn pcclCommGetTimeout(
+    comm: pcclComm_t,
+    timeout_ms: *mut u64,
+) -> pcclResult_t {
+    entry("pcclCommGetTimeout", || {
+        let c = handles::comm(comm as usize, "comm", false)?;
+        not_null(timeout_ms, "timeout_ms").on(&c)?;
+        let ms = u64::try_from(c.comm.timeout().as_millis()).unwrap_or(u64::MAX);
+        // SAFETY: `timeout_ms` is non-NULL and points to a writable u64 (caller's promise).
+        unsafe { put(timeout_ms, ms) };
+        Ok(())
+    })
+}
+
 /// Splits `comm` as `MPI_Comm_split`: ranks passing the same non-negative `color` form a new
 /// communicator, ordered by `key` then by rank in `comm`; a rank passing a negative color
 /// (`PCCL_SPLIT_NOCOLOR`) joins none and gets `*newcomm = NULL`. Collective over `comm`.

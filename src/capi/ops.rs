@@ -102,6 +102,58 @@ pub extern "C" fn pcclGroupEnd() -> pcclResult_t {
     })
 }
 
+/// Ends a group as `pcclGroupEnd` does, but without waiting: at the outermost end the queued
+/// sends and receives are posted together as one non-blocking request, behind this rank's
+/// earlier non-blocking calls on the group's communicator, and `*request` is set to it (finish
+/// it with `pcclWait`, poll it with `pcclTest`; every queued buffer must stay valid until
+/// then). An inner end, or a group that queued nothing, stores NULL. Without an open group:
+/// `pcclInvalidUsage`.
+///
+/// # Safety
+/// `request` must be NULL (an error) or point to a writable `pcclRequest_t`.
+#[no_mangle]
+pub unsafe extern "C" fn pcclGroupEndAsync(request: *mut pcclRequest_t) -> pcclResult_t {
+    entry("pcclGroupEndAsync", || {
+        // SAFETY: `request` is NULL or writable (caller's promise).
+        unsafe { super::clear(request) };
+        if request.is_null() {
+            // Close the group anyway, so a bad call does not leave it open on this thread.
+            let _ = with_group(|g| {
+                g.depth = g.depth.saturating_sub(1);
+                if g.depth == 0 {
+                    g.ops.clear();
+                    g.comm = None;
+                }
+            });
+            return Err(Error::invalid("request is NULL").into());
+        }
+        let taken = with_group(|g| -> Result<Option<(Arc<CommEntry>, Vec<P2pOp>)>> {
+            match g.depth {
+                0 => Err(Error::usage(
+                    "no group is open on this thread (pcclGroupEndAsync without \
+                     pcclGroupStart)",
+                )),
+                1 => {
+                    g.depth = 0;
+                    let ops = std::mem::take(&mut g.ops);
+                    Ok(g.comm.take().map(|c| (c, ops)))
+                }
+                _ => {
+                    g.depth -= 1;
+                    Ok(None)
+                }
+            }
+        })??;
+        let Some((c, ops)) = taken else {
+            return Ok(());
+        };
+        // SAFETY: every queued buffer was promised valid until the request completes.
+        let req: Request<()> = unsafe { c.comm.p2p_async("group", ops, ()) }.on(&c)?;
+        // SAFETY: `request` is non-NULL (checked above) and writable.
+        unsafe { hand_out(request, &c, Some(req), "pcclGroupEndAsync") }
+    })
+}
+
 // ---- argument checks -----------------------------------------------------------------------
 
 /// Refuses a collective called inside a group or with a stream.

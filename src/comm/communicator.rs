@@ -13,9 +13,9 @@ use crate::transport::faults::Tag;
 use crate::transport::threads::ThreadWorld;
 use crate::transport::{fnv1a, Transport};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 mod calls;
 mod p2p;
@@ -57,6 +57,8 @@ struct Inner {
     transport: Arc<dyn Transport>,
     topo: Topology,
     cfg: Config,
+    /// The deadline of every call, in nanoseconds: `cfg.timeout` until `set_timeout`.
+    timeout_ns: AtomicU64,
     seq: AtomicU32,
     /// Set while an application thread is inside a call (one call at a time).
     busy: AtomicBool,
@@ -133,6 +135,7 @@ impl Communicator {
             inner: Arc::new(Inner {
                 transport,
                 topo,
+                timeout_ns: AtomicU64::new(duration_ns(cfg.timeout)),
                 cfg,
                 seq: AtomicU32::new(0),
                 busy: AtomicBool::new(false),
@@ -198,6 +201,28 @@ impl Communicator {
     /// Settings.
     pub fn config(&self) -> &Config {
         &self.inner.cfg
+    }
+
+    /// How long any call may wait on its peers before it fails with a timeout
+    /// (`PCCL_TIMEOUT` until [`Communicator::set_timeout`]).
+    pub fn timeout(&self) -> Duration {
+        self.inner.timeout()
+    }
+
+    /// Sets the deadline of every later call (collective, rooted, all-to-all, point-to-point,
+    /// device), including non-blocking calls issued earlier that have not started yet; torch's
+    /// `ProcessGroup.set_timeout`. Local to this rank. Zero is refused.
+    pub fn set_timeout(&self, timeout: Duration) -> Result<()> {
+        if timeout.is_zero() {
+            return Err(Error::invalid(format!(
+                "rank {}: a communicator's timeout must be positive",
+                self.rank()
+            )));
+        }
+        self.inner
+            .timeout_ns
+            .store(duration_ns(timeout), Ordering::SeqCst);
+        Ok(())
     }
     /// Name of the transport (`threads`, `mpi`).
     pub fn transport_name(&self) -> &'static str {
@@ -468,7 +493,9 @@ impl Communicator {
     /// one, ordered by `key` then by rank; `None` (MPI_UNDEFINED) joins none and gets `None`.
     /// Collective over all ranks.
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
-        self.split_with_config(color, key, self.inner.cfg.clone())
+        let mut cfg = self.inner.cfg.clone();
+        cfg.timeout = self.timeout(); // the parent's current timeout (set_timeout included)
+        self.split_with_config(color, key, cfg)
     }
 
     /// [`Communicator::split`] with other settings for the new communicator.
@@ -566,7 +593,16 @@ impl Communicator {
     }
 }
 
+/// A duration in nanoseconds, saturating (u64 nanoseconds cover 584 years).
+fn duration_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 impl Inner {
+    fn timeout(&self) -> Duration {
+        Duration::from_nanos(self.timeout_ns.load(Ordering::SeqCst))
+    }
+
     fn algorithm_for(&self, coll: Collective, block_bytes: usize) -> Result<Algorithm> {
         if coll.fixed_algorithm() {
             // One algorithm each (binomial trees, pairwise exchange): nothing to tune.
@@ -728,7 +764,7 @@ impl Inner {
         };
         let opt = ExecOptions {
             tag,
-            deadline: Instant::now() + self.cfg.timeout,
+            deadline: Instant::now() + self.timeout(),
             op: call.op,
             corrupt,
         };

@@ -345,7 +345,7 @@ impl Communicator {
         drop(slot);
         let tag = self.take_tag();
         let comm = self.handle();
-        let timeout = self.config().timeout;
+        let timeout = self.timeout();
         let job = Box::new(move || {
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 wait_event(&ready, timeout)?;

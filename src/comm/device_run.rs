@@ -217,7 +217,7 @@ impl Communicator {
         let fp = stamps::fingerprint(7, T::DTYPE as u32 + 1, op as u32 + 1, &detail);
         let opt = DeviceExecOptions {
             tag: stamps::stamp(tag, fp),
-            timeout: self.config().timeout,
+            timeout: self.timeout(),
             op,
             piece_bytes: self.config().chunk_bytes,
             direct: self.config().device_direct,

@@ -131,6 +131,9 @@ static void rank_main(struct rank_ctx *R) {
     ROW(pcclInvalidArgument, "comm is NULL", NULL, pcclCommUserRank(NULL, &out));
     ROW(pcclInvalidArgument, "version is NULL", NULL, pcclGetVersion(NULL));
     ROW(pcclInvalidArgument, "newcomm is NULL", comm, pcclCommSplit(comm, 0, 0, NULL));
+    ROW(pcclInvalidArgument, "timeout must be positive", comm, pcclCommSetTimeout(comm, 0));
+    ROW(pcclInvalidArgument, "timeout_ms is NULL", comm, pcclCommGetTimeout(comm, NULL));
+    ROW(pcclInvalidArgument, "comm is NULL", NULL, pcclCommSetTimeout(NULL, 1000));
 
 
     /* ---- rooted collectives, all-to-all(v), point-to-point, groups ---- */
@@ -173,6 +176,11 @@ static void rank_main(struct rank_ctx *R) {
         pcclAllToAllv(f, cnt, dsp, g, cnt, dsp, pcclFloat32, comm, (void *)bytes));
     ROW(pcclInvalidUsage, "device memory is not supported", comm, pcclSend(f, 4, pcclFloat32, other, comm, (void *)bytes));
     ROW(pcclInvalidUsage, "device memory is not supported", comm, pcclRecv(g, 4, pcclFloat32, other, comm, (void *)bytes));
+    ROW(pcclInvalidUsage, "without pcclGroupStart", NULL, pcclGroupEnd());
+    pcclRequest_t greq = NULL;
+    ROW(pcclInvalidUsage, "without pcclGroupStart", NULL, pcclGroupEndAsync(&greq));
+    ROW(pcclSuccess, "", NULL, pcclGroupStart());
+    ROW(pcclInvalidArgument, "request is NULL", NULL, pcclGroupEndAsync(NULL));
     ROW(pcclInvalidUsage, "without pcclGroupStart", NULL, pcclGroupEnd());
     ROW(pcclSuccess, "", NULL, pcclGroupStart());
     ROW(pcclInvalidUsage, "inside pcclGroupStart/pcclGroupEnd", comm, pcclReduce(f, g, 4, pcclFloat32, pcclSum, 0, comm, NULL));

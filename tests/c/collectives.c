@@ -296,6 +296,27 @@ static void test_p2p(struct rank_ctx *R, pcclComm_t comm, pcclDataType_t dt, siz
             }
         }
     }
+    /* The same ring as one non-blocking group (pcclGroupEndAsync), finished by pcclWait. */
+    if (count) memset(recv, 0x5a, count * dtype_size(dt));
+    pcclRequest_t gr = NULL;
+    CALL(R, comm, pcclGroupStart());
+    CALL(R, comm, pcclSend(send, count, dt, right, comm, NULL));
+    CALL(R, comm, pcclRecv(recv, count, dt, left, comm, NULL));
+    if (CALL(R, comm, pcclGroupEndAsync(&gr))) {
+        if (gr == NULL) {
+            fail(R, "pcclGroupEndAsync %s count=%zu: no request", dtype_name(dt), count);
+        } else if (CALL(R, comm, pcclWait(gr))) {
+            R->checks++;
+            for (size_t k = 0; k < count; k++) {
+                double got = get_elem(recv, dt, k), want = a2a_value(left, r, k);
+                if (got != want) {
+                    fail(R, "async group ring %s count=%zu: element %zu is %g, expected %g",
+                         dtype_name(dt), count, k, got, want);
+                    break;
+                }
+            }
+        }
+    }
     /* pcclIsend/pcclIrecv between pairs (r, r^1): a rank's non-blocking calls run in order
      * and a send completes when its receiver takes it, so the even rank sends first. */
     if (p > 1 && (r ^ 1) < p) {

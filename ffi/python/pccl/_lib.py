@@ -97,6 +97,8 @@ _SIGNATURES = {
     "pcclCommCount": [_comm_t, ctypes.POINTER(_int)],
     "pcclCommUserRank": [_comm_t, ctypes.POINTER(_int)],
     "pcclCommSplit": [_comm_t, _int, _int, ctypes.POINTER(_comm_t)],
+    "pcclCommSetTimeout": [_comm_t, ctypes.c_uint64],
+    "pcclCommGetTimeout": [_comm_t, ctypes.POINTER(ctypes.c_uint64)],
     "pcclAllGather": [_vp, _vp, _sz, _int, _comm_t, _vp],
     "pcclReduceScatter": [_vp, _vp, _sz, _int, _int, _comm_t, _vp],
     "pcclAllReduce": [_vp, _vp, _sz, _int, _int, _comm_t, _vp],
@@ -121,6 +123,7 @@ _SIGNATURES = {
     "pcclRecv": [_vp, _sz, _int, _int, _comm_t, _vp],
     "pcclGroupStart": [],
     "pcclGroupEnd": [],
+    "pcclGroupEndAsync": [ctypes.POINTER(_req_t)],
     "pcclIsend": [_vp, _sz, _int, _int, _comm_t, ctypes.POINTER(_req_t)],
     "pcclIrecv": [_vp, _sz, _int, _int, _comm_t, ctypes.POINTER(_req_t)],
 }
@@ -288,6 +291,34 @@ class Communicator:
             check("pcclCommInitMPIWorld", lib().pcclCommInitMPIWorld(ctypes.byref(c)))
         return cls(c.value, timeout_s)
 
+    def split(self, color: int, key: int):
+        """``pcclCommSplit`` (collective over this communicator): the ranks passing the same
+        ``color`` >= 0 form a new communicator ordered by ``key``; a negative color joins
+        none and returns None. No new bootstrap: the new one runs over this one's links."""
+        c = _comm_t()
+        code = lib().pcclCommSplit(self.handle, int(color), int(key), ctypes.byref(c))
+        check("pcclCommSplit", code, self.handle)
+        if not c.value:
+            return None
+        return Communicator(c.value, self.get_timeout())
+
+    def set_timeout(self, seconds: float) -> None:
+        """``pcclCommSetTimeout``: every later call on this communicator (and requests not
+        started yet) fails with pcclTimeout after ``seconds`` without its peers."""
+        ms = max(1, int(round(float(seconds) * 1000)))
+        check("pcclCommSetTimeout", lib().pcclCommSetTimeout(self.handle, ms), self.handle)
+        self.timeout_s = ms / 1000
+
+    def get_timeout(self):
+        """The communicator's timeout in seconds (None for a libpccl without
+        pcclCommGetTimeout)."""
+        if not has("pcclCommGetTimeout"):
+            return self.timeout_s
+        ms = ctypes.c_uint64(0)
+        check("pcclCommGetTimeout", lib().pcclCommGetTimeout(self.handle, ctypes.byref(ms)),
+              self.handle)
+        return ms.value / 1000
+
     def destroy(self) -> None:
         if self.handle is not None and self.handle.value:
             h = self.handle
@@ -404,6 +435,30 @@ class Communicator:
         if err is not None:
             raise err
         check("pcclGroupEnd", code, self.handle)
+
+
+    def igroup(self, ops) -> "Request":
+        """Posts ``ops`` (as for ``group``) as one non-blocking request
+        (``pcclGroupEndAsync``), behind this rank's earlier non-blocking calls; the buffers
+        must stay valid until the request completes."""
+        check("pcclGroupStart", lib().pcclGroupStart())
+        err = None
+        try:
+            for kind, ptr, count, dtype, peer in ops:
+                if kind == "send":
+                    self.send(ptr, count, dtype, peer)
+                else:
+                    self.recv(ptr, count, dtype, peer)
+        except PcclError as e:
+            err = e
+        req = _req_t()
+        code = lib().pcclGroupEndAsync(ctypes.byref(req))  # always closes the group
+        if err is not None:
+            if code == pcclSuccess and req.value:
+                Request(self, req, "pcclGroupEndAsync").wait()
+            raise err
+        check("pcclGroupEndAsync", code, self.handle)
+        return Request(self, req, "pcclGroupEndAsync")
 
 
 class Request:

@@ -85,6 +85,11 @@ def _device_of(tensors, call: str) -> torch.device:
     return dev
 
 
+def _sync(opts) -> bool:
+    """Whether a call is synchronous (torch's async_op=False) and not a coalesced piece."""
+    return not getattr(opts, "asyncOp", True) and getattr(opts, "collect", None) is None
+
+
 class _Done:
     """The request of a device collective: queued on the stream, nothing to wait for on the
     host (the stream orders everything after it)."""
@@ -96,6 +101,9 @@ class _Done:
     @staticmethod
     def test():
         return True
+
+
+_DONE = _Done()
 
 
 def _stream_of(dev: torch.device) -> int:
@@ -234,15 +242,29 @@ class PcclWork(dist._Work):
     registry until it ends, so dropping the Work is safe."""
 
     def __init__(self, requests=(), keep=(), post=None, result=None, call="", seq=0,
-                 backend=None):
+                 backend=None, op=None):
         super().__init__()
-        self._op = _Op(requests, keep, post, result, call, seq)
         self._backend = backend
         self._future = None
+        if op is not None:  # shares an operation already registered (a p2p batch)
+            self._op = op
+            return
+        self._op = _Op(requests, keep, post, result, call, seq)
         if self._op.requests:
             _register(self._op)
         else:
             self._op.finish()
+
+    @classmethod
+    def _completed(cls, result, call, seq, backend):
+        """The Work of an operation that already ended (a synchronous call)."""
+        w = cls.__new__(cls)
+        dist._Work.__init__(w)
+        w._backend = backend
+        w._future = None
+        w._op = _Op((), (), None, result, call, seq)
+        w._op.finished = True
+        return w
 
     # The pieces the coalesced calls merge (see all_gather_single_coalesced).
     @property
@@ -339,8 +361,10 @@ class PcclWork(dist._Work):
 
 
 class _P2PWork(dist._Work):
-    """Work of a queued send or receive: waiting for it (or polling it) posts every queued
-    send and receive of its group as one PCCL group and completes them all."""
+    """Work of a send or receive. Posted without blocking (torch >= 2.12: at once, or at the
+    end of its batch) it shares the batch's in-flight operation; queued (torch <= 2.11),
+    waiting for it (or polling it) posts every queued send and receive of its group as one
+    PCCL group and completes them all."""
 
     def __init__(self, backend, call, seq, result):
         super().__init__()
@@ -350,15 +374,25 @@ class _P2PWork(dist._Work):
         self._result = result
         self._event = threading.Event()
         self._error = None
+        self._op = None  # the posted batch, when posted without blocking (see _flush_p2p)
 
     def _complete(self, err):
         self._error = err
+        self._event.set()
+
+    def _attach(self, op):
+        self._op = op
         self._event.set()
 
     def _run(self):
         if not self._event.is_set():
             self._backend._flush_p2p()
             self._event.wait()
+        op = self._op
+        if op is not None:
+            op.finish()
+            if self._error is None:
+                self._error = op.error
 
     def wait(self, timeout=None):
         self._run()
@@ -367,7 +401,18 @@ class _P2PWork(dist._Work):
         return True
 
     def is_completed(self):
-        self._run()  # posts the group (blocking): a queued send would never start otherwise
+        op = self._op
+        if op is not None:  # posted: poll, never block
+            try:
+                if not op.test():
+                    return False
+            except BaseException:  # noqa: BLE001
+                pass
+            self._run()
+            return True
+        if self._backend._async_p2p and not self._event.is_set():
+            return False  # queued in an open batch (posted at its end)
+        self._run()  # torch <= 2.11: posts the queued group (blocking), else it never starts
         return True
 
     def is_success(self):
@@ -438,8 +483,17 @@ class PcclBackend(_BASE):
         self._p2p_pending = []  # queued sends/receives (see _flush_p2p)
         self._p2p_lock = threading.Lock()
         self._p2p_flush_lock = threading.RLock()
+        # torch >= 2.12 coalesces batch_isend_irecv (start/end_coalescing): a batch is posted
+        # at its end, a send or receive outside one at once, both without blocking
+        # (pcclGroupEndAsync). torch <= 2.11 (no coalescing for Python groups) queues them
+        # until a Work is waited for or another call is made, then posts them as one group.
+        self._async_p2p = _BASE is C10DBackend and _lib.has("pcclGroupEndAsync")
+        self._coalescing = False
+        self._splits = {}  # (group name, ranks) -> child backend or None (see split)
+        self._split_count = 0
+        ranks = tuple(getattr(self._options, "global_ranks_in_group", None) or ())
+        self._global_ranks = list(ranks) if ranks else list(range(size))
         if comm is None:
-            ranks = tuple(getattr(self._options, "global_ranks_in_group", None) or ())
             comm = self._bootstrap(store, rank, size, group_id, ranks,
                                    self._comm_timeout_s(self._timeout_s))
         self._comm = comm
@@ -494,10 +548,15 @@ class PcclBackend(_BASE):
         return t
 
     def set_timeout(self, timeout):
-        """The group's timeout for later ``wait()`` calls (the communicator keeps the
-        PCCL_TIMEOUT it was made with: the C ABI reads it only at init)."""
-        self._timeout_s = _seconds(timeout)
+        """The group's timeout: every later operation on the communicator (and the queued
+        ones not started yet) fails after it without its peers (``pcclCommSetTimeout``);
+        with an older libpccl only ``wait()`` honours it."""
+        secs = _seconds(timeout)
+        self._timeout_s = secs
         self._timeout_set = True
+        comm = self._comm
+        if secs is not None and comm is not None and _lib.has("pcclCommSetTimeout"):
+            comm.set_timeout(secs)
         try:
             self._options._timeout = timeout
         except Exception:  # noqa: BLE001
@@ -533,13 +592,91 @@ class PcclBackend(_BASE):
     def options(self):
         return self._options
 
+    # ---- splitting (torch >= 2.12: dist.split_group, and new_group from an eager default
+    # group) through pcclCommSplit: the new communicator runs over the parent's links, no
+    # new bootstrap. Collective over the parent: every member of it must take part.
+
     @property
     def supports_splitting(self):
-        return False
+        return _lib.has("pcclCommSplit")
+
+    def comm_split_count(self):
+        """How many splits this group took part in (torch names split groups by it)."""
+        return self._split_count
+
+    def _split_comm(self, ranks):
+        """``pcclCommSplit`` of the parent: ``ranks`` (parent-group ranks, in the new group's
+        order) form the new communicator; a rank not in it (or ``ranks`` None) joins none.
+        Disjoint groups have distinct smallest ranks: that is the color."""
+        self._flush_p2p()
+        me = self.rank()
+        self._split_count += 1
+        if ranks is None or me not in ranks:
+            self._live().split(-1, 0)
+            return None
+        return self._live().split(min(ranks), ranks.index(me))
+
+    def perform_nocolor_split(self, device=None):
+        """A rank outside a new group takes part in the parent's split (torch's new_group
+        calls this on non-members when it splits)."""
+        self._split_comm(None)
+
+    def _child(self, comm, store, ranks, timeout, group_name, options=None):
+        """The backend of a split-off group over ``comm``."""
+        opts = options if options is not None else C10DBackend.Options(BACKEND_NAME,
+                                                                      timeout=timeout)
+        try:
+            opts.global_ranks_in_group = [self._global_ranks[r] for r in ranks]
+            opts.group_name = group_name
+        except Exception:  # noqa: BLE001
+            pass
+        secs = self._comm_timeout_s(_seconds(timeout))
+        if secs is not None and _lib.has("pcclCommSetTimeout"):
+            comm.set_timeout(secs)
+        return PcclBackend(store, ranks.index(self.rank()), len(ranks), timeout,
+                           group_id=group_name, options=opts, comm=comm)
+
+    def split(self, store, ranks, opts):
+        """``ProcessGroup.split_group`` (``dist.split_group``): a new backend of ``ranks``
+        (ranks of this group, in order) over ``pcclCommSplit``; None on a rank outside."""
+        ranks = [int(r) for r in ranks]
+        name = str(getattr(opts, "group_name", "") or "")
+        key = (name, tuple(ranks))
+        if key in self._splits:  # c10d asks once per device type of the group (cpu, cuda)
+            return self._splits[key]
+        comm = self._split_comm(ranks)
+        if comm is None:
+            # torch's C++ side dereferences a None split (a crash), so a rank outside every
+            # split is answered by the split_group wrapper below and never comes here; one
+            # that does (ProcessGroup.split_group called directly) gets an error instead.
+            raise RuntimeError(
+                f"pccl: rank {self.rank()} is in none of the groups split from "
+                f"{self._group_name!r}; use dist.split_group, which returns "
+                "GroupMember.NON_GROUP_MEMBER here (it took part in the split)")
+        child = None
+        if comm is not None:
+            timeout = getattr(opts, "_timeout", None) or self._options._timeout
+            child = self._child(comm, store, ranks, timeout, name)
+        self._splits[key] = child
+        return child
 
     @property
     def supports_coalescing(self):
-        return False
+        return self._async_p2p
+
+    def start_coalescing(self):
+        """torch's coalescing manager (batch_isend_irecv): sends and receives are queued
+        until ``end_coalescing``."""
+        self._flush_p2p()
+        self._coalescing = True
+
+    def end_coalescing(self):
+        """Posts the batch's sends and receives as one non-blocking group; its Work."""
+        self._coalescing = False
+        op = self._flush_p2p()
+        if op is None:
+            return _done_work(backend=self)
+        return PcclWork(backend=self, op=op)
 
     def getBackendName(self):
         return BACKEND_NAME
@@ -582,16 +719,22 @@ class PcclBackend(_BASE):
             factor = factor.to(device=t.device, dtype=t.dtype)
         return t * factor
 
-    def _start(self, name, dev, *args):
+    def _start(self, name, dev, *args, sync=False):
         """Issues collective ``name``: a PCCL request on host memory, or a device collective
-        queued on the current stream of CUDA device ``dev``."""
+        queued on the current stream of CUDA device ``dev``. ``sync`` (a synchronous call on
+        host memory) runs it blocking on this thread instead: no hand-off to the worker
+        thread and back (the library first waits for this rank's earlier requests, so the
+        order is the same)."""
         self._flush_p2p()  # queued sends/receives go first
         comm = self._live()
         if dev.type == "cpu":
+            if sync:
+                getattr(comm, name)(*args, None)  # stream NULL: host memory, blocking
+                return _DONE
             return getattr(comm, "i" + name)(*args)
         with torch.cuda.device(dev):
             getattr(comm, name)(*args, _stream_of(dev))
-        return _Done()
+        return _DONE
 
     def _live(self):
         comm = self._comm
@@ -605,6 +748,10 @@ class PcclBackend(_BASE):
         if collect is not None:  # a piece of a coalesced call
             collect.append((requests, keep, post))
             return None
+        if not getattr(opts, "asyncOp", True) and all(r is _DONE for r in requests):
+            if post is not None:  # ran blocking (see _start): complete at once
+                post()
+            return PcclWork._completed(result, call, self._next_seq(), self)
         reap()  # finish what dropped Works left behind
         work = PcclWork(requests, keep, post, result, call, self._next_seq(), self)
         if not getattr(opts, "asyncOp", True):
@@ -661,7 +808,7 @@ class PcclBackend(_BASE):
         out, copy_back = self._out_buffer(output)
         inp = input.contiguous()
         # An input that is block `rank` of the output is the in-place form PCCL accepts.
-        req = self._start("allgather", dev, _ptr(inp), _ptr(out), n, dt)
+        req = self._start("allgather", dev, _ptr(inp), _ptr(out), n, dt, sync=_sync(opts))
         return self._issue(opts, [req], [inp, out, input, output], copy_back, [output], call)
 
     def allgather(self, output_tensors, input_tensors, opts):
@@ -714,7 +861,8 @@ class PcclBackend(_BASE):
         op, factor = self._op(opts.reduceOp, input.dtype, call)
         src = input.contiguous() if factor is None else self._premul(input.contiguous(), factor)
         out, copy_back = self._out_buffer(output)
-        req = self._start("reduce_scatter", dev, _ptr(src), _ptr(out), n, dt, op)
+        req = self._start("reduce_scatter", dev, _ptr(src), _ptr(out), n, dt, op,
+                          sync=_sync(opts))
         return self._issue(opts, [req], [src, out, input, output], copy_back, [output], call)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts):
@@ -750,7 +898,7 @@ class PcclBackend(_BASE):
             self.reduce_scatter_single(o, i, _AsyncOpts(opts.reduceOp, collect=pieces))
         return self._issue_pieces(opts, pieces, list(outputs), call)
 
-    def _allreduce_one(self, t, reduce_op, call):
+    def _allreduce_one(self, t, reduce_op, call, sync=False):
         """Issues an in-place all-reduce of t; returns (requests, keep, post)."""
         if t.numel() == 0:
             return [], [], None
@@ -759,7 +907,8 @@ class PcclBackend(_BASE):
         buf, copy_back = self._out_buffer(t)
         if factor is not None:
             buf.copy_(self._premul(buf, factor))
-        req = self._start("allreduce", buf.device, _ptr(buf), _ptr(buf), buf.numel(), dt, op)
+        req = self._start("allreduce", buf.device, _ptr(buf), _ptr(buf), buf.numel(), dt, op,
+                          sync=sync)
         return [req], [buf, t], copy_back
 
     def allreduce(self, tensors, opts):
@@ -767,7 +916,7 @@ class PcclBackend(_BASE):
         _device_of(tensors, call)
         reqs, keep, posts = [], [], []
         for t in tensors:
-            r, k, p = self._allreduce_one(t, opts.reduceOp, call)
+            r, k, p = self._allreduce_one(t, opts.reduceOp, call, _sync(opts))
             reqs += r
             keep += k
             posts.append(p)
@@ -782,7 +931,7 @@ class PcclBackend(_BASE):
         if any(t.dtype != dtype for t in tensors):
             raise TypeError(f"pccl: {call}: all tensors must have one dtype")
         flat = torch.cat([t.reshape(-1) for t in tensors])
-        r, k, p = self._allreduce_one(flat, opts.reduceOp, call)
+        r, k, p = self._allreduce_one(flat, opts.reduceOp, call, _sync(opts))
 
         def unflatten():
             off = 0
@@ -807,7 +956,7 @@ class PcclBackend(_BASE):
             dt = _dtype(t, call)
             buf, copy_back = self._out_buffer(t)
             reqs.append(self._start("broadcast", buf.device, _ptr(buf), _ptr(buf), buf.numel(),
-                                    dt, root))
+                                    dt, root, sync=_sync(opts)))
             keep += [buf, t]
             posts.append(copy_back)
         return self._issue(opts, reqs, keep, self._chain(*posts), list(tensors), call)
@@ -890,7 +1039,7 @@ class PcclBackend(_BASE):
         self._flush_p2p()
         self._live()
         fn()
-        return PcclWork(result=result, call=call, seq=self._next_seq(), backend=self)
+        return PcclWork._completed(result, call, self._next_seq(), self)
 
     @staticmethod
     def _host_in(t: torch.Tensor) -> torch.Tensor:
@@ -1103,6 +1252,8 @@ class PcclBackend(_BASE):
         work = _P2PWork(self, call, self._next_seq(), [t])
         with self._p2p_lock:
             self._p2p_pending.append((kind, buf, t.numel(), dt, peer, post, work))
+        if self._async_p2p and not self._coalescing:
+            self._flush_p2p()  # outside a batch: posted at once (NCCL's order semantics)
         return work
 
     def send(self, tensors, dst, tag=0):
@@ -1112,13 +1263,16 @@ class PcclBackend(_BASE):
         return self._p2p("recv", tensors, src, "recv")
 
     def _flush_p2p(self):
-        """Posts the queued sends and receives as one group (blocking) and completes their
-        Works."""
+        """Posts the queued sends and receives as one group: without blocking where torch
+        coalesces (the group's operation, shared by their Works, is returned), else
+        blocking, completing their Works."""
         with self._p2p_flush_lock:
             with self._p2p_lock:
                 pending, self._p2p_pending = self._p2p_pending, []
             if not pending:
-                return
+                return None
+            if self._async_p2p:
+                return self._post_p2p(pending)
             err = None
             try:
                 ops = [(k, _ptr(b), n, dt, peer) for k, b, n, dt, peer, _, _ in pending if n]
@@ -1131,6 +1285,29 @@ class PcclBackend(_BASE):
                 err = e
             for *_, w in pending:
                 w._complete(err)
+
+    def _post_p2p(self, pending):
+        """One non-blocking PCCL group for ``pending``; its operation (in flight) is attached
+        to every Work of the batch."""
+        works = [w for *_, w in pending]
+        try:
+            ops = [(k, _ptr(b), n, dt, peer) for k, b, n, dt, peer, _, _ in pending if n]
+            reqs = [self._live().igroup(ops)] if ops else []
+        except BaseException as e:  # noqa: BLE001 (every Work of the batch reports it)
+            for w in works:
+                w._complete(e)
+            return None
+        keep = [b for _, b, *_ in pending] + [r for w in works for r in w._result]
+        post = self._chain(*[p for *_, p, _ in pending])
+        call = works[0]._call if len(works) == 1 else "batch_isend_irecv"
+        op = _Op(reqs, keep, post, [r for w in works for r in w._result], call, works[-1]._seq)
+        if reqs:
+            _register(op)
+        else:
+            op.finish()
+        for w in works:
+            w._attach(op)
+        return op
 
     def _unsupported(self, call):
         raise NotImplementedError(f"pccl: {call} is not supported by the pccl backend")
@@ -1203,8 +1380,65 @@ def _create_backend(opts, backend_options):
         backend_options.group_name = opts.group_id
     except Exception:
         pass
+    parent = getattr(opts, "split_from", None)
+    ranks = list(getattr(opts, "global_ranks_in_group", None) or [])
+    # new_group from an eagerly made default group (init_process_group(device_id=...)):
+    # split the parent, as torch's nccl does (its non-members call perform_nocolor_split).
+    # Not for use_local_synchronization=True groups (hashed names): their non-members do
+    # not take part.
+    if (isinstance(parent, PcclBackend) and parent._comm is not None and ranks
+            and str(opts.group_id).isdigit()
+            and all(r in parent._global_ranks for r in ranks)):
+        local = [parent._global_ranks.index(r) for r in ranks]
+        comm = parent._split_comm(local)
+        return parent._child(comm, opts.store, local, opts.timeout, str(opts.group_id),
+                             backend_options)
     return PcclBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout,
                        group_id=opts.group_id, options=backend_options)
+
+
+def _pccl_backend_of(pg):
+    """The PcclBackend of process group ``pg`` (None when it is another backend's)."""
+    if isinstance(pg, PcclBackend):
+        return pg
+    try:
+        be = pg._get_backend(torch.device("cpu"))
+    except Exception:  # noqa: BLE001
+        return None
+    return be if isinstance(be, PcclBackend) else None
+
+
+def _wrap_split_group() -> None:
+    """``dist.split_group`` on a pccl group, for a rank in none of the splits: it takes part
+    in the parent's pcclCommSplit (collective) and gets ``GroupMember.NON_GROUP_MEMBER``, as
+    on nccl. torch's own path would hand our None to C++, which dereferences it."""
+    c10d = dist.distributed_c10d
+    orig = getattr(c10d, "split_group", None)
+    if orig is None or getattr(orig, "_pccl", False):
+        return
+
+    def split_group(parent_pg=None, split_ranks=None, *args, **kwargs):
+        pg = parent_pg
+        if pg is None and c10d.is_initialized():
+            pg = c10d._get_default_group()
+        be = _pccl_backend_of(pg) if pg is not None else None
+        if be is not None and split_ranks:
+            me = c10d._world.pg_group_ranks.get(pg, {}).get(dist.get_rank())
+            if me is not None and not any(me in s for s in split_ranks):
+                if any(len(s) == 0 or len(set(s)) != len(s) for s in split_ranks):
+                    raise ValueError("split groups must be non-empty, without duplicates")
+                be._split_comm(None)
+                if hasattr(c10d, "_process_group_name"):  # every rank counts every group
+                    c10d._process_group_name(list(split_ranks[0]), use_hashed_name=True)
+                return dist.GroupMember.NON_GROUP_MEMBER
+        return orig(parent_pg, split_ranks, *args, **kwargs)
+
+    split_group.__doc__ = orig.__doc__
+    split_group.__wrapped__ = orig
+    split_group._pccl = True
+    c10d.split_group = split_group
+    if getattr(dist, "split_group", None) is orig:
+        dist.split_group = split_group
 
 
 def register() -> None:
@@ -1213,6 +1447,7 @@ def register() -> None:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True,
                                   devices=["cpu", "cuda"])
+    _wrap_split_group()
 
 
 register()

@@ -125,6 +125,25 @@ def main(rank, world, init, outdir):
             for w in ws:
                 w.wait()
             eq("isend/irecv pair", b, torch.arange(10, dtype=torch.float32) + peer)
+        # A lone isend goes out without a wait (torch >= 2.12, where sends are posted at
+        # once): rank 0 blocks in a gloo barrier before waiting, rank 1 in its receive. When
+        # sends only go out at a wait, this deadlocks.
+        pg = dist.group.WORLD
+        be = pg if isinstance(pg, pccl.torch.PcclBackend) else pg._get_backend(
+            torch.device("cpu"))
+        if be._async_p2p:
+            big = torch.arange(4 << 20, dtype=torch.float32)  # 16 MiB
+            if rank == 0:
+                w = dist.isend(big, 1)
+                dist.barrier(group=gloo)
+                w.wait()
+            elif rank == 1:
+                got = torch.zeros(4 << 20)
+                dist.recv(got, 0)
+                dist.barrier(group=gloo)
+                eq("lone isend (16 MiB) before a gloo barrier", got, big)
+            else:
+                dist.barrier(group=gloo)
         t = torch.ones(3)
         dist.all_reduce(t)
         eq("all_reduce after p2p", t, torch.full((3,), float(world)))

@@ -116,6 +116,39 @@ def init_timeout(rank, world, init, out):
     _backend().abort()
 
 
+def set_timeout(rank, world, init, out):
+    """dist.set_timeout (torch >= 2.12) / group.set_timeout (torch 2.11) after init reaches
+    the communicator: calls that never go through wait() (a blocking all-to-all, a receive)
+    fail after the new timeout (1.5 s), not the group's first one (60 s)."""
+    _init(rank, world, init, timeout_s=60)
+    dist.barrier()
+    new = timedelta(seconds=1.5)
+    if hasattr(dist, "set_timeout"):
+        dist.set_timeout(new)
+    else:
+        dist.group.WORLD.set_timeout(new)
+    be = _backend()
+    out["comm_timeout_s"] = be._comm.get_timeout()
+    assert be._comm.get_timeout() == 1.5, out
+    if rank == world - 1:
+        time.sleep(8)
+        os._exit(0)  # silent past the others' timeout; no report
+    out["errors_after_s"] = []
+    for what in ("all_to_all_single", "recv"):
+        t0 = time.time()
+        try:
+            if what == "recv":
+                dist.recv(torch.empty(4), world - 1)
+            else:
+                dist.all_to_all_single(torch.empty(4 * world), torch.ones(4 * world))
+            raise AssertionError(f"{what} succeeded with a silent peer")
+        except RuntimeError as e:
+            out[f"error_{what}"] = str(e)[:300]
+            out["errors_after_s"].append(round(time.time() - t0, 3))
+        assert time.time() - t0 < 1.5 + 1, out
+    _backend().abort()
+
+
 def peer_dies(rank, world, init, out):
     """A rank dies (SIGKILL-like os._exit) mid-job: the others get an exception from
     wait()/the call within the group's timeout + 1 s; abort then ends the group."""
@@ -203,7 +236,8 @@ def fsdp_mesh(rank, world, init, out):
     dist.destroy_process_group()
 
 
-SCENARIOS = {f.__name__: f for f in (work_lifetime, init_timeout, peer_dies, fsdp_mesh)}
+SCENARIOS = {f.__name__: f for f in (work_lifetime, init_timeout, set_timeout, peer_dies,
+                                       fsdp_mesh)}
 
 
 def main(rank, world, init, outdir, scenario):
@@ -220,7 +254,7 @@ def main(rank, world, init, outdir, scenario):
     except BaseException:  # noqa: BLE001
         out["failures"].append(traceback.format_exc()[-3000:])
     report()
-    if scenario in ("init_timeout", "peer_dies"):
+    if scenario in ("init_timeout", "set_timeout", "peer_dies"):
         os._exit(0)  # the group is broken on purpose: leave without torch's teardown
     if out["failures"]:
         raise SystemExit(1)

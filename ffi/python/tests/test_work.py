@@ -62,6 +62,16 @@ def test_init_timeout_reaches_communicator(world, tmp_path):
 
 
 @pytest.mark.parametrize("world", [3])
+def test_set_timeout_reaches_every_call(world, tmp_path):
+    reps = _run("set_timeout", world, tmp_path, silent_ranks=(world - 1,))
+    assert len(reps) == world - 1
+    for rep in reps:
+        assert rep["comm_timeout_s"] == 1.5
+        assert len(rep["errors_after_s"]) == 2
+        assert all(1.0 < t < 1.5 + 1 for t in rep["errors_after_s"]), rep
+
+
+@pytest.mark.parametrize("world", [3])
 def test_peer_dies(world, tmp_path):
     reps = _run("peer_dies", world, tmp_path, silent_ranks=(world - 1,))
     assert len(reps) == world - 1

@@ -265,7 +265,7 @@ impl Inner {
     unsafe fn run_p2p(&self, ops: &[P2pOp]) -> Result<()> {
         let tr = self.transport.as_ref();
         let (p, me) = (tr.size(), tr.rank());
-        let deadline = Instant::now() + self.cfg.timeout;
+        let deadline = Instant::now() + self.timeout();
         // Sequence numbers per pair and direction, taken in issue order.
         let tags: Vec<(Tag, u32)> = {
             let mut s = lock(&self.p2p);

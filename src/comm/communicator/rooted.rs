@@ -533,7 +533,7 @@ impl Inner {
         } else {
             stamp(seq, 0)
         };
-        let deadline = Instant::now() + self.cfg.timeout;
+        let deadline = Instant::now() + self.timeout();
         let es = std::mem::size_of::<T>();
         let r = (|| -> Result<()> {
             tr.faults().check(tag, me)?;

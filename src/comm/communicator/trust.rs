@@ -206,7 +206,7 @@ impl Inner {
                 )))
             }
             Some(FaultKind::Stall) => {
-                let end = Instant::now() + 2 * self.cfg.timeout;
+                let end = Instant::now() + 2 * self.timeout();
                 while Instant::now() < end && self.transport.faults().aborted().is_none() {
                     self.transport.faults().nap(Duration::from_millis(50));
                 }
