@@ -212,3 +212,72 @@ mod with_hwloc {
         assert!(e.message().contains("missing.xml"), "{e}");
     }
 }
+
+/// Runs `pccl-info` with `args` and extra variables (launcher variables of the test process
+/// are cleared so the output does not depend on how the tests were started).
+fn pccl_info(args: &[&str], vars: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_pccl-info"));
+    cmd.args(args);
+    for v in [
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "PALS_LOCAL_RANKID",
+        "PMI_LOCAL_RANK",
+        "SLURM_LOCALID",
+        "LOCAL_RANK",
+        "PCCL_NIC_MAP",
+        "PCCL_TOPO_FILE",
+        "HWLOC_XMLFILE",
+        "CUDA_VISIBLE_DEVICES",
+    ] {
+        cmd.env_remove(v);
+    }
+    cmd.envs(vars.iter().copied());
+    cmd.output().unwrap()
+}
+
+#[test]
+fn pccl_info_reports_the_map_and_what_it_would_set() {
+    let file = data("perlmutter.xml");
+    let out = pccl_info(
+        &["--json", "--topo-file", file.to_str().unwrap()],
+        &[
+            ("MPI_LOCALRANKID", "1"),
+            ("MPI_LOCALNRANKS", "4"),
+            ("PCCL_NIC_MAP", "0:0-1;1:2-3"),
+        ],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["nic_map"]["map"], "0:0-1;1:2-3");
+    assert_eq!(v["nic_map"]["why"], "from PCCL_NIC_MAP");
+    assert_eq!(v["transports"]["tcp"], true);
+    let set = v["apply"]["set"].as_array().unwrap();
+    assert!(set
+        .iter()
+        .any(|s| s["var"] == "MPICH_OFI_NIC_MAPPING" && s["value"] == "0:0-1;1:2-3"));
+    if cfg!(feature = "hwloc") {
+        assert_eq!(v["gpus"].as_array().unwrap().len(), 4);
+        assert_eq!(v["apply"]["nic"], "cxi0");
+        assert!(set
+            .iter()
+            .any(|s| s["var"] == "NCCL_SOCKET_IFNAME" && s["value"] == "=hsn0"));
+    } else {
+        assert!(v["discovery"]["source"]
+            .as_str()
+            .unwrap()
+            .contains("without the `hwloc` feature"));
+    }
+}
+
+#[test]
+fn pccl_info_rejects_a_bad_map_or_file_with_a_message() {
+    let out = pccl_info(&[], &[("PCCL_NIC_MAP", "0:0;0:0")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("NIC map"));
+    if cfg!(feature = "hwloc") {
+        let out = pccl_info(&["--topo-file", "/nonexistent/x.xml"], &[]);
+        assert_eq!(out.status.code(), Some(1));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/x.xml"));
+    }
+}

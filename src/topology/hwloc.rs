@@ -31,8 +31,12 @@ pub fn load(file: Option<&Path>) -> Result<NodeHardware> {
                 .map_err(|e| err("parse the topology of", &e))?
         }
         None => {
+            // hwloc refuses to skip a component it does not have (no CUDA plugin here):
+            // skip only those a fresh builder accepts.
             for c in SKIPPED_COMPONENTS {
-                b = b.without_component(c).map_err(|e| err("configure", &e))?;
+                if HwTopology::builder().without_component(c).is_ok() {
+                    b = b.without_component(c).map_err(|e| err("configure", &e))?;
+                }
             }
             b
         }
