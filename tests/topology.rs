@@ -22,10 +22,8 @@ fn configured_map_is_the_communicators_map() {
         nic_map: Some("0:3;1:2;2:1;3:0".parse().unwrap()),
         ..Config::default()
     };
-    let maps = Communicator::run_threads(4, cfg, |c| {
-        c.topology().nic_map().map(|m| m.to_string())
-    })
-    .unwrap();
+    let maps = Communicator::run_threads(4, cfg, |c| c.topology().nic_map().map(|m| m.to_string()))
+        .unwrap();
     for m in maps {
         assert_eq!(m.as_deref(), Some("0:3;1:2;2:1;3:0"));
     }
@@ -43,7 +41,9 @@ fn pretend_nodes_take_the_map_from_each_ranks_own_view() {
     })
     .unwrap();
     let want: NicMap = "0:0;1:1".parse().unwrap();
-    assert!(r.iter().all(|(nic, m)| *nic == 1 && m.as_ref() == Some(&want)));
+    assert!(r
+        .iter()
+        .all(|(nic, m)| *nic == 1 && m.as_ref() == Some(&want)));
 }
 
 #[cfg(feature = "hwloc")]
@@ -63,7 +63,10 @@ mod with_hwloc {
     fn frontier_gcd_pairs_share_the_slingshot_nic_of_their_quadrant() {
         let hw = discover(Some(&data("frontier.xml"))).unwrap();
         assert_eq!(hw.gpus.len(), 8);
-        assert!(hw.gpus.iter().all(|g| g.vendor == GpuVendor::Amd && g.uuid.is_some()));
+        assert!(hw
+            .gpus
+            .iter()
+            .all(|g| g.vendor == GpuVendor::Amd && g.uuid.is_some()));
         let names: Vec<_> = hw.nics.iter().map(|n| (n.name.as_str(), n.kind)).collect();
         assert_eq!(names[3], ("cxi3", NicKind::Slingshot));
         assert_eq!(hw.nics[3].netdev.as_deref(), Some("hsn3"));
@@ -247,7 +250,11 @@ fn pccl_info_reports_the_map_and_what_it_would_set() {
             ("PCCL_NIC_MAP", "0:0-1;1:2-3"),
         ],
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["nic_map"]["map"], "0:0-1;1:2-3");
     assert_eq!(v["nic_map"]["why"], "from PCCL_NIC_MAP");

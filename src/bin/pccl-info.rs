@@ -14,7 +14,10 @@ use serde_json::{json, Value};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
-#[command(name = "pccl-info", about = "Show the GPUs, NICs and NIC map PCCL finds on this host")]
+#[command(
+    name = "pccl-info",
+    about = "Show the GPUs, NICs and NIC map PCCL finds on this host"
+)]
 struct Args {
     /// hwloc XML file to read instead of this host (else PCCL_TOPO_FILE or HWLOC_XMLFILE).
     #[arg(long)]
@@ -166,9 +169,17 @@ fn text(v: &Value) -> String {
         .collect();
     o += &format!("transports built in: {}\n", built.join(", "));
     let a = &v["apply"];
-    o += &format!("before a transport starts, PCCL would pin this process to NIC {}:\n", s(&a["nic"]));
+    o += &format!(
+        "before a transport starts, PCCL would pin this process to NIC {}:\n",
+        s(&a["nic"])
+    );
     for x in a["set"].as_array().cloned().unwrap_or_default() {
-        o += &format!("  set {}={}  ({})\n", s(&x["var"]), s(&x["value"]), s(&x["for"]));
+        o += &format!(
+            "  set {}={}  ({})\n",
+            s(&x["var"]),
+            s(&x["value"]),
+            s(&x["for"])
+        );
     }
     for x in a["kept"].as_array().cloned().unwrap_or_default() {
         o += &format!("  keep the user's {}\n", s(&x));

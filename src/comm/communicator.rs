@@ -116,7 +116,10 @@ impl Communicator {
         let (topo, why) = match cfg.ranks_per_node {
             Some(m) => {
                 let own = view.own_map(m);
-                (Topology::uniform(p, m).with_nic_map(own), "own view, no exchange")
+                (
+                    Topology::uniform(p, m).with_nic_map(own),
+                    "own view, no exchange",
+                )
             }
             None => {
                 // Exchange host keys and NIC views with a flat ring on a provisional

@@ -363,10 +363,16 @@ mod tests {
         for g in &mut hw.gpus {
             g.vendor = GpuVendor::Amd;
         }
-        let env = [("ROCR_VISIBLE_DEVICES", "2,3"), ("HIP_VISIBLE_DEVICES", "1")];
+        let env = [
+            ("ROCR_VISIBLE_DEVICES", "2,3"),
+            ("HIP_VISIBLE_DEVICES", "1"),
+        ];
         assert_eq!(visible_gpus(&hw, &env), Ok(vec![3]));
         // CUDA_VISIBLE_DEVICES stands in for HIP_VISIBLE_DEVICES on AMD.
-        let env = [("ROCR_VISIBLE_DEVICES", "2,3"), ("CUDA_VISIBLE_DEVICES", "0")];
+        let env = [
+            ("ROCR_VISIBLE_DEVICES", "2,3"),
+            ("CUDA_VISIBLE_DEVICES", "0"),
+        ];
         assert_eq!(visible_gpus(&hw, &env), Ok(vec![2]));
     }
 }

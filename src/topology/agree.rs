@@ -49,9 +49,11 @@ impl NicView {
         } else {
             let near = nearest_nics(&hw);
             match visible_gpus(&hw, env) {
-                Ok(v) if !v.is_empty() => {
-                    (MapSource::Locality, nics, v.iter().map(|&g| near[g]).collect())
-                }
+                Ok(v) if !v.is_empty() => (
+                    MapSource::Locality,
+                    nics,
+                    v.iter().map(|&g| near[g]).collect(),
+                ),
                 _ => (MapSource::Even, nics, Vec::new()),
             }
         };
@@ -220,7 +222,10 @@ mod tests {
         let user: NicMap = "0:1;1:0".parse().unwrap();
         let views = [
             (1, NicView::new(Ok(crossed()), &[("X", "")], Some(user))),
-            (1, NicView::new(Ok(crossed()), &[("CUDA_VISIBLE_DEVICES", "1")], None)),
+            (
+                1,
+                NicView::new(Ok(crossed()), &[("CUDA_VISIBLE_DEVICES", "1")], None),
+            ),
         ];
         let all = gather(&views);
         let (topo, _, src) = views[1].1.agree(1, &all).unwrap();

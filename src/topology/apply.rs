@@ -71,7 +71,12 @@ pub fn plan(
     };
     if nonempty(env, "PCCL_CXI_RENDEZVOUS").as_deref() == Some("1") {
         for (var, value) in CXI_RENDEZVOUS {
-            p.set(env, var, value.to_string(), "libfabric cxi provider (PCCL_CXI_RENDEZVOUS=1)");
+            p.set(
+                env,
+                var,
+                value.to_string(),
+                "libfabric cxi provider (PCCL_CXI_RENDEZVOUS=1)",
+            );
         }
     }
     let Some(lr) = local else {
@@ -129,7 +134,12 @@ pub fn plan(
     match nic.kind {
         NicKind::Infiniband => {
             p.set(env, "UCX_NET_DEVICES", nic.device_port(), "UCX (Open MPI)");
-            p.set(env, "NCCL_IB_HCA", format!("={}", nic.device_port()), "NCCL/RCCL");
+            p.set(
+                env,
+                "NCCL_IB_HCA",
+                format!("={}", nic.device_port()),
+                "NCCL/RCCL",
+            );
         }
         NicKind::Ethernet => {
             p.set(env, "UCX_NET_DEVICES", nic.name.clone(), "UCX (Open MPI)");
@@ -139,7 +149,12 @@ pub fn plan(
             .push("UCX has no Slingshot transport: UCX_NET_DEVICES left alone".into()),
     }
     if let Some(dev) = &nic.netdev {
-        p.set(env, "NCCL_SOCKET_IFNAME", format!("={dev}"), "NCCL/RCCL bootstrap");
+        p.set(
+            env,
+            "NCCL_SOCKET_IFNAME",
+            format!("={dev}"),
+            "NCCL/RCCL bootstrap",
+        );
     }
     p
 }
@@ -300,7 +315,12 @@ mod tests {
     #[test]
     fn user_map_without_discovery_still_reaches_cray_mpich() {
         let user: NicMap = "0:0-1;1:2-3".parse().unwrap();
-        let p = plan(&[("X", "")], &NodeHardware::unknown("no hwloc"), Some(&user), at(2, 4));
+        let p = plan(
+            &[("X", "")],
+            &NodeHardware::unknown("no hwloc"),
+            Some(&user),
+            at(2, 4),
+        );
         assert_eq!(p.nic_index, Some(1));
         assert_eq!(p.nic, None);
         assert_eq!(

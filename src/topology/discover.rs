@@ -60,6 +60,16 @@ pub fn host_hardware(file: Option<&Path>) -> Result<Arc<NodeHardware>> {
     Ok(hw)
 }
 
+/// The GPU that local rank `local` of this process drives (process environment, cached
+/// discovery of `PCCL_TOPO_FILE` / `HWLOC_XMLFILE` or the host): its UUID and PCI bus id tell
+/// whether two ranks share a GPU. `None` when discovery found no GPU or cannot tell which.
+pub fn local_gpu(local: usize) -> Option<super::hardware::Gpu> {
+    let env = super::env::ProcessEnv;
+    let hw = host_hardware(topo_file(&env).as_deref()).ok()?;
+    let g = super::affinity::gpu_of_local_rank(&hw, &env, local).ok()??;
+    hw.gpus.get(g).cloned()
+}
+
 /// A process's place on its node as its launcher tells it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LauncherRank {

@@ -143,7 +143,12 @@ mod tests {
         // Members 1 and 3 of node 0, then 5 of node 1: NICs 0, 1 on the first node.
         let sub = Topology::from_node_keys(&[0, 0, 1]).inherit_nic_map(&parent, &[1, 3, 5]);
         assert_eq!(sub.nic_map().unwrap().to_string(), "0:0;1:1");
-        assert_eq!(Topology::uniform(2, 2).inherit_nic_map(&Topology::uniform(4, 2), &[0, 1]).nic_map(), None);
+        assert_eq!(
+            Topology::uniform(2, 2)
+                .inherit_nic_map(&Topology::uniform(4, 2), &[0, 1])
+                .nic_map(),
+            None
+        );
     }
 
     #[test]
