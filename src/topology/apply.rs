@@ -159,6 +159,30 @@ pub fn plan(
     p
 }
 
+/// Adds `PCCL_SOCKET_ADDR` (PCCL's TCP transport listens and is reached there) from the IPv4
+/// address `addr_of` gives the chosen NIC's interface, unless the user set it.
+pub fn with_socket_addr(
+    mut p: ApplyPlan,
+    env: &dyn Env,
+    addr_of: impl Fn(&str) -> Option<std::net::IpAddr>,
+) -> ApplyPlan {
+    let Some(dev) = p.nic.as_ref().and_then(|n| n.netdev.clone()) else {
+        return p;
+    };
+    match addr_of(&dev) {
+        Some(ip) => p.set(
+            env,
+            "PCCL_SOCKET_ADDR",
+            ip.to_string(),
+            "PCCL tcp transport",
+        ),
+        None => p.notes.push(format!(
+            "interface {dev} has no IPv4 address: PCCL_SOCKET_ADDR left alone"
+        )),
+    }
+    p
+}
+
 /// The plan for this process (process environment, cached discovery, `PCCL_NIC_MAP`).
 pub fn process_plan() -> ApplyPlan {
     let env = ProcessEnv;
@@ -175,7 +199,11 @@ pub fn process_plan() -> ApplyPlan {
         None => None,
     };
     match host_hardware(topo_file(&env).as_deref()) {
-        Ok(hw) => plan(&env, &hw, user.as_ref(), local),
+        Ok(hw) => with_socket_addr(
+            plan(&env, &hw, user.as_ref(), local),
+            &env,
+            super::iface::ipv4_of,
+        ),
         Err(e) => ApplyPlan {
             local,
             notes: vec![format!("no NIC settings: {e}")],
@@ -302,6 +330,21 @@ mod tests {
         assert_eq!(value(&p, "NCCL_SOCKET_IFNAME").as_deref(), Some("=hsn3"));
         assert_eq!(value(&p, "UCX_NET_DEVICES"), None);
         assert_eq!(value(&p, "NCCL_IB_HCA"), None);
+    }
+
+    #[test]
+    fn tcp_listens_on_the_mapped_interfaces_address_unless_user_chose() {
+        let ip = |d: &str| (d == "eth1").then(|| "10.1.2.3".parse().unwrap());
+        let p = plan(&[("X", "")], &hw(NicKind::Ethernet, 2), None, at(1, 2));
+        let p = with_socket_addr(p, &[("X", "")], ip);
+        assert_eq!(value(&p, "PCCL_SOCKET_ADDR").as_deref(), Some("10.1.2.3"));
+        let env = [("PCCL_SOCKET_ADDR", "192.168.0.9")];
+        let p = plan(&env, &hw(NicKind::Ethernet, 2), None, at(1, 2));
+        let p = with_socket_addr(p, &env, ip);
+        assert_eq!(value(&p, "PCCL_SOCKET_ADDR"), None);
+        let p = plan(&[("X", "")], &hw(NicKind::Ethernet, 2), None, at(0, 2));
+        let p = with_socket_addr(p, &[("X", "")], ip);
+        assert!(p.notes.iter().any(|n| n.contains("eth0 has no IPv4")));
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod env;
 pub mod hardware;
 #[cfg(feature = "hwloc")]
 mod hwloc;
+pub mod iface;
 pub mod nic_map;
 
 pub use nic_map::NicMap;
