@@ -100,6 +100,15 @@ pub fn plan(
         ));
         return p;
     }
+    if user.is_none() && hw.nics.iter().all(|n| n.kind == NicKind::Ethernet) {
+        // Several Ethernet ports are often a data and a management network: only the user
+        // knows which ones the job's hosts reach each other through.
+        p.notes.push(format!(
+            "only Ethernet NICs found ({}): pinned only when PCCL_NIC_MAP is set",
+            hw.source
+        ));
+        return p;
+    }
     if let Some(n) = me.note {
         p.notes.push(n);
     }
@@ -335,21 +344,32 @@ mod tests {
     #[test]
     fn tcp_listens_on_the_mapped_interfaces_address_unless_user_chose() {
         let ip = |d: &str| (d == "eth1").then(|| "10.1.2.3".parse().unwrap());
-        let p = plan(&[("X", "")], &hw(NicKind::Ethernet, 2), None, at(1, 2));
+        let user: NicMap = "0:0;1:1".parse().unwrap();
+        let eth = hw(NicKind::Ethernet, 2);
+        let p = plan(&[("X", "")], &eth, Some(&user), at(1, 2));
         let p = with_socket_addr(p, &[("X", "")], ip);
         assert_eq!(value(&p, "PCCL_SOCKET_ADDR").as_deref(), Some("10.1.2.3"));
+        assert_eq!(value(&p, "UCX_NET_DEVICES").as_deref(), Some("eth1"));
         let env = [("PCCL_SOCKET_ADDR", "192.168.0.9")];
-        let p = plan(&env, &hw(NicKind::Ethernet, 2), None, at(1, 2));
+        let p = plan(&env, &eth, Some(&user), at(1, 2));
         let p = with_socket_addr(p, &env, ip);
         assert_eq!(value(&p, "PCCL_SOCKET_ADDR"), None);
-        let p = plan(&[("X", "")], &hw(NicKind::Ethernet, 2), None, at(0, 2));
+        let p = plan(&[("X", "")], &eth, Some(&user), at(0, 2));
         let p = with_socket_addr(p, &[("X", "")], ip);
         assert!(p.notes.iter().any(|n| n.contains("eth0 has no IPv4")));
     }
 
     #[test]
+    fn discovered_ethernet_ports_are_not_pinned_without_a_user_map() {
+        let p = plan(&[("X", "")], &hw(NicKind::Ethernet, 2), None, at(1, 2));
+        let p = with_socket_addr(p, &[("X", "")], |_| "10.0.0.1".parse().ok());
+        assert!(p.settings.is_empty(), "{:?}", p.settings);
+        assert!(p.notes[0].contains("only Ethernet"));
+    }
+
+    #[test]
     fn nothing_is_pinned_without_local_rank_or_with_one_nic() {
-        let p = plan(&[("X", "")], &hw(NicKind::Ethernet, 4), None, None);
+        let p = plan(&[("X", "")], &hw(NicKind::Infiniband, 4), None, None);
         assert!(p.settings.is_empty() && p.notes[0].contains("local rank"));
         let p = plan(&[("X", "")], &hw(NicKind::Ethernet, 1), None, at(0, 4));
         assert!(p.settings.is_empty() && p.notes[0].contains("nothing to pin"));
