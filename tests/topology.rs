@@ -2,8 +2,6 @@
 //! is applied, and the map a communicator agrees on.
 
 use pccl::config::Config;
-use pccl::topology::affinity::{gpu_of_local_rank, node_map, MapSource};
-use pccl::topology::agree::NicView;
 use pccl::topology::NicMap;
 use pccl::Communicator;
 use std::path::PathBuf;
@@ -13,8 +11,6 @@ fn data(name: &str) -> PathBuf {
         .join("tests/data/topology")
         .join(name)
 }
-
-const NOENV: [(&str, &str); 0] = [];
 
 #[test]
 fn configured_map_is_the_communicators_map() {
@@ -49,6 +45,10 @@ fn pretend_nodes_take_the_map_from_each_ranks_own_view() {
 #[cfg(feature = "hwloc")]
 mod with_hwloc {
     use super::*;
+    use pccl::topology::affinity::{gpu_of_local_rank, node_map, MapSource};
+    use pccl::topology::agree::NicView;
+
+    const NOENV: [(&str, &str); 0] = [];
     use pccl::topology::apply::plan;
     use pccl::topology::discover::{discover, LauncherRank};
     use pccl::topology::hardware::{GpuVendor, NicKind};
