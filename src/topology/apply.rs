@@ -239,12 +239,16 @@ pub fn apply() -> &'static ApplyPlan {
                 .iter()
                 .map(|s| format!("{}={}", s.var, s.value))
                 .collect();
+            let kept = if p.kept.is_empty() {
+                String::new()
+            } else {
+                format!("; kept the user's {}", p.kept.join(" "))
+            };
             eprintln!(
-                "PCCL INFO local rank {:?} NIC {:?}: set {}; kept the user's {}",
+                "PCCL INFO local rank {:?} NIC {:?}: set {}{kept}",
                 p.local.map(|l| l.local),
                 p.nic.as_ref().map(|n| n.name.as_str()),
-                set.join(" "),
-                p.kept.join(" ")
+                set.join(" ")
             );
         }
         p
