@@ -12,6 +12,9 @@
 //! | `PCCL_DEVICE_DIRECT` | `1`: device collectives hand device pointers to a transport that moves device memory (CUDA-aware MPI, thread world in device mode); `0`: always pinned host staging (every rank must agree) | `1` |
 //! | `PCCL_FAULT` | fault injection for tests: `rank:seq:kind[,...]`, kind `kill`, `stall`, `drop`, `corrupt` (see `pccl::fault`) | none |
 //! | `PCCL_CHECKS` | `0`: messages carry only the sequence number, not the call's fingerprint (to measure what the checks cost) | `1` |
+//! | `PCCL_NIC_MAP` | NIC of each local rank in Cray MPICH syntax, e.g. `0:0-1;1:2-3` (NIC : local ranks); overrides discovery | discovered (feature `hwloc`), else one NIC |
+//! | `PCCL_TOPO_FILE` | hwloc XML file describing the node, read instead of the live host (`HWLOC_XMLFILE` also works) | live host |
+//! | `PCCL_CXI_RENDEZVOUS` | `1`: set the Slingshot rendezvous variables `FI_CXI_RDZV_*` (see docs/TOPOLOGY.md) where unset | off |
 //! | `PCCL_MPI_CUDA_AWARE` | whether MPI moves device memory: `auto` (ask `MPIX_Query_cuda_support`), `1` (assert it does), `0` (it does not) | `auto` |
 
 use crate::error::{Error, Result};
@@ -65,6 +68,10 @@ pub struct Config {
     pub faults: Vec<crate::fault::Fault>,
     /// Whether messages carry the call's fingerprint (`PCCL_CHECKS`, on by default).
     pub checks: bool,
+    /// NIC map overriding discovery (`PCCL_NIC_MAP`).
+    pub nic_map: Option<crate::topology::NicMap>,
+    /// hwloc XML file read instead of the live host (`PCCL_TOPO_FILE`, `HWLOC_XMLFILE`).
+    pub topo_file: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -80,6 +87,8 @@ impl Default for Config {
             device_direct: true,
             faults: Vec::new(),
             checks: true,
+            nic_map: None,
+            topo_file: None,
         }
     }
 }
@@ -190,6 +199,10 @@ impl Config {
                 }
             };
         }
+        if let Some(v) = var("PCCL_NIC_MAP") {
+            c.nic_map = Some(v.parse()?);
+        }
+        c.topo_file = crate::topology::discover::topo_file(&crate::topology::env::ProcessEnv);
         if let Some(v) = var("PCCL_DEVICE_DIRECT") {
             c.device_direct = parse_switch("PCCL_DEVICE_DIRECT", &v)?;
         }

@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::exec::{abandon, execute, BlockLayout, ExecOptions, Memory};
 use crate::model::tuner;
 use crate::plan::{self, Algorithm, Collective, Plan};
+use crate::topology::agree::{self, NicView};
 use crate::topology::Topology;
 use crate::transport::faults::Tag;
 use crate::transport::threads::ThreadWorld;
@@ -76,6 +77,13 @@ struct Inner {
     p2p: Mutex<p2p::P2pSeq>,
 }
 
+/// This rank's NIC view: discovery (cached per process) with the configured map and file.
+fn nic_view(cfg: &Config) -> NicView {
+    let env = crate::topology::env::ProcessEnv;
+    let hw = crate::topology::discover::host_hardware(cfg.topo_file.as_deref());
+    NicView::new(hw, &env, cfg.nic_map.clone())
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -106,25 +114,36 @@ impl Communicator {
     /// (it exchanges node keys unless `ranks_per_node` is set).
     pub fn with_config(transport: Arc<dyn Transport>, cfg: Config) -> Result<Self> {
         let p = transport.size();
-        let topo = match cfg.ranks_per_node {
-            Some(m) => Topology::uniform(p, m),
+        let view = nic_view(&cfg);
+        let (topo, why) = match cfg.ranks_per_node {
+            Some(m) => {
+                let own = view.own_map(m);
+                (
+                    Topology::uniform(p, m).with_nic_map(own),
+                    "own view, no exchange",
+                )
+            }
             None => {
-                // Exchange host keys with a flat ring on a provisional single-node topology.
+                // Exchange host keys and NIC views with a flat ring on a provisional
+                // single-node topology.
                 let provisional =
                     Communicator::build(transport.clone(), Topology::uniform(p, p), cfg.clone());
-                let mut keys = vec![0u64; p];
-                provisional.all_gather(&[transport.node_key()], &mut keys)?;
-                Topology::from_node_keys(&keys)
+                let mut all = vec![0u64; p * agree::WORDS];
+                provisional.all_gather(&view.words(transport.node_key()), &mut all)?;
+                let (topo, _, source) = view.agree(transport.rank(), &all)?;
+                (topo, source.describe())
             }
         };
         let c = Communicator::build(transport, topo, cfg);
         if c.inner.cfg.debug >= DebugLevel::Info && c.rank() == 0 {
             eprintln!(
-                "PCCL INFO comm of {} ranks, {} nodes as {} over {}",
+                "PCCL INFO comm of {} ranks, {} nodes as {} over {}; NIC map {} ({why}; {})",
                 c.size(),
                 c.inner.topo.nodes().len(),
                 c.inner.topo.describe(),
-                c.inner.transport.name()
+                c.inner.transport.name(),
+                c.inner.topo.nic_map().map_or("-".into(), |m| m.to_string()),
+                view.hardware().source
             );
         }
         Ok(c)
@@ -519,7 +538,7 @@ impl Communicator {
             .iter()
             .map(|&r| self.inner.topo.position(r).0 as u64)
             .collect();
-        let topo = Topology::from_node_keys(&keys);
+        let topo = Topology::from_node_keys(&keys).inherit_nic_map(&self.inner.topo, &members);
         Ok(Some(Communicator::build(transport, topo, cfg)))
     }
 

@@ -1,5 +1,14 @@
 //! Which ranks share a node, each rank's local index, and which NIC each local rank uses.
 
+pub mod affinity;
+pub mod agree;
+pub mod apply;
+pub mod discover;
+pub mod env;
+pub mod hardware;
+#[cfg(feature = "hwloc")]
+mod hwloc;
+pub mod iface;
 pub mod nic_map;
 
 pub use nic_map::NicMap;
@@ -59,6 +68,20 @@ impl Topology {
         self
     }
 
+    /// The same topology for a sub-group whose rank `i` was rank `members[i]` of `parent`:
+    /// each member keeps its NIC (the map is that of the sub-group's first node).
+    pub fn inherit_nic_map(self, parent: &Topology, members: &[usize]) -> Self {
+        let (Some(pm), Some(first)) = (parent.nic_map(), self.nodes.first()) else {
+            return self;
+        };
+        let nics = first
+            .iter()
+            .map(|&r| parent.nic_of_rank(members[r]))
+            .collect();
+        let map = NicMap::from_nics(nics, pm.nics());
+        self.with_nic_map(map)
+    }
+
     /// The NIC map, when one is known (discovered, given by `PCCL_NIC_MAP`, or set by a model).
     pub fn nic_map(&self) -> Option<&NicMap> {
         self.nic_map.as_ref()
@@ -113,6 +136,20 @@ mod tests {
         assert_eq!(t.nodes(), &[vec![0, 2], vec![1, 3]]);
         assert_eq!(t.position(3), (1, 1));
         assert_eq!(t.describe(), "2x2");
+    }
+
+    #[test]
+    fn sub_groups_keep_each_members_nic() {
+        let parent = Topology::uniform(8, 4).with_nic_map("0:0-1;1:2-3".parse().unwrap());
+        // Members 1 and 3 of node 0, then 5 of node 1: NICs 0, 1 on the first node.
+        let sub = Topology::from_node_keys(&[0, 0, 1]).inherit_nic_map(&parent, &[1, 3, 5]);
+        assert_eq!(sub.nic_map().unwrap().to_string(), "0:0;1:1");
+        assert_eq!(
+            Topology::uniform(2, 2)
+                .inherit_nic_map(&Topology::uniform(4, 2), &[0, 1])
+                .nic_map(),
+            None
+        );
     }
 
     #[test]

@@ -83,6 +83,8 @@ impl UniqueId {
     /// every rank passes to [`super::tcp::TcpTransport::connect`]. The id is a secret: a peer
     /// that knows it is a member of the job.
     pub fn new(timeout: Duration) -> Result<Self> {
+        // The rendezvous listens on the advertised address, which the NIC map may choose.
+        crate::topology::apply::apply();
         let (listener, addr) = listen()?;
         let secret = Secret::random()?;
         let id = UniqueId { addr, secret };

@@ -157,6 +157,8 @@ impl TcpTransport {
         chunk_bytes: usize,
         timeout: Duration,
     ) -> Result<Self> {
+        // Pin NCCL/UCX/libfabric of this process to its NIC before anything initialises them.
+        crate::topology::apply::apply();
         let use_shm = std::env::var("PCCL_SHM_DISABLE")
             .map(|v| v.trim() != "1")
             .unwrap_or(true);

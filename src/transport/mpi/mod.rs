@@ -162,6 +162,8 @@ fn check(rc: i32, what: &str) -> Result<()> {
 pub fn init() -> Result<()> {
     let mut u = UNIVERSE.lock().unwrap_or_else(|e| e.into_inner());
     if !mpi::environment::is_initialized() {
+        // The NIC map reaches Cray MPICH / UCX only through variables read at MPI_Init.
+        crate::topology::apply::apply();
         let (universe, level) = mpi::initialize_with_threading(mpi::Threading::Multiple)
             .ok_or_else(|| Error::system("MPI_Init_thread failed"))?;
         let _ = SERIALIZE.set(level != mpi::Threading::Multiple);
