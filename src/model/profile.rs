@@ -94,6 +94,8 @@ pub struct Profile {
     /// Local copy rate, read + write of the bytes copied (GB/s): the executor's `Copy` steps
     /// and the packing of strided messages.
     pub copy_gbps: f64,
+    /// Ranks per node the machine usually runs (one per GPU); `pccl-sim`'s default.
+    pub ranks_per_node: usize,
     /// Bytes per pipelined piece (the transport's `PCCL_CHUNK_SIZE`).
     pub piece_bytes: usize,
     /// Extra cost of each piece after the first (µs).
@@ -124,6 +126,7 @@ impl Default for Profile {
             inter: InterLevel::default(),
             efficiency: 1.0,
             copy_gbps: 8.0,
+            ranks_per_node: 1,
             piece_bytes: 1 << 20,
             piece_overhead_us: 0.0,
             nccl_ring: false,
