@@ -150,14 +150,12 @@ impl Fluid {
         let mut done = Vec::new();
         for (i, slot) in self.flows.iter_mut().enumerate() {
             if let Some(f) = slot {
-                if f.rate.is_infinite() {
+                // Due now (up to rounding): done, whatever residue the subtraction leaves.
+                if f.rate.is_infinite() || f.left <= f.rate * dt * (1.0 + 1e-9) + EPS_BYTES {
                     f.left = 0.0;
+                    done.push(i);
                 } else {
                     f.left -= f.rate * dt;
-                }
-                // Relative tolerance: a flow due now may keep a rounding residue.
-                if f.left <= EPS_BYTES.max(f.rate * dt * 1e-12) {
-                    done.push(i);
                 }
             }
         }

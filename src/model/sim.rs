@@ -295,15 +295,22 @@ impl<'a> Cluster<'a> {
             if finished == p {
                 break;
             }
-            let fin = now + fluid.next_finish();
+            let fin = fluid.next_finish();
             let next_ev = heap.peek().map_or(f64::INFINITY, |e| e.t);
-            let t = fin.min(next_ev);
-            if !t.is_finite() {
+            // Step by the flow's own remaining time when it comes first: `now + fin - now`
+            // may round to zero and never finish it.
+            let dt = if now + fin <= next_ev {
+                fin
+            } else {
+                next_ev - now
+            };
+            if !dt.is_finite() {
                 return Err(Error::internal(
                     "simulator: the plans deadlock (a receive without its send)",
                 ));
             }
-            for id in fluid.advance(t - now) {
+            let t = (now + dt).max(now);
+            for id in fluid.advance(dt.max(0.0)) {
                 let mi = flows.remove(&id).expect("flow of a message");
                 let m = &mut msgs[mi];
                 m.parts -= 1;
