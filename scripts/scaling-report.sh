@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
-cargo build --release -q --bin pccl-sim
+[ -n "${NO_BUILD:-}" ] || cargo build --release -q --bin pccl-sim
 SIM=$CARGO_TARGET_DIR/release/pccl-sim
 mkdir -p docs/img
 for preset in frontier perlmutter; do

@@ -19,15 +19,17 @@ const HIER: Algorithm = Algorithm::Hier {
 /// Links of 10 GB/s and 5 µs between nodes; free copies; intra-node links infinitely fast
 /// with no latency (so only the network shows).
 fn net_only(nics: usize) -> Profile {
-    let mut p = Profile::default();
-    p.efficiency = 1.0;
-    p.copy_gbps = f64::INFINITY;
+    let mut p = Profile {
+        efficiency: 1.0,
+        copy_gbps: f64::INFINITY,
+        piece_bytes: 1 << 30,
+        ..Profile::default()
+    };
     p.intra.alpha_us = 0.0;
     p.intra.bandwidth_gbps = f64::INFINITY;
     p.inter.alpha_us = 5.0;
     p.inter.nic_bandwidth_gbps = 10.0;
     p.inter.nics = nics;
-    p.piece_bytes = 1 << 30;
     p
 }
 
@@ -158,8 +160,7 @@ fn the_flat_ring_agrees_with_the_two_bandwidth_domain_model() {
                 let bf = prof.intra.bandwidth_gbps * 1e9 * prof.efficiency;
                 let want = prof.inter.alpha_us * 1e-6 * (nodes - 1) as f64
                     + prof.intra.alpha_us * 1e-6 * (n - nodes) as f64
-                    + (n - 1) as f64 / n as f64
-                        * (v / (prof.inter.nics as f64 * bs)).max(v / bf);
+                    + (n - 1) as f64 / n as f64 * (v / (prof.inter.nics as f64 * bs)).max(v / bf);
                 assert!(
                     (t - want).abs() <= 1e-9 * want,
                     "{preset} n={n} s={s}: sim {t} vs model {want}"

@@ -20,7 +20,10 @@ use pccl::topology::{NicMap, Topology};
 use std::time::Instant;
 
 #[derive(Parser, Debug)]
-#[command(name = "pccl-sim", about = "Simulate PCCL's collectives on a modelled cluster")]
+#[command(
+    name = "pccl-sim",
+    about = "Simulate PCCL's collectives on a modelled cluster"
+)]
 struct Args {
     /// Built-in machine: frontier, perlmutter.
     #[arg(long)]
@@ -91,9 +94,14 @@ fn sizes(s: &str) -> Vec<usize> {
         Some((a, b)) => (parse_bytes(a), parse_bytes(b)),
         None => (parse_bytes(s), parse_bytes(s)),
     };
-    let (lo, hi) = (lo.unwrap_or_else(|e| fail(e)), hi.unwrap_or_else(|e| fail(e)));
+    let (lo, hi) = (
+        lo.unwrap_or_else(|e| fail(e)),
+        hi.unwrap_or_else(|e| fail(e)),
+    );
     if lo == 0 || hi < lo {
-        fail(format!("--size {s}: expected SIZE or MIN:MAX with 0 < MIN <= MAX"));
+        fail(format!(
+            "--size {s}: expected SIZE or MIN:MAX with 0 < MIN <= MAX"
+        ));
     }
     let mut v = vec![lo];
     while *v.last().expect("one") * 2 <= hi {
@@ -119,7 +127,12 @@ impl Sim {
     }
 
     /// Seconds for each size (block bytes), one plan summary for all sizes.
-    fn times(&self, algo: Option<Algorithm>, topo: &Topology, blocks: &[f64]) -> Vec<(Algorithm, f64)> {
+    fn times(
+        &self,
+        algo: Option<Algorithm>,
+        topo: &Topology,
+        blocks: &[f64],
+    ) -> Vec<(Algorithm, f64)> {
         let cl = Cluster::new(topo, &self.prof);
         match algo {
             None => blocks
@@ -417,7 +430,10 @@ fn draw(out: &str, title: &str, speed: &[Vec<f64>]) -> Result<(), Box<dyn std::e
         for (si, &s) in HM_SIZES.iter().enumerate() {
             root.draw(&Text::new(
                 human(s),
-                (left + cw * si as i32 + cw / 2 - 12, top + ch * HM_RANKS.len() as i32 + 8),
+                (
+                    left + cw * si as i32 + cw / 2 - 12,
+                    top + ch * HM_RANKS.len() as i32 + 8,
+                ),
                 style(13.0),
             ))?;
         }

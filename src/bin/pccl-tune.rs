@@ -21,7 +21,10 @@ use pccl::{Algorithm, Communicator, Element, LevelAlgo, ReduceOp};
 use std::time::Instant;
 
 #[derive(Parser, Debug)]
-#[command(name = "pccl-tune", about = "Measure α, β, γ and write a PCCL tuning profile")]
+#[command(
+    name = "pccl-tune",
+    about = "Measure α, β, γ and write a PCCL tuning profile"
+)]
 struct Args {
     /// Thread-ranks for the concurrent-flows measurement (2…8).
     #[arg(long, default_value_t = 4)]

@@ -180,7 +180,9 @@ pub fn run_batch(caps: &[f64], flows: &[(f64, f64, Vec<u32>)]) -> Vec<f64> {
     let mut ends = vec![0.0; flows.len()];
     let mut id_of = Vec::new(); // fluid id -> flow index
     let mut next = 0;
-    let mut now = flows.get(order.first().copied().unwrap_or(0)).map_or(0.0, |f| f.0);
+    let mut now = flows
+        .get(order.first().copied().unwrap_or(0))
+        .map_or(0.0, |f| f.0);
     while next < order.len() || fl.active() > 0 {
         while next < order.len() && flows[order[next]].0 <= now {
             let k = order[next];
@@ -221,7 +223,10 @@ mod tests {
         // 5 and 15 bytes share 10 B/s: the short one ends at 1 s (5 B/s each), the long one
         // has 10 left and runs alone at 10 B/s: 2 s.
         let ends = run_batch(&[10.0], &[(0.0, 5.0, vec![0]), (0.0, 15.0, vec![0])]);
-        assert!((ends[0] - 1.0).abs() < 1e-12 && (ends[1] - 2.0).abs() < 1e-12, "{ends:?}");
+        assert!(
+            (ends[0] - 1.0).abs() < 1e-12 && (ends[1] - 2.0).abs() < 1e-12,
+            "{ends:?}"
+        );
     }
 
     #[test]
@@ -240,6 +245,9 @@ mod tests {
         // A starts at 0 (20 B), B at 1 s (5 B); 10 B/s: A alone 1 s (10 left), then both at 5:
         // B ends at 2 s, A has 5 left, alone at 10 B/s: 2.5 s.
         let ends = run_batch(&[10.0], &[(0.0, 20.0, vec![0]), (1.0, 5.0, vec![0])]);
-        assert!((ends[0] - 2.5).abs() < 1e-12 && (ends[1] - 2.0).abs() < 1e-12, "{ends:?}");
+        assert!(
+            (ends[0] - 2.5).abs() < 1e-12 && (ends[1] - 2.0).abs() < 1e-12,
+            "{ends:?}"
+        );
     }
 }

@@ -157,9 +157,8 @@ impl Profile {
 
     /// Reads a profile file.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            Error::invalid(format!("cannot read profile {}: {e}", path.display()))
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::invalid(format!("cannot read profile {}: {e}", path.display())))?;
         Self::from_toml(&text)
             .map_err(|e| Error::invalid(format!("{}: {}", path.display(), e.message())))
     }

@@ -104,9 +104,7 @@ impl<'a> Cluster<'a> {
     /// Simulates `job` with `engine`.
     pub fn simulate(&self, job: &Job, engine: Engine) -> Result<Outcome> {
         let engine = match engine {
-            Engine::Auto if self.topo.nranks() <= 128 || !self.topo.is_regular() => {
-                Engine::Events
-            }
+            Engine::Auto if self.topo.nranks() <= 128 || !self.topo.is_regular() => Engine::Events,
             Engine::Auto => Engine::Phases,
             e => e,
         };
@@ -167,11 +165,7 @@ impl<'a> Cluster<'a> {
             for j in 0..k {
                 out.push((
                     1.0 / k as f64,
-                    vec![
-                        (na * k + j) as u32,
-                        (nodes * k + nb * k + j) as u32,
-                        global,
-                    ],
+                    vec![(na * k + j) as u32, (nodes * k + nb * k + j) as u32, global],
                 ));
             }
         } else {
@@ -271,9 +265,21 @@ impl<'a> Cluster<'a> {
                     let key = (r, snd.peer);
                     if let Some((rt, reduce)) = recvs.get_mut(&key).and_then(VecDeque::pop_front) {
                         let t = (now + pack).max(rt);
-                        self.post(&mut heap, &mut msgs, (r, snd.peer), t, snd.blocks, reduce, nccl, bb);
+                        self.post(
+                            &mut heap,
+                            &mut msgs,
+                            (r, snd.peer),
+                            t,
+                            snd.blocks,
+                            reduce,
+                            nccl,
+                            bb,
+                        );
                     } else {
-                        sends.entry(key).or_default().push_back((now + pack, snd.blocks));
+                        sends
+                            .entry(key)
+                            .or_default()
+                            .push_back((now + pack, snd.blocks));
                     }
                 }
                 for rcv in &w.recvs {
@@ -288,7 +294,10 @@ impl<'a> Cluster<'a> {
                         let t = stt.max(now + local);
                         self.post(&mut heap, &mut msgs, key, t, blocks, rcv.reduce, nccl, bb);
                     } else {
-                        recvs.entry(key).or_default().push_back((now + local, rcv.reduce));
+                        recvs
+                            .entry(key)
+                            .or_default()
+                            .push_back((now + local, rcv.reduce));
                     }
                 }
             }
@@ -316,8 +325,14 @@ impl<'a> Cluster<'a> {
                 m.parts -= 1;
                 if m.parts == 0 {
                     let e = self.recv_end(job, m.bytes, m.reduce, m.t0, t);
-                    heap.push(Ev { t, what: What::Item(m.src) });
-                    heap.push(Ev { t: e, what: What::Item(m.dst) });
+                    heap.push(Ev {
+                        t,
+                        what: What::Item(m.src),
+                    });
+                    heap.push(Ev {
+                        t: e,
+                        what: What::Item(m.dst),
+                    });
                 }
             }
             now = t;

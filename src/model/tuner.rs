@@ -151,9 +151,10 @@ impl AlgoOverrides {
             let algo = if algo == "auto" {
                 None
             } else {
-                Some(algo.parse::<Algorithm>().map_err(|e| {
-                    Error::invalid(format!("PCCL_ALGO={v}: {}", e.message()))
-                })?)
+                Some(
+                    algo.parse::<Algorithm>()
+                        .map_err(|e| Error::invalid(format!("PCCL_ALGO={v}: {}", e.message())))?,
+                )
             };
             match coll {
                 None => o.default = algo,
