@@ -7,7 +7,8 @@
 #   scripts/model-check.sh                 # 2, 4, 8 ranks, 1 KiB … 64 MiB
 #   MAX=4M RANKS="2 4" scripts/model-check.sh
 # Env: MAX (largest size per rank, default 64M), RANKS (default "2 4 8"), COLLS
-# (default "allgather reducescatter"), TUNE (reuse a profile instead of measuring one).
+# (default "allgather reducescatter"), TUNE (reuse a profile instead of measuring one),
+# KEEP (a directory to keep the raw JSON in).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MAX=${MAX:-64M}
@@ -16,8 +17,13 @@ COLLS=${COLLS:-"allgather reducescatter"}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 cargo build --release -q --bin pccl-bench --bin pccl-sim --bin pccl-tune
 BIN=$CARGO_TARGET_DIR/release
-WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
+if [ -n "${KEEP:-}" ]; then
+  WORK=$KEEP
+  mkdir -p "$WORK"
+else
+  WORK=$(mktemp -d)
+  trap 'rm -rf "$WORK"' EXIT
+fi
 if [ -z "${TUNE:-}" ]; then
   TUNE=$WORK/tune.toml
   "$BIN/pccl-tune" -o "$TUNE"

@@ -44,6 +44,20 @@ for preset in frontier perlmutter; do
     echo
   done
 done
+for preset in frontier perlmutter; do
+  echo "### Small sizes: $preset, allgather, hier-rd over the NCCL-like ring (speedup)"
+  echo
+  echo "| ranks | 4K | 16K | 64K | 256K | 1M | 4M | 16M |"
+  echo "|---|---|---|---|---|---|---|---|"
+  for p in 32 128 512 2048 4096; do
+    h=$("$SIM" --preset "$preset" --coll allgather --algo hier-rd --ranks "$p" --size 4K:16M --json |
+      sed 's/.*"seconds":\([^,]*\),.*/\1/')
+    r=$("$SIM" --preset "$preset" --coll allgather --algo ring --ranks "$p" --size 4K:16M --json |
+      sed 's/.*"seconds":\([^,]*\),.*/\1/')
+    echo "| $p |$(paste <(echo "$h") <(echo "$r") | awk 'NR%2==1{printf " %.2f |", $2/$1}')"
+  done
+  echo
+done
 echo "### Simulator run time at 32768 ranks (frontier, 4096 nodes x 8, one size)"
 echo
 echo "| collective | algo | wall seconds | max RSS (MB) |"

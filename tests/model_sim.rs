@@ -179,3 +179,24 @@ fn huge_messages_finish_in_the_event_engine() {
     let t = both(&topo, &prof, Job::new(RS, RING, (1u64 << 30) as f64));
     assert!(t > 0.5 && t < 5.0, "{t}");
 }
+
+#[test]
+fn on_one_host_messages_between_pretend_nodes_share_the_memory_bus() {
+    // Two pretend nodes of one rank on one host: NICs as fast as the bus, bus 10 GB/s. The
+    // two messages of the exchange share the bus: each gets 5 GB/s.
+    let mut p = net_only(1);
+    p.intra.node_bandwidth_gbps = 10.0;
+    let s = 1e6;
+    let topo = Topology::uniform(2, 1);
+    let apart = Cluster::new(&topo, &p)
+        .simulate(&Job::new(AG, RING, s), Engine::Auto)
+        .unwrap()
+        .seconds;
+    close(apart, 5e-6 + s / 10e9);
+    p.one_host = true;
+    let shared = Cluster::new(&topo, &p)
+        .simulate(&Job::new(AG, RING, s), Engine::Phases)
+        .unwrap();
+    assert_eq!(shared.engine, Engine::Events, "one host needs the event engine");
+    close(shared.seconds, 5e-6 + 2.0 * s / 10e9);
+}

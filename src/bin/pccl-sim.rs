@@ -145,7 +145,7 @@ impl Sim {
                 .collect(),
             Some(a) => {
                 let use_phases = match self.engine {
-                    Engine::Phases => true,
+                    Engine::Phases => !self.prof.one_host,
                     Engine::Events => false,
                     Engine::Auto => topo.is_regular() && topo.nranks() > 128,
                 };

@@ -229,6 +229,7 @@ fn main() {
     prof.inter.alpha_us = prof.intra.alpha_us;
     prof.inter.nic_bandwidth_gbps = beta_gbps;
     prof.inter.nics = 1;
+    prof.one_host = true;
     prof.source = notes;
     prof.validate().unwrap_or_else(|e| fail(e));
     if !is_root {

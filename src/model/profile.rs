@@ -94,6 +94,9 @@ pub struct Profile {
     /// Local copy rate, read + write of the bytes copied (GB/s): the executor's `Copy` steps
     /// and the packing of strided messages.
     pub copy_gbps: f64,
+    /// Every "node" is on one host (thread-ranks, or `PCCL_RANKS_PER_NODE` pretending): all
+    /// messages, between nodes too, share one memory bus (`intra.node_bandwidth_gbps`).
+    pub one_host: bool,
     /// Ranks per node the machine usually runs (one per GPU); `pccl-sim`'s default.
     pub ranks_per_node: usize,
     /// Bytes per pipelined piece (the transport's `PCCL_CHUNK_SIZE`).
@@ -126,6 +129,7 @@ impl Default for Profile {
             inter: InterLevel::default(),
             efficiency: 1.0,
             copy_gbps: 8.0,
+            one_host: false,
             ranks_per_node: 1,
             piece_bytes: 1 << 20,
             piece_overhead_us: 0.0,

@@ -104,6 +104,8 @@ impl<'a> Cluster<'a> {
     /// Simulates `job` with `engine`.
     pub fn simulate(&self, job: &Job, engine: Engine) -> Result<Outcome> {
         let engine = match engine {
+            // One shared bus is not node-symmetric: only the event engine models it.
+            Engine::Auto | Engine::Phases if self.prof.one_host => Engine::Events,
             Engine::Auto if self.topo.nranks() <= 128 || !self.topo.is_regular() => Engine::Events,
             Engine::Auto => Engine::Phases,
             e => e,
@@ -157,8 +159,9 @@ impl<'a> Cluster<'a> {
         // The phase engine passes nodes = 1 and peer node 1: every node's resources fold
         // onto node 0's (by symmetry they carry the same load).
         let (na, nb) = (na % nodes, nb % nodes);
+        // One host: a single bus (node 0's) carries every message.
+        let bus = global + 1 + if self.prof.one_host { 0 } else { na as u32 };
         if !inter {
-            let bus = global + 1 + na as u32;
             let link = global + 1 + nodes as u32 + (na * self.m * self.m + la * self.m + lb) as u32;
             out.push((1.0, vec![link, bus]));
         } else if spread {
@@ -171,7 +174,11 @@ impl<'a> Cluster<'a> {
         } else {
             let tx = (na * k + self.nics.nic_of(la)) as u32;
             let rx = (nodes * k + nb * k + self.nics.nic_of(lb)) as u32;
-            out.push((1.0, vec![tx, rx, global]));
+            let mut res = vec![tx, rx, global];
+            if self.prof.one_host {
+                res.push(bus);
+            }
+            out.push((1.0, res));
         }
     }
 
