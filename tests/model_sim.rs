@@ -197,6 +197,10 @@ fn on_one_host_messages_between_pretend_nodes_share_the_memory_bus() {
     let shared = Cluster::new(&topo, &p)
         .simulate(&Job::new(AG, RING, s), Engine::Phases)
         .unwrap();
-    assert_eq!(shared.engine, Engine::Events, "one host needs the event engine");
+    assert_eq!(
+        shared.engine,
+        Engine::Events,
+        "one host needs the event engine"
+    );
     close(shared.seconds, 5e-6 + 2.0 * s / 10e9);
 }

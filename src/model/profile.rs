@@ -307,6 +307,22 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_or_broken_file_is_an_error_naming_it() {
+        let e = Profile::load(Path::new("/nonexistent/pccl-tune.toml")).unwrap_err();
+        assert!(e.message().contains("/nonexistent/pccl-tune.toml"), "{e}");
+        let dir = std::env::temp_dir().join(format!("pccl-profile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("bad.toml");
+        std::fs::write(&f, "[intra]\nalpha_us = \"fast\"\n").unwrap();
+        let e = Profile::load(&f).unwrap_err();
+        assert!(
+            e.message().contains("bad.toml") && e.message().contains("alpha_us"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn pairs_get_their_faster_link() {
         let p = Profile::from_toml(
             "[intra]\nbandwidth_gbps = 50\npair_size = 2\npair_bandwidth_gbps = 200\n",
