@@ -3,7 +3,8 @@
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `PCCL_DEBUG` | `WARN`, `INFO` (print each algorithm choice) or `TRACE` | `WARN` |
-//! | `PCCL_ALGO` | `auto`, `ring`, `rd`, `hier-rd`, `hier-ring`, `hier-INTER-INTRA` | `auto` |
+//! | `PCCL_ALGO` | `auto`, `ring`, `rd`, `hier-rd`, `hier-ring`, `hier-INTER-INTRA`, or per collective `allgather:hier-rd;reducescatter:ring` (a bare entry: the rest) | `auto` |
+//! | `PCCL_TUNE_FILE` | the tuner's machine profile (TOML, written by `pccl-tune`) | `$XDG_CONFIG_HOME/pccl/tune.toml` if present, else built in |
 //! | `PCCL_RANKS_PER_NODE` | pretend nodes of this many consecutive ranks | real hosts |
 //! | `PCCL_TIMEOUT` | seconds a whole collective may take before a timeout error (one deadline per collective) | `300` |
 //! | `PCCL_CHUNK_SIZE` | bytes per pipelined piece of a large message | `1048576` |
@@ -19,6 +20,8 @@
 
 use crate::error::{Error, Result};
 use crate::model::cost::CostParams;
+use crate::model::profile::Profile;
+use crate::model::tuner::AlgoOverrides;
 use crate::plan::Algorithm;
 use std::time::Duration;
 
@@ -51,6 +54,10 @@ pub struct Config {
     pub debug: DebugLevel,
     /// Forced algorithm, or `None` for the tuner's choice.
     pub algo: Option<Algorithm>,
+    /// Per-collective forced algorithms (`PCCL_ALGO=allgather:hier-rd;...`), before `algo`.
+    pub algo_by_coll: AlgoOverrides,
+    /// The tuner's machine profile (`PCCL_TUNE_FILE`; `PCCL_MODEL` overrides its levels).
+    pub profile: Profile,
     /// Pretend nodes of this many consecutive ranks.
     pub ranks_per_node: Option<usize>,
     /// Limit of a whole collective (one deadline for every wait in it).
@@ -79,6 +86,8 @@ impl Default for Config {
         Config {
             debug: DebugLevel::Warn,
             algo: None,
+            algo_by_coll: AlgoOverrides::default(),
+            profile: Profile::default(),
             ranks_per_node: None,
             timeout: Duration::from_secs(300),
             chunk_bytes: 1 << 20,
@@ -149,10 +158,10 @@ impl Config {
             };
         }
         if let Some(v) = var("PCCL_ALGO") {
-            if v != "auto" {
-                c.algo = Some(v.parse()?);
-            }
+            c.algo_by_coll = AlgoOverrides::parse(&v)?;
+            c.algo = c.algo_by_coll.default;
         }
+        c.profile = Profile::from_env()?;
         if let Some(v) = var("PCCL_RANKS_PER_NODE") {
             let m: usize = parse_num("PCCL_RANKS_PER_NODE", &v)?;
             if m == 0 {
@@ -186,6 +195,7 @@ impl Config {
         }
         if let Some(v) = var("PCCL_MODEL") {
             c.model = v.parse()?;
+            c.profile = c.profile.with_cost_params(&c.model);
         }
         if let Some(v) = var("PCCL_NCCL") {
             c.nccl = match v.to_ascii_lowercase().as_str() {

@@ -627,7 +627,7 @@ impl Inner {
             // One algorithm each (binomial trees, pairwise exchange): nothing to tune.
             return Ok(Algorithm::Flat(plan::LevelAlgo::Ring));
         }
-        if let Some(a) = self.cfg.algo {
+        if let Some(a) = self.cfg.algo_by_coll.get_or(coll, self.cfg.algo) {
             return Ok(plan::effective_algorithm(a, &self.topo));
         }
         let bucket = usize::BITS - block_bytes.leading_zeros();
@@ -635,19 +635,23 @@ impl Inner {
             return Ok(*a);
         }
         let rank = self.transport.rank();
-        let (best, scored) = tuner::choose(coll, &self.topo, block_bytes, &self.cfg.model)?;
+        let (choice, scored) =
+            tuner::choose_with(coll, &self.topo, block_bytes, &self.cfg.profile)?;
+        let best = choice.algo;
         if self.cfg.debug >= DebugLevel::Info && rank == 0 {
             let table: Vec<String> = scored
                 .iter()
                 .map(|(a, t)| format!("{a} {:.1}us", t * 1e6))
                 .collect();
             eprintln!(
-                "PCCL INFO {:?} {} B/block on {} ({}): {} [model: {}]",
+                "PCCL INFO {:?} {} B/block on {} ({}): {} (model's best piece {} B) [profile {}: {}]",
                 coll,
                 block_bytes,
                 self.topo.describe(),
                 self.transport.name(),
                 best,
+                choice.piece_bytes,
+                self.cfg.profile.name,
                 table.join(", ")
             );
         }

@@ -1,4 +1,17 @@
-//! The α-β-γ cost model and the tuner that picks algorithms from it.
+//! The cost model, the simulator that replays plans on a modelled cluster, and the tuner.
+//!
+//! * [`profile`]: machine parameters (TOML; `pccl-tune` writes them, `presets/` holds some).
+//! * [`traffic`]: what a plan asks of the machine, phase by phase.
+//! * [`contention`]: max-min fair sharing of links by the messages in flight.
+//! * [`sim`]: the simulator engines (all ranks as events; one node phase by phase).
+//! * [`presets`]: named machines (Frontier, Perlmutter).
+//! * [`tuner`]: picks the algorithm and piece size from the simulator.
+//! * [`cost`]: the older per-message α-β-γ estimate (kept for its callers).
 
+pub mod contention;
 pub mod cost;
+pub mod presets;
+pub mod profile;
+pub mod sim;
+pub mod traffic;
 pub mod tuner;

@@ -1,8 +1,15 @@
-//! Picks the algorithm with the lowest modelled time for a collective and message size.
+//! Picks the algorithm (flat or hierarchical, each level's algorithm) and the piece size with
+//! the lowest simulated time for a collective, message size and topology (nodes, ranks per
+//! node, NIC map), and parses `PCCL_ALGO` overrides.
+//!
+//! Every rank must choose the same algorithm: the simulation depends only on the topology,
+//! the profile and the size, never on the calling rank.
 
-use super::cost::{plan_time, CostParams};
-use crate::error::Result;
-use crate::plan::{build, Algorithm, Collective, LevelAlgo};
+use super::cost::CostParams;
+use super::profile::Profile;
+use super::sim::{Cluster, Engine, Job};
+use crate::error::{Error, Result};
+use crate::plan::{Algorithm, Collective, LevelAlgo};
 use crate::topology::Topology;
 
 /// The algorithms worth considering on `topo`.
@@ -23,40 +30,174 @@ pub fn candidates(topo: &Topology) -> Vec<Algorithm> {
     v
 }
 
-/// The best algorithm for `coll` on `topo` with blocks of `block_bytes`, with each
+/// Piece sizes the tuner compares for the chosen algorithm.
+pub const PIECES: [usize; 4] = [256 << 10, 1 << 20, 4 << 20, 16 << 20];
+
+/// The tuner's answer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Choice {
+    /// The fastest algorithm.
+    pub algo: Algorithm,
+    /// Its best piece size (advisory: the transports cut messages at `PCCL_CHUNK_SIZE`,
+    /// fixed when they are created).
+    pub piece_bytes: usize,
+    /// Its predicted seconds with the profile's piece size.
+    pub seconds: f64,
+}
+
+/// Simulated seconds of `coll` with `algo` on `topo`, blocks of `block_bytes`.
+pub fn predict(
+    coll: Collective,
+    algo: Algorithm,
+    topo: &Topology,
+    block_bytes: f64,
+    prof: &Profile,
+) -> Result<f64> {
+    let engine = if topo.is_regular() {
+        Engine::Phases
+    } else {
+        Engine::Events
+    };
+    Ok(Cluster::new(topo, prof)
+        .simulate(&Job::new(coll, algo, block_bytes), engine)?
+        .seconds)
+}
+
+/// The best algorithm for `coll` on `topo` with blocks of `block_bytes`, with every
 /// candidate's predicted seconds (for `PCCL_DEBUG=INFO`).
-///
-/// Every rank must choose the same algorithm, so the score depends only on the topology: the
-/// slowest of a few fixed sample ranks (first, middle, last), not on the calling rank.
+pub fn choose_with(
+    coll: Collective,
+    topo: &Topology,
+    block_bytes: usize,
+    prof: &Profile,
+) -> Result<(Choice, Vec<(Algorithm, f64)>)> {
+    let mut scored = Vec::new();
+    for a in candidates(topo) {
+        scored.push((a, predict(coll, a, topo, block_bytes as f64, prof)?));
+    }
+    // Ties (equal to the last bit) go to the first candidate: the same on every rank.
+    let (algo, seconds) = scored
+        .iter()
+        .copied()
+        .min_by(|x, y| x.1.total_cmp(&y.1))
+        .unwrap_or((Algorithm::Flat(LevelAlgo::Ring), 0.0));
+    let mut piece_bytes = prof.piece_bytes;
+    let mut best = seconds;
+    for &pb in &PIECES {
+        let p = Profile {
+            piece_bytes: pb,
+            ..prof.clone()
+        };
+        let t = predict(coll, algo, topo, block_bytes as f64, &p)?;
+        if t < best * (1.0 - 1e-9) {
+            best = t;
+            piece_bytes = pb;
+        }
+    }
+    Ok((
+        Choice {
+            algo,
+            piece_bytes,
+            seconds,
+        },
+        scored,
+    ))
+}
+
+/// The older entry point: the best algorithm under the five `PCCL_MODEL` parameters.
 pub fn choose(
     coll: Collective,
     topo: &Topology,
     block_bytes: usize,
     prm: &CostParams,
 ) -> Result<(Algorithm, Vec<(Algorithm, f64)>)> {
-    let p = topo.nranks();
-    let mut samples = vec![0, p / 2, p.saturating_sub(1)];
-    samples.dedup();
-    let mut scored = Vec::new();
-    for a in candidates(topo) {
-        let mut worst: f64 = 0.0;
-        for &r in &samples {
-            let plan = build(coll, a, topo, r)?;
-            worst = worst.max(plan_time(&plan, topo, block_bytes as f64, prm));
-        }
-        scored.push((a, worst));
+    let prof = Profile::default().with_cost_params(prm);
+    let (c, scored) = choose_with(coll, topo, block_bytes, &prof)?;
+    Ok((c.algo, scored))
+}
+
+/// `PCCL_ALGO`: one algorithm for every collective (`hier-rd`), or per collective in
+/// NCCL_ALGO style (`allgather:hier-rd;reducescatter:ring`), a bare entry being the default
+/// for the collectives not named.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AlgoOverrides {
+    /// The algorithm for collectives not listed (`None`: the tuner's).
+    pub default: Option<Algorithm>,
+    /// `(collective name, algorithm)`: `allgather`, `reducescatter`, `allreduce`; `None`
+    /// (`allgather:auto`) leaves that collective to the tuner.
+    pub per_collective: Vec<(&'static str, Option<Algorithm>)>,
+}
+
+const COLLS: [&str; 3] = ["allgather", "reducescatter", "allreduce"];
+
+fn coll_name(c: Collective) -> Option<&'static str> {
+    match c {
+        Collective::AllGather => Some("allgather"),
+        Collective::ReduceScatter { .. } => Some("reducescatter"),
+        Collective::AllReduce { .. } => Some("allreduce"),
+        _ => None,
     }
-    let best = scored
-        .iter()
-        .min_by(|x, y| x.1.total_cmp(&y.1))
-        .map(|x| x.0)
-        .unwrap_or(Algorithm::Flat(LevelAlgo::Ring));
-    Ok((best, scored))
+}
+
+impl AlgoOverrides {
+    /// Parses a `PCCL_ALGO` value (`auto` entries mean the tuner's choice).
+    pub fn parse(v: &str) -> Result<Self> {
+        let mut o = AlgoOverrides::default();
+        for entry in v.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+            let (coll, algo) = match entry.split_once(':') {
+                Some((c, a)) => (Some(c.trim().to_ascii_lowercase()), a.trim()),
+                None => (None, entry),
+            };
+            let algo = if algo == "auto" {
+                None
+            } else {
+                Some(
+                    algo.parse::<Algorithm>()
+                        .map_err(|e| Error::invalid(format!("PCCL_ALGO={v}: {}", e.message())))?,
+                )
+            };
+            match coll {
+                None => o.default = algo,
+                Some(c) => {
+                    let c = c.replace(['_', '-'], "");
+                    let name = COLLS.iter().find(|n| **n == c).ok_or_else(|| {
+                        Error::invalid(format!(
+                            "PCCL_ALGO={v}: unknown collective '{c}', expected allgather, \
+                             reducescatter or allreduce"
+                        ))
+                    })?;
+                    o.per_collective.retain(|(n, _)| n != name);
+                    o.per_collective.push((name, algo));
+                }
+            }
+        }
+        Ok(o)
+    }
+
+    /// The forced algorithm for `coll`, if any.
+    pub fn get(&self, coll: Collective) -> Option<Algorithm> {
+        self.get_or(coll, self.default)
+    }
+
+    /// The entry for `coll` when there is one, else `default`.
+    pub fn get_or(&self, coll: Collective, default: Option<Algorithm>) -> Option<Algorithm> {
+        match coll_name(coll).and_then(|n| self.per_collective.iter().find(|(c, _)| *c == n)) {
+            Some(&(_, a)) => a,
+            None => default,
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::presets;
+    use crate::topology::NicMap;
+
+    const HIER_RD: Algorithm = Algorithm::Hier {
+        inter: LevelAlgo::Rd,
+        intra: LevelAlgo::Ring,
+    };
 
     #[test]
     fn many_small_blocks_across_nodes_prefer_logarithmic_inter_node_steps() {
@@ -89,5 +230,90 @@ mod tests {
         };
         let (best, _) = choose(Collective::AllGather, &topo, 1 << 20, &prm).unwrap();
         assert!(matches!(best, Algorithm::Hier { .. }), "{best}");
+    }
+
+    /// PCCL's own executor (no NCCL-style multi-channel ring) on Frontier's links, reducing
+    /// at the GPU's rate.
+    fn frontier_pccl() -> Profile {
+        let f = presets::named("frontier").unwrap();
+        Profile {
+            nccl_ring: false,
+            reduce_host_gbps: f.reduce_device_gbps.clone(),
+            ..f
+        }
+    }
+
+    #[test]
+    fn frontier_at_256_ranks_and_more_goes_hierarchical_from_16_mib_per_rank() {
+        let prof = frontier_pccl();
+        for ranks in [256usize, 1024] {
+            let topo = Topology::uniform(ranks, 8).with_nic_map(NicMap::even(8, 4));
+            for coll in [
+                Collective::AllGather,
+                Collective::ReduceScatter { average: false },
+            ] {
+                for mib in [16usize, 64, 256] {
+                    let (c, scored) = choose_with(coll, &topo, mib << 20, &prof).unwrap();
+                    assert!(
+                        matches!(c.algo, Algorithm::Hier { .. }),
+                        "{coll:?} {ranks} ranks {mib} MiB: {} {scored:?}",
+                        c.algo
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn one_rank_per_node_never_goes_hierarchical() {
+        let prof = frontier_pccl();
+        for ranks in [2usize, 64, 256] {
+            let topo = Topology::uniform(ranks, 1);
+            for bytes in [1024usize, 1 << 20, 64 << 20] {
+                let (c, scored) = choose_with(Collective::AllGather, &topo, bytes, &prof).unwrap();
+                assert!(matches!(c.algo, Algorithm::Flat(_)), "{c:?}");
+                assert_eq!(scored.len(), 2, "only the flat candidates");
+            }
+        }
+    }
+
+    #[test]
+    fn the_choice_does_not_depend_on_the_calling_rank_or_vary_between_calls() {
+        let prof = frontier_pccl();
+        let topo = Topology::uniform(96, 8);
+        let a = choose_with(Collective::AllGather, &topo, 4 << 20, &prof).unwrap();
+        let b = choose_with(Collective::AllGather, &topo.clone(), 4 << 20, &prof).unwrap();
+        assert_eq!(a.0, b.0);
+        assert_eq!(a.1, b.1);
+    }
+
+    #[test]
+    fn pccl_algo_accepts_one_value_or_per_collective_entries() {
+        let o = AlgoOverrides::parse("hier-rd").unwrap();
+        assert_eq!(o.get(Collective::AllGather), Some(HIER_RD));
+        let o = AlgoOverrides::parse("allgather:hier-rd; reducescatter:ring").unwrap();
+        assert_eq!(o.get(Collective::AllGather), Some(HIER_RD));
+        assert_eq!(
+            o.get(Collective::ReduceScatter { average: true }),
+            Some(Algorithm::Flat(LevelAlgo::Ring))
+        );
+        assert_eq!(o.get(Collective::AllReduce { average: false }), None);
+        let o = AlgoOverrides::parse("rd;allreduce:hier-ring-rd;allgather:auto").unwrap();
+        assert_eq!(o.get(Collective::AllGather), None);
+        assert_eq!(
+            o.get(Collective::ReduceScatter { average: false }),
+            Some(Algorithm::Flat(LevelAlgo::Rd))
+        );
+        assert_eq!(
+            o.get(Collective::AllReduce { average: false }),
+            Some(Algorithm::Hier {
+                inter: LevelAlgo::Ring,
+                intra: LevelAlgo::Rd
+            })
+        );
+        let e = AlgoOverrides::parse("allgathr:ring").unwrap_err();
+        assert!(e.message().contains("allgathr"), "{e}");
+        let e = AlgoOverrides::parse("allgather:tree").unwrap_err();
+        assert!(e.message().contains("tree"), "{e}");
     }
 }

@@ -1,0 +1,443 @@
+//! `pccl-sim`: PCCL's real plans replayed on a modelled cluster (nodes × ranks per node ×
+//! NICs, link latencies and bandwidths, NIC contention, pipelined pieces), at any scale.
+//!
+//! ```text
+//! pccl-sim --preset frontier --coll allgather --algo hier-rd --ranks 4096 --size 16M:1G
+//! pccl-sim --preset-file my.toml --coll reducescatter --algo auto --ranks 512 --size 1M --json
+//! pccl-sim --preset frontier --coll allgather --algo hier-rd --heatmap hm.png --vs ring
+//! ```
+//! Size = bytes per rank, as in pccl-bench (all-gather input, reduce-scatter output, all-reduce
+//! buffer).
+
+use clap::Parser;
+use pccl::config::parse_bytes;
+use pccl::model::presets;
+use pccl::model::profile::Profile;
+use pccl::model::sim::{Cluster, Engine, Job, Summary};
+use pccl::model::tuner;
+use pccl::plan::{Algorithm, Collective};
+use pccl::topology::{NicMap, Topology};
+use std::time::Instant;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "pccl-sim",
+    about = "Simulate PCCL's collectives on a modelled cluster"
+)]
+struct Args {
+    /// Built-in machine: frontier, perlmutter.
+    #[arg(long)]
+    preset: Option<String>,
+    /// Machine profile file (TOML, as written by pccl-tune or in presets/).
+    #[arg(long)]
+    preset_file: Option<String>,
+    /// allgather, reducescatter or allreduce.
+    #[arg(long, default_value = "allgather")]
+    coll: String,
+    /// ring, rd, hier-rd, hier-ring, hier-INTER-INTRA or auto (the tuner's choice per size).
+    #[arg(long, default_value = "auto")]
+    algo: String,
+    /// Ranks in the job.
+    #[arg(long, default_value_t = 64)]
+    ranks: usize,
+    /// Ranks per node (default: the profile's `ranks_per_node`).
+    #[arg(long)]
+    ranks_per_node: Option<usize>,
+    /// NIC map in Cray syntax (`0:0-1;1:2-3;...`); default: ranks spread evenly over the NICs.
+    #[arg(long)]
+    nic_map: Option<String>,
+    /// Bytes per rank, SIZE or MIN:MAX (doubling), K/M/G suffixes.
+    #[arg(long, default_value = "1M")]
+    size: String,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
+    /// Where reductions run: device (GPU rates of the profile) or host.
+    #[arg(long, default_value = "device")]
+    on: String,
+    /// Simulation engine: auto, events (every rank), phases (one node, phases reused).
+    #[arg(long, default_value = "auto")]
+    engine: String,
+    /// Draw the speedup of --algo over --vs across 16 MiB…1 GiB × 32…4096 ranks into this PNG.
+    #[arg(long)]
+    heatmap: Option<String>,
+    /// The algorithm the heatmap compares against.
+    #[arg(long, default_value = "ring")]
+    vs: String,
+    /// The flat ring: `nccl` (multi-channel over all NICs, pipelined; the presets' setting)
+    /// or `pccl` (PCCL's executor: one message per step through the sender's NIC).
+    #[arg(long)]
+    ring: Option<String>,
+    /// Print the speedup table of the heatmap as Markdown too.
+    #[arg(long)]
+    table: bool,
+}
+
+fn fail(msg: impl std::fmt::Display) -> ! {
+    eprintln!("pccl-sim: {msg}");
+    std::process::exit(2)
+}
+
+fn parse_coll(s: &str) -> Collective {
+    match s {
+        "allgather" => Collective::AllGather,
+        "reducescatter" => Collective::ReduceScatter { average: false },
+        "allreduce" => Collective::AllReduce { average: false },
+        _ => fail(format!(
+            "--coll {s}: expected allgather, reducescatter or allreduce"
+        )),
+    }
+}
+
+fn sizes(s: &str) -> Vec<usize> {
+    let (lo, hi) = match s.split_once(':') {
+        Some((a, b)) => (parse_bytes(a), parse_bytes(b)),
+        None => (parse_bytes(s), parse_bytes(s)),
+    };
+    let (lo, hi) = (
+        lo.unwrap_or_else(|e| fail(e)),
+        hi.unwrap_or_else(|e| fail(e)),
+    );
+    if lo == 0 || hi < lo {
+        fail(format!(
+            "--size {s}: expected SIZE or MIN:MAX with 0 < MIN <= MAX"
+        ));
+    }
+    let mut v = vec![lo];
+    while *v.last().expect("one") * 2 <= hi {
+        v.push(v.last().expect("one") * 2);
+    }
+    v
+}
+
+struct Sim {
+    prof: Profile,
+    coll: Collective,
+    engine: Engine,
+    nic_map: Option<NicMap>,
+}
+
+impl Sim {
+    fn topo(&self, ranks: usize, m: usize) -> Topology {
+        let t = Topology::uniform(ranks, m);
+        match &self.nic_map {
+            Some(map) => t.with_nic_map(map.clone()),
+            None => t,
+        }
+    }
+
+    /// Seconds for each size (block bytes), one plan summary for all sizes.
+    fn times(
+        &self,
+        algo: Option<Algorithm>,
+        topo: &Topology,
+        blocks: &[f64],
+    ) -> Vec<(Algorithm, f64)> {
+        let cl = Cluster::new(topo, &self.prof);
+        match algo {
+            None => blocks
+                .iter()
+                .map(|&b| {
+                    let (c, _) = tuner::choose_with(self.coll, topo, b as usize, &self.prof)
+                        .unwrap_or_else(|e| fail(e));
+                    (c.algo, c.seconds)
+                })
+                .collect(),
+            Some(a) => {
+                let use_phases = match self.engine {
+                    Engine::Phases => !self.prof.one_host,
+                    Engine::Events => false,
+                    Engine::Auto => topo.is_regular() && topo.nranks() > 128,
+                };
+                if use_phases {
+                    let s = Summary::new(&cl, self.coll, a).unwrap_or_else(|e| fail(e));
+                    blocks
+                        .iter()
+                        .map(|&b| (a, s.outcome(&cl, &Job::new(self.coll, a, b)).seconds))
+                        .collect()
+                } else {
+                    blocks
+                        .iter()
+                        .map(|&b| {
+                            let o = cl
+                                .simulate(&Job::new(self.coll, a, b), Engine::Events)
+                                .unwrap_or_else(|e| fail(e));
+                            (a, o.seconds)
+                        })
+                        .collect()
+                }
+            }
+        }
+    }
+
+    fn block(&self, size: usize, ranks: usize) -> f64 {
+        match self.coll {
+            Collective::AllReduce { .. } => size as f64 / ranks as f64,
+            _ => size as f64,
+        }
+    }
+}
+
+fn parse_algo(s: &str) -> Option<Algorithm> {
+    if s == "auto" {
+        None
+    } else {
+        Some(s.parse().unwrap_or_else(|e| fail(e)))
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    let mut prof = match (&args.preset, &args.preset_file) {
+        (Some(n), None) => presets::named(n),
+        (None, Some(f)) => Profile::load(std::path::Path::new(f)),
+        (None, None) => Ok(Profile::default()),
+        _ => fail("give --preset or --preset-file, not both"),
+    }
+    .unwrap_or_else(|e| fail(e));
+    match args.on.as_str() {
+        "device" => prof.reduce_host_gbps = prof.reduce_device_gbps.clone(),
+        "host" => {}
+        o => fail(format!("--on {o}: expected device or host")),
+    }
+    match args.ring.as_deref() {
+        None => {}
+        Some("nccl") => prof.nccl_ring = true,
+        Some("pccl") => prof.nccl_ring = false,
+        Some(o) => fail(format!("--ring {o}: expected nccl or pccl")),
+    }
+    let engine = match args.engine.as_str() {
+        "auto" => Engine::Auto,
+        "events" => Engine::Events,
+        "phases" => Engine::Phases,
+        o => fail(format!("--engine {o}: expected auto, events or phases")),
+    };
+    let m = args.ranks_per_node.unwrap_or(prof.ranks_per_node).max(1);
+    let nic_map = args
+        .nic_map
+        .as_deref()
+        .map(|s| s.parse::<NicMap>().unwrap_or_else(|e| fail(e)));
+    let sim = Sim {
+        prof,
+        coll: parse_coll(&args.coll),
+        engine,
+        nic_map,
+    };
+    let algo = parse_algo(&args.algo);
+    if let Some(out) = &args.heatmap {
+        heatmap(&sim, algo, parse_algo(&args.vs), m, out, &args);
+        return;
+    }
+    if args.ranks == 0 {
+        fail("--ranks must be at least 1");
+    }
+    let topo = sim.topo(args.ranks, m);
+    let sz = sizes(&args.size);
+    let blocks: Vec<f64> = sz.iter().map(|&s| sim.block(s, args.ranks)).collect();
+    let t0 = Instant::now();
+    let res = sim.times(algo, &topo, &blocks);
+    let wall = t0.elapsed().as_secs_f64();
+    let p = args.ranks as f64;
+    let factor = match sim.coll {
+        Collective::AllReduce { .. } => 2.0 * (p - 1.0) / p,
+        _ => (p - 1.0) / p,
+    };
+    if !args.json {
+        println!(
+            "# pccl-sim {} {} on {} ({} ranks, {} per node, profile {}); simulated in {:.3} s",
+            args.coll,
+            args.algo,
+            topo.describe(),
+            args.ranks,
+            m,
+            sim.prof.name,
+            wall
+        );
+        println!(
+            "{:>12} {:>14} {:>12} {:>12}  algo",
+            "size(B)", "time(us)", "algbw(GB/s)", "busbw(GB/s)"
+        );
+    }
+    for (i, &s) in sz.iter().enumerate() {
+        let (a, t) = res[i];
+        let total = match sim.coll {
+            Collective::AllReduce { .. } => s as f64,
+            _ => s as f64 * p,
+        };
+        let algbw = total / t / 1e9;
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "coll": args.coll, "algo": a.name(), "requested": args.algo,
+                    "ranks": args.ranks, "ranks_per_node": m, "size": s, "seconds": t,
+                    "algbw_gbs": algbw, "busbw_gbs": algbw * factor,
+                    "profile": sim.prof.name, "sim_wall_s": wall,
+                })
+            );
+        } else {
+            println!(
+                "{:>12} {:>14.1} {:>12.2} {:>12.2}  {}",
+                s,
+                t * 1e6,
+                algbw,
+                algbw * factor,
+                a
+            );
+        }
+    }
+}
+
+const HM_SIZES: [usize; 7] = [
+    16 << 20,
+    32 << 20,
+    64 << 20,
+    128 << 20,
+    256 << 20,
+    512 << 20,
+    1 << 30,
+];
+const HM_RANKS: [usize; 8] = [32, 64, 128, 256, 512, 1024, 2048, 4096];
+
+fn human(b: usize) -> String {
+    if b >= 1 << 30 {
+        format!("{}G", b >> 30)
+    } else {
+        format!("{}M", b >> 20)
+    }
+}
+
+fn heatmap(
+    sim: &Sim,
+    algo: Option<Algorithm>,
+    vs: Option<Algorithm>,
+    m: usize,
+    out: &str,
+    args: &Args,
+) {
+    let name = |a: Option<Algorithm>| a.map_or("auto".to_string(), |a| a.name());
+    // speed[r][s] = t(vs) / t(algo).
+    let mut speed = vec![vec![0.0; HM_SIZES.len()]; HM_RANKS.len()];
+    for (ri, &p) in HM_RANKS.iter().enumerate() {
+        let topo = sim.topo(p, m);
+        let blocks: Vec<f64> = HM_SIZES.iter().map(|&s| sim.block(s, p)).collect();
+        let a = sim.times(algo, &topo, &blocks);
+        let b = sim.times(vs, &topo, &blocks);
+        for si in 0..HM_SIZES.len() {
+            speed[ri][si] = b[si].1 / a[si].1;
+        }
+    }
+    let title = format!(
+        "{}: speedup of {} over {} ({}, {} ranks/node)",
+        args.coll,
+        name(algo),
+        name(vs),
+        sim.prof.name,
+        m
+    );
+    if args.table {
+        println!("{title}\n");
+        let mut h = "| ranks |".to_string();
+        for s in HM_SIZES {
+            h.push_str(&format!(" {} |", human(s)));
+        }
+        println!("{h}");
+        println!("|---|{}", "---|".repeat(HM_SIZES.len()));
+        for (ri, &p) in HM_RANKS.iter().enumerate() {
+            let mut l = format!("| {p} |");
+            for v in &speed[ri] {
+                l.push_str(&format!(" {v:.2} |"));
+            }
+            println!("{l}");
+        }
+    }
+    if let Err(e) = draw(out, &title, &speed) {
+        fail(format!("heatmap {out}: {e}"));
+    }
+    eprintln!("pccl-sim: wrote {out}");
+}
+
+/// A diverging colour: red below 1 (slower), white at 1, blue above (log scale, ±4×).
+fn colour(v: f64) -> plotters::style::RGBColor {
+    let x = (v.max(1e-9).log2() / 2.0).clamp(-1.0, 1.0);
+    let f = |a: f64| (255.0 * (1.0 - a.abs() * 0.8)) as u8;
+    if x >= 0.0 {
+        plotters::style::RGBColor(f(x), f(x * 0.6), 255)
+    } else {
+        plotters::style::RGBColor(255, f(x * 0.6), f(x))
+    }
+}
+
+fn draw(out: &str, title: &str, speed: &[Vec<f64>]) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    let font = ["DejaVuSans.ttf", "LiberationSans-Regular.ttf"]
+        .iter()
+        .flat_map(|f| {
+            [
+                format!("/usr/share/fonts/truetype/dejavu/{f}"),
+                format!("/usr/share/fonts/truetype/liberation/{f}"),
+            ]
+        })
+        .find_map(|p| std::fs::read(p).ok());
+    let text = match font {
+        Some(bytes) => {
+            let leaked: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+            plotters::style::register_font("sans-serif", FontStyle::Normal, leaked)
+                .map_err(|_| "font")?;
+            true
+        }
+        None => {
+            eprintln!("pccl-sim: no DejaVu/Liberation font found: heatmap without labels");
+            false
+        }
+    };
+    let (cw, ch, left, top) = (90i32, 40i32, 80i32, 60i32);
+    let w = left + cw * HM_SIZES.len() as i32 + 20;
+    let h = top + ch * HM_RANKS.len() as i32 + 50;
+    let root = BitMapBackend::new(out, (w as u32, h as u32)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let style = |px: f64| ("sans-serif", px).into_font().color(&BLACK);
+    if text {
+        root.draw(&Text::new(title.to_string(), (10, 15), style(15.0)))?;
+        root.draw(&Text::new("ranks \\ bytes per rank", (10, 38), style(12.0)))?;
+    }
+    // Rows: largest rank count at the top.
+    for (ri, row) in speed.iter().enumerate() {
+        let y = top + ch * (HM_RANKS.len() - 1 - ri) as i32;
+        if text {
+            root.draw(&Text::new(
+                format!("{}", HM_RANKS[ri]),
+                (15, y + ch / 2 - 7),
+                style(13.0),
+            ))?;
+        }
+        for (si, &v) in row.iter().enumerate() {
+            let x = left + cw * si as i32;
+            root.draw(&Rectangle::new(
+                [(x, y), (x + cw - 2, y + ch - 2)],
+                colour(v).filled(),
+            ))?;
+            if text {
+                root.draw(&Text::new(
+                    format!("{v:.2}x"),
+                    (x + cw / 2 - 18, y + ch / 2 - 8),
+                    style(13.0),
+                ))?;
+            }
+        }
+    }
+    if text {
+        for (si, &s) in HM_SIZES.iter().enumerate() {
+            root.draw(&Text::new(
+                human(s),
+                (
+                    left + cw * si as i32 + cw / 2 - 12,
+                    top + ch * HM_RANKS.len() as i32 + 8,
+                ),
+                style(13.0),
+            ))?;
+        }
+    }
+    root.present()?;
+    Ok(())
+}

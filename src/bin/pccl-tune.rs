@@ -1,0 +1,259 @@
+//! `pccl-tune`: measures the model's parameters where it runs and writes a profile (TOML) the
+//! communicator's tuner loads (`PCCL_TUNE_FILE`, else `$XDG_CONFIG_HOME/pccl/tune.toml`).
+//!
+//! * copy rate: `memcpy` of 64 MiB;
+//! * γ per dtype: the host reduction kernel (`a ⊕ b → c`, the executor's receive-reduce) on
+//!   16 MiB, in GB/s of output;
+//! * α, β: a 2-rank exchange (PCCL's all-gather, ring) at 1 KiB…16 MiB, least-squares fit of
+//!   `t = s/copy + α + s/β` (the plan: a local copy, then one message);
+//! * concurrent flows: the ring all-gather at `--ranks` ranks (default 4): when each of the P
+//!   simultaneous messages gets less than β, the node's shared bandwidth is `P ×` what each got.
+//!
+//! Threads transport here (ranks are threads of one host: the inter-node level gets the same
+//! figures, one "NIC"); with `--features mpi` under `mpiexec -n 2` the MPI transport
+//! (`--transport mpi`), α and β from the MPI world's exchange.
+
+use clap::Parser;
+use half::{bf16, f16};
+use pccl::config::Config;
+use pccl::model::profile::Profile;
+use pccl::{Algorithm, Communicator, Element, LevelAlgo, ReduceOp};
+use std::time::Instant;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "pccl-tune",
+    about = "Measure α, β, γ and write a PCCL tuning profile"
+)]
+struct Args {
+    /// Thread-ranks for the concurrent-flows measurement (2…8).
+    #[arg(long, default_value_t = 4)]
+    ranks: usize,
+    /// Output file (default: $XDG_CONFIG_HOME/pccl/tune.toml); `-` prints it.
+    #[arg(short = 'o', long)]
+    output: Option<String>,
+    /// Fewer iterations (a rough profile in a few seconds).
+    #[arg(long)]
+    quick: bool,
+    /// Transport: threads, or mpi (under mpiexec, built with --features mpi).
+    #[arg(long, default_value = "threads")]
+    transport: String,
+}
+
+fn fail(msg: impl std::fmt::Display) -> ! {
+    eprintln!("pccl-tune: {msg}");
+    std::process::exit(2)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Median seconds of `f` over `reps` runs.
+fn time(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    median(
+        (0..reps)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
+}
+
+fn copy_gbps(reps: usize) -> f64 {
+    let n = 16 << 20; // 64 MiB of f32
+    let src: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let mut dst = vec![0f32; n];
+    let t = time(reps, || dst.copy_from_slice(std::hint::black_box(&src)));
+    (n * 4) as f64 / t / 1e9
+}
+
+fn reduce_gbps<T: Element>(reps: usize, one: T) -> f64 {
+    let n = (16 << 20) / std::mem::size_of::<T>();
+    let a = vec![one; n];
+    let b = vec![one; n];
+    let mut c = vec![one; n];
+    let t = time(reps, || {
+        T::reduce3(ReduceOp::Sum, &mut c, std::hint::black_box(&a), &b)
+    });
+    (n * std::mem::size_of::<T>()) as f64 / t / 1e9
+}
+
+/// Seconds per all-gather of `s` bytes per rank on `comm` (ring), every size in `sizes`.
+fn ag_times(comm: &Communicator, sizes: &[usize], quick: bool) -> pccl::Result<Vec<f64>> {
+    let p = comm.size();
+    let mut out = Vec::new();
+    for &s in sizes {
+        let n = (s / 4).max(1);
+        let input = vec![1f32; n];
+        let mut output = vec![0f32; n * p];
+        let iters = ((64 << 20) / (s * p).max(1)).clamp(3, if quick { 20 } else { 200 });
+        for _ in 0..2 {
+            comm.all_gather(&input, &mut output)?;
+        }
+        let mut v = Vec::new();
+        for _ in 0..iters {
+            comm.barrier()?;
+            let t = Instant::now();
+            comm.all_gather(&input, &mut output)?;
+            v.push(t.elapsed().as_secs_f64());
+        }
+        out.push(median(v));
+    }
+    Ok(out)
+}
+
+/// Least squares `y = a + b x`.
+fn fit(x: &[f64], y: &[f64]) -> (f64, f64) {
+    let n = x.len() as f64;
+    let mx = x.iter().sum::<f64>() / n;
+    let my = y.iter().sum::<f64>() / n;
+    let sxy: f64 = x.iter().zip(y).map(|(a, b)| (a - mx) * (b - my)).sum();
+    let sxx: f64 = x.iter().map(|a| (a - mx) * (a - mx)).sum();
+    let b = sxy / sxx;
+    (my - b * mx, b)
+}
+
+fn ring_cfg() -> Config {
+    let mut cfg = Config::from_env().unwrap_or_else(|e| fail(e));
+    cfg.algo = Some(Algorithm::Flat(LevelAlgo::Ring));
+    cfg.ranks_per_node = None;
+    cfg
+}
+
+/// Runs `f` on thread-ranks and returns rank 0's result.
+fn on_threads<R: Send>(p: usize, f: impl Fn(Communicator) -> pccl::Result<R> + Sync) -> R {
+    let mut v = Communicator::run_threads(p, ring_cfg(), f).unwrap_or_else(|e| fail(e));
+    v.swap_remove(0).unwrap_or_else(|e| fail(e))
+}
+
+#[cfg(feature = "mpi")]
+fn on_mpi<R>(f: impl Fn(&Communicator) -> pccl::Result<R>) -> (R, usize, bool) {
+    use pccl::transport::mpi::{init, MpiTransport};
+    init().unwrap_or_else(|e| fail(e));
+    let cfg = ring_cfg();
+    let t = MpiTransport::world(cfg.chunk_bytes).unwrap_or_else(|e| fail(e));
+    let comm = Communicator::with_config(std::sync::Arc::new(t), cfg).unwrap_or_else(|e| fail(e));
+    let r = f(&comm).unwrap_or_else(|e| fail(e));
+    (r, comm.size(), comm.rank() == 0)
+}
+
+fn main() {
+    let args = Args::parse();
+    if !(2..=8).contains(&args.ranks) {
+        fail("--ranks must be 2…8");
+    }
+    let reps = if args.quick { 3 } else { 9 };
+    let sizes: Vec<usize> = (10..=24).step_by(2).map(|k| 1usize << k).collect();
+    let copy = copy_gbps(reps);
+    let mut prof = Profile {
+        name: "measured".into(),
+        copy_gbps: copy,
+        ..Profile::default()
+    };
+    prof.reduce_host_gbps.clear();
+    prof.reduce_host_gbps
+        .insert("f32".into(), reduce_gbps(reps, 1f32));
+    prof.reduce_host_gbps
+        .insert("f64".into(), reduce_gbps(reps, 1f64));
+    prof.reduce_host_gbps
+        .insert("f16".into(), reduce_gbps(reps, f16::ONE));
+    prof.reduce_host_gbps
+        .insert("bf16".into(), reduce_gbps(reps, bf16::ONE));
+    prof.reduce_host_gbps
+        .insert("i32".into(), reduce_gbps(reps, 1i32));
+    prof.reduce_host_gbps
+        .insert("default".into(), prof.reduce_host_gbps["f32"]);
+
+    let (pair, concurrent, transport, is_root) = match args.transport.as_str() {
+        "threads" => {
+            let q = args.quick;
+            let pair = on_threads(2, |c| ag_times(&c, &sizes, q));
+            let big = [4usize << 20];
+            let conc = on_threads(args.ranks, |c| ag_times(&c, &big, q));
+            (pair, Some((args.ranks, conc[0])), "threads", true)
+        }
+        "mpi" => {
+            #[cfg(feature = "mpi")]
+            {
+                let q = args.quick;
+                let (pair, p, root) = on_mpi(|c| ag_times(c, &sizes, q));
+                if p != 2 {
+                    fail("the MPI measurement runs under mpiexec -n 2");
+                }
+                (pair, None, "mpi", root)
+            }
+            #[cfg(not(feature = "mpi"))]
+            fail("this pccl-tune was built without the `mpi` feature")
+        }
+        o => fail(format!("--transport {o}: expected threads or mpi")),
+    };
+    // t = s/copy + α + s/β  →  t − s/copy = α + s·(1/β).
+    let x: Vec<f64> = sizes.iter().map(|&s| s as f64).collect();
+    let y: Vec<f64> = pair
+        .iter()
+        .zip(&x)
+        .map(|(t, s)| t - s / (copy * 1e9))
+        .collect();
+    // β from the large sizes (least squares over the upper half), α from the smallest size
+    // (an unweighted fit over all sizes would let the largest times swamp the latency).
+    let h = x.len() / 2;
+    let (_, slope) = fit(&x[h..], &y[h..]);
+    let beta_gbps = if slope > 0.0 { 1e-9 / slope } else { copy };
+    let alpha = (y[0] - x[0] * slope.max(0.0)).max(0.1e-6);
+    prof.intra.alpha_us = alpha * 1e6;
+    prof.intra.bandwidth_gbps = beta_gbps;
+    prof.intra.pair_bandwidth_gbps = beta_gbps;
+    let mut notes = format!(
+        "pccl-tune --transport {transport}: copy {copy:.2} GB/s; 2-rank exchange fit alpha {:.2} us, beta {beta_gbps:.2} GB/s",
+        alpha * 1e6
+    );
+    if let Some((p, t)) = concurrent {
+        let s = (4 << 20) as f64;
+        // Ring at P ranks: copy + (P−1)(α + s/rate).
+        let per_step = (t - s / (copy * 1e9)) / (p - 1) as f64 - alpha;
+        let rate = s / per_step.max(1e-9) / 1e9;
+        if rate < 0.95 * beta_gbps {
+            prof.intra.node_bandwidth_gbps = rate * p as f64;
+        }
+        notes.push_str(&format!(
+            "; {p} concurrent flows got {rate:.2} GB/s each (node total {:.2} GB/s)",
+            prof.intra.node_bandwidth_gbps
+        ));
+    }
+    // One host: the "inter-node" level of pretend nodes is the same memory.
+    prof.inter.alpha_us = prof.intra.alpha_us;
+    prof.inter.nic_bandwidth_gbps = beta_gbps;
+    prof.inter.nics = 1;
+    prof.one_host = true;
+    prof.source = notes;
+    prof.validate().unwrap_or_else(|e| fail(e));
+    if !is_root {
+        return;
+    }
+    let text = format!(
+        "# PCCL tuning profile written by pccl-tune (see src/model/profile.rs for every field).\n\
+         # Units: microseconds, GB/s (1e9 B/s). Load: PCCL_TUNE_FILE=this-file, or put it at\n\
+         # $XDG_CONFIG_HOME/pccl/tune.toml.\n{}",
+        prof.to_toml()
+    );
+    match args.output.as_deref() {
+        Some("-") => print!("{text}"),
+        o => {
+            let path = o
+                .map(std::path::PathBuf::from)
+                .or_else(Profile::default_path)
+                .unwrap_or_else(|| fail("no output path: give -o FILE"));
+            if let Some(dir) = path.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            std::fs::write(&path, text)
+                .unwrap_or_else(|e| fail(format!("{}: {e}", path.display())));
+            eprintln!("pccl-tune: {} -> {}", prof.source, path.display());
+        }
+    }
+}

@@ -1,0 +1,334 @@
+//! The machine parameters of the model: a documented TOML *profile*, written by `pccl-tune`
+//! (measured where it runs) or by hand (the presets in `presets/`), read by the tuner
+//! (`PCCL_TUNE_FILE`, else `$XDG_CONFIG_HOME/pccl/tune.toml`) and by `pccl-sim`.
+//!
+//! Units in the file are the ones people quote: microseconds and GB/s (10⁹ bytes per second).
+//! Every field has a default, so a file may hold only what differs.
+
+use super::cost::CostParams;
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Links inside a node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IntraLevel {
+    /// Latency of one message between two ranks of a node (µs).
+    pub alpha_us: f64,
+    /// Bandwidth of the link between two ranks of a node, each direction (GB/s).
+    pub bandwidth_gbps: f64,
+    /// Ranks grouped `pair_size` at a time (by local index) share a faster link, e.g. the two
+    /// GCDs of one MI250X; `1` for none.
+    pub pair_size: usize,
+    /// Bandwidth between the ranks of such a group (GB/s); unused when `pair_size` is 1.
+    pub pair_bandwidth_gbps: f64,
+    /// Total bandwidth all intra-node messages of a node share (GB/s), e.g. the memory bus
+    /// when ranks are threads or processes of one host; `0` for no such limit.
+    pub node_bandwidth_gbps: f64,
+}
+
+impl Default for IntraLevel {
+    fn default() -> Self {
+        IntraLevel {
+            alpha_us: 5.0,
+            bandwidth_gbps: 8.0,
+            pair_size: 1,
+            pair_bandwidth_gbps: 8.0,
+            node_bandwidth_gbps: 0.0,
+        }
+    }
+}
+
+/// The network between nodes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct InterLevel {
+    /// Latency of one message between nodes (µs).
+    pub alpha_us: f64,
+    /// NICs per node (the topology's NIC map says which local rank uses which; without one
+    /// the ranks are spread evenly, `NicMap::even`).
+    pub nics: usize,
+    /// Bandwidth of one NIC, each direction (GB/s).
+    pub nic_bandwidth_gbps: f64,
+    /// Fraction of the total injection bandwidth the network carries at once (global
+    /// bandwidth taper; `1` for full bisection).
+    pub taper: f64,
+}
+
+impl Default for InterLevel {
+    fn default() -> Self {
+        InterLevel {
+            alpha_us: 5.0,
+            nics: 1,
+            nic_bandwidth_gbps: 12.5,
+            taper: 1.0,
+        }
+    }
+}
+
+/// Where reductions run, for the reduction rates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// The host CPU.
+    Host,
+    /// A GPU.
+    Device,
+}
+
+/// A machine description for the model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Profile {
+    /// A name for reports.
+    pub name: String,
+    /// Where the numbers come from (a command line, a paper, a data sheet).
+    pub source: String,
+    /// Inside a node.
+    pub intra: IntraLevel,
+    /// Between nodes.
+    pub inter: InterLevel,
+    /// Share of every link's nominal bandwidth that messages achieve (0 < e ≤ 1).
+    pub efficiency: f64,
+    /// Local copy rate, read + write of the bytes copied (GB/s): the executor's `Copy` steps
+    /// and the packing of strided messages.
+    pub copy_gbps: f64,
+    /// Every "node" is on one host (thread-ranks, or `PCCL_RANKS_PER_NODE` pretending): all
+    /// messages, between nodes too, share one memory bus (`intra.node_bandwidth_gbps`).
+    pub one_host: bool,
+    /// Ranks per node the machine usually runs (one per GPU); `pccl-sim`'s default.
+    pub ranks_per_node: usize,
+    /// Bytes per pipelined piece (the transport's `PCCL_CHUNK_SIZE`).
+    pub piece_bytes: usize,
+    /// Extra cost of each piece after the first (µs).
+    pub piece_overhead_us: f64,
+    /// The flat ring as NCCL/RCCL run it: one node's share of a step leaves through all its
+    /// NICs (one channel per NIC) and the steps are pipelined, so a block pays each hop's
+    /// latency once (presets for comparison with NCCL; PCCL's own executor does neither).
+    pub nccl_ring: bool,
+    /// Reduction rates in GB/s of output bytes, per dtype name (`f32`, `bf16`, ...), on the
+    /// host; `default` for a dtype not listed.
+    pub reduce_host_gbps: BTreeMap<String, f64>,
+    /// The same on a GPU.
+    pub reduce_device_gbps: BTreeMap<String, f64>,
+}
+
+impl Default for Profile {
+    /// Sane defaults without a tune file: the 2-core CI host's figures inside a node
+    /// (α ≈ 5 µs, ≈ 8 GB/s copies, ≈ 6 GB/s f32 sums), a 100 Gb/s NIC between nodes.
+    fn default() -> Self {
+        let mut host = BTreeMap::new();
+        host.insert("default".to_string(), 6.0);
+        let mut dev = BTreeMap::new();
+        dev.insert("default".to_string(), 1000.0);
+        Profile {
+            name: "default".into(),
+            source: "built-in defaults (no tune file)".into(),
+            intra: IntraLevel::default(),
+            inter: InterLevel::default(),
+            efficiency: 1.0,
+            copy_gbps: 8.0,
+            one_host: false,
+            ranks_per_node: 1,
+            piece_bytes: 1 << 20,
+            piece_overhead_us: 0.0,
+            nccl_ring: false,
+            reduce_host_gbps: host,
+            reduce_device_gbps: dev,
+        }
+    }
+}
+
+fn positive(name: &str, v: f64) -> Result<()> {
+    if v > 0.0 && !v.is_nan() {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "profile: {name} = {v} must be above zero"
+        )))
+    }
+}
+
+impl Profile {
+    /// Parses a profile from TOML text and checks it.
+    pub fn from_toml(text: &str) -> Result<Self> {
+        let p: Profile =
+            toml::from_str(text).map_err(|e| Error::invalid(format!("profile: {e}")))?;
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// Reads a profile file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::invalid(format!("cannot read profile {}: {e}", path.display())))?;
+        Self::from_toml(&text)
+            .map_err(|e| Error::invalid(format!("{}: {}", path.display(), e.message())))
+    }
+
+    /// The profile as TOML.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// Checks every rate is positive and counts are at least one.
+    pub fn validate(&self) -> Result<()> {
+        positive("intra.bandwidth_gbps", self.intra.bandwidth_gbps)?;
+        positive("inter.nic_bandwidth_gbps", self.inter.nic_bandwidth_gbps)?;
+        positive("inter.taper", self.inter.taper)?;
+        positive("copy_gbps", self.copy_gbps)?;
+        positive("efficiency", self.efficiency)?;
+        if self.efficiency > 1.0 {
+            return Err(Error::invalid("profile: efficiency must be at most 1"));
+        }
+        if self.intra.pair_size > 1 {
+            positive("intra.pair_bandwidth_gbps", self.intra.pair_bandwidth_gbps)?;
+        }
+        if self.intra.node_bandwidth_gbps < 0.0 {
+            return Err(Error::invalid(
+                "profile: intra.node_bandwidth_gbps must be 0 (none) or above",
+            ));
+        }
+        if self.inter.nics == 0 || self.intra.pair_size == 0 {
+            return Err(Error::invalid(
+                "profile: inter.nics and intra.pair_size must be at least 1",
+            ));
+        }
+        if self.intra.alpha_us < 0.0
+            || self.inter.alpha_us < 0.0
+            || self.piece_overhead_us < 0.0
+            || !(self.intra.alpha_us + self.inter.alpha_us + self.piece_overhead_us).is_finite()
+        {
+            return Err(Error::invalid("profile: latencies must be finite and ≥ 0"));
+        }
+        if self.piece_bytes < 64 {
+            return Err(Error::invalid("profile: piece_bytes must be at least 64"));
+        }
+        for (k, v) in self.reduce_host_gbps.iter().chain(&self.reduce_device_gbps) {
+            positive(&format!("reduce rate {k}"), *v)?;
+        }
+        Ok(())
+    }
+
+    /// The profile the communicator uses: `PCCL_TUNE_FILE`, else
+    /// `$XDG_CONFIG_HOME/pccl/tune.toml` (`~/.config/...`) when it exists, else the defaults.
+    /// A named file that cannot be read or parsed is an error.
+    pub fn from_env() -> Result<Self> {
+        if let Some(f) = std::env::var_os("PCCL_TUNE_FILE").filter(|s| !s.is_empty()) {
+            return Self::load(Path::new(&f))
+                .map_err(|e| Error::invalid(format!("PCCL_TUNE_FILE: {}", e.message())));
+        }
+        match Self::default_path() {
+            Some(p) if p.is_file() => Self::load(&p),
+            _ => Ok(Profile::default()),
+        }
+    }
+
+    /// `$XDG_CONFIG_HOME/pccl/tune.toml`, or `$HOME/.config/pccl/tune.toml`.
+    pub fn default_path() -> Option<PathBuf> {
+        let base = std::env::var_os("XDG_CONFIG_HOME")
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+        Some(base.join("pccl").join("tune.toml"))
+    }
+
+    /// The profile with the levels of the old five-number `PCCL_MODEL` parameters.
+    pub fn with_cost_params(mut self, c: &CostParams) -> Self {
+        self.intra.alpha_us = c.alpha_intra * 1e6;
+        self.intra.bandwidth_gbps = 1e-9 / c.beta_intra;
+        self.intra.pair_size = 1;
+        self.inter.alpha_us = c.alpha_inter * 1e6;
+        self.inter.nic_bandwidth_gbps = 1e-9 / c.beta_inter;
+        self.copy_gbps = self.intra.bandwidth_gbps;
+        self.reduce_host_gbps.clear();
+        self.reduce_host_gbps
+            .insert("default".into(), 1e-9 / c.gamma);
+        self
+    }
+
+    /// Reduction rate in bytes per second for `dtype` (a name such as `f32`) on `kind`.
+    pub fn reduce_rate(&self, kind: DeviceKind, dtype: &str) -> f64 {
+        let m = match kind {
+            DeviceKind::Host => &self.reduce_host_gbps,
+            DeviceKind::Device => &self.reduce_device_gbps,
+        };
+        m.get(dtype)
+            .or_else(|| m.get("default"))
+            .or_else(|| m.values().next())
+            .copied()
+            .unwrap_or(6.0)
+            * 1e9
+    }
+
+    /// Bandwidth in bytes per second between local ranks `a` and `b` of one node.
+    pub fn intra_rate(&self, a: usize, b: usize) -> f64 {
+        let ps = self.intra.pair_size;
+        let gbps = if ps > 1 && a / ps == b / ps {
+            self.intra.pair_bandwidth_gbps
+        } else {
+            self.intra.bandwidth_gbps
+        };
+        gbps * 1e9 * self.efficiency
+    }
+
+    /// One NIC's bandwidth in bytes per second.
+    pub fn nic_rate(&self) -> f64 {
+        self.inter.nic_bandwidth_gbps * 1e9 * self.efficiency
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profile_round_trips_through_toml() {
+        let mut p = Profile::default();
+        p.inter.nics = 4;
+        p.reduce_host_gbps.insert("bf16".into(), 2.5);
+        let q = Profile::from_toml(&p.to_toml()).unwrap();
+        assert_eq!(p, q);
+        assert_eq!(q.reduce_rate(DeviceKind::Host, "bf16"), 2.5e9);
+        assert_eq!(q.reduce_rate(DeviceKind::Host, "f64"), 6e9);
+    }
+
+    #[test]
+    fn partial_file_keeps_defaults_and_bad_values_are_refused() {
+        let p = Profile::from_toml("[inter]\nnics = 4\n").unwrap();
+        assert_eq!(p.inter.nics, 4);
+        assert_eq!(p.intra, IntraLevel::default());
+        let e = Profile::from_toml("[inter]\nnic_bandwidth_gbps = 0\n").unwrap_err();
+        assert!(e.message().contains("nic_bandwidth_gbps"), "{e}");
+        let e = Profile::from_toml("bogus = 1\n").unwrap_err();
+        assert!(e.message().contains("bogus"), "{e}");
+        assert!(Profile::from_toml("efficiency = 1.5\n").is_err());
+    }
+
+    #[test]
+    fn a_missing_or_broken_file_is_an_error_naming_it() {
+        let e = Profile::load(Path::new("/nonexistent/pccl-tune.toml")).unwrap_err();
+        assert!(e.message().contains("/nonexistent/pccl-tune.toml"), "{e}");
+        let dir = std::env::temp_dir().join(format!("pccl-profile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("bad.toml");
+        std::fs::write(&f, "[intra]\nalpha_us = \"fast\"\n").unwrap();
+        let e = Profile::load(&f).unwrap_err();
+        assert!(
+            e.message().contains("bad.toml") && e.message().contains("alpha_us"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn pairs_get_their_faster_link() {
+        let p = Profile::from_toml(
+            "[intra]\nbandwidth_gbps = 50\npair_size = 2\npair_bandwidth_gbps = 200\n",
+        )
+        .unwrap();
+        assert_eq!(p.intra_rate(0, 1), 200e9);
+        assert_eq!(p.intra_rate(1, 2), 50e9);
+    }
+}

@@ -1,0 +1,616 @@
+//! The simulator: the planner's real plans replayed on a modelled cluster.
+//!
+//! Two engines give the same answer where both apply (tests check it):
+//!
+//! * [`Engine::Events`] — every rank's plan, as an event simulation: a rank enters a phase when
+//!   it has finished the previous one; a message starts when its sender and receiver are both
+//!   in the phase (plus packing and latency α), then shares the links it crosses with every
+//!   other message in flight (max-min fair, [`super::contention`]); a received message is
+//!   reduced piece by piece as it arrives (pipelined pieces). Cost: all `P` plans, so meant for
+//!   small and medium `P`.
+//! * [`Engine::Phases`] — the ranks of *one* node, phase by phase. The algorithms are
+//!   node-symmetric (every node does what node 0 does, on its own NICs; all ranks run the same
+//!   phase at once), so the load on any node's NICs and links equals node 0's: a message from
+//!   node 0 to node k crosses node 0's send side and node k's receive side, which looks like
+//!   node 0's receive side. Each distinct phase is timed once and reused (a ring's `P−1`
+//!   phases are all alike), so 32768 ranks take milliseconds to seconds.
+
+use super::contention::{run_batch, Fluid};
+use super::profile::{DeviceKind, Profile};
+use super::traffic::{of_plan, PhaseWork};
+use crate::error::{Error, Result};
+use crate::plan::{build, Algorithm, Collective, LevelAlgo};
+use crate::topology::{NicMap, Topology};
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+
+/// Which simulation engine to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    /// Full event simulation of every rank.
+    Events,
+    /// One node's ranks, phase by phase, distinct phases timed once.
+    Phases,
+    /// `Events` up to 128 ranks or on irregular nodes, else `Phases`.
+    Auto,
+}
+
+/// What is being simulated.
+#[derive(Clone, Copy, Debug)]
+pub struct Job {
+    /// The collective.
+    pub coll: Collective,
+    /// Its algorithm.
+    pub algo: Algorithm,
+    /// Bytes of one block (per-rank shard for all-gather / reduce-scatter).
+    pub block_bytes: f64,
+    /// Where reductions run.
+    pub device: DeviceKind,
+    /// Element type name for the reduction rate.
+    pub dtype: &'static str,
+}
+
+impl Job {
+    /// A host `f32` job.
+    pub fn new(coll: Collective, algo: Algorithm, block_bytes: f64) -> Self {
+        Job {
+            coll,
+            algo,
+            block_bytes,
+            device: DeviceKind::Host,
+            dtype: "f32",
+        }
+    }
+}
+
+/// A simulation's result.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// Predicted seconds until the last rank finishes.
+    pub seconds: f64,
+    /// Phases in a rank's plan.
+    pub phases: usize,
+    /// Distinct phases actually timed (the `Phases` engine's reuse).
+    pub distinct_phases: usize,
+    /// The engine that ran.
+    pub engine: Engine,
+}
+
+/// The modelled machine: a topology (nodes, NIC map) and a profile.
+pub struct Cluster<'a> {
+    topo: &'a Topology,
+    prof: &'a Profile,
+    nics: NicMap,
+    m: usize,
+}
+
+impl<'a> Cluster<'a> {
+    /// The cluster of `topo` with `prof`'s links; without a NIC map in the topology the local
+    /// ranks are spread evenly over the profile's NICs.
+    pub fn new(topo: &'a Topology, prof: &'a Profile) -> Self {
+        let m = topo.nodes().iter().map(Vec::len).max().unwrap_or(1);
+        let nics = topo
+            .nic_map()
+            .cloned()
+            .unwrap_or_else(|| NicMap::even(m, prof.inter.nics));
+        Cluster {
+            topo,
+            prof,
+            nics,
+            m,
+        }
+    }
+
+    /// Simulates `job` with `engine`.
+    pub fn simulate(&self, job: &Job, engine: Engine) -> Result<Outcome> {
+        let engine = match engine {
+            // One shared bus is not node-symmetric: only the event engine models it.
+            Engine::Auto | Engine::Phases if self.prof.one_host => Engine::Events,
+            Engine::Auto if self.topo.nranks() <= 128 || !self.topo.is_regular() => Engine::Events,
+            Engine::Auto => Engine::Phases,
+            e => e,
+        };
+        match engine {
+            Engine::Events => self.events(job),
+            _ => self.phases(job),
+        }
+    }
+
+    fn nccl_ring(&self, job: &Job) -> bool {
+        self.prof.nccl_ring && job.algo == Algorithm::Flat(LevelAlgo::Ring)
+    }
+
+    /// Resource table for `nodes` nodes: NIC send sides, NIC receive sides, the global
+    /// network, each node's shared intra-node bus, each node's `m × m` intra links.
+    fn caps(&self, nodes: usize, global_nodes: usize) -> Vec<f64> {
+        let k = self.nics.nics();
+        let nic = self.prof.nic_rate();
+        let mut c = vec![nic; 2 * nodes * k];
+        c.push(self.prof.inter.taper * global_nodes as f64 * k as f64 * nic);
+        let bus = self.prof.intra.node_bandwidth_gbps * 1e9 * self.prof.efficiency;
+        c.extend(std::iter::repeat_n(
+            if bus > 0.0 { bus } else { f64::INFINITY },
+            nodes,
+        ));
+        for _ in 0..nodes {
+            for a in 0..self.m {
+                for b in 0..self.m {
+                    c.push(self.prof.intra_rate(a, b));
+                }
+            }
+        }
+        c
+    }
+
+    /// The resources of a message, as (bytes share, resources) sub-flows: NCCL-like rings
+    /// spread an inter-node message over all NICs.
+    #[allow(clippy::too_many_arguments)]
+    fn route(
+        &self,
+        nodes: usize,
+        (na, la): (usize, usize),
+        (nb, lb): (usize, usize),
+        spread: bool,
+        out: &mut Vec<(f64, Vec<u32>)>,
+    ) {
+        let k = self.nics.nics();
+        let global = (2 * nodes * k) as u32;
+        let inter = na != nb;
+        // The phase engine passes nodes = 1 and peer node 1: every node's resources fold
+        // onto node 0's (by symmetry they carry the same load).
+        let (na, nb) = (na % nodes, nb % nodes);
+        // One host: a single bus (node 0's) carries every message.
+        let bus = global + 1 + if self.prof.one_host { 0 } else { na as u32 };
+        if !inter {
+            let link = global + 1 + nodes as u32 + (na * self.m * self.m + la * self.m + lb) as u32;
+            out.push((1.0, vec![link, bus]));
+        } else if spread {
+            for j in 0..k {
+                out.push((
+                    1.0 / k as f64,
+                    vec![(na * k + j) as u32, (nodes * k + nb * k + j) as u32, global],
+                ));
+            }
+        } else {
+            let tx = (na * k + self.nics.nic_of(la)) as u32;
+            let rx = (nodes * k + nb * k + self.nics.nic_of(lb)) as u32;
+            let mut res = vec![tx, rx, global];
+            if self.prof.one_host {
+                res.push(bus);
+            }
+            out.push((1.0, res));
+        }
+    }
+
+    fn alpha(&self, inter: bool, bytes: f64, nccl: bool) -> f64 {
+        if nccl {
+            return 0.0; // paid once per hop, after the fact
+        }
+        let a = if inter {
+            self.prof.inter.alpha_us
+        } else {
+            self.prof.intra.alpha_us
+        };
+        let pieces = (bytes / self.prof.piece_bytes as f64).ceil().max(1.0);
+        (a + (pieces - 1.0) * self.prof.piece_overhead_us) * 1e-6
+    }
+
+    /// Local time of a phase before its messages can move: packing, then copies.
+    fn local(&self, w: &PhaseWork, bb: f64) -> (f64, f64) {
+        let rate = self.prof.copy_gbps * 1e9;
+        let pack = w.packed_blocks() as f64 * bb / rate;
+        (pack, pack + w.copy_blocks as f64 * bb / rate)
+    }
+
+    /// End of a received message's processing: pieces reduced as they arrive.
+    fn recv_end(&self, job: &Job, bytes: f64, reduce: bool, t0: f64, t1: f64) -> f64 {
+        if !reduce || bytes == 0.0 {
+            return t1;
+        }
+        let r = bytes / self.prof.reduce_rate(job.device, job.dtype);
+        let c = (self.prof.piece_bytes as f64 / bytes).min(1.0);
+        (t1 + r * c).max(t0 + (t1 - t0) * c + r)
+    }
+
+    /// Per-hop latency of an NCCL-like pipelined ring, per pass through the ring.
+    fn nccl_latency(&self, job: &Job, msg_phases: usize) -> f64 {
+        let p = self.topo.nranks();
+        let n = self.topo.nodes().len();
+        if !self.nccl_ring(job) || p < 2 {
+            return 0.0;
+        }
+        let per_pass = (self.prof.inter.alpha_us * (n - 1) as f64
+            + self.prof.intra.alpha_us * (p - n) as f64)
+            * 1e-6;
+        per_pass * msg_phases as f64 / (p - 1) as f64
+    }
+
+    fn events(&self, job: &Job) -> Result<Outcome> {
+        let p = self.topo.nranks();
+        let nodes = self.topo.nodes().len();
+        let nccl = self.nccl_ring(job);
+        let bb = job.block_bytes;
+        let work: Vec<Vec<PhaseWork>> = (0..p)
+            .map(|r| build(job.coll, job.algo, self.topo, r).map(|pl| of_plan(&pl)))
+            .collect::<Result<_>>()?;
+        let nphases = work.first().map_or(0, Vec::len);
+        let msg_phases = work
+            .first()
+            .map_or(0, |w| w.iter().filter(|x| !x.sends.is_empty()).count());
+        let mut fluid = Fluid::new(self.caps(nodes, nodes));
+        let mut heap: BinaryHeap<Ev> = BinaryHeap::new();
+        let mut st = vec![RankState::default(); p];
+        // Per ordered pair: posted sends (ready time, blocks) and receives (ready, reduce).
+        let mut sends: HashMap<(usize, usize), VecDeque<(f64, usize)>> = HashMap::new();
+        let mut recvs: HashMap<(usize, usize), VecDeque<(f64, bool)>> = HashMap::new();
+        let mut flows: HashMap<usize, usize> = HashMap::new(); // fluid id -> message id
+        let mut msgs: Vec<MsgState> = Vec::new();
+        let mut sub = Vec::new();
+        let mut now = 0.0;
+        let mut finished = 0usize;
+        let mut end = 0.0f64;
+        let mut ready: Vec<usize> = (0..p).collect(); // ranks entering their next phase now
+
+        loop {
+            // Ranks whose phase is complete enter the next one at `now`.
+            while let Some(r) = ready.pop() {
+                let s = &mut st[r];
+                if s.phase == work[r].len() {
+                    finished += 1;
+                    end = end.max(now);
+                    continue;
+                }
+                let w = &work[r][s.phase];
+                s.phase += 1;
+                let (pack, local) = self.local(w, bb);
+                s.pending = w.sends.len() + w.recvs.len() + 1;
+                heap.push(Ev {
+                    t: now + local,
+                    what: What::Item(r),
+                });
+                for snd in &w.sends {
+                    let key = (r, snd.peer);
+                    if let Some((rt, reduce)) = recvs.get_mut(&key).and_then(VecDeque::pop_front) {
+                        let t = (now + pack).max(rt);
+                        self.post(
+                            &mut heap,
+                            &mut msgs,
+                            (r, snd.peer),
+                            t,
+                            snd.blocks,
+                            reduce,
+                            nccl,
+                            bb,
+                        );
+                    } else {
+                        sends
+                            .entry(key)
+                            .or_default()
+                            .push_back((now + pack, snd.blocks));
+                    }
+                }
+                for rcv in &w.recvs {
+                    let key = (rcv.peer, r);
+                    if let Some((stt, blocks)) = sends.get_mut(&key).and_then(VecDeque::pop_front) {
+                        if blocks != rcv.blocks {
+                            return Err(Error::internal(format!(
+                                "simulator: rank {} sends {blocks} blocks to rank {r}, which expects {}",
+                                rcv.peer, rcv.blocks
+                            )));
+                        }
+                        let t = stt.max(now + local);
+                        self.post(&mut heap, &mut msgs, key, t, blocks, rcv.reduce, nccl, bb);
+                    } else {
+                        recvs
+                            .entry(key)
+                            .or_default()
+                            .push_back((now + local, rcv.reduce));
+                    }
+                }
+            }
+            if finished == p {
+                break;
+            }
+            let fin = fluid.next_finish();
+            let next_ev = heap.peek().map_or(f64::INFINITY, |e| e.t);
+            // Step by the flow's own remaining time when it comes first: `now + fin - now`
+            // may round to zero and never finish it.
+            let dt = if now + fin <= next_ev {
+                fin
+            } else {
+                next_ev - now
+            };
+            if !dt.is_finite() {
+                return Err(Error::internal(
+                    "simulator: the plans deadlock (a receive without its send)",
+                ));
+            }
+            let t = (now + dt).max(now);
+            for id in fluid.advance(dt.max(0.0)) {
+                let mi = flows.remove(&id).expect("flow of a message");
+                let m = &mut msgs[mi];
+                m.parts -= 1;
+                if m.parts == 0 {
+                    let e = self.recv_end(job, m.bytes, m.reduce, m.t0, t);
+                    heap.push(Ev {
+                        t,
+                        what: What::Item(m.src),
+                    });
+                    heap.push(Ev {
+                        t: e,
+                        what: What::Item(m.dst),
+                    });
+                }
+            }
+            now = t;
+            while heap.peek().is_some_and(|e| e.t <= now) {
+                let ev = heap.pop().expect("peeked");
+                match ev.what {
+                    What::Item(r) => {
+                        let s = &mut st[r];
+                        s.pending -= 1;
+                        if s.pending == 0 {
+                            ready.push(r);
+                        }
+                    }
+                    What::Start(mi) => {
+                        let m = &msgs[mi];
+                        sub.clear();
+                        self.route(
+                            nodes,
+                            self.topo.position(m.src),
+                            self.topo.position(m.dst),
+                            nccl,
+                            &mut sub,
+                        );
+                        let n = sub.len();
+                        for (share, res) in &sub {
+                            let id = fluid.add(m.bytes * share, res);
+                            flows.insert(id, mi);
+                        }
+                        msgs[mi].parts = n;
+                        msgs[mi].t0 = now;
+                    }
+                }
+            }
+        }
+        Ok(Outcome {
+            seconds: end + self.nccl_latency(job, msg_phases),
+            phases: nphases,
+            distinct_phases: nphases,
+            engine: Engine::Events,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn post(
+        &self,
+        heap: &mut BinaryHeap<Ev>,
+        msgs: &mut Vec<MsgState>,
+        (src, dst): (usize, usize),
+        t: f64,
+        blocks: usize,
+        reduce: bool,
+        nccl: bool,
+        bb: f64,
+    ) {
+        let bytes = blocks as f64 * bb;
+        let inter = self.topo.position(src).0 != self.topo.position(dst).0;
+        msgs.push(MsgState {
+            src,
+            dst,
+            bytes,
+            reduce,
+            parts: 0,
+            t0: 0.0,
+        });
+        heap.push(Ev {
+            t: t + self.alpha(inter, bytes, nccl),
+            what: What::Start(msgs.len() - 1),
+        });
+    }
+
+    fn phases(&self, job: &Job) -> Result<Outcome> {
+        let s = Summary::new(self, job.coll, job.algo)?;
+        Ok(s.outcome(self, job))
+    }
+}
+
+/// A plan set reduced to node 0's distinct phases with their multiplicity (the `Phases`
+/// engine's input; independent of the message size, so one summary serves every size).
+pub struct Summary {
+    /// Distinct phases (node 0's local ranks' work, peers as `(node, local)`), with counts.
+    phases: Vec<(Vec<LocalWork>, usize)>,
+    total: usize,
+    msg_phases: usize,
+    algo: Algorithm,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct LocalWork {
+    // (peer node is 0, peer local, blocks, spans) per send; (peer node is 0, peer local,
+    // blocks, reduce) per receive; copies and packed blocks.
+    sends: Vec<(bool, usize, usize)>,
+    recvs: Vec<(bool, usize, usize, bool)>,
+    copy_blocks: usize,
+    packed: usize,
+}
+
+impl Summary {
+    /// Builds node 0's plans and groups their phases. Needs nodes of equal size.
+    pub fn new(cl: &Cluster<'_>, coll: Collective, algo: Algorithm) -> Result<Self> {
+        let topo = cl.topo;
+        if !topo.is_regular() {
+            return Err(Error::invalid(format!(
+                "the phase engine needs nodes of equal size, not {}",
+                topo.describe()
+            )));
+        }
+        let node0 = &topo.nodes()[0];
+        let works: Vec<Vec<PhaseWork>> = node0
+            .iter()
+            .map(|&r| build(coll, algo, topo, r).map(|p| of_plan(&p)))
+            .collect::<Result<_>>()?;
+        let n = works.first().map_or(0, Vec::len);
+        let mut index: HashMap<Vec<LocalWork>, usize> = HashMap::new();
+        let mut phases: Vec<(Vec<LocalWork>, usize)> = Vec::new();
+        let mut msg_phases = 0;
+        for k in 0..n {
+            let sig: Vec<LocalWork> = works
+                .iter()
+                .map(|w| {
+                    let w = &w[k];
+                    LocalWork {
+                        sends: w
+                            .sends
+                            .iter()
+                            .map(|s| {
+                                let (nb, lb) = topo.position(s.peer);
+                                (nb == 0, lb, s.blocks)
+                            })
+                            .collect(),
+                        recvs: w
+                            .recvs
+                            .iter()
+                            .map(|r| {
+                                let (nb, lb) = topo.position(r.peer);
+                                (nb == 0, lb, r.blocks, r.reduce)
+                            })
+                            .collect(),
+                        copy_blocks: w.copy_blocks,
+                        packed: w.packed_blocks(),
+                    }
+                })
+                .collect();
+            if sig.iter().any(|l| !l.sends.is_empty()) {
+                msg_phases += 1;
+            }
+            match index.get(&sig) {
+                Some(&i) => phases[i].1 += 1,
+                None => {
+                    index.insert(sig.clone(), phases.len());
+                    phases.push((sig, 1));
+                }
+            }
+        }
+        Ok(Summary {
+            phases,
+            total: n,
+            msg_phases,
+            algo: crate::plan::effective_algorithm(algo, topo),
+        })
+    }
+
+    /// Times the summary's phases for `job` (its block size and reduction rate).
+    pub fn outcome(&self, cl: &Cluster<'_>, job: &Job) -> Outcome {
+        let job = Job {
+            algo: self.algo,
+            ..*job
+        };
+        let nccl = cl.nccl_ring(&job);
+        let caps = cl.caps(1, 1);
+        let bb = job.block_bytes;
+        let mut seconds = 0.0;
+        let mut flows: Vec<(f64, f64, Vec<u32>)> = Vec::new();
+        let mut owner: Vec<(usize, usize, usize)> = Vec::new(); // (sender local, receiver local, inter)
+        let mut sub = Vec::new();
+        for (sig, count) in &self.phases {
+            flows.clear();
+            owner.clear();
+            let local: Vec<(f64, f64)> = sig
+                .iter()
+                .map(|l| {
+                    let rate = cl.prof.copy_gbps * 1e9;
+                    let pack = l.packed as f64 * bb / rate;
+                    (pack, pack + l.copy_blocks as f64 * bb / rate)
+                })
+                .collect();
+            for (la, l) in sig.iter().enumerate() {
+                for &(same, lb, blocks) in &l.sends {
+                    let bytes = blocks as f64 * bb;
+                    let start = local[la].0.max(local.get(lb).map_or(0.0, |x| x.1))
+                        + cl.alpha(!same, bytes, nccl);
+                    sub.clear();
+                    // Another node's receive side looks like node 0's (symmetry): one node.
+                    cl.route(1, (0, la), (usize::from(!same), lb), nccl, &mut sub);
+                    for (share, res) in &sub {
+                        flows.push((start, bytes * share, res.clone()));
+                        owner.push((la, lb, usize::from(!same)));
+                    }
+                }
+            }
+            let ends = run_batch(&caps, &flows);
+            let mut msg_end: HashMap<(usize, usize, usize), (f64, f64)> = HashMap::new();
+            for (i, o) in owner.iter().enumerate() {
+                let e = msg_end.entry(*o).or_insert((f64::INFINITY, 0.0));
+                e.0 = e.0.min(flows[i].0);
+                e.1 = e.1.max(ends[i]);
+            }
+            let slowest = ends.iter().copied().fold(0.0, f64::max);
+            let mut phase = 0.0f64;
+            for (lr, l) in sig.iter().enumerate() {
+                phase = phase.max(local[lr].1);
+                for &(same, lq, blocks, reduce) in &l.recvs {
+                    let bytes = blocks as f64 * bb;
+                    let (t0, t1) = msg_end
+                        .get(&(lq, lr, usize::from(!same)))
+                        .copied()
+                        .unwrap_or((0.0, slowest));
+                    phase = phase.max(cl.recv_end(&job, bytes, reduce, t0, t1));
+                }
+            }
+            phase = phase.max(slowest);
+            seconds += phase * *count as f64;
+        }
+        Outcome {
+            seconds: seconds + cl.nccl_latency(&job, self.msg_phases),
+            phases: self.total,
+            distinct_phases: self.phases.len(),
+            engine: Engine::Phases,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct RankState {
+    phase: usize,
+    pending: usize,
+}
+
+struct MsgState {
+    src: usize,
+    dst: usize,
+    bytes: f64,
+    reduce: bool,
+    parts: usize,
+    t0: f64,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum What {
+    Start(usize),
+    Item(usize),
+}
+
+struct Ev {
+    t: f64,
+    what: What,
+}
+
+impl PartialEq for Ev {
+    fn eq(&self, o: &Self) -> bool {
+        self.t == o.t
+    }
+}
+impl Eq for Ev {}
+impl PartialOrd for Ev {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Ev {
+    /// Earliest first in a max-heap.
+    fn cmp(&self, o: &Self) -> Ordering {
+        o.t.total_cmp(&self.t)
+    }
+}
