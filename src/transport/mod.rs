@@ -16,6 +16,9 @@ pub mod threads;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 
+#[cfg(feature = "ofi")]
+pub mod ofi;
+
 use crate::error::{Error, Result};
 pub use faults::{Faults, Tag};
 use std::sync::Arc;
