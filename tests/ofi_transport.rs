@@ -12,7 +12,6 @@ use pccl::config::Config;
 use pccl::plan::{Algorithm, LevelAlgo};
 use pccl::transport::ofi::OfiTransport;
 use pccl::transport::tcp::UniqueId;
-use pccl::transport::Transport;
 use pccl::{Communicator, ErrorKind, ReduceOp};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -37,6 +36,11 @@ fn unhex(s: &str) -> Vec<u8> {
 /// libfabric does not offer) and fails if a child fails. In a child: returns true (run the
 /// body).
 fn per_provider(name: &str) -> bool {
+    per_provider_with(name, &[])
+}
+
+/// [`per_provider`] with extra environment variables for the children.
+fn per_provider_with(name: &str, envs: &[(&str, &str)]) -> bool {
     if std::env::var(CHILD).is_ok() {
         return true;
     }
@@ -46,6 +50,7 @@ fn per_provider(name: &str) -> bool {
             .args(["--exact", name, "--nocapture", "--test-threads=1"])
             .env(CHILD, prov)
             .env("FI_PROVIDER", prov)
+            .envs(envs.iter().copied())
             .env_remove("PCCL_FAULT")
             .output()
             .expect("spawn the test");
@@ -158,4 +163,214 @@ fn every_algorithm_is_exact_for_two_to_eight_ranks() {
         }
         println!("@@ P={p} M={m} {algo}: exact in {} ms", t0.elapsed().as_millis());
     }
+}
+
+#[test]
+fn split_builds_a_working_sub_endpoint() {
+    if !per_provider("split_builds_a_working_sub_endpoint") || !usable() {
+        return;
+    }
+    let res = on_ofi(4, cfg(2, Algorithm::Flat(LevelAlgo::Ring)), |comm, _| {
+        let r = comm.rank();
+        let sub = comm
+            .split(Some((r / 2) as u32), 0)
+            .map_err(|e| e.to_string())?
+            .ok_or("no sub")?;
+        if sub.transport_name() != "ofi" {
+            return Err(format!("sub-communicator on {}", sub.transport_name()));
+        }
+        let mut v = vec![r as u64 + 1; 100_000];
+        sub.all_reduce_in_place(&mut v, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+        let want = if r < 2 { 3 } else { 7 };
+        if v.iter().any(|&x| x != want) {
+            return Err(format!("rank {r}: wrong sum"));
+        }
+        comm.barrier().map_err(|e| e.to_string())
+    });
+    res.into_iter().for_each(|r| r.unwrap());
+}
+
+/// Repeated collectives on the same buffers register them once (`PCCL_OFI_MR=1` forces
+/// registration where the provider would not ask for it).
+#[test]
+fn repeated_collectives_on_the_same_buffers_do_not_register_again() {
+    if !per_provider_with(
+        "repeated_collectives_on_the_same_buffers_do_not_register_again",
+        &[("PCCL_OFI_MR", "1")],
+    ) || !usable()
+    {
+        return;
+    }
+    assert_eq!(std::env::var("PCCL_OFI_MR").as_deref(), Ok("1"));
+    let res = on_ofi(3, cfg(3, Algorithm::Flat(LevelAlgo::Ring)), |comm, t| {
+        let n = 600_000;
+        let inp = input::<f32>(comm.rank(), n, ReduceOp::Sum);
+        let mut out = vec![0f32; n];
+        comm.all_reduce(&inp, &mut out, ReduceOp::Sum).unwrap();
+        let after_first = t.registrations();
+        for _ in 0..5 {
+            comm.all_reduce(&inp, &mut out, ReduceOp::Sum).unwrap();
+        }
+        let want: Vec<f32> = (0..n).map(|i| reduced::<f32>(3, i, ReduceOp::Sum)).collect();
+        assert!(same_bits(&out, &want), "wrong all-reduce");
+        (after_first, t.registrations())
+    });
+    for (r, (first, last)) in res.into_iter().enumerate() {
+        println!("@@ rank {r}: {first} registrations after one all-reduce, {last} after six");
+        assert!(first > 0, "rank {r}: nothing was registered");
+        assert_eq!(first, last, "rank {r}: repeated collectives registered again");
+    }
+}
+
+/// Bad input fails on the rank that passed it (invalid argument) and on its peers (remote,
+/// naming it), promptly; a call with a different count is a remote error; the communicator
+/// then goes on.
+#[test]
+fn bad_input_and_mismatched_calls_fail_everywhere_and_the_next_works() {
+    if !per_provider("bad_input_and_mismatched_calls_fail_everywhere_and_the_next_works")
+        || !usable()
+    {
+        return;
+    }
+    let p = 3;
+    let res = on_ofi(p, cfg(p, Algorithm::Flat(LevelAlgo::Ring)), |comm, _| {
+        let r = comm.rank();
+        let n = 100_000;
+        let inp = vec![1.0f64; n];
+        // Bad input: rank 0's output is too short.
+        let mut out = vec![0.0f64; if r == 0 { n - 1 } else { n }];
+        let t0 = Instant::now();
+        let e = comm
+            .all_reduce(&inp, &mut out, ReduceOp::Sum)
+            .expect_err("refused call");
+        if r == 0 {
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        } else {
+            assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
+            assert!(e.message().contains("rank 0"), "rank {r}: {e}");
+            assert!(t0.elapsed() < Duration::from_millis(1500), "rank {r}");
+        }
+        // Mismatched: rank 2 gathers a different count (a valid call on its own).
+        let m = if r == 2 { 999 } else { 1000 };
+        let mine = vec![r as f32; m];
+        let mut all = vec![0f32; m * p];
+        let e = comm.all_gather(&mine, &mut all).expect_err("mismatched call");
+        println!("@@ rank {r}: mismatched all-gather: {e}");
+        assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
+        // The communicator goes on.
+        exact(&comm, &[1, 70_001]).unwrap_or_else(|e| panic!("rank {r}: next: {e}"));
+    });
+    assert_eq!(res.len(), p);
+}
+
+/// A rank whose process dies in the middle of collectives: the survivors fail with a remote
+/// error naming it, well before the timeout, and can shrink the communicator and go on.
+#[test]
+fn a_killed_peer_ends_in_an_error_not_a_hang() {
+    let name = "a_killed_peer_ends_in_an_error_not_a_hang";
+    if let Ok(v) = std::env::var(CHILD) {
+        if let Some((_, rest)) = v.split_once('|') {
+            let f: Vec<&str> = rest.split('|').collect();
+            let (rank, p): (usize, usize) = (f[0].parse().unwrap(), f[1].parse().unwrap());
+            let id = UniqueId::from_bytes(&unhex(f[2])).unwrap();
+            return play_kill(rank, p, &id);
+        }
+    }
+    if !per_provider(name) || !usable() {
+        return;
+    }
+    // In the provider's child: launch the ranks as processes.
+    let prov = std::env::var(CHILD).unwrap();
+    let p = 4;
+    let id = UniqueId::new(Duration::from_secs(30)).expect("rendezvous");
+    let exe = std::env::current_exe().unwrap();
+    let mut kids: Vec<_> = (0..p)
+        .map(|r| {
+            Command::new(&exe)
+                .args(["--exact", name, "--nocapture", "--test-threads=1"])
+                .env(CHILD, format!("{prov}|{r}|{p}|{}", hex(&id.to_bytes())))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let give_up = Instant::now() + Duration::from_secs(60);
+    let mut status = vec![None; p];
+    while status.iter().any(Option::is_none) && Instant::now() < give_up {
+        for (k, s) in kids.iter_mut().zip(status.iter_mut()) {
+            if s.is_none() {
+                *s = k.try_wait().unwrap();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let hung: Vec<usize> = (0..p).filter(|&r| status[r].is_none()).collect();
+    for &r in &hung {
+        let _ = kids[r].kill();
+    }
+    let outs: Vec<String> = kids
+        .into_iter()
+        .map(|k| {
+            let o = k.wait_with_output().unwrap();
+            String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
+        })
+        .collect();
+    for o in &outs {
+        for l in o.lines().filter(|l| l.starts_with("@@")) {
+            println!("{l}");
+        }
+    }
+    let dump: String = outs
+        .iter()
+        .enumerate()
+        .map(|(r, o)| format!("---- rank {r}\n{o}"))
+        .collect();
+    assert!(hung.is_empty(), "ranks {hung:?} hung\n{dump}");
+    for (r, s) in status.iter().enumerate() {
+        assert_eq!(s.unwrap().success(), r != 1, "rank {r}\n{dump}");
+    }
+}
+
+const VICTIM: usize = 1;
+
+fn play_kill(rank: usize, p: usize, id: &UniqueId) {
+    let timeout = Duration::from_secs(30);
+    let t = connect(id, p, rank, timeout);
+    let c = Config {
+        timeout,
+        ranks_per_node: Some(p),
+        ..Config::default()
+    };
+    let comm = Communicator::with_config(Arc::new(t), c).unwrap();
+    let n = 200_000;
+    let inp = vec![rank as f64 + 1.0; n];
+    let mut out = vec![0.0f64; n];
+    for k in 0..3 {
+        comm.all_reduce(&inp, &mut out, ReduceOp::Sum).unwrap();
+        assert!(out.iter().all(|&x| x == (p * (p + 1) / 2) as f64), "round {k}");
+    }
+    if rank == VICTIM {
+        std::process::abort(); // dies without a goodbye
+    }
+    let t0 = Instant::now();
+    let e = loop {
+        // A survivor may finish one more collective before the death shows.
+        if let Err(e) = comm.all_reduce(&inp, &mut out, ReduceOp::Sum) {
+            break e;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "rank {rank}: no error");
+    };
+    let took = t0.elapsed();
+    println!("@@ rank {rank}: failed after {} ms: {e}", took.as_millis());
+    assert!(took < Duration::from_millis(3000), "rank {rank}: {took:?}");
+    assert_eq!(e.kind(), ErrorKind::Remote, "rank {rank}: {e}");
+    assert!(e.message().contains(&format!("rank {VICTIM}")), "rank {rank}: {e}");
+    let small = comm.shrink(&[VICTIM]).expect("shrink");
+    let mut o = vec![0.0f64; n];
+    small.all_reduce(&inp, &mut o, ReduceOp::Sum).expect("all-reduce after shrink");
+    let want: f64 = (0..p).filter(|&q| q != VICTIM).map(|q| q as f64 + 1.0).sum();
+    assert!(o.iter().all(|&x| x == want), "rank {rank}: after shrink");
+    println!("@@ rank {rank}: shrunk to {} ranks and all-reduced", small.size());
 }

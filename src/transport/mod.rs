@@ -9,6 +9,7 @@ mod gate;
 mod mesh;
 mod rendezvous;
 mod secret;
+pub mod select;
 pub mod shm;
 pub mod tcp;
 pub mod threads;
