@@ -235,7 +235,8 @@ ssize_t pccl_ofi_poll(struct pccl_ofi_ep *e, struct pccl_ofi_comp *out, size_t c
 		out->data = err.data;
 		out->tag = err.tag;
 		out->olen = err.olen;
-		out->err = err.err ? err.err : FI_EOTHER;
+		/* Some providers (shm) report negative codes. */
+		out->err = err.err < 0 ? -err.err : (err.err ? err.err : FI_EOTHER);
 		out->prov_errno = err.prov_errno;
 		if (msg && msg_cap) {
 			const char *s = fi_cq_strerror(e->cq, err.prov_errno, err.err_data,
@@ -257,10 +258,10 @@ ssize_t pccl_ofi_poll(struct pccl_ofi_ep *e, struct pccl_ofi_comp *out, size_t c
 	return n;
 }
 
-int pccl_ofi_mr_reg(struct pccl_ofi_ep *e, const void *buf, size_t len,
+int pccl_ofi_mr_reg(struct pccl_ofi_ep *e, const void *buf, size_t len, uint64_t key,
 		    struct fid_mr **mr, void **desc)
 {
-	int ret = fi_mr_reg(e->domain, buf, len, FI_SEND | FI_RECV, 0, 0, 0, mr, NULL);
+	int ret = fi_mr_reg(e->domain, buf, len, FI_SEND | FI_RECV, 0, key, 0, mr, NULL);
 	if (ret)
 		return ret;
 	*desc = fi_mr_desc(*mr);

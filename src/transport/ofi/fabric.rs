@@ -68,10 +68,13 @@ pub struct State {
     pub cache: MrCache,
     /// Sends carry their message's length as remote completion data.
     cq_data: bool,
-    /// Drain receives of failed collectives: sequence number, context, scratch buffer.
-    junk: VecDeque<(u32, Ctx, Vec<u8>)>,
-    /// Cancelled drain receives waiting for their completion (their memory must live).
-    retired: HashMap<usize, (Ctx, Vec<u8>)>,
+    /// Drain receives of failed collectives: sequence number, context.
+    junk: VecDeque<(u32, Ctx)>,
+    /// Cancelled drain receives waiting for their completion (their context must live).
+    retired: HashMap<usize, Ctx>,
+    /// The buffer every drain receive writes into (one piece: nothing is truncated, which
+    /// some providers handle badly for large messages); its contents are never read.
+    scratch: Vec<u8>,
     /// Sends not yet taken by the provider (its queue was full), posted in order by whoever
     /// progresses the endpoint next, so a posted send never waits for its own wait.
     backlog: VecDeque<Pending>,
@@ -227,6 +230,7 @@ impl Endpoint {
             cq_data: caps.cq_data,
             junk: VecDeque::new(),
             retired: HashMap::new(),
+            scratch: Vec::new(),
             backlog: VecDeque::new(),
         };
         if ret != 0 {
@@ -388,9 +392,6 @@ impl State {
     }
 
     fn posted(&mut self, ret: isize, what: &str) -> Result<bool> {
-        if std::env::var("PCCL_OFI_TRACE").is_ok() {
-            eprintln!("ofi trace: {what} -> {ret}");
-        }
         if ret == 0 {
             self.in_flight += 1;
             return Ok(true);
@@ -432,14 +433,11 @@ impl State {
                 return;
             }
             for c in &buf[..n as usize] {
-                if std::env::var("PCCL_OFI_TRACE").is_ok() {
-                    eprintln!("ofi trace: completion {c:?}");
-                }
                 self.in_flight = self.in_flight.saturating_sub(1);
                 if self.retired.remove(&c.ctx).is_some() {
                     continue;
                 }
-                if let Some(i) = self.junk.iter().position(|(_, x, _)| key(x) == c.ctx) {
+                if let Some(i) = self.junk.iter().position(|(_, x)| key(x) == c.ctx) {
                     self.repost_junk(i);
                     continue;
                 }
@@ -493,27 +491,36 @@ impl State {
     /// any peer of that sequence number is kept posted (the newest [`JUNK_KEPT`] collectives),
     /// so peers' sends of it complete and the provider's queue of unexpected messages does not
     /// grow.
-    pub fn add_junk(&mut self, seq: u32) {
-        if self.broken.is_some() || self.junk.iter().any(|(s, _, _)| *s == seq) {
+    pub fn add_junk(&mut self, seq: u32, piece: usize) {
+        if self.broken.is_some() || self.junk.iter().any(|(s, _)| *s == seq) {
             return;
         }
+        if self.scratch.len() < piece {
+            // Only while no drain receive is posted into the old one.
+            if !self.junk.is_empty() || !self.retired.is_empty() {
+                return;
+            }
+            self.scratch = vec![0u8; piece];
+        }
         if self.junk.len() == JUNK_KEPT {
-            if let Some((_, c, b)) = self.junk.pop_front() {
+            if let Some((_, c)) = self.junk.pop_front() {
                 self.cancel(&c);
-                self.retired.insert(key(&c), (c, b));
+                self.retired.insert(key(&c), c);
             }
         }
-        self.junk.push_back((seq, ctx(), vec![0u8; 64]));
+        self.junk.push_back((seq, ctx()));
         let i = self.junk.len() - 1;
         self.repost_junk(i);
     }
 
     fn repost_junk(&mut self, i: usize) {
-        let (seq, c, buf) = &mut self.junk[i];
+        let (seq, c) = &self.junk[i];
         let tag = faults::stamp(*seq, 0);
-        let (ptr, len, k) = (buf.as_mut_ptr(), buf.len(), key(c));
-        // SAFETY: the scratch buffer and context live in `junk` (or `retired`) until the
-        // receive's completion is read or the endpoint is closed. Truncation is expected.
+        let k = key(c);
+        let (ptr, len) = (self.scratch.as_mut_ptr(), self.scratch.len());
+        // SAFETY: the scratch buffer lives in this state and is never reallocated while a
+        // drain receive is posted; the context lives in `junk` (or `retired`) until the
+        // receive's completion is read or the endpoint is closed.
         let ret = unsafe {
             sys::pccl_ofi_trecv(
                 &mut self.raw,

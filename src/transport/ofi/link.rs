@@ -296,7 +296,7 @@ pub fn recv(
     } else {
         sh.take_bounce(window * piece)
     };
-    let src = if std::env::var("PCCL_OFI_ANYSRC").is_ok() { super::sys::fi_addr_unspec() } else { sh.addrs[peer] };
+    let src = sh.addrs[peer];
     let mut posted: VecDeque<(usize, Ctx)> = VecDeque::new();
     let mut next = 0usize;
     let check = |i: usize, c: &super::sys::Comp| -> Result<()> {
@@ -382,7 +382,7 @@ pub fn recv(
         settle(sh, peer, posted.into_iter().map(|(_, c)| c).collect());
         if !faults::is_control(tag) && !faults::is_p2p(tag) {
             // The sender's other pieces of this message must not wait for a receive.
-            sh.ep.lock().add_junk(faults::seq_of(tag));
+            sh.ep.lock().add_junk(faults::seq_of(tag), sh.piece);
         }
     }
     if !into {

@@ -314,7 +314,7 @@ impl Transport for OfiTransport {
 
     fn abandon(&self, tag: Tag, why: &str) {
         if !faults::is_control(tag) && !faults::is_p2p(tag) {
-            self.sh.ep.lock().add_junk(faults::seq_of(tag));
+            self.sh.ep.lock().add_junk(faults::seq_of(tag), self.sh.piece);
         }
         self.sh.ctl.abandon(tag, why);
     }

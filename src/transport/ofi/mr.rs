@@ -65,9 +65,13 @@ impl MrCache {
         }
         let mut mr = std::ptr::null_mut();
         let mut desc = std::ptr::null_mut();
+        // Keys must be unique in the domain where the provider does not choose them.
+        let key = self.made.load(Ordering::Relaxed) + 1;
         // SAFETY: `raw` is an open endpoint (the caller holds its lock); libfabric records the
         // range [ptr, ptr+len), which the caller's operation will use, and writes `mr`/`desc`.
-        let ret = unsafe { sys::pccl_ofi_mr_reg(raw, ptr as *const c_void, len, &mut mr, &mut desc) };
+        let ret = unsafe {
+            sys::pccl_ofi_mr_reg(raw, ptr as *const c_void, len, key, &mut mr, &mut desc)
+        };
         sys::check("fi_mr_reg (memory registration)", i64::from(ret))?;
         self.made.fetch_add(1, Ordering::Relaxed);
         self.map.insert(

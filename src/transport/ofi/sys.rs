@@ -138,6 +138,7 @@ extern "C" {
         e: *mut RawEp,
         buf: *const c_void,
         len: usize,
+        key: u64,
         mr: *mut *mut FidMr,
         desc: *mut *mut c_void,
     ) -> c_int;
