@@ -19,7 +19,10 @@ fn main() {
                 let op = unsafe { t.isend(1 - r, 7 << 32, buf.as_ptr(), len) }.unwrap();
                 let rr = t.recv_into(1 - r, 7 << 32, &mut got, dl);
                 let ws = op.wait(dl);
-                println!("rank {r}: recv {rr:?} send {ws:?} ok={}", got.iter().all(|&x| x == 2 - r as u8));
+                println!(
+                    "rank {r}: recv {rr:?} send {ws:?} ok={}",
+                    got.iter().all(|&x| x == 2 - r as u8)
+                );
             });
         }
     });

@@ -80,7 +80,11 @@ fn connect(id: &UniqueId, p: usize, r: usize, timeout: Duration) -> OfiTransport
     OfiTransport::connect(id, p, r, 256 * 1024, timeout).expect("connect")
 }
 
-fn on_ofi<R: Send>(p: usize, cfg: Config, f: impl Fn(Communicator, &OfiTransport) -> R + Sync) -> Vec<R> {
+fn on_ofi<R: Send>(
+    p: usize,
+    cfg: Config,
+    f: impl Fn(Communicator, &OfiTransport) -> R + Sync,
+) -> Vec<R> {
     let id = UniqueId::new(Duration::from_secs(30)).expect("rendezvous");
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..p)
@@ -93,7 +97,9 @@ fn on_ofi<R: Send>(p: usize, cfg: Config, f: impl Fn(Communicator, &OfiTransport
                 })
             })
             .collect();
-        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
     })
 }
 
@@ -111,7 +117,8 @@ fn exact(comm: &Communicator, counts: &[usize]) -> Result<(), String> {
     for &count in counts {
         let mine = input::<f32>(r, count, ReduceOp::Sum);
         let mut out = vec![0f32; count * p];
-        comm.all_gather(&mine, &mut out).map_err(|e| e.to_string())?;
+        comm.all_gather(&mine, &mut out)
+            .map_err(|e| e.to_string())?;
         let want: Vec<f32> = (0..p)
             .flat_map(|q| input::<f32>(q, count, ReduceOp::Sum))
             .collect();
@@ -161,7 +168,10 @@ fn every_algorithm_is_exact_for_two_to_eight_ranks() {
         for r in res {
             r.unwrap_or_else(|e| panic!("P={p} M={m} {algo}: {e}"));
         }
-        println!("@@ P={p} M={m} {algo}: exact in {} ms", t0.elapsed().as_millis());
+        println!(
+            "@@ P={p} M={m} {algo}: exact in {} ms",
+            t0.elapsed().as_millis()
+        );
     }
 }
 
@@ -212,14 +222,19 @@ fn repeated_collectives_on_the_same_buffers_do_not_register_again() {
         for _ in 0..5 {
             comm.all_reduce(&inp, &mut out, ReduceOp::Sum).unwrap();
         }
-        let want: Vec<f32> = (0..n).map(|i| reduced::<f32>(3, i, ReduceOp::Sum)).collect();
+        let want: Vec<f32> = (0..n)
+            .map(|i| reduced::<f32>(3, i, ReduceOp::Sum))
+            .collect();
         assert!(same_bits(&out, &want), "wrong all-reduce");
         (after_first, t.registrations())
     });
     for (r, (first, last)) in res.into_iter().enumerate() {
         println!("@@ rank {r}: {first} registrations after one all-reduce, {last} after six");
         assert!(first > 0, "rank {r}: nothing was registered");
-        assert_eq!(first, last, "rank {r}: repeated collectives registered again");
+        assert_eq!(
+            first, last,
+            "rank {r}: repeated collectives registered again"
+        );
     }
 }
 
@@ -250,13 +265,18 @@ fn bad_input_and_mismatched_calls_fail_everywhere_and_the_next_works() {
             assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
             assert!(e.message().contains("rank 0"), "rank {r}: {e}");
             let took = t0.elapsed();
-            assert!(took < Duration::from_millis(1500), "rank {r}: {took:?}: {e}");
+            assert!(
+                took < Duration::from_millis(1500),
+                "rank {r}: {took:?}: {e}"
+            );
         }
         // Mismatched: rank 2 gathers a different count (a valid call on its own).
         let m = if r == 2 { 999 } else { 1000 };
         let mine = vec![r as f32; m];
         let mut all = vec![0f32; m * p];
-        let e = comm.all_gather(&mine, &mut all).expect_err("mismatched call");
+        let e = comm
+            .all_gather(&mine, &mut all)
+            .expect_err("mismatched call");
         println!("@@ rank {r}: mismatched all-gather: {e}");
         assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
         // The communicator goes on.
@@ -350,7 +370,10 @@ fn play_kill(rank: usize, p: usize, id: &UniqueId) {
     let mut out = vec![0.0f64; n];
     for k in 0..3 {
         comm.all_reduce(&inp, &mut out, ReduceOp::Sum).unwrap();
-        assert!(out.iter().all(|&x| x == (p * (p + 1) / 2) as f64), "round {k}");
+        assert!(
+            out.iter().all(|&x| x == (p * (p + 1) / 2) as f64),
+            "round {k}"
+        );
     }
     if rank == VICTIM {
         std::process::abort(); // dies without a goodbye
@@ -361,17 +384,31 @@ fn play_kill(rank: usize, p: usize, id: &UniqueId) {
         if let Err(e) = comm.all_reduce(&inp, &mut out, ReduceOp::Sum) {
             break e;
         }
-        assert!(t0.elapsed() < Duration::from_secs(5), "rank {rank}: no error");
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "rank {rank}: no error"
+        );
     };
     let took = t0.elapsed();
     println!("@@ rank {rank}: failed after {} ms: {e}", took.as_millis());
     assert!(took < Duration::from_millis(3000), "rank {rank}: {took:?}");
     assert_eq!(e.kind(), ErrorKind::Remote, "rank {rank}: {e}");
-    assert!(e.message().contains(&format!("rank {VICTIM}")), "rank {rank}: {e}");
+    assert!(
+        e.message().contains(&format!("rank {VICTIM}")),
+        "rank {rank}: {e}"
+    );
     let small = comm.shrink(&[VICTIM]).expect("shrink");
     let mut o = vec![0.0f64; n];
-    small.all_reduce(&inp, &mut o, ReduceOp::Sum).expect("all-reduce after shrink");
-    let want: f64 = (0..p).filter(|&q| q != VICTIM).map(|q| q as f64 + 1.0).sum();
+    small
+        .all_reduce(&inp, &mut o, ReduceOp::Sum)
+        .expect("all-reduce after shrink");
+    let want: f64 = (0..p)
+        .filter(|&q| q != VICTIM)
+        .map(|q| q as f64 + 1.0)
+        .sum();
     assert!(o.iter().all(|&x| x == want), "rank {rank}: after shrink");
-    println!("@@ rank {rank}: shrunk to {} ranks and all-reduced", small.size());
+    println!(
+        "@@ rank {rank}: shrunk to {} ranks and all-reduced",
+        small.size()
+    );
 }

@@ -109,7 +109,9 @@ mod tests {
     fn threads_and_mpi_cannot_join_a_unique_id_job() {
         let id = UniqueId::new(Duration::from_millis(200)).unwrap();
         for k in [Kind::Threads, Kind::Mpi] {
-            let e = join(k, &id, 2, 0, 1 << 20, Duration::from_millis(200)).err().unwrap();
+            let e = join(k, &id, 2, 0, 1 << 20, Duration::from_millis(200))
+                .err()
+                .unwrap();
             assert_eq!(e.kind(), crate::error::ErrorKind::InvalidUsage, "{e}");
         }
     }

@@ -115,7 +115,9 @@ fn env(name: &str) -> Option<String> {
 /// The domain to open: `PCCL_OFI_DOMAIN`, else `FI_DOMAIN`, else the NIC map's choice for
 /// this local rank, else the provider's first domain.
 pub fn chosen_domain() -> Option<String> {
-    env("PCCL_OFI_DOMAIN").or_else(|| env("FI_DOMAIN")).or_else(nic_map_domain)
+    env("PCCL_OFI_DOMAIN")
+        .or_else(|| env("FI_DOMAIN"))
+        .or_else(nic_map_domain)
 }
 
 /// HOOK (issue 11, NIC maps): the domain of the NIC that the topology maps this local rank
@@ -282,7 +284,8 @@ impl State {
             let mut a = 0u64;
             // SAFETY: `n` holds an address of this fabric's format (checked by the caller's
             // exchange); one address is inserted and its handle written to `a`.
-            let ret = unsafe { sys::pccl_ofi_av_insert(&mut self.raw, n.as_ptr().cast(), 1, &mut a) };
+            let ret =
+                unsafe { sys::pccl_ofi_av_insert(&mut self.raw, n.as_ptr().cast(), 1, &mut a) };
             if ret != 1 {
                 return Err(Error::system(format!(
                     "libfabric: fi_av_insert of a peer address failed ({})",
@@ -355,7 +358,10 @@ impl State {
     pub fn withdraw(&mut self, keys: &[usize]) -> Vec<usize> {
         self.backlog.retain(|p| !keys.contains(&p.ctx));
         let queued: Vec<usize> = self.backlog.iter().map(|p| p.ctx).collect();
-        keys.iter().copied().filter(|k| !queued.contains(k)).collect()
+        keys.iter()
+            .copied()
+            .filter(|k| !queued.contains(k))
+            .collect()
     }
 
     /// Posts a tagged receive matching `tag` (ignoring [`IGNORE`]) from `src`; `Ok(false)`
@@ -423,7 +429,10 @@ impl State {
             };
             if n <= 0 {
                 if n < 0 {
-                    let why = format!("reading its completion queue failed: {}", sys::strerror(n as i64));
+                    let why = format!(
+                        "reading its completion queue failed: {}",
+                        sys::strerror(n as i64)
+                    );
                     self.close_with(why);
                 } else if !self.backlog.is_empty() {
                     if let Err(e) = self.flush() {

@@ -171,7 +171,11 @@ impl OfiTransport {
         let addrs = ep.lock().insert(&names)?;
         // No data may reach a rank before it knows the sender's address (providers drop or
         // cannot attribute such messages, rxm refuses the connection): a barrier.
-        ready(&ctl, faults::stamp(0, faults::CONTROL | 0x0f1f_0002), deadline)?;
+        ready(
+            &ctl,
+            faults::stamp(0, faults::CONTROL | 0x0f1f_0002),
+            deadline,
+        )?;
         if debug_info() {
             eprintln!(
                 "pccl: rank {rank}: ofi transport on provider {} (fabric {}, domain {}); {}; \
@@ -184,7 +188,11 @@ impl OfiTransport {
                 } else {
                     "host memory only (no FI_HMEM)"
                 },
-                if ep.caps.register { "on (cached)" } else { "not needed" },
+                if ep.caps.register {
+                    "on (cached)"
+                } else {
+                    "not needed"
+                },
                 piece
             );
         }
@@ -314,7 +322,10 @@ impl Transport for OfiTransport {
 
     fn abandon(&self, tag: Tag, why: &str) {
         if !faults::is_control(tag) && !faults::is_p2p(tag) {
-            self.sh.ep.lock().add_junk(faults::seq_of(tag), self.sh.piece);
+            self.sh
+                .ep
+                .lock()
+                .add_junk(faults::seq_of(tag), self.sh.piece);
         }
         self.sh.ctl.abandon(tag, why);
     }

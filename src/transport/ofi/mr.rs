@@ -74,10 +74,7 @@ impl MrCache {
         };
         sys::check("fi_mr_reg (memory registration)", i64::from(ret))?;
         self.made.fetch_add(1, Ordering::Relaxed);
-        self.map.insert(
-            (ptr, len),
-            Entry { mr, desc },
-        );
+        self.map.insert((ptr, len), Entry { mr, desc });
         Ok(desc)
     }
 

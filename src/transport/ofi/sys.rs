@@ -189,7 +189,11 @@ pub fn strerror(code: i64) -> String {
 
 /// A C string field of [`Desc`] as a Rust string.
 pub fn field(s: &[c_char]) -> String {
-    let bytes: Vec<u8> = s.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    let bytes: Vec<u8> = s
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
