@@ -412,3 +412,73 @@ fn play_kill(rank: usize, p: usize, id: &UniqueId) {
         small.size()
     );
 }
+
+/// Runs `p` thread-ranks through the C ABI (`pcclGetUniqueId`, `pcclCommInitRank`, one
+/// all-reduce); returns each rank's init result and whether its all-reduce was right.
+fn capi_job(p: usize) -> Vec<(i32, bool)> {
+    use pccl::capi::*;
+    let mut id = pcclUniqueId {
+        internal: [0; PCCL_UNIQUE_ID_BYTES],
+    };
+    // SAFETY: `id` is a writable pcclUniqueId.
+    assert_eq!(unsafe { pcclGetUniqueId(&mut id) }, pcclSuccess);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..p)
+            .map(|r| {
+                let id = id.clone();
+                s.spawn(move || {
+                    let mut comm: pcclComm_t = std::ptr::null_mut();
+                    // SAFETY: `comm` is a writable handle.
+                    let rc = unsafe { pcclCommInitRank(&mut comm, p as i32, id, r as i32) };
+                    if rc != pcclSuccess {
+                        return (rc, false);
+                    }
+                    let inp = vec![r as f32 + 1.0; 50_000];
+                    let mut out = vec![0f32; 50_000];
+                    // SAFETY: both buffers hold 50 000 f32; no stream (host call).
+                    let rc = unsafe {
+                        pcclAllReduce(
+                            inp.as_ptr().cast(),
+                            out.as_mut_ptr().cast(),
+                            inp.len(),
+                            pcclFloat32,
+                            pcclSum,
+                            comm,
+                            std::ptr::null_mut(),
+                        )
+                    };
+                    let want = (p * (p + 1) / 2) as f32;
+                    let ok = rc == pcclSuccess && out.iter().all(|&x| x == want);
+                    pcclCommDestroy(comm);
+                    (rc, ok)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// `PCCL_TRANSPORT=ofi` makes `pcclCommInitRank` build libfabric communicators: they work,
+/// and a domain libfabric does not have makes the init fail (so the path really goes through
+/// libfabric); a bad `PCCL_TRANSPORT` is an invalid argument.
+#[test]
+fn pccl_transport_ofi_selects_libfabric_in_the_c_abi() {
+    let name = "pccl_transport_ofi_selects_libfabric_in_the_c_abi";
+    if !per_provider_with(name, &[("PCCL_TRANSPORT", "ofi")]) || !usable() {
+        return;
+    }
+    for (r, (rc, ok)) in capi_job(3).into_iter().enumerate() {
+        assert!(ok, "rank {r}: pcclCommInitRank/pcclAllReduce answered {rc}");
+    }
+    // Safe here: this child process runs only this test, on one thread at this point.
+    std::env::set_var("PCCL_OFI_DOMAIN", "no-such-nic-pccl");
+    for (r, (rc, _)) in capi_job(2).into_iter().enumerate() {
+        assert_eq!(rc, pccl::capi::pcclSystemError, "rank {r}");
+    }
+    std::env::remove_var("PCCL_OFI_DOMAIN");
+    std::env::set_var("PCCL_TRANSPORT", "carrier-pigeon");
+    for (r, (rc, _)) in capi_job(2).into_iter().enumerate() {
+        assert_eq!(rc, pccl::capi::pcclInvalidArgument, "rank {r}");
+    }
+    println!("@@ C ABI on PCCL_TRANSPORT=ofi: correct; bad domain and bad name refused");
+}

@@ -193,9 +193,28 @@ impl Endpoint {
                 ))
             })?,
         };
+        // Providers may ignore the domain-name hint (1.17's rxm does): pick the entry here.
         let mut d = Desc::default();
-        // SAFETY: `list.0` is a live fi_info entry.
-        unsafe { sys::pccl_ofi_describe(list.0, &mut d) };
+        let mut entry = list.0;
+        let mut seen = Vec::new();
+        loop {
+            // SAFETY: `entry` is an entry of the live list.
+            let next = unsafe { sys::pccl_ofi_describe(entry, &mut d) };
+            let name = sys::field(&d.domain);
+            if domain.is_none_or(|want| want == name) {
+                break;
+            }
+            seen.push(name);
+            if next.is_null() {
+                return Err(Error::system(format!(
+                    "libfabric: provider {} has no domain '{}' (PCCL_OFI_DOMAIN / FI_DOMAIN);                      its domains: {}",
+                    sys::field(&d.provider),
+                    domain.unwrap_or_default(),
+                    seen.join(", ")
+                )));
+            }
+            entry = next;
+        }
         let force = env("PCCL_OFI_MR").as_deref() == Some("1");
         let caps = Caps {
             provider: sys::field(&d.provider),
@@ -208,8 +227,8 @@ impl Endpoint {
             cq_data: d.cq_data_size >= 8 && env("PCCL_OFI_CQ_DATA").as_deref() != Some("0"),
         };
         let mut raw = RawEp::default();
-        // SAFETY: `list.0` is a live fi_info; `raw` receives the opened objects.
-        let ret = unsafe { sys::pccl_ofi_open(list.0, &mut raw) };
+        // SAFETY: `entry` is a live fi_info of the list; `raw` receives the opened objects.
+        let ret = unsafe { sys::pccl_ofi_open(entry, &mut raw) };
         sys::check(
             &format!(
                 "opening provider {} domain {} (fi_fabric/fi_domain/fi_endpoint)",
