@@ -425,7 +425,6 @@ fn capi_job(p: usize) -> Vec<(i32, bool)> {
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..p)
             .map(|r| {
-                let id = id.clone();
                 s.spawn(move || {
                     let mut comm: pcclComm_t = std::ptr::null_mut();
                     // SAFETY: `comm` is a writable handle.
