@@ -264,9 +264,12 @@ fn bad_input_and_mismatched_calls_fail_everywhere_and_the_next_works() {
         } else {
             assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
             assert!(e.message().contains("rank 0"), "rank {r}: {e}");
+            // Well before PCCL_TIMEOUT (30 s); generous because the tests of this file run
+            // their ranks concurrently on a small shared host.
             let took = t0.elapsed();
+            println!("@@ rank {r}: refusal seen after {} ms", took.as_millis());
             assert!(
-                took < Duration::from_millis(1500),
+                took < Duration::from_secs(5),
                 "rank {r}: {took:?}: {e}"
             );
         }
