@@ -268,10 +268,7 @@ fn bad_input_and_mismatched_calls_fail_everywhere_and_the_next_works() {
             // their ranks concurrently on a small shared host.
             let took = t0.elapsed();
             println!("@@ rank {r}: refusal seen after {} ms", took.as_millis());
-            assert!(
-                took < Duration::from_secs(5),
-                "rank {r}: {took:?}: {e}"
-            );
+            assert!(took < Duration::from_secs(5), "rank {r}: {took:?}: {e}");
         }
         // Mismatched: rank 2 gathers a different count (a valid call on its own).
         let m = if r == 2 { 999 } else { 1000 };
@@ -393,7 +390,10 @@ fn play_kill(rank: usize, p: usize, id: &UniqueId) {
         );
     };
     let took = t0.elapsed();
-    println!("@@ rank {rank}: failed after {} ms: {e}", took.as_millis());
+    println!(
+        "\n@@ rank {rank}: failed after {} ms: {e}",
+        took.as_millis()
+    );
     assert!(took < Duration::from_millis(3000), "rank {rank}: {took:?}");
     assert_eq!(e.kind(), ErrorKind::Remote, "rank {rank}: {e}");
     assert!(

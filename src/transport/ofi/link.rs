@@ -102,6 +102,7 @@ fn settle(sh: &Shared, peer: usize, ctxs: Vec<Ctx>) {
         }
     }
     let give_up = Instant::now() + CONFIRM;
+    let dead = || sh.ctl.faults().dead_ranks().iter().any(|(r, _)| *r == peer);
     loop {
         let mut st = sh.ep.lock();
         if st.is_broken() {
@@ -110,6 +111,15 @@ fn settle(sh: &Shared, peer: usize, ctxs: Vec<Ctx>) {
         st.progress();
         left.retain(|c| st.take(c).is_none());
         if left.is_empty() {
+            return;
+        }
+        if dead() {
+            // A dead peer never takes its messages: nothing to wait for (after a death the
+            // communicator only shrinks, onto a fresh endpoint).
+            st.close_with(format!(
+                "rank {peer} died with operations of rank {} still in flight",
+                sh.rank
+            ));
             return;
         }
         if Instant::now() >= give_up {
