@@ -268,6 +268,10 @@ impl SendOp for OfiSend {
         );
         if r.is_err() {
             self.release();
+            if !faults::is_control(tag) && !faults::is_p2p(tag) {
+                // This rank's receives of the failed collective will not come: drain them.
+                sh.ep.lock().add_junk(faults::seq_of(tag), sh.piece);
+            }
         }
         r
     }
