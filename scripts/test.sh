@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export CARGO_TERM_COLOR=never
-features="mpi,cuda,rocm,hwloc"
+features="mpi,cuda,rocm,hwloc,ofi"
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy (features: $features)"

@@ -17,6 +17,10 @@
 //! | `PCCL_TOPO_FILE` | hwloc XML file describing the node, read instead of the live host (`HWLOC_XMLFILE` also works) | live host |
 //! | `PCCL_CXI_RENDEZVOUS` | `1`: set the Slingshot rendezvous variables `FI_CXI_RDZV_*` (see docs/TOPOLOGY.md) where unset | off |
 //! | `PCCL_MPI_CUDA_AWARE` | whether MPI moves device memory: `auto` (ask `MPIX_Query_cuda_support`), `1` (assert it does), `0` (it does not) | `auto` |
+//! | `PCCL_TRANSPORT` | transport of communicators made from the environment (`pcclCommInitRank`, `pccl-bench`): `auto`, `threads`, `tcp`, `mpi`, `ofi` | `auto` |
+//! | `PCCL_OFI_DOMAIN` | libfabric domain the `ofi` transport opens (`FI_DOMAIN` too; `FI_PROVIDER` picks the provider) | NIC map's choice, else the provider's first |
+//! | `PCCL_OFI_MR` | `1`: the `ofi` transport registers every buffer (cached) even where the provider does not ask | only where asked |
+//! | `PCCL_OFI_CQ_DATA` | `0`: `ofi` messages do not carry their length as remote completion data | on where available |
 
 use crate::error::{Error, Result};
 use crate::model::cost::CostParams;

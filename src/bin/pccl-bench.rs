@@ -52,7 +52,9 @@ struct Args {
     /// Print the results as JSON instead of a table.
     #[arg(long)]
     json: bool,
-    /// Transport: auto (mpi under mpiexec, else threads), threads, mpi.
+    /// Transport: auto (mpi under mpiexec, else threads), threads, mpi, tcp or ofi (the
+    /// last two: one transport per thread-rank, bootstrapped from a unique id; default
+    /// `PCCL_TRANSPORT`).
     #[arg(long, default_value = "auto")]
     transport: String,
     /// Do not time MPI's native collective beside PCCL's.
@@ -820,7 +822,7 @@ fn config(args: &Args) -> Config {
 
 fn use_mpi(args: &Args) -> bool {
     match args.transport.as_str() {
-        "threads" => false,
+        "threads" | "tcp" | "ofi" => false,
         "mpi" => true,
         "auto" => {
             #[cfg(feature = "mpi")]
@@ -833,7 +835,7 @@ fn use_mpi(args: &Args) -> bool {
             }
         }
         other => fail(format!(
-            "--transport {other}: expected auto, threads or mpi"
+            "--transport {other}: expected auto, threads, mpi, tcp or ofi"
         )),
     }
 }
@@ -864,8 +866,40 @@ fn run_mpi(_args: &Args, _cfg: Config) -> u64 {
     fail("this pccl-bench was built without the `mpi` feature (cargo build --features mpi)")
 }
 
+/// Runs `f` on `p` thread-ranks, each with its own `tcp` or `ofi` transport joined through
+/// a unique id (as separate processes would).
+fn on_unique_id<R: Send>(
+    p: usize,
+    cfg: Config,
+    kind: &str,
+    f: impl Fn(Communicator) -> pccl::Result<R> + Sync,
+) -> pccl::Result<Vec<pccl::Result<R>>> {
+    use pccl::transport::{select, tcp::UniqueId};
+    let kind = select::parse(kind)?;
+    let id = UniqueId::new(cfg.timeout)?;
+    Ok(std::thread::scope(|s| {
+        let hs: Vec<_> = (0..p)
+            .map(|r| {
+                let (cfg, id, f) = (cfg.clone(), id.clone(), &f);
+                s.spawn(move || {
+                    let t = select::join(kind, &id, p, r, cfg.chunk_bytes, cfg.timeout)?;
+                    f(Communicator::with_config(t, cfg)?)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| fail("a rank thread panicked")))
+            .collect()
+    }))
+}
+
 fn main() {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if args.transport == "auto" {
+        if let Ok(v) = std::env::var("PCCL_TRANSPORT") {
+            args.transport = v.trim().to_ascii_lowercase();
+        }
+    }
     let cfg = config(&args);
     if args.device == Device::Cuda {
         require_cuda();
@@ -877,7 +911,7 @@ fn main() {
         if p == 0 {
             fail("--ranks must be at least 1");
         }
-        let res = Communicator::run_threads(p, cfg, |comm| {
+        let body = |comm: Communicator| {
             let native = Native {
                 #[cfg(feature = "mpi")]
                 mpi: None,
@@ -886,7 +920,11 @@ fn main() {
             };
             let rows = bench_rank(&comm, &native, &args)?;
             Ok::<u64, pccl::Error>(report(&comm, &rows, &args))
-        })
+        };
+        let res = match args.transport.as_str() {
+            "tcp" | "ofi" => on_unique_id(p, cfg, &args.transport, body),
+            _ => Communicator::run_threads(p, cfg, body),
+        }
         .unwrap_or_else(|e| fail(e));
         let mut wrong = 0;
         for r in res {

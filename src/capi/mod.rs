@@ -679,7 +679,8 @@ pub unsafe extern "C" fn pcclGetUniqueId(unique_id: *mut pcclUniqueId) -> pcclRe
 }
 
 /// Joins the job of `uniqueId` as `rank` of `nranks` (`ncclCommInitRank`): ranks on the same
-/// host talk through shared memory, others through TCP. Collective over all `nranks` ranks.
+/// host talk through shared memory, others through TCP (`PCCL_TRANSPORT=ofi`: libfabric).
+/// Collective over all `nranks` ranks.
 /// `nranks` must be in `1..=PCCL_MAX_RANKS` and `rank` in `0..nranks`, and `uniqueId` one
 /// that `pcclGetUniqueId` made, else the call returns `pcclInvalidArgument` at once, without
 /// contacting anyone, and leaves `*comm = NULL`.
@@ -707,9 +708,10 @@ pub unsafe extern "C" fn pcclCommInitRank(
         let bytes = unique_id.internal.map(|c| c as u8);
         let id = crate::transport::tcp::UniqueId::from_bytes(&bytes)?;
         let cfg = crate::config::Config::from_env()?;
-        let t =
-            crate::transport::tcp::TcpTransport::connect(&id, n, r, cfg.chunk_bytes, cfg.timeout)?;
-        let h = Communicator::with_config(Arc::new(t), cfg).and_then(handles::add_comm)?;
+        // PCCL_TRANSPORT: tcp (auto) or ofi.
+        let kind = crate::transport::select::from_env()?;
+        let t = crate::transport::select::join(kind, &id, n, r, cfg.chunk_bytes, cfg.timeout)?;
+        let h = Communicator::with_config(t, cfg).and_then(handles::add_comm)?;
         // SAFETY: as above.
         unsafe { put(comm, h as pcclComm_t) };
         Ok(())

@@ -9,12 +9,16 @@ mod gate;
 mod mesh;
 mod rendezvous;
 mod secret;
+pub mod select;
 pub mod shm;
 pub mod tcp;
 pub mod threads;
 
 #[cfg(feature = "mpi")]
 pub mod mpi;
+
+#[cfg(feature = "ofi")]
+pub mod ofi;
 
 use crate::error::{Error, Result};
 pub use faults::{Faults, Tag};

@@ -327,6 +327,84 @@ impl TcpTransport {
         Ok(t)
     }
 
+    /// The TCP transport of a sub-communicator ([`Transport::subset`]), as a `TcpTransport`
+    /// (the libfabric transport's control plane builds its own on it).
+    pub(crate) fn sub(&self, members: &[usize], ctx: u64) -> Result<TcpTransport> {
+        // A fresh mesh among the members, bootstrapped over this one (whose connections are
+        // authenticated): each member opens a listener and sends its address and a fresh
+        // secret to every other member; the sub-mesh uses the first member's secret.
+        let me = members
+            .iter()
+            .position(|&m| m == self.rank)
+            .ok_or_else(|| Error::internal("subset without this rank"))?;
+        let (listener, addr) = listen()?;
+        let mine = addr.to_string().into_bytes();
+        let mut lens = [0u8; 64 + SECRET_BYTES];
+        lens[..mine.len().min(64)].copy_from_slice(&mine[..mine.len().min(64)]);
+        let fresh = Secret::random()?;
+        lens[64..].copy_from_slice(fresh.as_bytes());
+        let mut secret = fresh;
+        let deadline = || Instant::now() + self.timeout;
+        let tag = faults::stamp(0, faults::CONTROL | (ctx as u32 & !faults::CONTROL));
+        let mut sends = Vec::new();
+        let mut posted = Ok(());
+        for &m in members.iter().filter(|&&m| m != self.rank) {
+            // SAFETY: `lens` lives until every posted send is waited for below, on every path.
+            match unsafe { self.isend(m, tag, lens.as_ptr(), lens.len()) } {
+                Ok(op) => sends.push(op),
+                Err(e) => {
+                    posted = Err(e);
+                    break;
+                }
+            }
+        }
+        let received = || -> Result<Vec<SocketAddr>> {
+            posted?;
+            let mut addrs = Vec::with_capacity(members.len());
+            for &m in members {
+                if m == self.rank {
+                    addrs.push(addr);
+                    continue;
+                }
+                let mut b = [0u8; 64 + SECRET_BYTES];
+                self.recv_into(m, tag, &mut b, deadline())?;
+                if m == members[0] {
+                    let mut first = [0u8; SECRET_BYTES];
+                    first.copy_from_slice(&b[64..]);
+                    secret = Secret::from_bytes(first);
+                }
+                let s = std::str::from_utf8(&b[..64])
+                    .map_err(|_| Error::remote(format!("rank {m} sent a bad address")))?
+                    .trim_end_matches('\0');
+                addrs.push(s.parse().map_err(|_| {
+                    Error::remote(format!("rank {m} sent a bad peer address '{s}'"))
+                })?);
+            }
+            Ok(addrs)
+        };
+        let received = received();
+        let mut sent = Ok(());
+        for s in sends {
+            let r = s.wait(deadline());
+            sent = sent.and(r);
+        }
+        let addrs = received?;
+        sent?;
+        let nodes = members.iter().map(|&m| self.nodes[m]).collect();
+        let use_shm = self.links.iter().flatten().any(|l| l.ring_in.is_some());
+        Self::build(
+            use_shm,
+            listener,
+            &addrs,
+            me,
+            &secret,
+            nodes,
+            self.chunk,
+            self.timeout,
+            deadline(),
+        )
+    }
+
     fn link(&self, p: usize) -> Result<&Arc<Link>> {
         self.links
             .get(p)
@@ -417,80 +495,7 @@ impl Transport for TcpTransport {
     }
 
     fn subset(&self, members: &[usize], ctx: u64) -> Result<Arc<dyn Transport>> {
-        // A fresh mesh among the members, bootstrapped over this one (whose connections are
-        // authenticated): each member opens a listener and sends its address and a fresh
-        // secret to every other member; the sub-mesh uses the first member's secret.
-        let me = members
-            .iter()
-            .position(|&m| m == self.rank)
-            .ok_or_else(|| Error::internal("subset without this rank"))?;
-        let (listener, addr) = listen()?;
-        let mine = addr.to_string().into_bytes();
-        let mut lens = [0u8; 64 + SECRET_BYTES];
-        lens[..mine.len().min(64)].copy_from_slice(&mine[..mine.len().min(64)]);
-        let fresh = Secret::random()?;
-        lens[64..].copy_from_slice(fresh.as_bytes());
-        let mut secret = fresh;
-        let deadline = || Instant::now() + self.timeout;
-        let tag = faults::stamp(0, faults::CONTROL | (ctx as u32 & !faults::CONTROL));
-        let mut sends = Vec::new();
-        let mut posted = Ok(());
-        for &m in members.iter().filter(|&&m| m != self.rank) {
-            // SAFETY: `lens` lives until every posted send is waited for below, on every path.
-            match unsafe { self.isend(m, tag, lens.as_ptr(), lens.len()) } {
-                Ok(op) => sends.push(op),
-                Err(e) => {
-                    posted = Err(e);
-                    break;
-                }
-            }
-        }
-        let received = || -> Result<Vec<SocketAddr>> {
-            posted?;
-            let mut addrs = Vec::with_capacity(members.len());
-            for &m in members {
-                if m == self.rank {
-                    addrs.push(addr);
-                    continue;
-                }
-                let mut b = [0u8; 64 + SECRET_BYTES];
-                self.recv_into(m, tag, &mut b, deadline())?;
-                if m == members[0] {
-                    let mut first = [0u8; SECRET_BYTES];
-                    first.copy_from_slice(&b[64..]);
-                    secret = Secret::from_bytes(first);
-                }
-                let s = std::str::from_utf8(&b[..64])
-                    .map_err(|_| Error::remote(format!("rank {m} sent a bad address")))?
-                    .trim_end_matches('\0');
-                addrs.push(s.parse().map_err(|_| {
-                    Error::remote(format!("rank {m} sent a bad peer address '{s}'"))
-                })?);
-            }
-            Ok(addrs)
-        };
-        let received = received();
-        let mut sent = Ok(());
-        for s in sends {
-            let r = s.wait(deadline());
-            sent = sent.and(r);
-        }
-        let addrs = received?;
-        sent?;
-        let nodes = members.iter().map(|&m| self.nodes[m]).collect();
-        let use_shm = self.links.iter().flatten().any(|l| l.ring_in.is_some());
-        let t = Self::build(
-            use_shm,
-            listener,
-            &addrs,
-            me,
-            &secret,
-            nodes,
-            self.chunk,
-            self.timeout,
-            deadline(),
-        )?;
-        Ok(Arc::new(t))
+        Ok(Arc::new(self.sub(members, ctx)?))
     }
 }
 

@@ -1,0 +1,579 @@
+//! Fabric, domain and endpoint setup, and the endpoint's locked state: posting operations,
+//! reading the completion queue (the provider progresses only when it is read), cancelling,
+//! and the drain receives that take a failed collective's leftover messages.
+//!
+//! Every libfabric call of one endpoint happens under its lock (the domain is opened with
+//! `FI_THREAD_DOMAIN`), so threads of one rank can post and wait concurrently. Operations are
+//! identified by their context (a boxed, provider-usable `fi_context2`); completions read by
+//! any waiter are filed by context for their owner.
+
+use super::mr::MrCache;
+use super::sys::{self, Comp, Desc, FiInfo, RawEp};
+use crate::error::{Error, Result};
+use crate::transport::faults::{self, Tag};
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{c_void, CString};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Bits of a stamp that receives match: the sequence number and the control / point-to-point
+/// flags. The rest (the call's fingerprint) is checked on arrival, so a mismatched call is an
+/// error naming both calls instead of a receive that never matches.
+pub const IGNORE: u64 = 0x3fff_ffff;
+
+/// Failed collectives whose leftover messages are drained.
+const JUNK_KEPT: usize = 16;
+
+/// What the chosen provider offers.
+#[derive(Clone, Debug)]
+pub struct Caps {
+    /// Provider name (`tcp;ofi_rxm`, `shm`).
+    pub provider: String,
+    /// Fabric name.
+    pub fabric: String,
+    /// Domain name (the NIC, or `lo`/`eth0` for tcp).
+    pub domain: String,
+    /// The provider moves device memory (`FI_HMEM`).
+    pub hmem: bool,
+    /// Buffers are registered (the provider asks for `FI_MR_LOCAL`, or `PCCL_OFI_MR=1`).
+    pub register: bool,
+    /// Remote completion data of 8 bytes is available (each message carries its length).
+    pub cq_data: bool,
+}
+
+/// A provider operation's context: `fi_context2` space the provider may use while the
+/// operation is in flight (its address identifies the operation).
+pub type Ctx = Box<[usize; 8]>;
+
+/// A fresh context.
+pub fn ctx() -> Ctx {
+    Box::new([0; 8])
+}
+
+/// The key of a context (its address, as completions report it).
+pub fn key(c: &Ctx) -> usize {
+    &**c as *const [usize; 8] as usize
+}
+
+/// An endpoint and what its waiters share.
+pub struct State {
+    raw: RawEp,
+    /// Completions read but not yet taken by their operation.
+    done: HashMap<usize, Comp>,
+    /// Why the endpoint was closed (then every operation fails with it).
+    broken: Option<String>,
+    /// Operations posted and not yet completed (registrations may be dropped only at 0).
+    in_flight: usize,
+    /// Memory registrations.
+    pub cache: MrCache,
+    /// Sends carry their message's length as remote completion data.
+    cq_data: bool,
+    /// Drain receives of failed collectives: sequence number, context.
+    junk: VecDeque<(u32, Ctx)>,
+    /// Cancelled drain receives waiting for their completion (their context must live).
+    retired: HashMap<usize, Ctx>,
+    /// The buffer every drain receive writes into (one piece: nothing is truncated, which
+    /// some providers handle badly for large messages); its contents are never read.
+    scratch: Vec<u8>,
+    /// Sends not yet taken by the provider (its queue was full), posted in order by whoever
+    /// progresses the endpoint next, so a posted send never waits for its own wait.
+    backlog: VecDeque<Pending>,
+}
+
+/// A send piece waiting to be posted (its memory and context belong to its send op).
+struct Pending {
+    ptr: usize,
+    len: usize,
+    dest: u64,
+    tag: Tag,
+    total: u64,
+    ctx: usize,
+}
+
+// SAFETY: the raw libfabric objects are used only under the endpoint's mutex (the domain is
+// opened FI_THREAD_DOMAIN: any thread may call as long as calls are serialised).
+unsafe impl Send for State {}
+
+/// One libfabric endpoint (fabric, domain, CQ, AV, RDM endpoint).
+pub struct Endpoint {
+    state: Mutex<State>,
+    /// What the provider offers.
+    pub caps: Caps,
+    /// This endpoint's address (`fi_getname`).
+    pub name: Vec<u8>,
+    /// Registrations made, shared with the cache (for tests).
+    pub registrations: Arc<AtomicU64>,
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
+/// The domain to open: `PCCL_OFI_DOMAIN`, else `FI_DOMAIN`, else the NIC map's choice for
+/// this local rank, else the provider's first domain.
+pub fn chosen_domain() -> Option<String> {
+    env("PCCL_OFI_DOMAIN")
+        .or_else(|| env("FI_DOMAIN"))
+        .or_else(nic_map_domain)
+}
+
+/// HOOK (issue 11, NIC maps): the domain of the NIC that the topology maps this local rank
+/// to. Until `src/topology` exposes the mapped NIC for a local rank, there is no choice here
+/// and the provider's first domain is opened.
+fn nic_map_domain() -> Option<String> {
+    None
+}
+
+struct InfoList(*mut FiInfo);
+
+impl Drop for InfoList {
+    fn drop(&mut self) {
+        // SAFETY: the list came from fi_getinfo and is freed once.
+        unsafe { sys::pccl_ofi_freeinfo(self.0) };
+    }
+}
+
+fn getinfo(domain: Option<&str>, hmem: bool) -> std::result::Result<InfoList, i32> {
+    let dom = domain.map(|d| CString::new(d).unwrap_or_default());
+    let mut info = std::ptr::null_mut();
+    // SAFETY: the strings are NUL-terminated and outlive the call; `info` receives a list.
+    let ret = unsafe {
+        sys::pccl_ofi_getinfo(
+            std::ptr::null(),
+            dom.as_ref().map_or(std::ptr::null(), |d| d.as_ptr()),
+            i32::from(hmem),
+            &mut info,
+        )
+    };
+    if ret != 0 || info.is_null() {
+        return Err(ret);
+    }
+    Ok(InfoList(info))
+}
+
+/// The providers (`provider  fabric  domain`) usable for PCCL here (RDM, tagged, directed
+/// receive), for diagnostics (`FI_PROVIDER` narrows the list).
+pub fn providers() -> Vec<String> {
+    let Ok(list) = getinfo(None, false) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let mut p = list.0;
+    while !p.is_null() {
+        let mut d = Desc::default();
+        // SAFETY: `p` is an entry of the live list.
+        p = unsafe { sys::pccl_ofi_describe(p, &mut d) };
+        out.push(format!(
+            "{}  {}  {}",
+            sys::field(&d.provider),
+            sys::field(&d.fabric),
+            sys::field(&d.domain)
+        ));
+    }
+    out
+}
+
+impl Endpoint {
+    /// Opens an endpoint on the first provider libfabric offers (`FI_PROVIDER` selects),
+    /// on `domain` if given. Prefers an `FI_HMEM`-capable entry.
+    pub fn open(domain: Option<&str>) -> Result<Self> {
+        let list = match getinfo(domain, true) {
+            Ok(l) => l,
+            Err(_) => getinfo(domain, false).map_err(|e| {
+                Error::system(format!(
+                    "libfabric: no provider offers reliable-datagram tagged messaging{} \
+                     ({}); FI_PROVIDER={} (try FI_PROVIDER='tcp;ofi_rxm' or shm; `fi_info` \
+                     lists them)",
+                    domain.map_or(String::new(), |d| format!(" on domain '{d}'")),
+                    sys::strerror(i64::from(e)),
+                    env("FI_PROVIDER").unwrap_or_else(|| "(unset)".into())
+                ))
+            })?,
+        };
+        // Providers may ignore the domain-name hint (1.17's rxm does): pick the entry here.
+        let mut d = Desc::default();
+        let mut entry = list.0;
+        let mut seen = Vec::new();
+        loop {
+            // SAFETY: `entry` is an entry of the live list.
+            let next = unsafe { sys::pccl_ofi_describe(entry, &mut d) };
+            let name = sys::field(&d.domain);
+            if domain.is_none_or(|want| want == name) {
+                break;
+            }
+            seen.push(name);
+            if next.is_null() {
+                return Err(Error::system(format!(
+                    "libfabric: provider {} has no domain '{}' (PCCL_OFI_DOMAIN / FI_DOMAIN);                      its domains: {}",
+                    sys::field(&d.provider),
+                    domain.unwrap_or_default(),
+                    seen.join(", ")
+                )));
+            }
+            entry = next;
+        }
+        let force = env("PCCL_OFI_MR").as_deref() == Some("1");
+        let caps = Caps {
+            provider: sys::field(&d.provider),
+            fabric: sys::field(&d.fabric),
+            domain: sys::field(&d.domain),
+            hmem: d.caps & sys::fi_hmem() != 0,
+            register: force
+                || d.mr_mode & sys::fi_mr_local() != 0
+                || d.mode & sys::fi_local_mr() != 0,
+            cq_data: d.cq_data_size >= 8 && env("PCCL_OFI_CQ_DATA").as_deref() != Some("0"),
+        };
+        let mut raw = RawEp::default();
+        // SAFETY: `entry` is a live fi_info of the list; `raw` receives the opened objects.
+        let ret = unsafe { sys::pccl_ofi_open(entry, &mut raw) };
+        sys::check(
+            &format!(
+                "opening provider {} domain {} (fi_fabric/fi_domain/fi_endpoint)",
+                caps.provider, caps.domain
+            ),
+            i64::from(ret),
+        )?;
+        let mut name = vec![0u8; 256];
+        let mut len = name.len();
+        // SAFETY: `raw` is open; `name` has `len` writable bytes.
+        let ret = unsafe { sys::pccl_ofi_getname(&mut raw, name.as_mut_ptr().cast(), &mut len) };
+        let cache = MrCache::new(caps.register);
+        let registrations = cache.made.clone();
+        let mut st = State {
+            raw,
+            done: HashMap::new(),
+            broken: None,
+            in_flight: 0,
+            cache,
+            cq_data: caps.cq_data,
+            junk: VecDeque::new(),
+            retired: HashMap::new(),
+            scratch: Vec::new(),
+            backlog: VecDeque::new(),
+        };
+        if ret != 0 {
+            st.close();
+            return Err(Error::system(format!(
+                "libfabric: fi_getname failed: {}",
+                sys::strerror(i64::from(ret))
+            )));
+        }
+        name.truncate(len);
+        Ok(Endpoint {
+            state: Mutex::new(st),
+            caps,
+            name,
+            registrations,
+        })
+    }
+
+    /// Locks the endpoint.
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Locks the endpoint if nobody holds it.
+    pub fn try_lock(&self) -> Option<MutexGuard<'_, State>> {
+        match self.state.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+}
+
+impl State {
+    fn usable(&self) -> Result<()> {
+        match &self.broken {
+            None => Ok(()),
+            Some(why) => Err(Error::system(format!(
+                "the libfabric endpoint was closed: {why}"
+            ))),
+        }
+    }
+
+    /// Inserts peer addresses (in rank order); returns their `fi_addr_t`s.
+    pub fn insert(&mut self, names: &[Vec<u8>]) -> Result<Vec<u64>> {
+        self.usable()?;
+        let mut out = Vec::with_capacity(names.len());
+        for n in names {
+            let mut a = 0u64;
+            // SAFETY: `n` holds an address of this fabric's format (checked by the caller's
+            // exchange); one address is inserted and its handle written to `a`.
+            let ret =
+                unsafe { sys::pccl_ofi_av_insert(&mut self.raw, n.as_ptr().cast(), 1, &mut a) };
+            if ret != 1 {
+                return Err(Error::system(format!(
+                    "libfabric: fi_av_insert of a peer address failed ({})",
+                    sys::strerror(i64::from(ret.min(0)))
+                )));
+            }
+            out.push(a);
+        }
+        Ok(out)
+    }
+
+    /// Queues a tagged send piece and posts what the provider takes now.
+    ///
+    /// # Safety
+    /// `len` bytes at `ptr` stay valid and unmodified, and `c` alive, until the operation's
+    /// completion has been taken, it was withdrawn ([`State::withdraw`]), or the endpoint
+    /// closed.
+    pub unsafe fn send(
+        &mut self,
+        ptr: *const u8,
+        len: usize,
+        dest: u64,
+        tag: Tag,
+        total: u64,
+        c: &Ctx,
+    ) -> Result<()> {
+        self.usable()?;
+        self.backlog.push_back(Pending {
+            ptr: ptr as usize,
+            len,
+            dest,
+            tag,
+            total,
+            ctx: key(c),
+        });
+        self.flush()
+    }
+
+    /// Posts queued sends until the provider's queue is full.
+    fn flush(&mut self) -> Result<()> {
+        while let Some(p) = self.backlog.front() {
+            let (ptr, len, dest, tag, total, k) = (p.ptr, p.len, p.dest, p.tag, p.total, p.ctx);
+            let idle = self.in_flight == 0;
+            let desc = self.cache.desc(&mut self.raw, ptr, len, idle)?;
+            // SAFETY: per `send`'s contract (the piece is still queued, so its memory and
+            // context are alive).
+            let ret = unsafe {
+                sys::pccl_ofi_tsend(
+                    &mut self.raw,
+                    ptr as *const c_void,
+                    len,
+                    desc,
+                    dest,
+                    tag,
+                    i32::from(self.cq_data),
+                    total,
+                    k as *mut c_void,
+                )
+            };
+            if !self.posted(ret, "fi_tsend")? {
+                return Ok(());
+            }
+            self.backlog.pop_front();
+        }
+        Ok(())
+    }
+
+    /// Removes the queued (not yet posted) pieces of contexts `keys`; returns the contexts
+    /// that were posted (and must be cancelled or completed).
+    pub fn withdraw(&mut self, keys: &[usize]) -> Vec<usize> {
+        self.backlog.retain(|p| !keys.contains(&p.ctx));
+        let queued: Vec<usize> = self.backlog.iter().map(|p| p.ctx).collect();
+        keys.iter()
+            .copied()
+            .filter(|k| !queued.contains(k))
+            .collect()
+    }
+
+    /// Posts a tagged receive matching `tag` (ignoring [`IGNORE`]) from `src`; `Ok(false)`
+    /// when the queue is full.
+    ///
+    /// # Safety
+    /// `len` bytes at `ptr` stay valid and writable by the provider only, and `c` alive, until
+    /// the operation's completion has been taken (or the endpoint closed).
+    pub unsafe fn recv(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        src: u64,
+        tag: Tag,
+        c: &Ctx,
+    ) -> Result<bool> {
+        self.usable()?;
+        let idle = self.in_flight == 0;
+        let desc = self.cache.desc(&mut self.raw, ptr as usize, len, idle)?;
+        // SAFETY: per this function's contract.
+        let ret = unsafe {
+            sys::pccl_ofi_trecv(
+                &mut self.raw,
+                ptr.cast(),
+                len,
+                desc,
+                src,
+                tag,
+                IGNORE,
+                key(c) as *mut c_void,
+            )
+        };
+        self.posted(ret, "fi_trecv")
+    }
+
+    fn posted(&mut self, ret: isize, what: &str) -> Result<bool> {
+        if ret == 0 {
+            self.in_flight += 1;
+            return Ok(true);
+        }
+        if ret as i64 == -sys::FI_EAGAIN {
+            return Ok(false);
+        }
+        sys::check(what, ret as i64).map(|_| false)
+    }
+
+    /// Reads every available completion (driving the provider), filing them by context;
+    /// drain receives are re-posted.
+    pub fn progress(&mut self) {
+        if self.broken.is_some() {
+            return;
+        }
+        let mut buf = [Comp::default(); 32];
+        let mut msg = [0 as std::ffi::c_char; 256];
+        loop {
+            // SAFETY: `raw` is open (not broken); `buf` and `msg` have the given capacities.
+            let n = unsafe {
+                sys::pccl_ofi_poll(
+                    &mut self.raw,
+                    buf.as_mut_ptr(),
+                    buf.len(),
+                    msg.as_mut_ptr(),
+                    msg.len(),
+                )
+            };
+            if n <= 0 {
+                if n < 0 {
+                    let why = format!(
+                        "reading its completion queue failed: {}",
+                        sys::strerror(n as i64)
+                    );
+                    self.close_with(why);
+                } else if !self.backlog.is_empty() {
+                    if let Err(e) = self.flush() {
+                        self.close_with(format!("posting a send failed: {e}"));
+                    }
+                }
+                return;
+            }
+            for c in &buf[..n as usize] {
+                self.in_flight = self.in_flight.saturating_sub(1);
+                if self.retired.remove(&c.ctx).is_some() {
+                    continue;
+                }
+                if let Some(i) = self.junk.iter().position(|(_, x)| key(x) == c.ctx) {
+                    self.repost_junk(i);
+                    continue;
+                }
+                self.done.insert(c.ctx, *c);
+            }
+        }
+    }
+
+    /// Takes the completion of the operation of context `c`, if it has completed.
+    pub fn take(&mut self, c: &Ctx) -> Option<Comp> {
+        self.done.remove(&key(c))
+    }
+
+    /// Asks the provider to cancel the operation of context `c` (its completion, cancelled
+    /// or not, still comes).
+    pub fn cancel(&mut self, c: &Ctx) {
+        if self.broken.is_none() {
+            // SAFETY: `raw` is open; `c` identifies an operation posted on it.
+            unsafe { sys::pccl_ofi_cancel(&mut self.raw, key(c) as *mut c_void) };
+        }
+    }
+
+    /// Whether the endpoint was closed (operations then never complete: their memory is free).
+    pub fn is_broken(&self) -> bool {
+        self.broken.is_some()
+    }
+
+    /// Closes the endpoint because of `why`: the provider lets go of every buffer of every
+    /// operation in flight; every later operation fails with `why`.
+    pub fn close_with(&mut self, why: String) {
+        if self.broken.is_none() {
+            self.broken = Some(why);
+            self.close();
+        }
+    }
+
+    fn close(&mut self) {
+        // The endpoint first (the provider lets go of every operation's buffers), then the
+        // registrations, then the rest (the shim nulls what it closed).
+        // SAFETY: `raw` was opened by pccl_ofi_open; closing twice is a no-op.
+        unsafe { sys::pccl_ofi_close_ep(&mut self.raw) };
+        self.cache.clear();
+        // SAFETY: as above.
+        unsafe { sys::pccl_ofi_close(&mut self.raw) };
+        self.done.clear();
+        self.backlog.clear();
+        self.in_flight = 0;
+    }
+
+    /// Drains the leftover messages of collective `seq` (failed on this rank): a receive from
+    /// any peer of that sequence number is kept posted (the newest [`JUNK_KEPT`] collectives),
+    /// so peers' sends of it complete and the provider's queue of unexpected messages does not
+    /// grow.
+    pub fn add_junk(&mut self, seq: u32, piece: usize) {
+        if self.broken.is_some() || self.junk.iter().any(|(s, _)| *s == seq) {
+            return;
+        }
+        if self.scratch.len() < piece {
+            // Only while no drain receive is posted into the old one.
+            if !self.junk.is_empty() || !self.retired.is_empty() {
+                return;
+            }
+            self.scratch = vec![0u8; piece];
+        }
+        if self.junk.len() == JUNK_KEPT {
+            if let Some((_, c)) = self.junk.pop_front() {
+                self.cancel(&c);
+                self.retired.insert(key(&c), c);
+            }
+        }
+        self.junk.push_back((seq, ctx()));
+        let i = self.junk.len() - 1;
+        self.repost_junk(i);
+    }
+
+    fn repost_junk(&mut self, i: usize) {
+        let (seq, c) = &self.junk[i];
+        let tag = faults::stamp(*seq, 0);
+        let k = key(c);
+        let (ptr, len) = (self.scratch.as_mut_ptr(), self.scratch.len());
+        // SAFETY: the scratch buffer lives in this state and is never reallocated while a
+        // drain receive is posted; the context lives in `junk` (or `retired`) until the
+        // receive's completion is read or the endpoint is closed.
+        let ret = unsafe {
+            sys::pccl_ofi_trecv(
+                &mut self.raw,
+                ptr.cast(),
+                len,
+                std::ptr::null_mut(),
+                sys::fi_addr_unspec(),
+                tag,
+                IGNORE,
+                k as *mut c_void,
+            )
+        };
+        if ret == 0 {
+            self.in_flight += 1;
+        } else {
+            // Could not post now (queue full): forget it; later waits still fail cleanly.
+            self.junk.remove(i);
+        }
+    }
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        if self.broken.is_none() {
+            self.close();
+        }
+    }
+}

@@ -1,0 +1,391 @@
+//! libfabric transport (feature `ofi`, `PCCL_TRANSPORT=ofi`): reliable-datagram endpoints
+//! (`FI_EP_RDM`) with tagged messages, on whatever provider libfabric offers (`FI_PROVIDER`
+//! selects: `tcp;ofi_rxm` and `shm` here, `cxi` on Slingshot, `verbs;ofi_rxm` on InfiniBand,
+//! `efa` on AWS).
+//!
+//! **Two planes.** Data moves through libfabric; the control plane is the TCP transport's
+//! authenticated mesh (bootstrapped from the same unique id), which carries the endpoint
+//! address exchange, notices (refusals, aborts) and liveness: a peer whose process ended is
+//! seen there within a poll step, whatever the provider reports. Waits on data look at the
+//! board that the control plane fills.
+//!
+//! **Stamps as tags.** A message's 64-bit stamp is its libfabric tag; receives match the
+//! sequence number and flags and check the fingerprint and length on arrival ([`link`]).
+//! Messages of a collective that failed on this rank are drained by receives kept posted for
+//! its sequence number ([`fabric::State::add_junk`]).
+//!
+//! **Memory.** Buffers are registered where the provider asks (`FI_MR_LOCAL`), through a cache
+//! keyed by address and length ([`mr`]). `FI_HMEM` is detected and reported
+//! ([`OfiTransport::caps`]); device pointers are not handed to the provider yet (device
+//! collectives stage through pinned host memory).
+//!
+//! The domain opened is `PCCL_OFI_DOMAIN` (or `FI_DOMAIN`), else the NIC map's choice (a hook
+//! in [`fabric::chosen_domain`]), else the provider's first.
+
+mod fabric;
+mod link;
+mod mr;
+mod sys;
+
+pub use fabric::{providers, Caps};
+
+use self::fabric::Endpoint;
+use self::link::{OfiSend, Target};
+use super::faults::{self, Faults};
+use super::tcp::{TcpTransport, UniqueId};
+use super::{Notice, SendOp, Tag, Transport};
+use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Bootstrap record: magic, piece size, address length, address, provider/fabric.
+const RECORD: usize = 512;
+const MAGIC: u64 = 0x5043_434c_4f46_4931;
+const NAME_MAX: usize = 256;
+/// Smallest piece (so tiny `PCCL_CHUNK_SIZE` values do not flood the queues).
+const MIN_PIECE: usize = 64 << 10;
+
+/// What the endpoint's operations share.
+pub(crate) struct Shared {
+    ep: Endpoint,
+    ctl: TcpTransport,
+    addrs: Vec<u64>,
+    rank: usize,
+    piece: usize,
+    timeout: Duration,
+    bounce: Mutex<Vec<Vec<u8>>>,
+}
+
+impl Shared {
+    fn take_bounce(&self, len: usize) -> Vec<u8> {
+        let mut pool = self.bounce.lock().unwrap_or_else(|e| e.into_inner());
+        match pool.iter().position(|b| b.len() == len) {
+            Some(i) => pool.swap_remove(i),
+            None => vec![0u8; len],
+        }
+    }
+
+    fn give_bounce(&self, b: Vec<u8>) {
+        let mut pool = self.bounce.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.len() < 4 {
+            pool.push(b);
+        }
+    }
+}
+
+/// The transport of one rank over libfabric.
+pub struct OfiTransport {
+    sh: Arc<Shared>,
+    stop: Arc<AtomicBool>,
+    service: Option<JoinHandle<()>>,
+}
+
+impl OfiTransport {
+    /// Joins the job of `id` as `rank` of `nranks` (collective). `chunk_bytes` (rank 0's wins)
+    /// is the piece size of large messages.
+    pub fn connect(
+        id: &UniqueId,
+        nranks: usize,
+        rank: usize,
+        chunk_bytes: usize,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let ctl = TcpTransport::connect_with(id, nranks, rank, chunk_bytes, timeout, false)?;
+        Self::over(ctl, chunk_bytes, timeout)
+    }
+
+    /// Opens this rank's endpoint and exchanges addresses over the control plane `ctl`.
+    fn over(ctl: TcpTransport, chunk: usize, timeout: Duration) -> Result<Self> {
+        let ep = Endpoint::open(fabric::chosen_domain().as_deref())?;
+        let (rank, p) = (ctl.rank(), ctl.size());
+        if ep.name.len() > NAME_MAX {
+            return Err(Error::system(format!(
+                "libfabric: the {} address is {} bytes, more than PCCL handles ({NAME_MAX})",
+                ep.caps.provider,
+                ep.name.len()
+            )));
+        }
+        let mut mine = [0u8; RECORD];
+        mine[0..8].copy_from_slice(&MAGIC.to_le_bytes());
+        mine[8..16].copy_from_slice(&(chunk.max(MIN_PIECE) as u64).to_le_bytes());
+        mine[16..24].copy_from_slice(&(ep.name.len() as u64).to_le_bytes());
+        mine[24..24 + ep.name.len()].copy_from_slice(&ep.name);
+        let label = format!("{} / {}", ep.caps.provider, ep.caps.fabric);
+        let lb = label.as_bytes();
+        let lcap = RECORD - 24 - NAME_MAX;
+        mine[24 + NAME_MAX..24 + NAME_MAX + lb.len().min(lcap)]
+            .copy_from_slice(&lb[..lb.len().min(lcap)]);
+        let tag = faults::stamp(0, faults::CONTROL | 0x0f1f_0001);
+        let deadline = Instant::now() + timeout;
+        let mut sends = Vec::new();
+        let mut result = Ok(());
+        for j in (0..p).filter(|&j| j != rank) {
+            // SAFETY: `mine` outlives every send: all are waited for below, on every path.
+            match unsafe { ctl.isend(j, tag, mine.as_ptr(), RECORD) } {
+                Ok(s) => sends.push(s),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        let mut names = vec![Vec::new(); p];
+        let mut piece = chunk.max(MIN_PIECE);
+        if result.is_ok() {
+            for (j, name) in names.iter_mut().enumerate() {
+                if j == rank {
+                    *name = ep.name.clone();
+                    continue;
+                }
+                let mut rec = [0u8; RECORD];
+                if let Err(e) = ctl.recv_into(j, tag, &mut rec, deadline) {
+                    result = Err(e);
+                    break;
+                }
+                let word = |i: usize| u64::from_le_bytes(rec[i..i + 8].try_into().unwrap());
+                let theirs = String::from_utf8_lossy(&rec[24 + NAME_MAX..])
+                    .trim_end_matches('\0')
+                    .to_string();
+                if word(0) != MAGIC || theirs != label {
+                    result = Err(Error::invalid(format!(
+                        "rank {j} opened libfabric {theirs}, rank {rank} opened {label}: every \
+                         rank must use the same provider and fabric (set FI_PROVIDER the same \
+                         everywhere)"
+                    )));
+                    break;
+                }
+                let len = (word(16) as usize).min(NAME_MAX);
+                *name = rec[24..24 + len].to_vec();
+                if j == 0 {
+                    piece = (word(8) as usize).max(MIN_PIECE);
+                }
+            }
+        }
+        for s in sends {
+            let r = s.wait(deadline);
+            result = result.and(r);
+        }
+        result?;
+        let addrs = ep.lock().insert(&names)?;
+        // No data may reach a rank before it knows the sender's address (providers drop or
+        // cannot attribute such messages, rxm refuses the connection): a barrier.
+        ready(
+            &ctl,
+            faults::stamp(0, faults::CONTROL | 0x0f1f_0002),
+            deadline,
+        )?;
+        if debug_info() {
+            eprintln!(
+                "pccl: rank {rank}: ofi transport on provider {} (fabric {}, domain {}); {}; \
+                 registration {}; pieces of {} bytes",
+                ep.caps.provider,
+                ep.caps.fabric,
+                ep.caps.domain,
+                if ep.caps.hmem {
+                    "the provider has FI_HMEM (device collectives still stage through host)"
+                } else {
+                    "host memory only (no FI_HMEM)"
+                },
+                if ep.caps.register {
+                    "on (cached)"
+                } else {
+                    "not needed"
+                },
+                piece
+            );
+        }
+        let sh = Arc::new(Shared {
+            ep,
+            ctl,
+            addrs,
+            rank,
+            piece,
+            timeout,
+            bounce: Mutex::new(Vec::new()),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let service = spawn_service(Arc::downgrade(&sh), stop.clone())?;
+        Ok(OfiTransport {
+            sh,
+            stop,
+            service: Some(service),
+        })
+    }
+
+    /// What the provider offers (name, domain, `FI_HMEM`, registration).
+    pub fn caps(&self) -> &Caps {
+        &self.sh.ep.caps
+    }
+
+    /// Memory registrations made so far (`fi_mr_reg` calls): repeated collectives on the same
+    /// buffers do not add any (0 where the provider needs none).
+    pub fn registrations(&self) -> u64 {
+        self.sh.ep.registrations.load(Ordering::Relaxed)
+    }
+
+    /// The piece size all ranks agreed on.
+    pub fn piece_bytes(&self) -> usize {
+        self.sh.piece
+    }
+}
+
+/// Every rank sends every other a token over the control plane and waits for all of theirs.
+fn ready(ctl: &TcpTransport, tag: Tag, deadline: Instant) -> Result<()> {
+    let (rank, p) = (ctl.rank(), ctl.size());
+    let token = MAGIC.to_le_bytes();
+    let mut sends = Vec::new();
+    let mut result = Ok(());
+    for j in (0..p).filter(|&j| j != rank) {
+        // SAFETY: `token` outlives every send: all are waited for below.
+        match unsafe { ctl.isend(j, tag, token.as_ptr(), token.len()) } {
+            Ok(s) => sends.push(s),
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    if result.is_ok() {
+        for j in (0..p).filter(|&j| j != rank) {
+            let mut b = [0u8; 8];
+            if let Err(e) = ctl.recv_into(j, tag, &mut b, deadline) {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    for s in sends {
+        let r = s.wait(deadline);
+        result = result.and(r);
+    }
+    result
+}
+
+fn debug_info() -> bool {
+    matches!(
+        std::env::var("PCCL_DEBUG")
+            .unwrap_or_default()
+            .to_ascii_uppercase()
+            .as_str(),
+        "INFO" | "TRACE"
+    )
+}
+
+/// Drives the provider every 2 ms while nobody else does (a rank outside PCCL still serves
+/// its peers' messages and drains a failed collective's leftovers).
+fn spawn_service(sh: Weak<Shared>, stop: Arc<AtomicBool>) -> Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("pccl-ofi-progress".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                let Some(sh) = sh.upgrade() else { return };
+                if let Some(mut st) = sh.ep.try_lock() {
+                    st.progress();
+                }
+                drop(sh);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+        .map_err(|e| Error::system(format!("cannot start the libfabric progress thread: {e}")))
+}
+
+impl Drop for OfiTransport {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.service.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Transport for OfiTransport {
+    fn rank(&self) -> usize {
+        self.sh.rank
+    }
+    fn size(&self) -> usize {
+        self.sh.addrs.len()
+    }
+    fn name(&self) -> &'static str {
+        "ofi"
+    }
+    fn node_key(&self) -> u64 {
+        self.sh.ctl.node_key()
+    }
+    fn faults(&self) -> &Faults {
+        self.sh.ctl.faults()
+    }
+    fn notify(&self, notice: &Notice) {
+        self.sh.ctl.notify(notice);
+    }
+
+    fn abandon(&self, tag: Tag, why: &str) {
+        if !faults::is_control(tag) && !faults::is_p2p(tag) {
+            self.sh
+                .ep
+                .lock()
+                .add_junk(faults::seq_of(tag), self.sh.piece);
+        }
+        self.sh.ctl.abandon(tag, why);
+    }
+
+    fn drop_links(&self) -> Result<()> {
+        self.sh.ctl.drop_links()?;
+        self.sh
+            .ep
+            .lock()
+            .close_with("this rank's links were cut by fault injection (PCCL_FAULT drop)".into());
+        Ok(())
+    }
+
+    unsafe fn isend(
+        &self,
+        peer: usize,
+        tag: Tag,
+        ptr: *const u8,
+        len: usize,
+    ) -> Result<Box<dyn SendOp>> {
+        self.peer(peer)?;
+        // SAFETY: forwarded from the caller (the memory outlives the op's wait).
+        Ok(Box::new(unsafe {
+            OfiSend::post(self.sh.clone(), peer, tag, ptr, len)?
+        }))
+    }
+
+    fn recv(
+        &self,
+        peer: usize,
+        tag: Tag,
+        len: usize,
+        deadline: Instant,
+        sink: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        self.peer(peer)?;
+        link::recv(&self.sh, peer, tag, len, deadline, Target::Sink(sink))
+    }
+
+    fn recv_into(&self, peer: usize, tag: Tag, dst: &mut [u8], deadline: Instant) -> Result<()> {
+        self.peer(peer)?;
+        let len = dst.len();
+        link::recv(&self.sh, peer, tag, len, deadline, Target::Into(dst))
+    }
+
+    fn subset(&self, members: &[usize], ctx: u64) -> Result<Arc<dyn Transport>> {
+        let ctl = self.sh.ctl.sub(members, ctx)?;
+        Ok(Arc::new(Self::over(ctl, self.sh.piece, self.sh.timeout)?))
+    }
+}
+
+impl OfiTransport {
+    fn peer(&self, p: usize) -> Result<()> {
+        if p >= self.size() || p == self.sh.rank {
+            return Err(Error::invalid(format!(
+                "rank {p} is not a peer of rank {} (ofi transport of {} ranks)",
+                self.sh.rank,
+                self.size()
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,486 @@
+//! The libfabric transport (feature `ofi`) on this host's providers: `tcp;ofi_rxm` over
+//! loopback and `shm`. Each test runs once per provider in a child process of this test
+//! executable with `FI_PROVIDER` set (libfabric reads it once per process); ranks are threads
+//! of that child, or processes of their own for the fault tests. A provider libfabric does
+//! not offer here is skipped with a message.
+#![cfg(feature = "ofi")]
+
+mod common;
+
+use common::{input, reduced, same_bits};
+use pccl::config::Config;
+use pccl::plan::{Algorithm, LevelAlgo};
+use pccl::transport::ofi::OfiTransport;
+use pccl::transport::tcp::UniqueId;
+use pccl::{Communicator, ErrorKind, ReduceOp};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Set in a child: `<provider>` (thread tests) or `<provider>|<rank>|<p>|<id hex>` (ranks as
+/// processes).
+const CHILD: &str = "PCCL_OFI_TEST_CHILD";
+const PROVIDERS: [&str; 2] = ["tcp;ofi_rxm", "shm"];
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
+        .collect()
+}
+
+/// In the parent: runs test `name` once per provider in a child process (skipping providers
+/// libfabric does not offer) and fails if a child fails. In a child: returns true (run the
+/// body).
+fn per_provider(name: &str) -> bool {
+    per_provider_with(name, &[])
+}
+
+/// [`per_provider`] with extra environment variables for the children.
+fn per_provider_with(name: &str, envs: &[(&str, &str)]) -> bool {
+    if std::env::var(CHILD).is_ok() {
+        return true;
+    }
+    let exe = std::env::current_exe().expect("test executable");
+    for prov in PROVIDERS {
+        let out = Command::new(&exe)
+            .args(["--exact", name, "--nocapture", "--test-threads=1"])
+            .env(CHILD, prov)
+            .env("FI_PROVIDER", prov)
+            .envs(envs.iter().copied())
+            .env_remove("PCCL_FAULT")
+            .output()
+            .expect("spawn the test");
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        for l in text.lines().filter(|l| l.starts_with("@@")) {
+            println!("{name} [{prov}]: {l}");
+        }
+        assert!(out.status.success(), "{name} on {prov} failed:\n{text}");
+    }
+    false
+}
+
+/// Whether a provider is usable in this (child) process; prints why not.
+fn usable() -> bool {
+    if pccl::transport::ofi::providers().is_empty() {
+        println!(
+            "@@ SKIPPED: libfabric offers no RDM tagged provider for FI_PROVIDER={}",
+            std::env::var("FI_PROVIDER").unwrap_or_default()
+        );
+        return false;
+    }
+    true
+}
+
+fn connect(id: &UniqueId, p: usize, r: usize, timeout: Duration) -> OfiTransport {
+    OfiTransport::connect(id, p, r, 256 * 1024, timeout).expect("connect")
+}
+
+fn on_ofi<R: Send>(
+    p: usize,
+    cfg: Config,
+    f: impl Fn(Communicator, &OfiTransport) -> R + Sync,
+) -> Vec<R> {
+    let id = UniqueId::new(Duration::from_secs(30)).expect("rendezvous");
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..p)
+            .map(|r| {
+                let (cfg, id, f) = (cfg.clone(), id.clone(), &f);
+                s.spawn(move || {
+                    let t = Arc::new(connect(&id, p, r, cfg.timeout));
+                    let comm = Communicator::with_config(t.clone(), cfg).expect("communicator");
+                    f(comm, &t)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
+}
+
+fn cfg(m: usize, algo: Algorithm) -> Config {
+    Config {
+        ranks_per_node: Some(m),
+        algo: Some(algo),
+        timeout: Duration::from_secs(30),
+        ..Config::default()
+    }
+}
+
+fn exact(comm: &Communicator, counts: &[usize]) -> Result<(), String> {
+    let (r, p) = (comm.rank(), comm.size());
+    for &count in counts {
+        let mine = input::<f32>(r, count, ReduceOp::Sum);
+        let mut out = vec![0f32; count * p];
+        comm.all_gather(&mine, &mut out)
+            .map_err(|e| e.to_string())?;
+        let want: Vec<f32> = (0..p)
+            .flat_map(|q| input::<f32>(q, count, ReduceOp::Sum))
+            .collect();
+        if !same_bits(&out, &want) {
+            return Err(format!("all_gather count={count} wrong"));
+        }
+        let full = input::<f64>(r, count * p, ReduceOp::Avg);
+        let mut o = vec![0f64; count];
+        comm.reduce_scatter(&full, &mut o, ReduceOp::Avg)
+            .map_err(|e| e.to_string())?;
+        let want: Vec<f64> = (r * count..(r + 1) * count)
+            .map(|i| reduced::<f64>(p, i, ReduceOp::Avg))
+            .collect();
+        if !same_bits(&o, &want) {
+            return Err(format!("reduce_scatter count={count} wrong"));
+        }
+        let mut a = input::<i32>(r, count + 5, ReduceOp::Max);
+        comm.all_reduce_in_place(&mut a, ReduceOp::Max)
+            .map_err(|e| e.to_string())?;
+        let want: Vec<i32> = (0..count + 5)
+            .map(|i| reduced::<i32>(p, i, ReduceOp::Max))
+            .collect();
+        if a != want {
+            return Err(format!("all_reduce count={count} wrong"));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn every_algorithm_is_exact_for_two_to_eight_ranks() {
+    if !per_provider("every_algorithm_is_exact_for_two_to_eight_ranks") || !usable() {
+        return;
+    }
+    let hier = |inter, intra| Algorithm::Hier { inter, intra };
+    for (p, m, algo) in [
+        (2, 1, Algorithm::Flat(LevelAlgo::Ring)),
+        (3, 1, Algorithm::Flat(LevelAlgo::Rd)),
+        (4, 2, hier(LevelAlgo::Rd, LevelAlgo::Ring)),
+        (5, 1, Algorithm::Flat(LevelAlgo::Ring)),
+        (6, 3, hier(LevelAlgo::Ring, LevelAlgo::Rd)),
+        (8, 2, hier(LevelAlgo::Ring, LevelAlgo::Ring)),
+        (8, 4, hier(LevelAlgo::Rd, LevelAlgo::Rd)),
+    ] {
+        let t0 = Instant::now();
+        let res = on_ofi(p, cfg(m, algo), |comm, _| exact(&comm, &[0, 1, 7, 300_001]));
+        for r in res {
+            r.unwrap_or_else(|e| panic!("P={p} M={m} {algo}: {e}"));
+        }
+        println!(
+            "@@ P={p} M={m} {algo}: exact in {} ms",
+            t0.elapsed().as_millis()
+        );
+    }
+}
+
+#[test]
+fn split_builds_a_working_sub_endpoint() {
+    if !per_provider("split_builds_a_working_sub_endpoint") || !usable() {
+        return;
+    }
+    let res = on_ofi(4, cfg(2, Algorithm::Flat(LevelAlgo::Ring)), |comm, _| {
+        let r = comm.rank();
+        let sub = comm
+            .split(Some((r / 2) as u32), 0)
+            .map_err(|e| e.to_string())?
+            .ok_or("no sub")?;
+        if sub.transport_name() != "ofi" {
+            return Err(format!("sub-communicator on {}", sub.transport_name()));
+        }
+        let mut v = vec![r as u64 + 1; 100_000];
+        sub.all_reduce_in_place(&mut v, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+        let want = if r < 2 { 3 } else { 7 };
+        if v.iter().any(|&x| x != want) {
+            return Err(format!("rank {r}: wrong sum"));
+        }
+        comm.barrier().map_err(|e| e.to_string())
+    });
+    res.into_iter().for_each(|r| r.unwrap());
+}
+
+/// Repeated collectives on the same buffers register them once (`PCCL_OFI_MR=1` forces
+/// registration where the provider would not ask for it).
+#[test]
+fn repeated_collectives_on_the_same_buffers_do_not_register_again() {
+    if !per_provider_with(
+        "repeated_collectives_on_the_same_buffers_do_not_register_again",
+        &[("PCCL_OFI_MR", "1")],
+    ) || !usable()
+    {
+        return;
+    }
+    assert_eq!(std::env::var("PCCL_OFI_MR").as_deref(), Ok("1"));
+    let res = on_ofi(3, cfg(3, Algorithm::Flat(LevelAlgo::Ring)), |comm, t| {
+        let n = 600_000;
+        let inp = input::<f32>(comm.rank(), n, ReduceOp::Sum);
+        let mut out = vec![0f32; n];
+        comm.all_reduce(&inp, &mut out, ReduceOp::Sum).unwrap();
+        let after_first = t.registrations();
+        for _ in 0..5 {
+            comm.all_reduce(&inp, &mut out, ReduceOp::Sum).unwrap();
+        }
+        let want: Vec<f32> = (0..n)
+            .map(|i| reduced::<f32>(3, i, ReduceOp::Sum))
+            .collect();
+        assert!(same_bits(&out, &want), "wrong all-reduce");
+        (after_first, t.registrations())
+    });
+    for (r, (first, last)) in res.into_iter().enumerate() {
+        println!("@@ rank {r}: {first} registrations after one all-reduce, {last} after six");
+        assert!(first > 0, "rank {r}: nothing was registered");
+        assert_eq!(
+            first, last,
+            "rank {r}: repeated collectives registered again"
+        );
+    }
+}
+
+/// Bad input fails on the rank that passed it (invalid argument) and on its peers (remote,
+/// naming it), promptly; a call with a different count is a remote error; the communicator
+/// then goes on.
+#[test]
+fn bad_input_and_mismatched_calls_fail_everywhere_and_the_next_works() {
+    if !per_provider("bad_input_and_mismatched_calls_fail_everywhere_and_the_next_works")
+        || !usable()
+    {
+        return;
+    }
+    let p = 3;
+    let res = on_ofi(p, cfg(p, Algorithm::Flat(LevelAlgo::Ring)), |comm, _| {
+        let r = comm.rank();
+        let n = 100_000;
+        let inp = vec![1.0f64; n];
+        // Bad input: rank 0's output is too short.
+        let mut out = vec![0.0f64; if r == 0 { n - 1 } else { n }];
+        let t0 = Instant::now();
+        let e = comm
+            .all_reduce(&inp, &mut out, ReduceOp::Sum)
+            .expect_err("refused call");
+        if r == 0 {
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        } else {
+            assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
+            assert!(e.message().contains("rank 0"), "rank {r}: {e}");
+            // Well before PCCL_TIMEOUT (30 s); generous because the tests of this file run
+            // their ranks concurrently on a small shared host.
+            let took = t0.elapsed();
+            println!("@@ rank {r}: refusal seen after {} ms", took.as_millis());
+            assert!(took < Duration::from_secs(5), "rank {r}: {took:?}: {e}");
+        }
+        // Mismatched: rank 2 gathers a different count (a valid call on its own).
+        let m = if r == 2 { 999 } else { 1000 };
+        let mine = vec![r as f32; m];
+        let mut all = vec![0f32; m * p];
+        let e = comm
+            .all_gather(&mine, &mut all)
+            .expect_err("mismatched call");
+        println!("@@ rank {r}: mismatched all-gather: {e}");
+        assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
+        // The communicator goes on.
+        exact(&comm, &[1, 70_001]).unwrap_or_else(|e| panic!("rank {r}: next: {e}"));
+    });
+    assert_eq!(res.len(), p);
+}
+
+/// A rank whose process dies in the middle of collectives: the survivors fail with a remote
+/// error naming it, well before the timeout, and can shrink the communicator and go on.
+#[test]
+fn a_killed_peer_ends_in_an_error_not_a_hang() {
+    let name = "a_killed_peer_ends_in_an_error_not_a_hang";
+    if let Ok(v) = std::env::var(CHILD) {
+        if let Some((_, rest)) = v.split_once('|') {
+            let f: Vec<&str> = rest.split('|').collect();
+            let (rank, p): (usize, usize) = (f[0].parse().unwrap(), f[1].parse().unwrap());
+            let id = UniqueId::from_bytes(&unhex(f[2])).unwrap();
+            return play_kill(rank, p, &id);
+        }
+    }
+    if !per_provider(name) || !usable() {
+        return;
+    }
+    // In the provider's child: launch the ranks as processes.
+    let prov = std::env::var(CHILD).unwrap();
+    let p = 4;
+    let id = UniqueId::new(Duration::from_secs(30)).expect("rendezvous");
+    let exe = std::env::current_exe().unwrap();
+    let mut kids: Vec<_> = (0..p)
+        .map(|r| {
+            Command::new(&exe)
+                .args(["--exact", name, "--nocapture", "--test-threads=1"])
+                .env(CHILD, format!("{prov}|{r}|{p}|{}", hex(&id.to_bytes())))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let give_up = Instant::now() + Duration::from_secs(60);
+    let mut status = vec![None; p];
+    while status.iter().any(Option::is_none) && Instant::now() < give_up {
+        for (k, s) in kids.iter_mut().zip(status.iter_mut()) {
+            if s.is_none() {
+                *s = k.try_wait().unwrap();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let hung: Vec<usize> = (0..p).filter(|&r| status[r].is_none()).collect();
+    for &r in &hung {
+        let _ = kids[r].kill();
+    }
+    let outs: Vec<String> = kids
+        .into_iter()
+        .map(|k| {
+            let o = k.wait_with_output().unwrap();
+            String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
+        })
+        .collect();
+    for o in &outs {
+        for l in o.lines().filter(|l| l.starts_with("@@")) {
+            println!("{l}");
+        }
+    }
+    let dump: String = outs
+        .iter()
+        .enumerate()
+        .map(|(r, o)| format!("---- rank {r}\n{o}"))
+        .collect();
+    assert!(hung.is_empty(), "ranks {hung:?} hung\n{dump}");
+    for (r, s) in status.iter().enumerate() {
+        assert_eq!(s.unwrap().success(), r != 1, "rank {r}\n{dump}");
+    }
+}
+
+const VICTIM: usize = 1;
+
+fn play_kill(rank: usize, p: usize, id: &UniqueId) {
+    let timeout = Duration::from_secs(30);
+    let t = connect(id, p, rank, timeout);
+    let c = Config {
+        timeout,
+        ranks_per_node: Some(p),
+        ..Config::default()
+    };
+    let comm = Communicator::with_config(Arc::new(t), c).unwrap();
+    let n = 200_000;
+    let inp = vec![rank as f64 + 1.0; n];
+    let mut out = vec![0.0f64; n];
+    for k in 0..3 {
+        comm.all_reduce(&inp, &mut out, ReduceOp::Sum).unwrap();
+        assert!(
+            out.iter().all(|&x| x == (p * (p + 1) / 2) as f64),
+            "round {k}"
+        );
+    }
+    if rank == VICTIM {
+        std::process::abort(); // dies without a goodbye
+    }
+    let t0 = Instant::now();
+    let e = loop {
+        // A survivor may finish one more collective before the death shows.
+        if let Err(e) = comm.all_reduce(&inp, &mut out, ReduceOp::Sum) {
+            break e;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "rank {rank}: no error"
+        );
+    };
+    let took = t0.elapsed();
+    println!(
+        "\n@@ rank {rank}: failed after {} ms: {e}",
+        took.as_millis()
+    );
+    assert!(took < Duration::from_millis(3000), "rank {rank}: {took:?}");
+    assert_eq!(e.kind(), ErrorKind::Remote, "rank {rank}: {e}");
+    assert!(
+        e.message().contains(&format!("rank {VICTIM}")),
+        "rank {rank}: {e}"
+    );
+    let small = comm.shrink(&[VICTIM]).expect("shrink");
+    let mut o = vec![0.0f64; n];
+    small
+        .all_reduce(&inp, &mut o, ReduceOp::Sum)
+        .expect("all-reduce after shrink");
+    let want: f64 = (0..p)
+        .filter(|&q| q != VICTIM)
+        .map(|q| q as f64 + 1.0)
+        .sum();
+    assert!(o.iter().all(|&x| x == want), "rank {rank}: after shrink");
+    println!(
+        "@@ rank {rank}: shrunk to {} ranks and all-reduced",
+        small.size()
+    );
+}
+
+/// Runs `p` thread-ranks through the C ABI (`pcclGetUniqueId`, `pcclCommInitRank`, one
+/// all-reduce); returns each rank's init result and whether its all-reduce was right.
+fn capi_job(p: usize) -> Vec<(i32, bool)> {
+    use pccl::capi::*;
+    let mut id = pcclUniqueId {
+        internal: [0; PCCL_UNIQUE_ID_BYTES],
+    };
+    // SAFETY: `id` is a writable pcclUniqueId.
+    assert_eq!(unsafe { pcclGetUniqueId(&mut id) }, pcclSuccess);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..p)
+            .map(|r| {
+                s.spawn(move || {
+                    let mut comm: pcclComm_t = std::ptr::null_mut();
+                    // SAFETY: `comm` is a writable handle.
+                    let rc = unsafe { pcclCommInitRank(&mut comm, p as i32, id, r as i32) };
+                    if rc != pcclSuccess {
+                        return (rc, false);
+                    }
+                    let inp = vec![r as f32 + 1.0; 50_000];
+                    let mut out = vec![0f32; 50_000];
+                    // SAFETY: both buffers hold 50 000 f32; no stream (host call).
+                    let rc = unsafe {
+                        pcclAllReduce(
+                            inp.as_ptr().cast(),
+                            out.as_mut_ptr().cast(),
+                            inp.len(),
+                            pcclFloat32,
+                            pcclSum,
+                            comm,
+                            std::ptr::null_mut(),
+                        )
+                    };
+                    let want = (p * (p + 1) / 2) as f32;
+                    let ok = rc == pcclSuccess && out.iter().all(|&x| x == want);
+                    pcclCommDestroy(comm);
+                    (rc, ok)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// `PCCL_TRANSPORT=ofi` makes `pcclCommInitRank` build libfabric communicators: they work,
+/// and a domain libfabric does not have makes the init fail (so the path really goes through
+/// libfabric); a bad `PCCL_TRANSPORT` is an invalid argument.
+#[test]
+fn pccl_transport_ofi_selects_libfabric_in_the_c_abi() {
+    let name = "pccl_transport_ofi_selects_libfabric_in_the_c_abi";
+    if !per_provider_with(name, &[("PCCL_TRANSPORT", "ofi")]) || !usable() {
+        return;
+    }
+    for (r, (rc, ok)) in capi_job(3).into_iter().enumerate() {
+        assert!(ok, "rank {r}: pcclCommInitRank/pcclAllReduce answered {rc}");
+    }
+    // Safe here: this child process runs only this test, on one thread at this point.
+    std::env::set_var("PCCL_OFI_DOMAIN", "no-such-nic-pccl");
+    for (r, (rc, _)) in capi_job(2).into_iter().enumerate() {
+        assert_eq!(rc, pccl::capi::pcclSystemError, "rank {r}");
+    }
+    std::env::remove_var("PCCL_OFI_DOMAIN");
+    std::env::set_var("PCCL_TRANSPORT", "carrier-pigeon");
+    for (r, (rc, _)) in capi_job(2).into_iter().enumerate() {
+        assert_eq!(rc, pccl::capi::pcclInvalidArgument, "rank {r}");
+    }
+    println!("@@ C ABI on PCCL_TRANSPORT=ofi: correct; bad domain and bad name refused");
+}
