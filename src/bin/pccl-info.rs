@@ -96,9 +96,10 @@ fn report(args: &Args) -> Result<Value, pccl::Error> {
         "nics": nics,
         "nic_map": {"local_ranks": local_ranks, "map": map.to_string(), "why": source.describe(),
                     "pccl_nic_map": user.map(|m| m.to_string())},
-        "transports": {"threads": true, "tcp": true, "mpi": cfg!(feature = "mpi")},
+        "transports": {"threads": true, "tcp": true, "mpi": cfg!(feature = "mpi"), "ofi": cfg!(feature = "ofi")},
         "features": {"hwloc": cfg!(feature = "hwloc"), "mpi": cfg!(feature = "mpi"),
-                     "cuda": cfg!(feature = "cuda"), "rocm": cfg!(feature = "rocm")},
+                     "cuda": cfg!(feature = "cuda"), "rocm": cfg!(feature = "rocm"),
+                     "ofi": cfg!(feature = "ofi")},
         "apply": {
             "nic": ap.nic.as_ref().map(|n| n.name.clone()),
             "nic_index": ap.nic_index,
@@ -163,7 +164,7 @@ fn text(v: &Value) -> String {
         s(&m["why"])
     );
     let t = &v["transports"];
-    let built: Vec<&str> = ["threads", "tcp", "mpi"]
+    let built: Vec<&str> = ["threads", "tcp", "mpi", "ofi"]
         .into_iter()
         .filter(|k| t[*k].as_bool() == Some(true))
         .collect();

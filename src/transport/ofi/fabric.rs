@@ -112,19 +112,31 @@ fn env(name: &str) -> Option<String> {
         .filter(|v| !v.is_empty())
 }
 
-/// The domain to open: `PCCL_OFI_DOMAIN`, else `FI_DOMAIN`, else the NIC map's choice for
-/// this local rank, else the provider's first domain.
+/// The domain the user named: `PCCL_OFI_DOMAIN`, else `FI_DOMAIN`.
 pub fn chosen_domain() -> Option<String> {
-    env("PCCL_OFI_DOMAIN")
-        .or_else(|| env("FI_DOMAIN"))
-        .or_else(nic_map_domain)
+    env("PCCL_OFI_DOMAIN").or_else(|| env("FI_DOMAIN"))
 }
 
-/// HOOK (issue 11, NIC maps): the domain of the NIC that the topology maps this local rank
-/// to. Until `src/topology` exposes the mapped NIC for a local rank, there is no choice here
-/// and the provider's first domain is opened.
-fn nic_map_domain() -> Option<String> {
-    None
+/// Domains of the NIC the topology maps this local rank to (`topology::apply`): the device
+/// name (`cxi0`, `mlx5_0`) and its IP interface (what the tcp provider calls its domains).
+fn nic_map_domains() -> Vec<String> {
+    crate::topology::apply::nic_for_local_rank()
+        .map(|n| std::iter::once(n.name).chain(n.netdev).collect())
+        .unwrap_or_default()
+}
+
+/// Opens the endpoint on the user's domain (strictly: a missing one is an error), else on the
+/// NIC map's choice where the provider has that domain, else on the provider's first domain.
+pub fn open_endpoint() -> Result<Endpoint> {
+    if let Some(d) = chosen_domain() {
+        return Endpoint::open(Some(&d));
+    }
+    for d in nic_map_domains() {
+        if let Ok(ep) = Endpoint::open(Some(&d)) {
+            return Ok(ep);
+        }
+    }
+    Endpoint::open(None)
 }
 
 struct InfoList(*mut FiInfo);
@@ -207,7 +219,8 @@ impl Endpoint {
             seen.push(name);
             if next.is_null() {
                 return Err(Error::system(format!(
-                    "libfabric: provider {} has no domain '{}' (PCCL_OFI_DOMAIN / FI_DOMAIN);                      its domains: {}",
+                    "libfabric: provider {} has no domain '{}' (PCCL_OFI_DOMAIN / FI_DOMAIN); \
+                     its domains: {}",
                     sys::field(&d.provider),
                     domain.unwrap_or_default(),
                     seen.join(", ")

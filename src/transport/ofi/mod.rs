@@ -20,7 +20,7 @@
 //! collectives stage through pinned host memory).
 //!
 //! The domain opened is `PCCL_OFI_DOMAIN` (or `FI_DOMAIN`), else the NIC map's choice (a hook
-//! in [`fabric::chosen_domain`]), else the provider's first.
+//! in [`fabric::open_endpoint`]), else the provider's first.
 
 mod fabric;
 mod link;
@@ -98,7 +98,7 @@ impl OfiTransport {
 
     /// Opens this rank's endpoint and exchanges addresses over the control plane `ctl`.
     fn over(ctl: TcpTransport, chunk: usize, timeout: Duration) -> Result<Self> {
-        let ep = Endpoint::open(fabric::chosen_domain().as_deref())?;
+        let ep = fabric::open_endpoint()?;
         let (rank, p) = (ctl.rank(), ctl.size());
         if ep.name.len() > NAME_MAX {
             return Err(Error::system(format!(
