@@ -14,7 +14,7 @@ mod common;
 
 use common::input;
 use half::{bf16, f16};
-use pccl::config::Config;
+use pccl::config::{Config, NcclMode};
 use pccl::device::api::Device;
 use pccl::device::hip::{HipBuffer, HipDevice};
 use pccl::{Communicator, Element, RawCollective, ReduceOp, ThreadWorld};
@@ -33,7 +33,7 @@ fn with_fake_runtime(child: &str, extra: &[(&str, &str)]) -> bool {
         .args(["-shared", "-fPIC", "-O2", "-o"])
         .arg(&so)
         .arg(src)
-        .arg("-lm")
+        .args(["-lm", "-lpthread"])
         .status();
     if !matches!(built, Ok(s) if s.success()) {
         println!("skipped: no C compiler to build the fake ROCm runtime ({built:?})");
@@ -162,8 +162,36 @@ fn run_dtype<T: Element>(c: &Communicator, dev: &HipDevice, tag: &str) {
     }
 }
 
+/// How a world's ranks run their device collectives.
+#[derive(Clone, Copy)]
+struct Setup {
+    direct: bool,
+    /// The RCCL intra-node level (`PCCL_NCCL=1`) instead of host staging (`PCCL_NCCL=0`).
+    rccl: bool,
+    /// Nodes of this many ranks (`PCCL_RANKS_PER_NODE`), or one node.
+    per_node: Option<usize>,
+}
+
+const STAGED: Setup = Setup {
+    direct: false,
+    rccl: false,
+    per_node: None,
+};
+
 fn run_world(p: usize, direct: bool, algo: &str) {
+    run_world_with(p, algo, Setup { direct, ..STAGED }, |r| r % 2);
+}
+
+/// Runs every dtype on `p` thread ranks, rank `r` on fake device `gpu(r)`.
+fn run_world_with(p: usize, algo: &str, setup: Setup, gpu: impl Fn(usize) -> usize + Sync) {
+    let direct = setup.direct;
     let cfg = Config {
+        nccl: if setup.rccl {
+            NcclMode::On
+        } else {
+            NcclMode::Off
+        },
+        ranks_per_node: setup.per_node,
         algo: if algo == "auto" {
             None
         } else {
@@ -175,7 +203,11 @@ fn run_world(p: usize, direct: bool, algo: &str) {
         ..Config::default()
     };
     let world = ThreadWorld::new(p).with_device_direct(direct);
-    let tag = format!("p={p} {algo} direct={direct}");
+    let tag = format!(
+        "p={p} {algo} direct={direct} rccl={} per_node={:?}",
+        setup.rccl, setup.per_node
+    );
+    let gpu = &gpu;
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..p)
             .map(|r| {
@@ -183,7 +215,7 @@ fn run_world(p: usize, direct: bool, algo: &str) {
                 let (cfg, tag) = (cfg.clone(), &tag);
                 s.spawn(move || {
                     let c = Communicator::with_config(t, cfg).unwrap();
-                    let dev = HipDevice::open(r % 2).unwrap();
+                    let dev = HipDevice::open(gpu(r)).unwrap();
                     run_dtype::<i8>(&c, &dev, tag);
                     run_dtype::<u8>(&c, &dev, tag);
                     run_dtype::<i32>(&c, &dev, tag);
@@ -227,7 +259,7 @@ fn child_collectives() {
         run_world(p, false, algo);
         run_world(p, true, algo);
     }
-    // RCCL through the shared NCCL ABI (the fake has a world of one rank).
+    // RCCL through the shared NCCL ABI, a world of one rank.
     let rccl = HipDevice::collectives().unwrap();
     assert_eq!((rccl.name(), rccl.version()), ("RCCL", 21804));
     let id = rccl.unique_id().unwrap();
@@ -248,7 +280,7 @@ fn child_collectives() {
     }
     .unwrap();
     assert_eq!(d0.download::<f32>(&o).unwrap(), x);
-    // A second rank is refused by the fake: an RCCL error, not success.
+    // Joining that world with another size is refused: an RCCL error, not success.
     assert!(pccl::device::nccl_abi::NcclComm::init_with(rccl, &id, 2, 1).is_err());
     println!("child-checked");
 }
@@ -270,6 +302,7 @@ fn child_launch_failure() {
     let world = ThreadWorld::new(p);
     let cfg = Config {
         timeout: std::time::Duration::from_secs(10),
+        nccl: NcclMode::Off,
         ..Config::default()
     };
     let errors: Vec<String> = std::thread::scope(|s| {
@@ -305,6 +338,141 @@ fn child_launch_failure() {
     // Every rank reduces on the device, so every rank's launch fails and says so.
     for e in &errors {
         assert!(e.contains("fake launch failure"), "rank error: {e:?}");
+    }
+    println!("child-checked");
+}
+
+#[test]
+fn the_rccl_level_matches_the_host_on_the_fake_runtime() {
+    with_fake_runtime("child_rccl_level", &[("FAKE_HIP_DEVICES", "4")]);
+}
+
+#[test]
+fn child_rccl_level() {
+    if !is_child() {
+        return;
+    }
+    let rccl = Setup {
+        rccl: true,
+        ..STAGED
+    };
+    // One node of 2-4 ranks (RCCL does the whole collective), and 2 nodes x 2 ranks (RCCL
+    // inside each node, the transport between them, staged and direct; transposed grids).
+    for p in [2, 3, 4] {
+        run_world_with(p, "auto", rccl, |r| r);
+    }
+    for direct in [false, true] {
+        let two_nodes = Setup {
+            direct,
+            per_node: Some(2),
+            ..rccl
+        };
+        run_world_with(4, "ring", two_nodes, |r| r);
+    }
+    println!("child-checked");
+}
+
+/// Runs one f32 all-reduce of 64 elements on `p` thread ranks with `cfg`, rank `r` on fake
+/// device `gpu(r)`; returns each rank's outcome (the sum, or the error's text).
+fn all_reduce_outcomes(
+    p: usize,
+    cfg: Config,
+    gpu: impl Fn(usize) -> usize + Sync,
+) -> Vec<Result<Vec<f32>, String>> {
+    let world = ThreadWorld::new(p);
+    let gpu = &gpu;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..p)
+            .map(|r| {
+                let t = world.transport(r).unwrap();
+                let cfg = cfg.clone();
+                s.spawn(move || {
+                    let c = Communicator::with_config(t, cfg).map_err(|e| e.to_string())?;
+                    let dev = HipDevice::open(gpu(r)).unwrap();
+                    let x = vec![r as f32 + 0.5; 64];
+                    let sb = dev.upload(&x).unwrap();
+                    let o = dev.alloc_zeroed(256).unwrap();
+                    // SAFETY: both buffers hold 64 f32 and live until the call returns.
+                    unsafe {
+                        c.collective_on::<f32, HipDevice>(
+                            &dev,
+                            RawCollective::AllReduce(ReduceOp::Sum),
+                            sb.device_ptr(),
+                            o.device_ptr(),
+                            64,
+                        )
+                    }
+                    .map_err(|e| e.to_string())?;
+                    Ok(dev.download::<f32>(&o).unwrap())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn ranks_sharing_a_gpu_are_told_apart_by_uuid() {
+    with_fake_runtime("child_shared_gpu", &[("FAKE_HIP_DEVICES", "1")]);
+}
+
+#[test]
+fn child_shared_gpu() {
+    if !is_child() {
+        return;
+    }
+    let cfg = |nccl, per_node| Config {
+        nccl,
+        ranks_per_node: per_node,
+        timeout: std::time::Duration::from_secs(10),
+        ..Config::default()
+    };
+    let want = vec![0.5f32 + 1.5 + 2.5; 64];
+    // Three ranks of one node on the one fake GPU: RCCL cannot run them, and PCCL_NCCL=1
+    // says which ranks share it.
+    for out in all_reduce_outcomes(3, cfg(NcclMode::On, None), |_| 0) {
+        let e = out.unwrap_err();
+        assert!(e.contains("ranks 0 and 1 share one GPU"), "{e}");
+        assert!(e.contains("RCCL"), "{e}");
+    }
+    // `auto` falls back to host staging and still computes the sum.
+    for out in all_reduce_outcomes(3, cfg(NcclMode::Auto, None), |_| 0) {
+        assert_eq!(out.unwrap(), want);
+    }
+    // Each rank its own node: sharing the GPU across nodes is fine (one RCCL world each).
+    for out in all_reduce_outcomes(3, cfg(NcclMode::On, Some(1)), |_| 0) {
+        assert_eq!(out.unwrap(), want);
+    }
+    println!("child-checked");
+}
+
+#[test]
+fn a_failing_rccl_call_fails_the_collective_on_every_rank() {
+    with_fake_runtime(
+        "child_rccl_failure",
+        &[("FAKE_HIP_DEVICES", "3"), ("FAKE_RCCL_FAIL_RANK", "1")],
+    );
+}
+
+#[test]
+fn child_rccl_failure() {
+    if !is_child() {
+        return;
+    }
+    let cfg = Config {
+        nccl: NcclMode::On,
+        timeout: std::time::Duration::from_secs(10),
+        ..Config::default()
+    };
+    let outs = all_reduce_outcomes(3, cfg, |r| r);
+    for (r, out) in outs.into_iter().enumerate() {
+        let e = out.unwrap_err();
+        assert!(e.contains("RCCL ncclReduceScatter failed"), "rank {r}: {e}");
+        if r == 1 {
+            assert!(e.contains("FAKE_RCCL_FAIL_RANK"), "rank {r}: {e}");
+        } else {
+            assert!(e.contains("peer failed"), "rank {r}: {e}");
+        }
     }
     println!("child-checked");
 }
