@@ -22,11 +22,10 @@ use std::process::Command;
 
 const CHILD_ENV: &str = "PCCL_ROCM_FAKE_CHILD";
 
-/// Builds the fake runtime and runs `child` in a child process with it; returns false when
-/// there is no C compiler.
-fn with_fake_runtime(child: &str, extra: &[(&str, &str)]) -> bool {
-    let dir = std::env::temp_dir().join(format!("pccl-rocm-fake-{}-{child}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// Builds the fake runtime into `dir`; `None` (and the directory removed) when there is no
+/// C compiler.
+fn build_fake(dir: &std::path::Path) -> Option<std::path::PathBuf> {
+    std::fs::create_dir_all(dir).unwrap();
     let so = dir.join("libfakerocm.so");
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fake_rocm/fake_rocm.c");
     let built = Command::new("cc")
@@ -37,9 +36,19 @@ fn with_fake_runtime(child: &str, extra: &[(&str, &str)]) -> bool {
         .status();
     if !matches!(built, Ok(s) if s.success()) {
         println!("skipped: no C compiler to build the fake ROCm runtime ({built:?})");
-        let _ = std::fs::remove_dir_all(&dir);
-        return false;
+        let _ = std::fs::remove_dir_all(dir);
+        return None;
     }
+    Some(so)
+}
+
+/// Builds the fake runtime and runs `child` in a child process with it; returns false when
+/// there is no C compiler.
+fn with_fake_runtime(child: &str, extra: &[(&str, &str)]) -> bool {
+    let dir = std::env::temp_dir().join(format!("pccl-rocm-fake-{}-{child}", std::process::id()));
+    let Some(so) = build_fake(&dir) else {
+        return false;
+    };
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args(["--exact", child, "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, "1")
@@ -475,4 +484,98 @@ fn child_rccl_failure() {
         }
     }
     println!("child-checked");
+}
+
+/// Runs `pccl-bench` on the fake runtime with `args` and `env`.
+fn bench(so: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pccl-bench"));
+    cmd.args(args)
+        .env("PCCL_HIP_LIBRARY", so)
+        .env("PCCL_HIPRTC_LIBRARY", so)
+        .env("PCCL_RCCL_LIBRARY", so)
+        .env_remove("PCCL_HIP_ARCH")
+        .env_remove("PCCL_NCCL");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("pccl-bench runs");
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn pccl_bench_runs_rocm_and_times_rccl_beside_pccl() {
+    let dir = std::env::temp_dir().join(format!("pccl-rocm-fake-{}-bench", std::process::id()));
+    let Some(so) = build_fake(&dir) else {
+        return;
+    };
+    let common = ["--ranks", "2", "-m", "1K:8K", "-i", "3", "--check"];
+    // Every collective, checked, with the RCCL column and its ratio.
+    let (ok, text) = bench(
+        &so,
+        &[&["-d", "rocm", "--coll", "all"], &common[..]].concat(),
+        &[],
+    );
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("# device rocm: rank 0 on device 0 of 2 (Fake Instinct"),
+        "{text}"
+    );
+    assert!(
+        text.contains("RCCL Avg(us)") && text.contains("PCCL/RCCL"),
+        "{text}"
+    );
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
+        .collect();
+    assert_eq!(rows.len(), 12, "{text}");
+    for row in &rows {
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        // ... algo, RCCL Avg(us), PCCL/RCCL, #wrong
+        let n = cols.len();
+        let vendor: f64 = cols[n - 3].parse().unwrap();
+        let ratio: f64 = cols[n - 2].parse().unwrap();
+        let avg: f64 = cols[1].parse().unwrap();
+        assert!(vendor > 0.0 && (ratio - avg / vendor).abs() < 0.01, "{row}");
+        assert_eq!(cols[n - 1], "0", "{row}");
+    }
+    // -d gpu picks ROCm here; ranks sharing the one GPU get no RCCL column, and say why.
+    let (ok, text) = bench(
+        &so,
+        &[&["-d", "gpu", "--coll", "allreduce"], &common[..]].concat(),
+        &[("FAKE_HIP_DEVICES", "1")],
+    );
+    assert!(ok, "{text}");
+    assert!(text.contains("# device rocm"), "{text}");
+    assert!(
+        text.contains("no RCCL column: ranks 0 and 1 share one GPU"),
+        "{text}"
+    );
+    assert!(!text.contains("PCCL/RCCL"), "{text}");
+    // JSON carries the vendor figures.
+    let (ok, text) = bench(
+        &so,
+        &[
+            &["-d", "rocm", "--json", "--coll", "reducescatter"],
+            &common[..],
+        ]
+        .concat(),
+        &[],
+    );
+    assert!(ok, "{text}");
+    assert!(text.contains("\"vendor_avg_us\"") && text.contains("\"ratio_vs_vendor\""));
+    // A failing RCCL call fails the benchmark with RCCL's message (PCCL itself host-staged).
+    let (ok, text) = bench(
+        &so,
+        &[&["-d", "rocm", "--coll", "allgather"], &common[..]].concat(),
+        &[("FAKE_RCCL_FAIL_RANK", "1"), ("PCCL_NCCL", "0")],
+    );
+    assert!(!ok, "{text}");
+    assert!(text.contains("RCCL ncclAllGather failed"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
