@@ -518,9 +518,9 @@ fn run_one<T: Element>(
 enum GpuState {
     None,
     #[cfg(feature = "cuda")]
-    Cuda(gpu::Gpu<pccl::device::cuda::CudaDevice>),
+    Cuda(Box<gpu::Gpu<pccl::device::cuda::CudaDevice>>),
     #[cfg(feature = "rocm")]
-    Rocm(gpu::Gpu<pccl::device::hip::HipDevice>),
+    Rocm(Box<gpu::Gpu<pccl::device::hip::HipDevice>>),
 }
 
 impl GpuState {
@@ -536,13 +536,13 @@ impl GpuState {
         let vendor = !args.no_vendor_compare;
         match kind {
             #[cfg(feature = "cuda")]
-            Device::Cuda => Ok(GpuState::Cuda(gpu::Gpu::open_all(
-                comm, mpi, bytes, vendor,
-            )?)),
+            Device::Cuda => {
+                gpu::Gpu::open_all(comm, mpi, bytes, vendor).map(|g| GpuState::Cuda(Box::new(g)))
+            }
             #[cfg(feature = "rocm")]
-            Device::Rocm => Ok(GpuState::Rocm(gpu::Gpu::open_all(
-                comm, mpi, bytes, vendor,
-            )?)),
+            Device::Rocm => {
+                gpu::Gpu::open_all(comm, mpi, bytes, vendor).map(|g| GpuState::Rocm(Box::new(g)))
+            }
             other => Err(pccl::Error::usage(no_feature(other))),
         }
     }
