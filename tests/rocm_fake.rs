@@ -42,22 +42,48 @@ fn build_fake(dir: &std::path::Path) -> Option<std::path::PathBuf> {
     Some(so)
 }
 
-/// Builds the fake runtime and runs `child` in a child process with it; returns false when
-/// there is no C compiler.
+/// `PCCL_ROCM_REAL=1` (scripts/gpu-check.sh --rocm on an AMD machine): the children run on
+/// the real HIP, hipRTC and RCCL; `FAKE_HIP_DEVICES=N` becomes `HIP_VISIBLE_DEVICES=0..N-1`,
+/// and the checks that need the fake's fault injection are skipped.
+fn real_runtime() -> bool {
+    std::env::var("PCCL_ROCM_REAL").is_ok_and(|v| v == "1")
+}
+
+/// Builds the fake runtime and runs `child` in a child process with it (or on the real one,
+/// see [`real_runtime`]); returns false when skipped.
 fn with_fake_runtime(child: &str, extra: &[(&str, &str)]) -> bool {
-    let dir = std::env::temp_dir().join(format!("pccl-rocm-fake-{}-{child}", std::process::id()));
-    let Some(so) = build_fake(&dir) else {
+    let real = real_runtime();
+    if real
+        && extra
+            .iter()
+            .any(|(k, _)| k.starts_with("FAKE_") && *k != "FAKE_HIP_DEVICES")
+    {
+        println!("skipped on the real ROCm runtime: needs the fake's fault injection");
         return false;
-    };
+    }
+    let dir = std::env::temp_dir().join(format!("pccl-rocm-fake-{}-{child}", std::process::id()));
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args(["--exact", child, "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, "1")
-        .env("PCCL_HIP_LIBRARY", &so)
-        .env("PCCL_HIPRTC_LIBRARY", &so)
-        .env("PCCL_RCCL_LIBRARY", &so)
-        .env_remove("PCCL_HIP_ARCH");
-    for (k, v) in extra {
-        cmd.env(k, v);
+        .env(CHILD_ENV, "1");
+    if real {
+        for (k, v) in extra {
+            if *k == "FAKE_HIP_DEVICES" {
+                let n: usize = v.parse().unwrap();
+                let list: Vec<String> = (0..n).map(|d| d.to_string()).collect();
+                cmd.env("HIP_VISIBLE_DEVICES", list.join(","));
+            }
+        }
+    } else {
+        let Some(so) = build_fake(&dir) else {
+            return false;
+        };
+        cmd.env("PCCL_HIP_LIBRARY", &so)
+            .env("PCCL_HIPRTC_LIBRARY", &so)
+            .env("PCCL_RCCL_LIBRARY", &so)
+            .env_remove("PCCL_HIP_ARCH");
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
     }
     let out = cmd.output().expect("run the child test process");
     let _ = std::fs::remove_dir_all(&dir);
@@ -270,7 +296,10 @@ fn child_collectives() {
     }
     // RCCL through the shared NCCL ABI, a world of one rank.
     let rccl = HipDevice::collectives().unwrap();
-    assert_eq!((rccl.name(), rccl.version()), ("RCCL", 21804));
+    assert_eq!(rccl.name(), "RCCL");
+    if !real_runtime() {
+        assert_eq!(rccl.version(), 21804);
+    }
     let id = rccl.unique_id().unwrap();
     let comm = pccl::device::nccl_abi::NcclComm::init_with(rccl, &id, 1, 0).unwrap();
     let x: Vec<f32> = (0..10).map(|i| i as f32).collect();
@@ -289,7 +318,11 @@ fn child_collectives() {
     }
     .unwrap();
     assert_eq!(d0.download::<f32>(&o).unwrap(), x);
-    // Joining that world with another size is refused: an RCCL error, not success.
+    // Joining that world with another size is refused by the fake: an RCCL error.
+    if real_runtime() {
+        println!("child-checked");
+        return;
+    }
     assert!(pccl::device::nccl_abi::NcclComm::init_with(rccl, &id, 2, 1).is_err());
     println!("child-checked");
 }
@@ -509,6 +542,10 @@ fn bench(so: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> (bool, St
 
 #[test]
 fn pccl_bench_runs_rocm_and_times_rccl_beside_pccl() {
+    if real_runtime() {
+        println!("skipped on the real ROCm runtime: scripts/gpu-check.sh --rocm runs pccl-bench");
+        return;
+    }
     let dir = std::env::temp_dir().join(format!("pccl-rocm-fake-{}-bench", std::process::id()));
     let Some(so) = build_fake(&dir) else {
         return;
@@ -578,4 +615,84 @@ fn pccl_bench_runs_rocm_and_times_rccl_beside_pccl() {
     assert!(!ok, "{text}");
     assert!(text.contains("RCCL ncclAllGather failed"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_c_abi_runs_collectives_on_a_hip_stream() {
+    with_fake_runtime("child_capi_hip_stream", &[]);
+}
+
+#[test]
+fn child_capi_hip_stream() {
+    use pccl::capi::*;
+    if !is_child() {
+        return;
+    }
+    let p = 2usize;
+    let mut world: pcclThreadWorld_t = std::ptr::null_mut();
+    // SAFETY: `world` is a writable handle.
+    assert_eq!(
+        unsafe { pcclThreadWorldCreate(p as i32, &mut world) },
+        pcclSuccess
+    );
+    let world_addr = world as usize;
+    let results: Vec<(Vec<f32>, pcclResult_t, String)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..p)
+            .map(|r| {
+                s.spawn(move || {
+                    let mut comm: pcclComm_t = std::ptr::null_mut();
+                    // SAFETY: `comm` is a writable handle; the world lives until all joined.
+                    let rc = unsafe {
+                        pcclCommInitThreads(&mut comm, world_addr as pcclThreadWorld_t, r as i32)
+                    };
+                    assert_eq!(rc, pcclSuccess);
+                    let dev = HipDevice::open(r).unwrap();
+                    let x = vec![r as f32 + 1.0; 64];
+                    let sb = dev.upload(&x).unwrap();
+                    let o = dev.alloc_zeroed(256).unwrap();
+                    // SAFETY: both buffers hold 64 f32 of the stream's device.
+                    let rc = unsafe {
+                        pcclAllReduce(
+                            sb.device_ptr() as *const _,
+                            o.device_ptr() as *mut _,
+                            64,
+                            pcclFloat32,
+                            pcclSum,
+                            comm,
+                            dev.raw_stream(),
+                        )
+                    };
+                    assert_eq!(rc, pcclSuccess, "rank {r}");
+                    let sum = dev.download::<f32>(&o).unwrap();
+                    // A misaligned f32 buffer on the HIP path: an invalid argument, named.
+                    // SAFETY: rejected before any memory is touched.
+                    let bad = unsafe {
+                        pcclAllReduce(
+                            (sb.device_ptr() + 1) as *const _,
+                            o.device_ptr() as *mut _,
+                            8,
+                            pcclFloat32,
+                            pcclSum,
+                            comm,
+                            dev.raw_stream(),
+                        )
+                    };
+                    // SAFETY: a NUL-terminated string owned by PCCL.
+                    let msg = unsafe { std::ffi::CStr::from_ptr(pcclGetLastError(comm)) }
+                        .to_string_lossy()
+                        .into_owned();
+                    pcclCommDestroy(comm);
+                    (sum, bad, msg)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    pcclThreadWorldDestroy(world);
+    for (sum, bad, msg) in results {
+        assert_eq!(sum, vec![3.0f32; 64]);
+        assert_eq!(bad, pcclInvalidArgument, "{msg}");
+        assert!(msg.contains("aligned"), "{msg}");
+    }
+    println!("child-checked");
 }

@@ -45,7 +45,8 @@ E hipDeviceGetUuid(unsigned char* u, int d) {
     for (int i = 0; i < 16; i++) u[i] = (unsigned char)(0xA0 + i * 7 + d * 31);
     return 0;
 }
-E hipStreamCreate(void** s) { *s = malloc(1); return 0; }
+E hipStreamCreate(void** s) { *s = malloc(sizeof(int)); **(int**)s = current; return 0; }
+E hipStreamGetDevice(void* s, int* d) { if (!s) return 1; *d = *(int*)s; return 0; }
 E hipStreamDestroy(void* s) { free(s); return 0; }
 E hipStreamSynchronize(void* s) { return 0; }
 E hipStreamWaitEvent(void* s, void* e, unsigned f) { return f == 0 ? 0 : 1; }
