@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Every GPU check of PCCL in one script: the CUDA kernel tests (tests/cuda_kernels.rs, every
 # dtype x op against the host reference, transposes of many shapes), the device collectives
-# (tests/cuda_collectives.rs), the GPU benchmark (src/bin/pccl-gpu-bench.rs: D2D copy ceiling,
-# reductions, transpose, in GB/s and % of copy) and the host-staged device reduce-scatter
-# benchmark (src/bin/pccl-device-bench.rs; its arguments from $DEVICE_BENCH_ARGS).
+# (tests/cuda_collectives.rs), the CUDA unit tests of the library (device::, comm::), the GPU
+# benchmark (src/bin/pccl-gpu-bench/: `kernels`: D2D copy ceiling, reductions, transpose, in GB/s
+# and % of copy; `staged`: the host-staged device reduce-scatter, its arguments from
+# $DEVICE_BENCH_ARGS), pccl-bench -d cuda with NCCL's own collective timed beside PCCL's.
 # Run it from the repository root on a machine with an NVIDIA GPU.
+#
+#   scripts/gpu-check.sh --rocm [--build-only]   the same on an AMD GPU (MI250X, MI300): see below
 #
 #   scripts/gpu-check.sh [-- BENCH_ARGS]   build with cargo (when it is installed), then run them all
 #   scripts/gpu-check.sh --build-only      build the binaries into out/gpu-check/ (release), to
@@ -14,10 +17,19 @@
 # BENCH_ARGS go to pccl-gpu-bench (e.g. -- --sweep). With neither flag, the script builds when
 # cargo is on PATH and otherwise runs what is in out/gpu-check/.
 #
-# Then pccl-bench -d cuda --check (host-staged, then with the NCCL level) and the torch backend on
-# CUDA tensors (ffi/python/tests/test_cuda.py, with out/gpu-check/libpccl.so).
-# Logs (tests.log, collectives.log, bench.log, device-bench.log, pccl-bench-cuda.log,
-# torch-cuda.log, env.log) go to $OUT when it is set, else to out/gpu-check/logs/.
+# Then pccl-bench -d cuda --check (host-staged, with the NCCL level, and one rank per GPU with
+# the NCCL column), the torch backend on CUDA tensors (ffi/python/tests/test_cuda.py, with
+# out/gpu-check/libpccl.so) and the FSDP2 harness (ffi/python/examples/train_fsdp.py --device
+# cuda --compare, under torchrun, one rank per GPU).
+# Logs (tests.log, collectives.log, lib.log, bench.log, device-bench.log, pccl-bench-cuda.log,
+# torch-cuda.log, fsdp-cuda.log, env.log) go to $OUT when it is set, else to out/gpu-check/logs/.
+#
+# --rocm: builds with --features rocm into out/gpu-check-rocm/ and runs the ROCm suite on the
+# real runtime (HIP, hipRTC and RCCL from /opt/rocm, or PCCL_HIP_LIBRARY / PCCL_HIPRTC_LIBRARY /
+# PCCL_RCCL_LIBRARY): tests/rocm_fake.rs with PCCL_ROCM_REAL=1 (every dtype x op through the
+# staged, direct and RCCL-level executors on thread ranks, one per GCD), tests/hip_loading.rs,
+# and pccl-bench -d rocm --check with RCCL's own collective timed beside PCCL's. Logs go to
+# rocm-*.log.
 # NCCL is found through PCCL_NCCL_LIBRARY, else python's nvidia.nccl wheel, else ldconfig.
 # With a GPU visible (nvidia-smi lists one), PCCL_REQUIRE_CUDA=1 makes the tests fail instead of
 # skipping when CUDA cannot be used. The exit status is non-zero if any check failed.
@@ -26,43 +38,108 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN_DIR=out/gpu-check
 mode=auto
+rocm=0
 bench_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --build-only) mode=build; shift ;;
+        --rocm) rocm=1; shift ;;
         --no-build) mode=run; shift ;;
         --) shift; bench_args=("$@"); break ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
         *) echo "gpu-check: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
 
+# The test executable cargo builds for `cargo test --release --features $1 $2` (e.g. `--test
+# cuda_kernels` or `--lib`), named $4-<hash> in deps/, copied to $BIN_DIR/$3.
+copy_test() {
+    local feature=$1 target=$2 name=$3 stem=$4 test_exe
+    # shellcheck disable=SC2086
+    test_exe=$(cargo test --release --features "$feature" $target --no-run --message-format=json 2>/dev/null \
+        | grep -o "\"executable\":\"[^\"]*/deps/$stem-[^\"]*\"" | tail -1 | sed 's/"executable":"//; s/"$//')
+    if [ -z "$test_exe" ] || [ ! -x "$test_exe" ]; then
+        # shellcheck disable=SC2086
+        cargo test --release --features "$feature" $target --no-run   # show the errors
+        echo "gpu-check: could not build the $target tests" >&2
+        return 1
+    fi
+    cp "$test_exe" "$BIN_DIR/$name"
+}
+
 build() {
     export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}"
     mkdir -p "$BIN_DIR"
-    cargo build --release --features cuda --lib --bin pccl-gpu-bench --bin pccl-device-bench \
-        --bin pccl-bench || return 1
-    local test_exe t
-    for t in cuda_kernels cuda_collectives; do
-        test_exe=$(cargo test --release --features cuda --test "$t" --no-run --message-format=json 2>/dev/null \
-            | grep -o "\"executable\":\"[^\"]*$t[^\"]*\"" | tail -1 | sed 's/"executable":"//; s/"$//')
-        if [ -z "$test_exe" ] || [ ! -x "$test_exe" ]; then
-            cargo test --release --features cuda --test "$t" --no-run   # show the errors
-            echo "gpu-check: could not build the $t test" >&2
-            return 1
-        fi
-        cp "$test_exe" "$BIN_DIR/$t"
-    done
+    cargo build --release --features cuda --lib --bin pccl-gpu-bench --bin pccl-bench || return 1
+    copy_test cuda "--test cuda_kernels" cuda_kernels cuda_kernels || return 1
+    copy_test cuda "--test cuda_collectives" cuda_collectives cuda_collectives || return 1
+    copy_test cuda "--lib" lib_cuda pccl || return 1
     cp "$CARGO_TARGET_DIR/release/pccl-gpu-bench" "$BIN_DIR/pccl-gpu-bench"
-    cp "$CARGO_TARGET_DIR/release/pccl-device-bench" "$BIN_DIR/pccl-device-bench"
     cp "$CARGO_TARGET_DIR/release/pccl-bench" "$BIN_DIR/pccl-bench"
     cp "$CARGO_TARGET_DIR/release/libpccl.so" "$BIN_DIR/libpccl.so"
     if command -v strip >/dev/null; then
-        strip "$BIN_DIR/cuda_kernels" "$BIN_DIR/cuda_collectives" "$BIN_DIR/pccl-gpu-bench" \
-            "$BIN_DIR/pccl-device-bench" "$BIN_DIR/pccl-bench" "$BIN_DIR/libpccl.so"
+        strip "$BIN_DIR/cuda_kernels" "$BIN_DIR/cuda_collectives" "$BIN_DIR/lib_cuda" \
+            "$BIN_DIR/pccl-gpu-bench" "$BIN_DIR/pccl-bench" "$BIN_DIR/libpccl.so"
     fi
     ls -l "$BIN_DIR"
 }
+
+# --rocm: build with the rocm feature, then the ROCm checks on the real runtime.
+rocm_check() {
+    BIN_DIR=out/gpu-check-rocm
+    if [ "$mode" != run ]; then
+        if ! command -v cargo >/dev/null; then
+            [ "$mode" = build ] && { echo "gpu-check: --build-only needs cargo" >&2; return 1; }
+        else
+            export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}"
+            mkdir -p "$BIN_DIR"
+            cargo build --release --features rocm --lib --bin pccl-bench || return 1
+            copy_test rocm "--test rocm_fake" rocm_suite rocm_fake || return 1
+            copy_test rocm "--test hip_loading" hip_loading hip_loading || return 1
+            cp "$CARGO_TARGET_DIR/release/pccl-bench" "$BIN_DIR/pccl-bench"
+            cp "$CARGO_TARGET_DIR/release/libpccl.so" "$BIN_DIR/libpccl.so"
+            ls -l "$BIN_DIR"
+        fi
+        [ "$mode" = build ] && return 0
+    fi
+    local b
+    for b in rocm_suite hip_loading pccl-bench; do
+        if [ ! -x "$BIN_DIR/$b" ]; then
+            echo "gpu-check: $BIN_DIR/$b is missing: run scripts/gpu-check.sh --rocm --build-only where cargo is" >&2
+            return 1
+        fi
+    done
+    local log="${OUT:-$BIN_DIR/logs}" rocm_lib="${ROCM_PATH:-/opt/rocm}/lib" st=0 ngpu
+    mkdir -p "$log"
+    # The real libraries: the environment's, else ROCm's own folder.
+    [ -z "${PCCL_HIP_LIBRARY:-}" ] && [ -e "$rocm_lib/libamdhip64.so" ] && export PCCL_HIP_LIBRARY="$rocm_lib/libamdhip64.so"
+    [ -z "${PCCL_HIPRTC_LIBRARY:-}" ] && [ -e "$rocm_lib/libhiprtc.so" ] && export PCCL_HIPRTC_LIBRARY="$rocm_lib/libhiprtc.so"
+    [ -z "${PCCL_RCCL_LIBRARY:-}" ] && [ -e "$rocm_lib/librccl.so" ] && export PCCL_RCCL_LIBRARY="$rocm_lib/librccl.so"
+    ngpu=$(rocm-smi --showid 2>/dev/null | grep -c 'GPU\[' || true)
+    [ "${ngpu:-0}" -gt 0 ] || ngpu=1
+    {
+        echo "## gpu-check --rocm $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
+        echo "## git: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+        rocm-smi --showproductname 2>&1 || echo "rocm-smi: not available"
+        echo "HIP=${PCCL_HIP_LIBRARY:-search} HIPRTC=${PCCL_HIPRTC_LIBRARY:-search} RCCL=${PCCL_RCCL_LIBRARY:-search} GPUs=$ngpu"
+    } 2>&1 | tee "$log/rocm-env.log"
+    echo "## rocm: every collective on the real runtime ($BIN_DIR/rocm_suite, PCCL_ROCM_REAL=1)"
+    PCCL_ROCM_REAL=1 "$BIN_DIR/rocm_suite" --nocapture --test-threads=1 2>&1 | tee "$log/rocm-tests.log" || st=1
+    "$BIN_DIR/hip_loading" --nocapture 2>&1 | tee -a "$log/rocm-tests.log" || st=1
+    echo "## rocm: pccl-bench -d rocm (host-staged; RCCL level; one rank per GCD with the RCCL column)"
+    {
+        PCCL_NCCL=0 "$BIN_DIR/pccl-bench" -d rocm --ranks 2 --check --coll all -m 1K:64M &&
+        PCCL_NCCL=1 "$BIN_DIR/pccl-bench" -d rocm --ranks "$ngpu" --check --coll all -m 1K:256M &&
+        PCCL_RANKS_PER_NODE=1 "$BIN_DIR/pccl-bench" -d gpu --ranks 2 --check --coll all -m 1K:64M
+    } 2>&1 | tee "$log/rocm-bench.log" || st=1
+    echo "## gpu-check --rocm: $([ $st = 0 ] && echo all checks passed || echo SOME CHECKS FAILED)"
+    return $st
+}
+
+if [ "$rocm" = 1 ]; then
+    rocm_check
+    exit $?
+fi
 
 if [ "$mode" = build ]; then
     build
@@ -74,7 +151,7 @@ fi
 if [ "$mode" = build_and_run ]; then
     build || exit 1
 fi
-for b in cuda_kernels cuda_collectives pccl-gpu-bench pccl-device-bench pccl-bench libpccl.so; do
+for b in cuda_kernels cuda_collectives lib_cuda pccl-gpu-bench pccl-bench libpccl.so; do
     if [ ! -x "$BIN_DIR/$b" ]; then
         echo "gpu-check: $BIN_DIR/$b is missing: run scripts/gpu-check.sh --build-only where cargo is" >&2
         exit 1
@@ -136,15 +213,20 @@ echo "## tests: $BIN_DIR/cuda_kernels --nocapture"
 "$BIN_DIR/cuda_kernels" --nocapture 2>&1 | tee "$LOG_DIR/tests.log" || status=1
 echo "## tests: $BIN_DIR/cuda_collectives --nocapture"
 "$BIN_DIR/cuda_collectives" --nocapture 2>&1 | tee "$LOG_DIR/collectives.log" || status=1
+echo "## tests: $BIN_DIR/lib_cuda device:: comm:: (the library's unit tests with the cuda feature)"
+"$BIN_DIR/lib_cuda" device:: comm:: 2>&1 | tee "$LOG_DIR/lib.log" || status=1
 echo "## bench: $BIN_DIR/pccl-gpu-bench ${bench_args[*]:-}"
 "$BIN_DIR/pccl-gpu-bench" "${bench_args[@]}" 2>&1 | tee "$LOG_DIR/bench.log" || status=1
-echo "## device bench: $BIN_DIR/pccl-device-bench ${DEVICE_BENCH_ARGS:-}"
+echo "## device bench: $BIN_DIR/pccl-gpu-bench staged ${DEVICE_BENCH_ARGS:-}"
 # shellcheck disable=SC2086
-"$BIN_DIR/pccl-device-bench" ${DEVICE_BENCH_ARGS:-} 2>&1 | tee "$LOG_DIR/device-bench.log" || status=1
-echo "## pccl-bench -d cuda (CUDA events; NCCL level off, then on with one rank per node)"
+"$BIN_DIR/pccl-gpu-bench" staged ${DEVICE_BENCH_ARGS:-} 2>&1 | tee "$LOG_DIR/device-bench.log" || status=1
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c GPU || true)
+[ "${ngpu:-0}" -gt 0 ] || ngpu=1
+echo "## pccl-bench -d cuda (NCCL level off; on with one rank per node; one rank per GPU, NCCL column)"
 {
     PCCL_NCCL=0 "$BIN_DIR/pccl-bench" -d cuda --ranks 2 --check --coll all -m 1K:64M &&
-    PCCL_RANKS_PER_NODE=1 "$BIN_DIR/pccl-bench" -d cuda --ranks 2 --check --coll all -m 1K:64M
+    PCCL_RANKS_PER_NODE=1 "$BIN_DIR/pccl-bench" -d cuda --ranks 2 --check --coll all -m 1K:64M &&
+    "$BIN_DIR/pccl-bench" -d cuda --ranks "$ngpu" --check --coll all -m 1K:256M
 } 2>&1 | tee "$LOG_DIR/pccl-bench-cuda.log" || status=1
 echo "## torch backend on CUDA tensors (ffi/python/tests/test_cuda.py)"
 if python3 -c 'import torch, pytest; assert torch.cuda.is_available()' 2>/dev/null; then
@@ -153,6 +235,15 @@ if python3 -c 'import torch, pytest; assert torch.cuda.is_available()' 2>/dev/nu
         | tee "$LOG_DIR/torch-cuda.log" || status=1
 else
     echo "skipped: python3 has no torch with CUDA (or no pytest)" | tee "$LOG_DIR/torch-cuda.log"
+fi
+echo "## FSDP2 harness on CUDA tensors (train_fsdp.py --device cuda --compare, $ngpu rank(s))"
+if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+    PCCL_LIBRARY="$PWD/$BIN_DIR/libpccl.so" PYTHONUNBUFFERED=1 \
+        python3 -m torch.distributed.run --nproc-per-node "$ngpu" \
+        ffi/python/examples/train_fsdp.py --device cuda --compare --steps 10 2>&1 \
+        | tee "$LOG_DIR/fsdp-cuda.log" || status=1
+else
+    echo "skipped: python3 has no torch with CUDA" | tee "$LOG_DIR/fsdp-cuda.log"
 fi
 echo "## gpu-check: $([ $status = 0 ] && echo all checks passed || echo SOME CHECKS FAILED)"
 exit $status

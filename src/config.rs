@@ -9,7 +9,7 @@
 //! | `PCCL_TIMEOUT` | seconds a whole collective may take before a timeout error (one deadline per collective) | `300` |
 //! | `PCCL_CHUNK_SIZE` | bytes per pipelined piece of a large message | `1048576` |
 //! | `PCCL_MODEL` | cost-model parameters `a_intra,bw_intra,a_inter,bw_inter,bw_reduce` (µs, GB/s) | built in |
-//! | `PCCL_NCCL` | intra-node level of device collectives on NCCL: `auto`, `1` (required), `0` (never) | `auto` |
+//! | `PCCL_NCCL` | intra-node level of device collectives on NCCL (RCCL on ROCm): `auto`, `1` (required), `0` (never) | `auto` |
 //! | `PCCL_DEVICE_DIRECT` | `1`: device collectives hand device pointers to a transport that moves device memory (CUDA-aware MPI, thread world in device mode); `0`: always pinned host staging (every rank must agree) | `1` |
 //! | `PCCL_FAULT` | fault injection for tests: `rank:seq:kind[,...]`, kind `kill`, `stall`, `drop`, `corrupt` (see `pccl::fault`) | none |
 //! | `PCCL_CHECKS` | `0`: messages carry only the sequence number, not the call's fingerprint (to measure what the checks cost) | `1` |
@@ -43,7 +43,7 @@ pub enum DebugLevel {
 /// Whether device collectives run their intra-node level on NCCL.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NcclMode {
-    /// Use NCCL where every rank can load it and no two ranks of a node share a GPU.
+    /// Use NCCL where every rank can load it and no two ranks of a node share a GPU (by UUID).
     Auto,
     /// Use NCCL, and fail the first device collective with the reason when it cannot be used.
     On,

@@ -152,8 +152,11 @@ fn build_with(compiler: &str, src: &str, name: &str, static_lib: bool, flags: &[
 /// `tests/c/bad_input.c`: a host-only library refuses streams; a CUDA build says CUDA is
 /// missing, or, with a driver, that the buffers are not device memory.
 fn stream_expectation() -> &'static str {
-    #[cfg(not(feature = "cuda"))]
+    #[cfg(not(any(feature = "cuda", feature = "rocm")))]
     return "5:built without CUDA";
+    // A ROCm-only build takes the stream for a HIP stream: HIP is not installed here.
+    #[cfg(all(feature = "rocm", not(feature = "cuda")))]
+    return "2:libamdhip64";
     #[cfg(feature = "cuda")]
     match pccl::device::cuda::ensure_available() {
         Err(_) => "2:CUDA is not available",

@@ -7,6 +7,10 @@
 //! GPUs round-robin, all on device 0 with one GPU), runs the device collectives
 //! (`Communicator::*_device`) and times them with CUDA events on its own stream, as
 //! nccl-tests does. MPI's native collective is not timed there (MPI here is not CUDA-aware).
+//! `-d rocm` (feature `rocm`) does the same on AMD GPUs through HIP, `-d gpu` picks the vendor
+//! whose runtime reports devices. On device buffers the vendor library's own collective
+//! (NCCL's or RCCL's, over all ranks) is timed on the same buffers beside PCCL's, where every
+//! rank has a GPU of its own (`--no-vendor-compare` turns it off).
 
 use clap::Parser;
 use pccl::config::{parse_bytes, Config};
@@ -65,16 +69,23 @@ struct Args {
     /// bytes of its output at least once.
     #[arg(long)]
     floor: bool,
-    /// Where the buffers live: host memory, or cuda (GPU `local rank % devices`, timed with
-    /// CUDA events; needs a build with `--features cuda`).
+    /// Where the buffers live: host memory, or cuda / rocm (GPU `local rank % devices`;
+    /// needs a build with `--features cuda` / `rocm`), or gpu (whichever of the two has
+    /// devices here).
     #[arg(short = 'd', long = "device", value_enum, default_value_t = Device::Host)]
     device: Device,
+    /// On device buffers, do not time the vendor library's collective (NCCL, RCCL) beside
+    /// PCCL's.
+    #[arg(long)]
+    no_vendor_compare: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum Device {
     Host,
     Cuda,
+    Rocm,
+    Gpu,
 }
 
 impl Device {
@@ -82,6 +93,8 @@ impl Device {
         match self {
             Device::Host => "host",
             Device::Cuda => "cuda",
+            Device::Rocm => "rocm",
+            Device::Gpu => "gpu",
         }
     }
 }
@@ -123,6 +136,8 @@ struct Row {
     busbw: f64,
     algo: String,
     mpi_us: Option<f64>,
+    /// Mean over ranks of the vendor library's collective on the same device buffers.
+    vendor_us: Option<f64>,
     floor_us: Option<f64>,
     wrong: u64,
 }
@@ -286,6 +301,7 @@ fn finish_row(comm: &Communicator, coll: Coll, op: ReduceOp, m: Measured) -> pcc
         busbw: algbw * factor,
         algo: comm.algorithm_for(coll_key, block_bytes)?.name(),
         mpi_us: mpi_mine.map(|_| stats[3] * 1e6),
+        vendor_us: None,
         floor_us: None,
         wrong: stats[4] as u64,
     })
@@ -413,41 +429,28 @@ fn bench_rank(comm: &Communicator, native: &Native<'_>, args: &Args) -> pccl::Re
     let szs = sizes(&args.sizes).map_err(pccl::Error::invalid)?;
     let mpi = native_present(native);
     let mut notes = Vec::new();
-    let mut gpu: GpuState = None;
-    if args.device == Device::Cuda {
+    let mut gpu = GpuState::None;
+    if args.device != Device::Host {
         if args.floor {
-            return Err(pccl::Error::usage(
-                "--floor measures host memory copy bandwidth; it is not supported with -d cuda",
-            ));
+            return Err(pccl::Error::usage(format!(
+                "--floor measures host memory copy bandwidth; it is not supported with -d {}",
+                args.device.name()
+            )));
         }
-        #[cfg(feature = "cuda")]
-        {
-            // Both buffers hold the largest size's P blocks, whichever collective runs.
-            let es = dtype.size();
-            let most = szs.iter().max().map_or(1, |&b| (b / es).max(1));
-            let most = most
-                .checked_mul(comm.size() * es)
-                .ok_or_else(|| pccl::Error::invalid(format!("-m {}: too large", args.sizes)))?;
-            let g = gpu::Gpu::open_all(comm, mpi, most)?;
-            notes.push(format!(
-                "# device cuda: rank 0 on GPU {} of {} ({}), each rank on GPU (local rank % {}); \
-                 times from CUDA events on each rank's stream",
-                g.ordinal,
-                g.devices,
-                g.dev.name(),
-                g.devices
-            ));
-            gpu = Some(g);
+        // Both buffers hold the largest size's P blocks, whichever collective runs.
+        let es = dtype.size();
+        let most = szs.iter().max().map_or(1, |&b| (b / es).max(1));
+        let most = most
+            .checked_mul(comm.size() * es)
+            .ok_or_else(|| pccl::Error::invalid(format!("-m {}: too large", args.sizes)))?;
+        gpu = GpuState::open(resolve_device(args.device), comm, mpi, most, args)?;
+        notes.extend(gpu.notes());
+        if mpi && !args.no_mpi_compare {
+            notes.push(
+                "# MPI native comparison skipped: device buffers, and MPI here is not GPU-aware"
+                    .to_string(),
+            );
         }
-        #[cfg(not(feature = "cuda"))]
-        return Err(pccl::Error::usage(NO_CUDA_FEATURE));
-    }
-    if mpi && args.device == Device::Cuda && !args.no_mpi_compare {
-        notes.push(
-            "# MPI native comparison skipped: -d cuda buffers are device memory and MPI here is \
-             not CUDA-aware"
-                .to_string(),
-        );
     }
     let copy_bw = if args.floor {
         Some(machine_copy_bandwidth(comm)?)
@@ -460,7 +463,7 @@ fn bench_rank(comm: &Communicator, native: &Native<'_>, args: &Args) -> pccl::Re
     let mut rows = Vec::new();
     for coll in colls {
         if comm.rank() == 0 && !args.json {
-            print_header(comm, coll, args, mpi && gpu.is_none(), &notes);
+            print_header(comm, coll, args, mpi && gpu.is_host(), gpu.vendor(), &notes);
         }
         for &b in &szs {
             macro_rules! go {
@@ -505,179 +508,141 @@ fn run_one<T: Element>(
     args: &Args,
 ) -> pccl::Result<Row> {
     match gpu {
-        None => run_size::<T>(comm, native, coll, op, bytes, args),
+        GpuState::None => run_size::<T>(comm, native, coll, op, bytes, args),
         #[cfg(feature = "cuda")]
-        Some(g) => gpu::run_size::<T>(comm, g, coll, op, bytes, args),
-        #[cfg(not(feature = "cuda"))]
-        Some(never) => match *never {},
+        GpuState::Cuda(g) => gpu::run_size::<T, _>(comm, g, coll, op, bytes, args),
+        #[cfg(feature = "rocm")]
+        GpuState::Rocm(g) => gpu::run_size::<T, _>(comm, g, coll, op, bytes, args),
     }
 }
 
-/// The rank's GPU and device buffers under `-d cuda`.
-#[cfg(feature = "cuda")]
-type GpuState = Option<gpu::Gpu>;
-#[cfg(not(feature = "cuda"))]
-type GpuState = Option<std::convert::Infallible>;
-
-#[cfg(not(feature = "cuda"))]
-const NO_CUDA_FEATURE: &str = "-d cuda: this pccl-bench was built without the `cuda` feature; \
-     rebuild with --features cuda (cargo build --release --features cuda --bin pccl-bench)";
-
-/// Exits with a clear message unless `-d cuda` can run here: the `cuda` feature, a driver
-/// and at least one device.
-fn require_cuda() {
+/// The rank's GPU and device buffers under `-d cuda|rocm|gpu`.
+enum GpuState {
+    None,
     #[cfg(feature = "cuda")]
-    match pccl::device::cuda::CudaDevice::count() {
-        Ok(0) => fail("no CUDA device: the driver reports no CUDA device"),
-        Ok(_) => {}
-        Err(e) => fail(format!("no CUDA device: {}", e.message())),
-    }
-    #[cfg(not(feature = "cuda"))]
-    fail(NO_CUDA_FEATURE)
+    Cuda(Box<gpu::Gpu<pccl::device::cuda::CudaDevice>>),
+    #[cfg(feature = "rocm")]
+    Rocm(Box<gpu::Gpu<pccl::device::hip::HipDevice>>),
 }
 
-/// Device buffers of one rank: `-d cuda`.
-#[cfg(feature = "cuda")]
-mod gpu {
-    use super::{count_wrong, finish_row, input_of, iters_for, lens, Args, Coll, Measured, Row};
-    use cudarc::driver::{CudaSlice, CudaViewMut};
-    use pccl::device::cuda::{CudaDevice, EventTimer};
-    use pccl::{Communicator, Element, Error, ReduceOp, Result};
-
-    /// One rank's GPU, its timing events and its two buffers, allocated once at the largest
-    /// size.
-    pub struct Gpu {
-        pub dev: CudaDevice,
-        pub ordinal: usize,
-        pub devices: usize,
-        timer: EventTimer,
-        input: CudaSlice<u8>,
-        output: CudaSlice<u8>,
-    }
-
-    /// The rank's index among the ranks of its machine: every thread-rank is in this
-    /// process; MPI ranks from the launcher's environment (MPICH/Hydra, Open MPI, MVAPICH,
-    /// Slurm), else their place in the communicator's node.
-    fn local_rank(comm: &Communicator, mpi: bool) -> usize {
-        if !mpi {
-            return comm.rank();
-        }
-        [
-            "MPI_LOCALRANKID",
-            "OMPI_COMM_WORLD_LOCAL_RANK",
-            "MV2_COMM_WORLD_LOCAL_RANK",
-            "SLURM_LOCALID",
-        ]
-        .iter()
-        .find_map(|v| std::env::var(v).ok()?.parse().ok())
-        .unwrap_or_else(|| comm.topology().position(comm.rank()).1)
-    }
-
-    impl Gpu {
-        fn open(comm: &Communicator, mpi: bool, bytes: usize) -> Result<Gpu> {
-            let devices = CudaDevice::count()
-                .map_err(|e| Error::system(format!("no CUDA device: {}", e.message())))?;
-            if devices == 0 {
-                return Err(Error::system(
-                    "no CUDA device: the driver reports no CUDA device",
-                ));
-            }
-            let ordinal = local_rank(comm, mpi) % devices;
-            let dev = CudaDevice::open(ordinal)
-                .map_err(|e| Error::new(e.kind(), format!("opening CUDA device {ordinal}: {e}")))?;
-            let timer = dev.timer()?;
-            let input = dev.alloc_zeroed(bytes)?;
-            let output = dev.alloc_zeroed(bytes)?;
-            Ok(Gpu {
-                dev,
-                ordinal,
-                devices,
-                timer,
-                input,
-                output,
-            })
-        }
-
-        /// Opens the rank's GPU and buffers of `bytes` each; fails on every rank when it fails
-        /// on one (so no rank waits in a collective for one that gave up).
-        pub fn open_all(comm: &Communicator, mpi: bool, bytes: usize) -> Result<Gpu> {
-            let mine = Gpu::open(comm, mpi, bytes);
-            let mut failed = [0u32];
-            comm.all_reduce(&[u32::from(mine.is_err())], &mut failed, ReduceOp::Max)?;
-            match mine {
-                Err(e) => Err(Error::new(
-                    e.kind(),
-                    format!("rank {}: {}", comm.rank(), e.message()),
-                )),
-                Ok(_) if failed[0] != 0 => Err(Error::system(
-                    "another rank could not open its CUDA device or buffers",
-                )),
-                Ok(g) => Ok(g),
-            }
-        }
-    }
-
-    /// One size of `coll` on device buffers: the pattern uploaded, warm-up runs, the timed
-    /// runs between two CUDA events on the rank's stream, and with `--check` one more run
-    /// into a poisoned (0xFF) output, downloaded and compared with the host reference.
-    pub fn run_size<T: Element>(
+impl GpuState {
+    /// Opens the rank's GPU of `kind` (cuda or rocm, resolved) on every rank.
+    #[allow(unused_variables)]
+    fn open(
+        kind: Device,
         comm: &Communicator,
-        g: &mut Gpu,
-        coll: Coll,
-        op: ReduceOp,
+        mpi: bool,
         bytes: usize,
         args: &Args,
-    ) -> Result<Row> {
-        let (r, p) = (comm.rank(), comm.size());
-        let es = std::mem::size_of::<T>();
-        let count = (bytes / es).max(1);
-        let (in_len, out_len) = lens(coll, count, p);
-        let dev = &g.dev;
-        let mut input = g.input.slice_mut(0..in_len * es);
-        dev.upload_into(&input_of::<T>(r, in_len), &mut input)?;
-        let mut output = g.output.slice_mut(0..out_len * es);
-        let run_once = |out: &mut CudaViewMut<'_, u8>| -> Result<()> {
-            match coll {
-                Coll::AllGather => comm.all_gather_device::<T>(dev, &input, out),
-                Coll::ReduceScatter => comm.reduce_scatter_device::<T>(dev, &input, out, op),
-                Coll::AllReduce => comm.all_reduce_device::<T>(dev, &input, out, op),
+    ) -> pccl::Result<GpuState> {
+        let vendor = !args.no_vendor_compare;
+        match kind {
+            #[cfg(feature = "cuda")]
+            Device::Cuda => {
+                gpu::Gpu::open_all(comm, mpi, bytes, vendor).map(|g| GpuState::Cuda(Box::new(g)))
             }
-        };
-        let total_bytes = out_len.max(in_len) * es;
-        let iters = iters_for(args, total_bytes);
-        for _ in 0..args.warmup {
-            run_once(&mut output)?;
+            #[cfg(feature = "rocm")]
+            Device::Rocm => {
+                gpu::Gpu::open_all(comm, mpi, bytes, vendor).map(|g| GpuState::Rocm(Box::new(g)))
+            }
+            other => Err(pccl::Error::usage(no_feature(other))),
         }
-        comm.barrier()?;
-        g.timer.start(dev)?;
-        for _ in 0..iters {
-            run_once(&mut output)?;
+    }
+
+    fn is_host(&self) -> bool {
+        matches!(self, GpuState::None)
+    }
+
+    /// The vendor library whose column is timed.
+    fn vendor(&self) -> Option<&'static str> {
+        match self {
+            GpuState::None => None,
+            #[cfg(feature = "cuda")]
+            GpuState::Cuda(g) => g.vendor_name(),
+            #[cfg(feature = "rocm")]
+            GpuState::Rocm(g) => g.vendor_name(),
         }
-        g.timer.stop(dev)?;
-        let mine = g.timer.elapsed_ms()? / 1e3 / iters as f64;
-        let mut wrong = 0u64;
-        if args.check {
-            dev.fill(&mut output, 0xFF)?;
-            run_once(&mut output)?;
-            let got = dev.download::<T>(&output)?;
-            wrong = count_wrong(coll, op, p, r, count, &got);
+    }
+
+    /// The header's lines about the devices.
+    fn notes(&self) -> Vec<String> {
+        #[cfg(any(feature = "cuda", feature = "rocm"))]
+        fn of<D: gpu::BenchDevice>(g: &gpu::Gpu<D>) -> Vec<String> {
+            let mut v = vec![format!(
+                "# device {}: rank 0 on device {} of {} ({}), each rank on device (local rank \
+                 % {}); blocking calls timed on the host",
+                D::FLAG,
+                g.ordinal,
+                g.devices,
+                g.dev.label(),
+                g.devices
+            )];
+            v.extend(g.vendor_note.as_ref().map(|n| format!("# {n}")));
+            v
         }
-        finish_row(
-            comm,
-            coll,
-            op,
-            Measured {
-                count,
-                es,
-                total_bytes,
-                iters,
-                mine,
-                mpi_mine: None,
-                wrong,
-            },
-        )
+        match self {
+            GpuState::None => Vec::new(),
+            #[cfg(feature = "cuda")]
+            GpuState::Cuda(g) => of(g),
+            #[cfg(feature = "rocm")]
+            GpuState::Rocm(g) => of(g),
+        }
     }
 }
+
+/// The message for `-d kind` in a build without its feature.
+fn no_feature(kind: Device) -> String {
+    let feature = match kind {
+        Device::Rocm => "rocm",
+        _ => "cuda",
+    };
+    format!(
+        "-d {}: this pccl-bench was built without the `{feature}` feature; rebuild with \
+         --features {feature} (cargo build --release --features {feature} --bin pccl-bench)",
+        kind.name()
+    )
+}
+
+/// Devices of `kind` (cuda or rocm) this process sees, or why none.
+fn device_count(kind: Device) -> Result<usize, String> {
+    match kind {
+        #[cfg(feature = "cuda")]
+        Device::Cuda => pccl::device::cuda::CudaDevice::count().map_err(|e| e.to_string()),
+        #[cfg(feature = "rocm")]
+        Device::Rocm => pccl::device::hip::HipDevice::count().map_err(|e| e.to_string()),
+        other => Err(no_feature(other)),
+    }
+}
+
+/// `-d gpu` as the vendor whose runtime reports devices (CUDA first); cuda and rocm as they
+/// are. Exits with a clear message when the kind cannot run here.
+fn resolve_device(kind: Device) -> Device {
+    let kinds: &[Device] = match kind {
+        Device::Gpu => &[Device::Cuda, Device::Rocm],
+        Device::Host => return Device::Host,
+        _ => std::slice::from_ref(&kind),
+    };
+    let mut why = Vec::new();
+    for &k in kinds {
+        match device_count(k) {
+            Ok(0) => why.push(format!("{}: the runtime reports no device", k.name())),
+            Ok(_) => return k,
+            Err(e) => why.push(e),
+        }
+    }
+    match why.as_slice() {
+        [one] => fail(one),
+        _ => fail(format!(
+            "-d {}: no device ({})",
+            kind.name(),
+            why.join("; ")
+        )),
+    }
+}
+
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+#[path = "bench_gpu/mod.rs"]
+mod gpu;
 
 /// Bytes per second read plus written by all ranks copying 64 MiB at the same time.
 fn machine_copy_bandwidth(comm: &Communicator) -> pccl::Result<f64> {
@@ -709,7 +674,14 @@ fn native_present(native: &Native<'_>) -> bool {
     }
 }
 
-fn print_header(comm: &Communicator, coll: Coll, args: &Args, mpi: bool, notes: &[String]) {
+fn print_header(
+    comm: &Communicator,
+    coll: Coll,
+    args: &Args,
+    mpi: bool,
+    vendor: Option<&str>,
+    notes: &[String],
+) {
     println!(
         "# OSU MPI {} Latency Test (PCCL {})",
         coll.osu_title(),
@@ -743,6 +715,13 @@ fn print_header(comm: &Communicator, coll: Coll, args: &Args, mpi: bool, notes: 
     if mpi && !args.no_mpi_compare {
         h.push_str(&format!(" {:>12} {:>10}", "MPI Avg(us)", "PCCL/MPI"));
     }
+    if let Some(v) = vendor {
+        h.push_str(&format!(
+            " {:>12} {:>10}",
+            format!("{v} Avg(us)"),
+            format!("PCCL/{v}")
+        ));
+    }
     if args.floor && coll == Coll::AllGather {
         h.push_str(&format!(" {:>10} {:>7}", "floor(us)", "xfloor"));
     }
@@ -759,6 +738,9 @@ fn print_row(r: &Row, check: bool) {
     );
     if let Some(m) = r.mpi_us {
         s.push_str(&format!(" {:>12.2} {:>10.3}", m, r.avg_us / m));
+    }
+    if let Some(v) = r.vendor_us {
+        s.push_str(&format!(" {:>12.2} {:>10.3}", v, r.avg_us / v));
     }
     if let Some(f) = r.floor_us {
         s.push_str(&format!(" {:>10.1} {:>7.2}", f, r.avg_us / f));
@@ -778,6 +760,7 @@ fn json(rows: &[Row], comm_desc: &serde_json::Value) -> String {
                 "avg_us": r.avg_us, "min_us": r.min_us, "max_us": r.max_us, "iters": r.iters,
                 "algbw_gbs": r.algbw, "busbw_gbs": r.busbw, "algo": r.algo,
                 "mpi_avg_us": r.mpi_us, "ratio_vs_mpi": r.mpi_us.map(|m| r.avg_us / m),
+                "vendor_avg_us": r.vendor_us, "ratio_vs_vendor": r.vendor_us.map(|v| r.avg_us / v),
                 "floor_us": r.floor_us, "x_floor": r.floor_us.map(|f| r.avg_us / f), "wrong": r.wrong,
             })
         })
@@ -901,9 +884,7 @@ fn main() {
         }
     }
     let cfg = config(&args);
-    if args.device == Device::Cuda {
-        require_cuda();
-    }
+    resolve_device(args.device);
     let wrong = if use_mpi(&args) {
         run_mpi(&args, cfg)
     } else {

@@ -33,7 +33,7 @@ struct DeviceState {
     /// Whether the first device collective has decided on NCCL yet.
     nccl_decided: bool,
     /// The two-level NCCL path, when in use.
-    nccl: Option<NcclLevel>,
+    nccl: Option<NcclLevel<CudaDevice>>,
     /// Stream-ordered (enqueued) collectives: per device ordinal, the handle on PCCL's own
     /// stream they run on and the gate the callers' streams wait on.
     queues: Vec<(usize, CudaDevice, StreamGate)>,

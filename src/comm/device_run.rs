@@ -1,9 +1,11 @@
 //! The vendor-neutral part of the device front end: validating a device collective
 //! ([`DeviceCall`]) and running it through the staged or direct executor on any
-//! [`Device`], and [`Communicator::collective_on`], the entry point of the ROCm build (and of
+//! [`Device`] (or the NCCL-shaped level of [`super::nccl_level`]), and
+//! [`Communicator::collective_on`], the entry point of the ROCm build (and of
 //! any back end without a front end of its own).
 
 use super::communicator::{Communicator, RawCollective};
+use super::nccl_level::NcclLevel;
 use crate::device::api::{DevSpan, Device};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
@@ -30,6 +32,10 @@ pub(crate) struct DeviceCall {
 /// The working space of [`Communicator::collective_on`] for one device type.
 struct GenericState<D: Device> {
     staging: Option<DeviceStaging<D>>,
+    /// Whether the first collective has decided on the vendor library's intra-node level.
+    decided: bool,
+    /// The NCCL-shaped intra-node level (NCCL or RCCL), when in use.
+    level: Option<NcclLevel<D>>,
 }
 
 impl Communicator {
@@ -226,11 +232,13 @@ impl Communicator {
     }
 
     /// A collective on device memory of `dev`, any [`Device`] back end (the ROCm build's
-    /// entry point; CUDA has [`Communicator::raw_collective_device`], which adds the NCCL
-    /// level): `send` and `recv` are device addresses with the counts and in-place forms of
-    /// [`Communicator::raw_collective_device`]. Blocking: returns once the device work is
-    /// done. Runs host-staged through the transport, or direct when the transport moves
-    /// device memory and `PCCL_DEVICE_DIRECT` is set.
+    /// entry point; CUDA's typed front end is [`Communicator::raw_collective_device`], which
+    /// adds stream-ordered enqueueing): `send` and `recv` are device addresses with the counts
+    /// and in-place forms of [`Communicator::raw_collective_device`]. Blocking: returns once
+    /// the device work is done. The first call decides, collectively, whether the vendor's
+    /// NCCL-shaped library (NCCL, RCCL) runs the intra-node level (`PCCL_NCCL`); otherwise
+    /// it runs host-staged through the transport, or direct when the transport moves device
+    /// memory and `PCCL_DEVICE_DIRECT` is set.
     ///
     /// # Safety
     /// `send` and `recv` must be device memory of `dev` valid for the element counts the
@@ -245,7 +253,6 @@ impl Communicator {
     ) -> Result<()> {
         let call = self.device_call::<T>(coll, send, recv, count)?;
         self.wait_idle();
-        let tag = self.take_tag();
         let (tr, mut slot) = self.device_parts();
         if slot
             .as_ref()
@@ -259,12 +266,25 @@ impl Communicator {
                     D::VENDOR
                 )));
             }
-            *slot = Some(Box::new(GenericState::<D> { staging: None }));
+            *slot = Some(Box::new(GenericState::<D> {
+                staging: None,
+                decided: false,
+                level: None,
+            }));
         }
         let state = slot
             .as_mut()
             .and_then(|b| b.downcast_mut::<GenericState<D>>())
             .ok_or_else(|| Error::internal("device state missing"))?;
+        if !state.decided {
+            // Collective over the communicator (host collectives on its transport), once.
+            state.level = NcclLevel::setup(self, dev)?;
+            state.decided = true;
+        }
+        if let Some(level) = state.level.as_mut() {
+            return level.run::<T>(dev, call.raw, call.send.0, call.recv.0, call.count);
+        }
+        let tag = self.take_tag();
         self.run_staged::<T, D>(tr, dev, &call, tag, &mut state.staging)
     }
 }

@@ -5,7 +5,7 @@ pub mod communicator;
 mod device;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 mod device_run;
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "rocm"))]
 mod nccl_level;
 pub mod progress;
 pub mod request;

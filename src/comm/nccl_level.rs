@@ -1,4 +1,6 @@
-//! Device collectives in two levels: NCCL inside a node, PCCL's transport between nodes.
+//! Device collectives in two levels: the vendor's NCCL-shaped library inside a node (NCCL on
+//! CUDA, RCCL on ROCm: [`Device::collectives`]), PCCL's transport between nodes. Written once,
+//! generic over the [`Device`] back end.
 //!
 //! A communicator of N nodes x M ranks keeps, once its first device collective decided to use
 //! NCCL, two things per rank: an NCCL communicator of its node (ordered by local index `m`,
@@ -22,14 +24,17 @@
 //! host path does. Everything is queued on the caller's stream; the host waits for it where
 //! the inter-node level needs the data (the staged executor) and at the end of the call,
 //! polling NCCL's asynchronous error and the communicator's timeout.
+//!
+//! "Do these ranks share a GPU" is decided by the GPUs' UUIDs ([`Device::uuid`]), exchanged
+//! between ranks: ordinals are per process (two processes that each see their GPU as device 0
+//! may or may not share it).
 
 use super::communicator::{Communicator, RawCollective};
 use crate::config::{DebugLevel, NcclMode};
-use crate::device::cuda::CudaDevice;
-use crate::device::nccl::{self, NcclComm, NcclUniqueId};
+use crate::device::api::{DevSpan, Device};
+use crate::device::nccl_abi::{NcclApi, NcclComm, NcclUniqueId};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaEvent, CudaSlice, DevicePtr};
 use std::time::{Duration, Instant};
 
 /// How the communicator numbers the ranks of the N x M grid.
@@ -42,8 +47,20 @@ enum Placement {
     General(Vec<Vec<usize>>),
 }
 
+/// Words per rank of the setup exchange: node, UUID (two words), usable.
+const WORDS: usize = 4;
+
+/// The first pair of ranks `(o, r)`, `o < r`, on one node with the same GPU UUID, from the
+/// setup exchange (`WORDS` words per rank).
+fn shared_gpu(all: &[u64]) -> Option<(usize, usize)> {
+    let p = all.len() / WORDS;
+    let key = |r: usize| &all[WORDS * r..WORDS * r + 3];
+    (0..p).find_map(|r| (0..r).find(|&o| key(o) == key(r)).map(|o| (o, r)))
+}
+
 /// One rank's state of the two-level device path.
-pub(crate) struct NcclLevel {
+pub(crate) struct NcclLevel<D: Device> {
+    api: &'static NcclApi,
     nccl: NcclComm,
     inter: Communicator,
     ordinal: usize,
@@ -54,18 +71,19 @@ pub(crate) struct NcclLevel {
     lrank: usize,
     size: usize,
     placement: Placement,
-    scratch: Option<CudaSlice<u8>>,
-    done: CudaEvent,
+    scratch: Option<D::Memory>,
+    done: D::Event,
     timeout: Duration,
-    /// Set after a timeout or asynchronous NCCL error: the NCCL communicator is unusable.
+    /// Set after a timeout or asynchronous error: the vendor communicator is unusable.
     broken: Option<String>,
 }
 
-impl NcclLevel {
-    /// Decides, collectively over `comm`, whether its device collectives use NCCL, and sets
-    /// the level up when they do. `Ok(None)`: they run host-staged (PCCL_NCCL=0, or `auto`
-    /// and some rank cannot use NCCL: the reason is printed at PCCL_DEBUG=INFO).
-    pub(crate) fn setup(comm: &Communicator, dev: &CudaDevice) -> Result<Option<NcclLevel>> {
+impl<D: Device> NcclLevel<D> {
+    /// Decides, collectively over `comm`, whether its device collectives use the vendor's
+    /// library, and sets the level up when they do. `Ok(None)`: they run host-staged
+    /// (PCCL_NCCL=0, or `auto` and some rank cannot use it: the reason is printed at
+    /// PCCL_DEBUG=INFO).
+    pub(crate) fn setup(comm: &Communicator, dev: &D) -> Result<Option<NcclLevel<D>>> {
         let cfg = comm.config();
         if cfg.nccl == NcclMode::Off {
             return Ok(None);
@@ -73,51 +91,60 @@ impl NcclLevel {
         let topo = comm.topology();
         let p = comm.size();
         let (n, m) = topo.position(comm.rank());
+        let api = D::collectives();
+        let uuid = dev.uuid();
         let local_reason = if !topo.is_regular() {
             Some("nodes have unequal numbers of ranks".to_string())
+        } else if let Err(e) = &api {
+            Some(e.message().to_string())
+        } else if let Err(e) = &uuid {
+            Some(format!("its GPU's UUID cannot be read: {}", e.message()))
         } else {
-            nccl::version().err().map(|e| e.message().to_string())
+            None
         };
-        // Every rank learns every rank's node, GPU and verdict, and decides the same.
+        let lib = api.as_ref().map(|a| a.name()).unwrap_or(match D::VENDOR {
+            "HIP" => "RCCL",
+            _ => "NCCL",
+        });
+        // Every rank learns every rank's node, GPU UUID and verdict, and decides the same.
+        let u = uuid.unwrap_or([0; 16]);
+        let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
         let mine = [
             n as u64,
-            dev.ordinal() as u64,
+            word(&u[..8]),
+            word(&u[8..]),
             local_reason.is_none() as u64,
         ];
-        let mut all = vec![0u64; 3 * p];
+        let mut all = vec![0u64; WORDS * p];
         comm.all_gather(&mine, &mut all)?;
-        let mut reason = None;
-        for r in 0..p {
-            if all[3 * r + 2] == 0 {
-                reason = Some(match (&local_reason, r == comm.rank()) {
-                    (Some(why), true) => why.clone(),
-                    _ => format!("rank {r} cannot use NCCL"),
-                });
-                break;
-            }
-            if let Some(o) =
-                (0..r).find(|&o| all[3 * o] == all[3 * r] && all[3 * o + 1] == all[3 * r + 1])
-            {
-                reason = Some(format!(
-                    "ranks {o} and {r} share GPU {} on node {} (NCCL needs one GPU per rank of a \
-                     node; set PCCL_RANKS_PER_NODE=1 to treat each rank as a node)",
-                    all[3 * r + 1],
-                    all[3 * r]
-                ));
-                break;
-            }
-        }
+        let reason = match (0..p).find(|&r| all[WORDS * r + 3] == 0) {
+            Some(r) => Some(match (&local_reason, r == comm.rank()) {
+                (Some(why), true) => format!("rank {r}: {why}"),
+                _ => format!("rank {r} cannot use {lib}"),
+            }),
+            None => shared_gpu(&all).map(|(o, r)| {
+                format!(
+                    "ranks {o} and {r} share one GPU (UUID {:016x}{:016x}) on node {} ({lib} \
+                     needs one GPU per rank of a node; set PCCL_RANKS_PER_NODE=1 to treat each \
+                     rank as a node)",
+                    u64::from_be_bytes(all[WORDS * r + 1].to_le_bytes()),
+                    u64::from_be_bytes(all[WORDS * r + 2].to_le_bytes()),
+                    all[WORDS * r]
+                )
+            }),
+        };
         if let Some(why) = reason {
             if cfg.nccl == NcclMode::On {
                 return Err(Error::usage(format!(
-                    "PCCL_NCCL=1 but NCCL cannot be used: {why}"
+                    "PCCL_NCCL=1 but {lib} cannot be used: {why}"
                 )));
             }
             if cfg.debug >= DebugLevel::Info && comm.rank() == 0 {
-                eprintln!("PCCL INFO device collectives run host-staged, not on NCCL: {why}");
+                eprintln!("PCCL INFO device collectives run host-staged, not on {lib}: {why}");
             }
             return Ok(None);
         }
+        let api = api?;
         let nodes = topo.nodes().to_vec();
         let (nn, mm) = (nodes.len(), nodes[0].len());
         let placement = if (0..nn).all(|a| (0..mm).all(|b| nodes[a][b] == b * nn + a)) {
@@ -139,7 +166,7 @@ impl NcclLevel {
         let mut msg = [0u8; 129];
         let mut root_err = None;
         if m == 0 {
-            match nccl::unique_id() {
+            match api.unique_id() {
                 Ok(id) => {
                     msg[..128].copy_from_slice(&id.to_bytes());
                     msg[128] = 1;
@@ -152,24 +179,25 @@ impl NcclLevel {
             return Err(e);
         }
         if msg[128] != 1 {
-            return Err(Error::remote(
-                "local rank 0 of this node could not create an NCCL unique id",
-            ));
+            return Err(Error::remote(format!(
+                "local rank 0 of node {n} could not create an {lib} unique id"
+            )));
         }
         let mut id_bytes = [0u8; 128];
         id_bytes.copy_from_slice(&msg[..128]);
         dev.bind()?;
-        let nccl = NcclComm::init(&NcclUniqueId::from_bytes(&id_bytes), mm, m)?;
+        let nccl = NcclComm::init_with(api, &NcclUniqueId::from_bytes(&id_bytes), mm, m)?;
         if cfg.debug >= DebugLevel::Info && comm.rank() == 0 {
             eprintln!(
-                "PCCL INFO device collectives: NCCL {} ({}) inside {nn} node(s) of {mm}, \
+                "PCCL INFO device collectives: {lib} {} ({}) inside {nn} node(s) of {mm}, \
                  host-staged {} between nodes",
-                nccl::version().unwrap_or(0),
-                nccl::library_path().unwrap_or("?"),
+                api.version(),
+                api.path(),
                 inter.transport_name()
             );
         }
         Ok(Some(NcclLevel {
+            api,
             nccl,
             inter,
             ordinal: dev.ordinal(),
@@ -185,8 +213,20 @@ impl NcclLevel {
         }))
     }
 
-    fn scratch(&mut self, dev: &CudaDevice, bytes: usize) -> Result<u64> {
-        if self.scratch.as_ref().is_none_or(|s| s.len() < bytes) {
+    /// `len` bytes of device memory at `addr` on this level's GPU.
+    ///
+    /// # Safety
+    /// The range must be device memory of that GPU, valid while the span is used.
+    unsafe fn span(&self, addr: u64, len: usize) -> Result<DevSpan> {
+        DevSpan::new(addr, len, self.ordinal)
+    }
+
+    fn scratch(&mut self, dev: &D, bytes: usize) -> Result<u64> {
+        if self
+            .scratch
+            .as_ref()
+            .is_none_or(|s| dev.span_of(s).len() < bytes)
+        {
             self.scratch = None;
             self.scratch = Some(dev.alloc_zeroed(bytes.max(16))?);
         }
@@ -194,17 +234,16 @@ impl NcclLevel {
             .scratch
             .as_ref()
             .ok_or_else(|| Error::internal("NCCL level scratch missing"))?;
-        let (ptr, _sync) = s.device_ptr(dev.stream());
-        Ok(ptr)
+        Ok(dev.span_of(s).addr())
     }
 
-    /// Runs one validated collective (the checks of `raw_collective_device` passed).
+    /// Runs one validated collective (the checks of `device_call` passed).
     ///
     /// # Safety
     /// As [`Communicator::raw_collective_device`].
     pub(crate) unsafe fn run<T: Element>(
         &mut self,
-        dev: &CudaDevice,
+        dev: &D,
         coll: RawCollective,
         send: u64,
         recv: u64,
@@ -212,14 +251,17 @@ impl NcclLevel {
     ) -> Result<()> {
         if let Some(why) = &self.broken {
             return Err(Error::usage(format!(
-                "this communicator's NCCL level failed earlier ({why}); destroy the communicator"
+                "this communicator's {} level failed earlier ({why}); destroy the communicator",
+                self.api.name()
             )));
         }
         if dev.ordinal() != self.ordinal {
             return Err(Error::usage(format!(
-                "this communicator runs its device collectives on GPU {} (its NCCL communicator \
-                 lives there); it was called with a buffer of GPU {}",
+                "this communicator runs its device collectives on {} device {} (its {} \
+                 communicator lives there); it was called with a buffer of device {}",
+                D::VENDOR,
                 self.ordinal,
+                self.api.name(),
                 dev.ordinal()
             )));
         }
@@ -238,17 +280,14 @@ impl NcclLevel {
         r.and_then(|()| self.finish(dev))
     }
 
-    /// Waits for the call's device work, watching NCCL's asynchronous errors and the timeout.
-    fn finish(&mut self, dev: &CudaDevice) -> Result<()> {
-        self.done
-            .record(dev.stream())
-            .map_err(|e| Error::system(format!("CUDA event record failed: {e}")))?;
+    /// Waits for the call's device work, watching the library's asynchronous errors and the
+    /// timeout.
+    fn finish(&mut self, dev: &D) -> Result<()> {
+        dev.record(&self.done, None)?;
         let t0 = Instant::now();
         loop {
-            match self.done.try_is_complete() {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(e) => return Err(Error::system(format!("CUDA event query failed: {e}"))),
+            if dev.event_done(&self.done)? {
+                return Ok(());
             }
             if let Err(e) = self.nccl.async_error() {
                 self.broken = Some(e.message().to_string());
@@ -256,8 +295,9 @@ impl NcclLevel {
             }
             if t0.elapsed() > self.timeout {
                 let msg = format!(
-                    "NCCL collective did not complete within {:?} (a node peer is stuck or gone; \
+                    "{} collective did not complete within {:?} (a node peer is stuck or gone; \
                      PCCL_TIMEOUT sets the limit)",
+                    self.api.name(),
                     self.timeout
                 );
                 self.broken = Some(msg.clone());
@@ -267,34 +307,45 @@ impl NcclLevel {
         }
     }
 
-    fn stream(dev: &CudaDevice) -> *mut std::ffi::c_void {
-        dev.stream().cu_stream() as *mut std::ffi::c_void
+    /// Copies `len` bytes device to device.
+    ///
+    /// # Safety
+    /// Both ranges must be device memory of this level's GPU.
+    unsafe fn copy(&self, dev: &D, dst: u64, src: u64, len: usize) -> Result<()> {
+        dev.copy_dtod(self.span(dst, len)?, self.span(src, len)?)
     }
 
     /// Copies grid `[m][n]` at `src` into rank order at `dst` (`to_ranks`), or rank order at
     /// `src` into `[m][n]` at `dst`.
     unsafe fn regrid(
         &self,
-        dev: &CudaDevice,
+        dev: &D,
         src: u64,
         dst: u64,
         block: usize,
         to_ranks: bool,
     ) -> Result<()> {
         let (nn, mm) = (self.nodes, self.local);
+        let whole = nn * mm * block;
         match &self.placement {
-            Placement::LocalMajor => dev.copy_dtod_raw(dst, src, nn * mm * block),
-            Placement::NodeMajor if to_ranks => dev.transpose_raw(src, dst, mm, nn, block),
-            Placement::NodeMajor => dev.transpose_raw(src, dst, nn, mm, block),
+            Placement::LocalMajor => self.copy(dev, dst, src, whole),
+            Placement::NodeMajor => {
+                let (s, d) = (self.span(src, whole)?, self.span(dst, whole)?);
+                if to_ranks {
+                    dev.transpose(s, d, mm, nn, block)
+                } else {
+                    dev.transpose(s, d, nn, mm, block)
+                }
+            }
             Placement::General(nodes) => {
                 for (a, node) in nodes.iter().enumerate() {
                     for (b, &rank) in node.iter().enumerate() {
                         let grid = ((b * nn + a) * block) as u64;
                         let ranked = (rank * block) as u64;
                         if to_ranks {
-                            dev.copy_dtod_raw(dst + ranked, src + grid, block)?;
+                            self.copy(dev, dst + ranked, src + grid, block)?;
                         } else {
-                            dev.copy_dtod_raw(dst + grid, src + ranked, block)?;
+                            self.copy(dev, dst + grid, src + ranked, block)?;
                         }
                     }
                 }
@@ -306,7 +357,7 @@ impl NcclLevel {
     /// Scratch of the all-gather and reduce-scatter: `N` blocks of `block` bytes (the
     /// inter-node level's buffer) and, unless the placement is already rank order, the
     /// `M x N` grid. Returns (no grid needed, N-block address, grid address).
-    fn grid_scratch(&mut self, dev: &CudaDevice, block: usize) -> Result<(bool, u64, u64)> {
+    fn grid_scratch(&mut self, dev: &D, block: usize) -> Result<(bool, u64, u64)> {
         let direct = matches!(self.placement, Placement::LocalMajor);
         let a_bytes = self.nodes * block;
         let b_bytes = if direct { 0 } else { self.local * a_bytes };
@@ -314,9 +365,15 @@ impl NcclLevel {
         Ok((direct, tmp, tmp + a_bytes as u64))
     }
 
+    /// Divides the `count` elements at `addr` by the communicator size (finishing an average).
+    unsafe fn average<T: Element>(&self, dev: &D, addr: u64, count: usize) -> Result<()> {
+        let span = self.span(addr, count * std::mem::size_of::<T>())?;
+        dev.divide(T::DTYPE, span, self.size)
+    }
+
     unsafe fn all_gather<T: Element>(
         &mut self,
-        dev: &CudaDevice,
+        dev: &D,
         send: u64,
         recv: u64,
         count: usize,
@@ -325,10 +382,10 @@ impl NcclLevel {
         let nn = self.nodes;
         let (direct, tmp_a, tmp_b) = self.grid_scratch(dev, count * es)?;
         self.inter
-            .raw_collective_device::<T>(dev, RawCollective::AllGather, send, tmp_a, count)?;
+            .collective_on::<T, D>(dev, RawCollective::AllGather, send, tmp_a, count)?;
         let grid = if direct { recv } else { tmp_b };
         self.nccl
-            .all_gather(tmp_a, grid, nn * count, T::DTYPE, Self::stream(dev))?;
+            .all_gather(tmp_a, grid, nn * count, T::DTYPE, dev.raw_stream())?;
         if !direct {
             self.regrid(dev, tmp_b, recv, count * es, true)?;
         }
@@ -337,7 +394,7 @@ impl NcclLevel {
 
     unsafe fn reduce_scatter<T: Element>(
         &mut self,
-        dev: &CudaDevice,
+        dev: &D,
         send: u64,
         recv: u64,
         count: usize,
@@ -358,8 +415,8 @@ impl NcclLevel {
             tmp_b
         };
         self.nccl
-            .reduce_scatter(grid, tmp_a, nn * count, T::DTYPE, sum, Self::stream(dev))?;
-        self.inter.raw_collective_device::<T>(
+            .reduce_scatter(grid, tmp_a, nn * count, T::DTYPE, sum, dev.raw_stream())?;
+        self.inter.collective_on::<T, D>(
             dev,
             RawCollective::ReduceScatter(sum),
             tmp_a,
@@ -367,14 +424,14 @@ impl NcclLevel {
             count,
         )?;
         if op == ReduceOp::Avg {
-            dev.divide_raw(T::DTYPE, recv, count * es, self.size)?;
+            self.average::<T>(dev, recv, count)?;
         }
         Ok(())
     }
 
     unsafe fn all_reduce<T: Element>(
         &mut self,
-        dev: &CudaDevice,
+        dev: &D,
         send: u64,
         recv: u64,
         count: usize,
@@ -395,35 +452,30 @@ impl NcclLevel {
         };
         let whole = if padded {
             // The padding's results are never read.
-            dev.copy_dtod_raw(tmp_p, send, count * es)?;
+            self.copy(dev, tmp_p, send, count * es)?;
             tmp_p
         } else {
             send
         };
         self.nccl
-            .reduce_scatter(whole, tmp_a, part, T::DTYPE, sum, Self::stream(dev))?;
-        self.inter.raw_collective_device::<T>(
-            dev,
-            RawCollective::AllReduce(sum),
-            tmp_a,
-            tmp_a,
-            part,
-        )?;
+            .reduce_scatter(whole, tmp_a, part, T::DTYPE, sum, dev.raw_stream())?;
+        self.inter
+            .collective_on::<T, D>(dev, RawCollective::AllReduce(sum), tmp_a, tmp_a, part)?;
         if op == ReduceOp::Avg {
-            dev.divide_raw(T::DTYPE, tmp_a, part * es, self.size)?;
+            self.average::<T>(dev, tmp_a, part)?;
         }
         let out = if padded { tmp_p } else { recv };
         self.nccl
-            .all_gather(tmp_a, out, part, T::DTYPE, Self::stream(dev))?;
+            .all_gather(tmp_a, out, part, T::DTYPE, dev.raw_stream())?;
         if padded {
-            dev.copy_dtod_raw(recv, tmp_p, count * es)?;
+            self.copy(dev, recv, tmp_p, count * es)?;
         }
         Ok(())
     }
 
     unsafe fn broadcast<T: Element>(
         &mut self,
-        dev: &CudaDevice,
+        dev: &D,
         send: u64,
         recv: u64,
         count: usize,
@@ -431,7 +483,7 @@ impl NcclLevel {
     ) -> Result<()> {
         let (rn, rm) = self.position_of(root);
         if self.lrank == rm {
-            self.inter.raw_collective_device::<T>(
+            self.inter.collective_on::<T, D>(
                 dev,
                 RawCollective::Broadcast(rn),
                 send,
@@ -440,7 +492,7 @@ impl NcclLevel {
             )?;
         }
         self.nccl
-            .broadcast(recv, recv, count, T::DTYPE, rm, Self::stream(dev))
+            .broadcast(recv, recv, count, T::DTYPE, rm, dev.raw_stream())
     }
 
     fn position_of(&self, rank: usize) -> (usize, usize) {
@@ -454,5 +506,34 @@ impl NcclLevel {
                 .find_map(|(a, node)| node.iter().position(|&r| r == rank).map(|b| (a, b)))
                 .unwrap_or((0, 0)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The setup exchange of ranks at (node, UUID).
+    fn exchange(ranks: &[(u64, u128)]) -> Vec<u64> {
+        ranks
+            .iter()
+            .flat_map(|&(n, u)| [n, u as u64, (u >> 64) as u64, 1])
+            .collect()
+    }
+
+    #[test]
+    fn ranks_share_a_gpu_only_with_the_same_uuid_on_the_same_node() {
+        // Four processes that each see their GPU as device 0: distinct UUIDs, no sharing.
+        assert_eq!(
+            shared_gpu(&exchange(&[(0, 1), (0, 2), (0, 3), (0, 4)])),
+            None
+        );
+        // Two ranks of node 0 on one GPU.
+        assert_eq!(
+            shared_gpu(&exchange(&[(0, 7), (0, 9), (0, 7 | 1 << 64), (0, 9)])),
+            Some((1, 3))
+        );
+        // The same UUID on two nodes (each rank its own node) is not sharing within a node.
+        assert_eq!(shared_gpu(&exchange(&[(0, 5), (1, 5)])), None);
     }
 }

@@ -76,6 +76,7 @@ pub(crate) unsafe fn symbol<T: Copy>(
 ///
 /// # Safety
 /// As [`symbol`].
+#[cfg_attr(not(feature = "rocm"), allow(dead_code))]
 pub(crate) unsafe fn optional_symbol<T: Copy>(lib: &Library, name: &str) -> Option<T> {
     let cname = format!("{name}\0");
     lib.get::<T>(cname.as_bytes()).ok().map(|s| *s)

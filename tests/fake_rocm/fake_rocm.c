@@ -2,8 +2,8 @@
  * PCCL's ROCm path without an AMD GPU (see docs/DEVICE.md). Device memory is host memory,
  * every stream operation runs at once (so streams and events are always complete), and
  * hipModuleLaunchKernel dispatches by kernel name to C versions of csrc/reduce.cu and
- * csrc/transpose.cu with the arithmetic of PCCL's host kernels. RCCL supports a world of
- * one rank (its collectives are copies).
+ * csrc/transpose.cu with the arithmetic of PCCL's host kernels. RCCL runs worlds of thread
+ * ranks of this process (see the RCCL section).
  *
  * Environment: FAKE_HIP_DEVICES (default 2) devices, each with a distinct UUID;
  * FAKE_HIP_FAIL_LAUNCH_AFTER=N makes every kernel launch after the N-th fail with
@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef int E;
 static __thread int current;
@@ -44,7 +45,8 @@ E hipDeviceGetUuid(unsigned char* u, int d) {
     for (int i = 0; i < 16; i++) u[i] = (unsigned char)(0xA0 + i * 7 + d * 31);
     return 0;
 }
-E hipStreamCreate(void** s) { *s = malloc(1); return 0; }
+E hipStreamCreate(void** s) { *s = malloc(sizeof(int)); **(int**)s = current; return 0; }
+E hipStreamGetDevice(void* s, int* d) { if (!s) return 1; *d = *(int*)s; return 0; }
 E hipStreamDestroy(void* s) { free(s); return 0; }
 E hipStreamSynchronize(void* s) { return 0; }
 E hipStreamWaitEvent(void* s, void* e, unsigned f) { return f == 0 ? 0 : 1; }
@@ -172,26 +174,153 @@ E hiprtcGetCode(void* p, char* c) { memcpy(c, "CODE", 4); return 0; }
 E hiprtcDestroyProgram(void** p) { free(*p); return 0; }
 const char* hiprtcGetErrorString(E e) { return "fake hipRTC error"; }
 
-/* ---- RCCL: a world of one rank ----------------------------------------------------------- */
+/* ---- RCCL: worlds of thread ranks in this process ------------------------------------------
+ * ncclCommInitRank joins the world named by the unique id (made on first join, freed when its
+ * last communicator is destroyed) and waits until all its ranks joined. A collective is
+ * blocking: every rank posts its send buffer, waits at a barrier, computes its own result from
+ * the posted buffers into a temporary, waits until every rank has read, then writes it out
+ * (so in-place calls are safe). FAKE_RCCL_FAIL_RANK=r makes rank r's collectives fail
+ * (ncclSystemError) and breaks the world: the other ranks' calls return ncclRemoteError
+ * instead of waiting. A barrier gives up after FAKE_RCCL_TIMEOUT_S (default 60) seconds. */
+#include <pthread.h>
+#include <time.h>
+#define MAX_RANKS 64
 typedef struct { char internal[128]; } Id;
+typedef struct World {
+    char id[128];
+    int n, refs, arrived, broken, taken[MAX_RANKS];
+    unsigned long gen;
+    const void* send[MAX_RANKS];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct World* next;
+} World;
+typedef struct { World* w; int rank; } Comm;
+static pthread_mutex_t worlds_mu = PTHREAD_MUTEX_INITIALIZER;
+static World* worlds;
+static long ids;
 static const size_t esz[10] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
+static const char* dtn[10] = {"i8", "u8", "i32", "u32", "i64", "u64", "f16", "f32", "f64", "bf16"};
+
 E ncclGetVersion(int* v) { *v = 21804; return 0; }
-E ncclGetUniqueId(Id* id) { memset(id, 0, sizeof *id); strcpy(id->internal, "fake-rccl"); return 0; }
-E ncclCommInitRank(void** c, int n, Id id, int r) {
-    if (n != 1 || r != 0) return 5; /* ncclInvalidUsage: the fake has one rank */
-    if (strcmp(id.internal, "fake-rccl")) return 4;
-    *c = malloc(1); return 0;
-}
-E ncclCommDestroy(void* c) { free(c); return 0; }
-E ncclCommAbort(void* c) { free(c); return 0; }
-E ncclCommGetAsyncError(void* c, E* r) { *r = 0; return 0; }
-const char* ncclGetErrorString(E e) { return "fake RCCL error"; }
-static E copy1(const void* s, void* d, size_t n, int t) {
-    if (t < 0 || t > 9) return 4;
-    if (s != d) memmove(d, s, n * esz[t]);
+E ncclGetUniqueId(Id* id) {
+    memset(id, 0, sizeof *id);
+    snprintf(id->internal, 128, "fake-rccl-%d-%ld", (int)getpid(), __atomic_add_fetch(&ids, 1, __ATOMIC_SEQ_CST));
     return 0;
 }
-E ncclAllGather(const void* s, void* d, size_t n, int t, void* c, void* st) { return copy1(s, d, n, t); }
-E ncclReduceScatter(const void* s, void* d, size_t n, int t, int op, void* c, void* st) { return copy1(s, d, n, t); }
-E ncclAllReduce(const void* s, void* d, size_t n, int t, int op, void* c, void* st) { return copy1(s, d, n, t); }
-E ncclBroadcast(const void* s, void* d, size_t n, int t, int root, void* c, void* st) { return root ? 4 : copy1(s, d, n, t); }
+const char* ncclGetErrorString(E e) {
+    return e == 2 ? "fake RCCL failure (FAKE_RCCL_FAIL_RANK)" : e == 6 ? "fake RCCL peer failed or timed out"
+         : e == 5 ? "fake RCCL invalid usage" : "fake RCCL error";
+}
+
+/* 0 when every rank arrived; 6 when the world broke or the wait timed out. */
+static int barrier(World* w) {
+    const char* t = getenv("FAKE_RCCL_TIMEOUT_S");
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += t && *t ? atoi(t) : 60;
+    pthread_mutex_lock(&w->mu);
+    int r = 0;
+    if (w->broken) r = 6;
+    else {
+        unsigned long g = w->gen;
+        if (++w->arrived == w->n) { w->arrived = 0; w->gen++; pthread_cond_broadcast(&w->cv); }
+        else {
+            while (w->gen == g && !w->broken)
+                if (pthread_cond_timedwait(&w->cv, &w->mu, &until)) { w->broken = 1; pthread_cond_broadcast(&w->cv); }
+            if (w->gen == g) r = 6;
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+    return r;
+}
+
+E ncclCommInitRank(void** c, int n, Id id, int r) {
+    if (n < 1 || n > MAX_RANKS || r < 0 || r >= n) return 4;
+    if (strncmp(id.internal, "fake-rccl-", 10)) return 4;
+    pthread_mutex_lock(&worlds_mu);
+    World* w = worlds;
+    while (w && memcmp(w->id, id.internal, 128)) w = w->next;
+    if (!w) {
+        w = calloc(1, sizeof *w);
+        memcpy(w->id, id.internal, 128);
+        w->n = n;
+        pthread_mutex_init(&w->mu, 0);
+        pthread_cond_init(&w->cv, 0);
+        w->next = worlds;
+        worlds = w;
+    }
+    if (w->n != n || w->taken[r]) { pthread_mutex_unlock(&worlds_mu); return 5; }
+    w->taken[r] = 1;
+    w->refs++;
+    pthread_mutex_unlock(&worlds_mu);
+    Comm* cm = malloc(sizeof *cm);
+    cm->w = w;
+    cm->rank = r;
+    *c = cm;
+    return barrier(w);
+}
+static E leave(void* c) {
+    Comm* cm = c;
+    World* w = cm->w;
+    pthread_mutex_lock(&worlds_mu);
+    w->taken[cm->rank] = 0;
+    if (--w->refs == 0) {
+        World** p = &worlds;
+        while (*p != w) p = &(*p)->next;
+        *p = w->next;
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+        free(w);
+    }
+    pthread_mutex_unlock(&worlds_mu);
+    free(cm);
+    return 0;
+}
+E ncclCommDestroy(void* c) { return leave(c); }
+E ncclCommAbort(void* c) { return leave(c); }
+E ncclCommGetAsyncError(void* c, E* r) { *r = ((Comm*)c)->w->broken ? 6 : 0; return 0; }
+
+enum { AG, RS, AR, BC };
+static E collective(int kind, const void* s, void* d, size_t n, int t, int op, int root, void* c) {
+    Comm* cm = c;
+    World* w = cm->w;
+    int N = w->n, me = cm->rank;
+    if (t < 0 || t > 9 || op < 0 || op > 4 || (kind == BC && (root < 0 || root >= N))) return 4;
+    if (op == 4 && t < 6) return 5; /* the fake averages floating-point types only */
+    const char* fail = getenv("FAKE_RCCL_FAIL_RANK");
+    if (fail && *fail && atoi(fail) == me) {
+        pthread_mutex_lock(&w->mu);
+        w->broken = 1;
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        return 2;
+    }
+    size_t es = esz[t], out = (kind == AG ? n * N : n) * es;
+    w->send[me] = s;
+    E r = barrier(w);
+    if (r) return r;
+    char* tmp = malloc(out ? out : 1);
+    char opc = op == 1 ? 'p' : op == 2 ? 'x' : op == 3 ? 'n' : 's';
+    if (kind == AG)
+        for (int q = 0; q < N; q++) memcpy(tmp + q * n * es, w->send[q], n * es);
+    else if (kind == BC)
+        memcpy(tmp, w->send[root], out);
+    else {
+        size_t off = kind == RS ? me * n * es : 0;
+        memcpy(tmp, (const char*)w->send[0] + off, out);
+        for (int q = 1; q < N && !r; q++) r = reduce(dtn[t], opc, tmp, tmp, (const char*)w->send[q] + off, n);
+        if (!r && op == 4) {
+            double dd = N; float df = (float)N;
+            r = divide(dtn[t], tmp, n, t == 8 ? (void*)&dd : (void*)&df);
+        }
+    }
+    E b = barrier(w);
+    if (!r && !b) memcpy(d, tmp, out);
+    free(tmp);
+    return r ? 4 : b;
+}
+E ncclAllGather(const void* s, void* d, size_t n, int t, void* c, void* st) { return collective(AG, s, d, n, t, 0, 0, c); }
+E ncclReduceScatter(const void* s, void* d, size_t n, int t, int op, void* c, void* st) { return collective(RS, s, d, n, t, op, 0, c); }
+E ncclAllReduce(const void* s, void* d, size_t n, int t, int op, void* c, void* st) { return collective(AR, s, d, n, t, op, 0, c); }
+E ncclBroadcast(const void* s, void* d, size_t n, int t, int root, void* c, void* st) { return collective(BC, s, d, n, t, 0, root, c); }

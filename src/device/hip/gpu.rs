@@ -5,6 +5,40 @@ use super::*;
 use crate::device::api::{check_device, DevSpan, Device, PinnedHost};
 use crate::device::nccl_abi::{self, NcclApi};
 
+impl HipDevice {
+    /// The ordinal of the device a caller's stream belongs to (`hipStreamGetDevice`).
+    ///
+    /// # Safety
+    /// `stream` must be a valid HIP stream (not the null stream: its device is the current one).
+    pub unsafe fn ordinal_of_stream(stream: *mut c_void) -> Result<usize> {
+        let api = hip_api()?;
+        let f = api.hipStreamGetDevice.ok_or_else(|| {
+            Error::system(format!(
+                "{} has no hipStreamGetDevice (a newer ROCm is needed to run collectives on a \
+                 caller's stream)",
+                api.path
+            ))
+        })?;
+        let mut dev: HipDeviceId = 0;
+        // SAFETY: `dev` is a valid out-pointer; the stream is valid (caller's promise).
+        api.check(unsafe { f(stream, &mut dev) }, "hipStreamGetDevice")?;
+        usize::try_from(dev).map_err(|_| Error::system(format!("hipStreamGetDevice gave {dev}")))
+    }
+
+    /// Waits until the work queued on a caller's stream has finished.
+    ///
+    /// # Safety
+    /// `stream` must be a valid HIP stream.
+    pub unsafe fn sync_raw_stream(stream: *mut c_void) -> Result<()> {
+        let api = hip_api()?;
+        // SAFETY: the stream is valid (caller's promise).
+        api.check(
+            unsafe { (api.hipStreamSynchronize)(stream) },
+            "hipStreamSynchronize",
+        )
+    }
+}
+
 /// A HIP stream created by [`Device::new_stream`], destroyed when dropped.
 pub struct HipOwnedStream {
     api: &'static HipApi,

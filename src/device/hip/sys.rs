@@ -138,6 +138,8 @@ pub struct HipApi {
     pub hipHostFree: unsafe extern "C" fn(*mut c_void) -> HipError,
     /// `hipDeviceGetUuid(hipUUID*, hipDevice_t)` (ROCm 5.2 and newer), where present.
     pub hipDeviceGetUuid: Option<unsafe extern "C" fn(*mut [u8; 16], HipDeviceId) -> HipError>,
+    /// `hipStreamGetDevice(hipStream_t, hipDevice_t*)` (ROCm 5.x and newer), where present.
+    pub hipStreamGetDevice: Option<unsafe extern "C" fn(HipStream, *mut HipDeviceId) -> HipError>,
     lib: Library,
 }
 
@@ -191,6 +193,8 @@ impl HipApi {
             hipHostFree: sym!(hipHostFree),
             // SAFETY: as for `sym!` (`hipUUID` is 16 bytes).
             hipDeviceGetUuid: unsafe { optional_symbol(&lib, "hipDeviceGetUuid") },
+            // SAFETY: as for `sym!`.
+            hipStreamGetDevice: unsafe { optional_symbol(&lib, "hipStreamGetDevice") },
             path,
             lib,
         })

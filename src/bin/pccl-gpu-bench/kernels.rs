@@ -1,4 +1,4 @@
-//! GPU kernel benchmark: device-to-device copy bandwidth (the ceiling), the reduction kernels
+//! `pccl-gpu-bench [kernels]`: GPU kernel benchmark: device-to-device copy bandwidth (the ceiling), the reduction kernels
 //! and the hierarchical block transpose, timed with CUDA events (median of many runs after a
 //! warm-up), each reported in GB/s and as a share of the measured copy bandwidth.
 //!
@@ -8,7 +8,7 @@
 //! transpose >= 80%.
 //!
 //! ```text
-//! pccl-gpu-bench [--size-mib 256] [--transpose-mib 64] [--iters 30] [--sweep]
+//! pccl-gpu-bench [kernels] [--size-mib 256] [--transpose-mib 64] [--iters 30] [--sweep]
 //! ```
 //! `--sweep` also times the reduction and the transpose under several launch shapes.
 
@@ -16,42 +16,7 @@ use half::bf16;
 use pccl::device::cuda::{self, CudaDevice, LaunchShape};
 use pccl::{DType, Element, ReduceOp, Result};
 
-struct Args {
-    size_mib: usize,
-    transpose_mib: usize,
-    iters: usize,
-    sweep: bool,
-}
-
-fn parse_args() -> std::result::Result<Args, String> {
-    let mut a = Args {
-        size_mib: 256,
-        transpose_mib: 64,
-        iters: 30,
-        sweep: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut num = |name: &str| -> std::result::Result<usize, String> {
-            it.next()
-                .and_then(|v| v.parse().ok())
-                .filter(|&v: &usize| v > 0)
-                .ok_or_else(|| format!("{name} needs a positive number"))
-        };
-        match flag.as_str() {
-            "--size-mib" => a.size_mib = num("--size-mib")?,
-            "--transpose-mib" => a.transpose_mib = num("--transpose-mib")?,
-            "--iters" => a.iters = num("--iters")?,
-            "--sweep" => a.sweep = true,
-            "-h" | "--help" => {
-                println!("usage: pccl-gpu-bench [--size-mib 256] [--transpose-mib 64] [--iters 30] [--sweep]");
-                std::process::exit(0);
-            }
-            other => return Err(format!("unknown argument '{other}' (try --help)")),
-        }
-    }
-    Ok(a)
-}
+use super::KernelArgs as Args;
 
 /// Median of `iters` event-timed runs of `work`, after three warm-up runs, in milliseconds.
 fn median_ms(
@@ -124,7 +89,7 @@ fn print_row(r: &Row, copy_gbps: f64, target: Option<f64>) {
     );
 }
 
-fn run(args: &Args) -> Result<()> {
+pub fn run(args: &Args) -> Result<()> {
     let mut dev = CudaDevice::open(0)?;
     let (dmaj, dmin) = cuda::driver_version()?;
     let (nmaj, nmin) = cuda::nvrtc_version()?;
@@ -304,18 +269,4 @@ fn run(args: &Args) -> Result<()> {
         );
     }
     Ok(())
-}
-
-fn main() {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("pccl-gpu-bench: {e}");
-            std::process::exit(2);
-        }
-    };
-    if let Err(e) = run(&args) {
-        eprintln!("pccl-gpu-bench: {e}");
-        std::process::exit(1);
-    }
 }

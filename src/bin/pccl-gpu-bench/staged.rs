@@ -1,4 +1,4 @@
-//! Benchmark of the host-staged device collectives: a reduce-scatter (f32, sum) on device
+//! `pccl-gpu-bench staged`: benchmark of the host-staged device collectives: a reduce-scatter (f32, sum) on device
 //! memory between thread-ranks sharing one GPU, and each of its stages alone, all ranks at
 //! once as in the collective:
 //!
@@ -17,59 +17,15 @@
 //! issue's target: total / slowest stage <= 1.3.
 //!
 //! ```text
-//! pccl-device-bench [--size-mib 256] [--ranks 2] [--iters 5] [--piece-mib 4] [--algo ring]
+//! pccl-gpu-bench staged [--size-mib 256] [--ranks 2] [--iters 5] [--piece-mib 4] [--algo ring]
 //! ```
 
 use pccl::config::Config;
-use pccl::device::cuda::{self, CudaDevice, PinnedBuffer};
-use pccl::{Algorithm, Communicator, DType, ReduceOp, Result};
+use pccl::device::cuda::{CudaDevice, PinnedBuffer};
+use pccl::{Communicator, DType, ReduceOp, Result};
+
+use super::StagedArgs as Args;
 use std::time::Instant;
-
-struct Args {
-    size_mib: usize,
-    ranks: usize,
-    iters: usize,
-    piece_mib: usize,
-    algo: Option<Algorithm>,
-}
-
-fn parse_args() -> std::result::Result<Args, String> {
-    let mut a = Args {
-        size_mib: 256,
-        ranks: 2,
-        iters: 5,
-        piece_mib: 4,
-        algo: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut num = |name: &str| -> std::result::Result<usize, String> {
-            it.next()
-                .and_then(|v| v.parse().ok())
-                .filter(|&v: &usize| v > 0)
-                .ok_or_else(|| format!("{name} needs a positive number"))
-        };
-        match flag.as_str() {
-            "--size-mib" => a.size_mib = num("--size-mib")?,
-            "--ranks" => a.ranks = num("--ranks")?,
-            "--iters" => a.iters = num("--iters")?,
-            "--piece-mib" => a.piece_mib = num("--piece-mib")?,
-            "--algo" => {
-                let v = it.next().ok_or("--algo needs a name")?;
-                a.algo = Some(v.parse().map_err(|e: pccl::Error| e.to_string())?);
-            }
-            "-h" | "--help" => {
-                println!(
-                    "pccl-device-bench [--size-mib 256] [--ranks 2] [--iters 5] [--piece-mib 4] \
-                     [--algo NAME]"
-                );
-                std::process::exit(0);
-            }
-            f => return Err(format!("unknown argument {f} (try --help)")),
-        }
-    }
-    Ok(a)
-}
 
 /// Runs `f` `iters` times after one warm-up, all ranks starting together; returns the
 /// median over runs of the slowest rank's seconds.
@@ -88,25 +44,7 @@ fn timed(c: &Communicator, iters: usize, mut f: impl FnMut() -> Result<()>) -> R
     Ok(v[v.len() / 2])
 }
 
-fn main() {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("pccl-device-bench: {e}");
-            std::process::exit(2);
-        }
-    };
-    if let Err(e) = cuda::ensure_available() {
-        println!("skipped: no CUDA driver ({})", e.message());
-        return;
-    }
-    if let Err(e) = run(&args) {
-        eprintln!("pccl-device-bench: {e}");
-        std::process::exit(1);
-    }
-}
-
-fn run(a: &Args) -> Result<()> {
+pub fn run(a: &Args) -> Result<()> {
     let p = a.ranks;
     if p < 2 {
         return Err(pccl::Error::invalid("--ranks must be at least 2"));
@@ -210,7 +148,7 @@ fn run(a: &Args) -> Result<()> {
         r.ok_or_else(|| pccl::Error::internal("rank 0 returned no timings"))?;
     let dev = CudaDevice::open(0)?;
     println!(
-        "# pccl-device-bench: reduce-scatter f32 sum, {} MiB input per rank, {p} thread-ranks \
+        "# pccl-gpu-bench staged: reduce-scatter f32 sum, {} MiB input per rank, {p} thread-ranks \
          on one {}, pieces of {} MiB, median of {} (slowest rank)",
         bytes >> 20,
         dev.name(),
