@@ -142,7 +142,7 @@ fn cuda_device_checks_every_collective_or_says_why_not() {
 
 #[test]
 fn unknown_device_exits_non_zero_with_a_message() {
-    let out = bench(&["--ranks", "2", "-i", "1", "-d", "gpu"]);
+    let out = bench(&["--ranks", "2", "-i", "1", "-d", "tpu"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("host") && err.contains("cuda"), "{err}");

@@ -559,7 +559,7 @@ fn pccl_bench_runs_rocm_and_times_rccl_beside_pccl() {
     );
     assert!(ok, "{text}");
     assert!(
-        text.contains("# device rocm: rank 0 on device 0 of 2 (Fake Instinct"),
+        text.contains("# device rocm: rank 0 on GPU 0 of 2 (Fake Instinct"),
         "{text}"
     );
     assert!(

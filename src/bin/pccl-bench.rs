@@ -569,8 +569,8 @@ impl GpuState {
         #[cfg(any(feature = "cuda", feature = "rocm"))]
         fn of<D: gpu::BenchDevice>(g: &gpu::Gpu<D>) -> Vec<String> {
             let mut v = vec![format!(
-                "# device {}: rank 0 on device {} of {} ({}), each rank on device (local rank \
-                 % {}); blocking calls timed on the host",
+                "# device {}: rank 0 on GPU {} of {} ({}), each rank on GPU (local rank % {}); \
+                 blocking calls timed on the host",
                 D::FLAG,
                 g.ordinal,
                 g.devices,
@@ -605,13 +605,18 @@ fn no_feature(kind: Device) -> String {
 
 /// Devices of `kind` (cuda or rocm) this process sees, or why none.
 fn device_count(kind: Device) -> Result<usize, String> {
-    match kind {
+    let vendor = if kind == Device::Rocm { "HIP" } else { "CUDA" };
+    let counted = match kind {
         #[cfg(feature = "cuda")]
-        Device::Cuda => pccl::device::cuda::CudaDevice::count().map_err(|e| e.to_string()),
+        Device::Cuda => pccl::device::cuda::CudaDevice::count(),
         #[cfg(feature = "rocm")]
-        Device::Rocm => pccl::device::hip::HipDevice::count().map_err(|e| e.to_string()),
-        other => Err(no_feature(other)),
-    }
+        Device::Rocm => pccl::device::hip::HipDevice::count(),
+        other => Err(pccl::Error::usage(no_feature(other))),
+    };
+    counted.map_err(|e| match e.kind() {
+        pccl::ErrorKind::InvalidUsage => e.message().to_string(),
+        _ => format!("no {vendor} device: {}", e.message()),
+    })
 }
 
 /// `-d gpu` as the vendor whose runtime reports devices (CUDA first); cuda and rocm as they
@@ -625,7 +630,10 @@ fn resolve_device(kind: Device) -> Device {
     let mut why = Vec::new();
     for &k in kinds {
         match device_count(k) {
-            Ok(0) => why.push(format!("{}: the runtime reports no device", k.name())),
+            Ok(0) => why.push(format!(
+                "no {} device: the runtime reports none",
+                if k == Device::Rocm { "HIP" } else { "CUDA" }
+            )),
             Ok(_) => return k,
             Err(e) => why.push(e),
         }

@@ -119,6 +119,12 @@ pub trait Device: Send + Sync + Sized + 'static {
 
     /// "CUDA" or "HIP", for messages.
     const VENDOR: &'static str;
+    /// Whether a transport that moves device memory ([`Transport::moves_device_memory`]:
+    /// thread ranks in device mode, CUDA-aware MPI) can move this vendor's: those moves are
+    /// CUDA calls today, so HIP buffers always go through pinned host staging.
+    ///
+    /// [`Transport::moves_device_memory`]: crate::transport::Transport::moves_device_memory
+    const TRANSPORT_MOVES: bool;
 
     /// The device's ordinal in this process.
     fn ordinal(&self) -> usize;

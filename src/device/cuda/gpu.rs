@@ -41,6 +41,7 @@ impl Device for CudaDevice {
     type Pinned = PinnedBuffer;
     type Memory = CudaSlice<u8>;
     const VENDOR: &'static str = "CUDA";
+    const TRANSPORT_MOVES: bool = true;
 
     fn ordinal(&self) -> usize {
         CudaDevice::ordinal(self)

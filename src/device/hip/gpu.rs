@@ -120,6 +120,7 @@ impl Device for HipDevice {
     type Pinned = HipPinned;
     type Memory = HipBuffer;
     const VENDOR: &'static str = "HIP";
+    const TRANSPORT_MOVES: bool = false;
 
     fn ordinal(&self) -> usize {
         HipDevice::ordinal(self)

@@ -262,7 +262,7 @@ pub fn execute_device<T: Element, D: Device>(
         )));
     }
     dev.bind()?;
-    if opt.direct && tr.moves_device_memory() {
+    if opt.direct && D::TRANSPORT_MOVES && tr.moves_device_memory() {
         return direct::execute_direct::<T, D>(plan, tr, dev, mem, st, opt);
     }
     let es = std::mem::size_of::<T>();
