@@ -351,7 +351,8 @@ pcclResult_t pcclGetUniqueId(struct pcclUniqueId *unique_id);
 
 /**
  * Joins the job of `uniqueId` as `rank` of `nranks` (`ncclCommInitRank`): ranks on the same
- * host talk through shared memory, others through TCP. Collective over all `nranks` ranks.
+ * host talk through shared memory, others through TCP (`PCCL_TRANSPORT=ofi`: libfabric).
+ * Collective over all `nranks` ranks.
  * `nranks` must be in `1..=PCCL_MAX_RANKS` and `rank` in `0..nranks`, and `uniqueId` one
  * that `pcclGetUniqueId` made, else the call returns `pcclInvalidArgument` at once, without
  * contacting anyone, and leaves `*comm = NULL`.

@@ -451,7 +451,14 @@ impl Summary {
             .iter()
             .map(|&r| build(coll, algo, topo, r).map(|p| of_plan(&p)))
             .collect::<Result<_>>()?;
-        let n = works.first().map_or(0, Vec::len);
+        // Ranks of a node may have different phase counts (non-power-of-two recursive
+        // doubling, uneven nodes): a rank without phase k does nothing in it.
+        let n = works.iter().map(Vec::len).max().unwrap_or(0);
+        let empty = PhaseWork {
+            sends: Vec::new(),
+            recvs: Vec::new(),
+            copy_blocks: 0,
+        };
         let mut index: HashMap<Vec<LocalWork>, usize> = HashMap::new();
         let mut phases: Vec<(Vec<LocalWork>, usize)> = Vec::new();
         let mut msg_phases = 0;
@@ -459,7 +466,7 @@ impl Summary {
             let sig: Vec<LocalWork> = works
                 .iter()
                 .map(|w| {
-                    let w = &w[k];
+                    let w = w.get(k).unwrap_or(&empty);
                     LocalWork {
                         sends: w
                             .sends
