@@ -135,6 +135,13 @@ fn build_with(compiler: &str, src: &str, name: &str, static_lib: bool, flags: &[
     if static_lib {
         cmd.arg(lib.join("libpccl.a"))
             .args(["-lpthread", "-ldl", "-lm"]);
+        // The system libraries that optional features link (what `libpccl.so` records itself).
+        if cfg!(feature = "hwloc") {
+            cmd.arg("-lhwloc");
+        }
+        if cfg!(feature = "ofi") {
+            cmd.arg("-lfabric");
+        }
     } else {
         cmd.arg("-L")
             .arg(&lib)
