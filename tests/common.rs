@@ -45,3 +45,41 @@ pub fn reduced<T: Element>(p: usize, i: usize, op: ReduceOp) -> T {
 pub fn same_bits<T: Element>(a: &[T], b: &[T]) -> bool {
     bytemuck::cast_slice::<T, u8>(a) == bytemuck::cast_slice::<T, u8>(b)
 }
+
+/// All-gather (f32), reduce-scatter (f64 average) and all-reduce (i32 max) at each count,
+/// bit for bit against the references; the first wrong or failed call as an error.
+pub fn exact_on(comm: &pccl::Communicator, counts: &[usize]) -> Result<(), String> {
+    let (r, p) = (comm.rank(), comm.size());
+    for &count in counts {
+        let mine = input::<f32>(r, count, ReduceOp::Sum);
+        let mut out = vec![0f32; count * p];
+        comm.all_gather(&mine, &mut out)
+            .map_err(|e| e.to_string())?;
+        let want: Vec<f32> = (0..p)
+            .flat_map(|q| input::<f32>(q, count, ReduceOp::Sum))
+            .collect();
+        if !same_bits(&out, &want) {
+            return Err(format!("all_gather count={count} wrong"));
+        }
+        let full = input::<f64>(r, count * p, ReduceOp::Avg);
+        let mut o = vec![0f64; count];
+        comm.reduce_scatter(&full, &mut o, ReduceOp::Avg)
+            .map_err(|e| e.to_string())?;
+        let want: Vec<f64> = (r * count..(r + 1) * count)
+            .map(|i| reduced::<f64>(p, i, ReduceOp::Avg))
+            .collect();
+        if !same_bits(&o, &want) {
+            return Err(format!("reduce_scatter count={count} wrong"));
+        }
+        let mut a = input::<i32>(r, count + 5, ReduceOp::Max);
+        comm.all_reduce_in_place(&mut a, ReduceOp::Max)
+            .map_err(|e| e.to_string())?;
+        let want: Vec<i32> = (0..count + 5)
+            .map(|i| reduced::<i32>(p, i, ReduceOp::Max))
+            .collect();
+        if a != want {
+            return Err(format!("all_reduce count={count} wrong"));
+        }
+    }
+    Ok(())
+}

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{input, reduced, same_bits};
+use common::{exact_on, input, reduced, same_bits};
 use pccl::config::Config;
 use pccl::plan::{Algorithm, LevelAlgo};
 use pccl::transport::ofi::OfiTransport;
@@ -112,42 +112,6 @@ fn cfg(m: usize, algo: Algorithm) -> Config {
     }
 }
 
-fn exact(comm: &Communicator, counts: &[usize]) -> Result<(), String> {
-    let (r, p) = (comm.rank(), comm.size());
-    for &count in counts {
-        let mine = input::<f32>(r, count, ReduceOp::Sum);
-        let mut out = vec![0f32; count * p];
-        comm.all_gather(&mine, &mut out)
-            .map_err(|e| e.to_string())?;
-        let want: Vec<f32> = (0..p)
-            .flat_map(|q| input::<f32>(q, count, ReduceOp::Sum))
-            .collect();
-        if !same_bits(&out, &want) {
-            return Err(format!("all_gather count={count} wrong"));
-        }
-        let full = input::<f64>(r, count * p, ReduceOp::Avg);
-        let mut o = vec![0f64; count];
-        comm.reduce_scatter(&full, &mut o, ReduceOp::Avg)
-            .map_err(|e| e.to_string())?;
-        let want: Vec<f64> = (r * count..(r + 1) * count)
-            .map(|i| reduced::<f64>(p, i, ReduceOp::Avg))
-            .collect();
-        if !same_bits(&o, &want) {
-            return Err(format!("reduce_scatter count={count} wrong"));
-        }
-        let mut a = input::<i32>(r, count + 5, ReduceOp::Max);
-        comm.all_reduce_in_place(&mut a, ReduceOp::Max)
-            .map_err(|e| e.to_string())?;
-        let want: Vec<i32> = (0..count + 5)
-            .map(|i| reduced::<i32>(p, i, ReduceOp::Max))
-            .collect();
-        if a != want {
-            return Err(format!("all_reduce count={count} wrong"));
-        }
-    }
-    Ok(())
-}
-
 #[test]
 fn every_algorithm_is_exact_for_two_to_eight_ranks() {
     if !per_provider("every_algorithm_is_exact_for_two_to_eight_ranks") || !usable() {
@@ -164,7 +128,9 @@ fn every_algorithm_is_exact_for_two_to_eight_ranks() {
         (8, 4, hier(LevelAlgo::Rd, LevelAlgo::Rd)),
     ] {
         let t0 = Instant::now();
-        let res = on_ofi(p, cfg(m, algo), |comm, _| exact(&comm, &[0, 1, 7, 300_001]));
+        let res = on_ofi(p, cfg(m, algo), |comm, _| {
+            exact_on(&comm, &[0, 1, 7, 300_001])
+        });
         for r in res {
             r.unwrap_or_else(|e| panic!("P={p} M={m} {algo}: {e}"));
         }
@@ -283,7 +249,7 @@ fn bad_input_and_mismatched_calls_fail_everywhere_and_the_next_works() {
         // tcp;ofi_rxm sometimes never confirms a cancelled large send, and the endpoint is
         // closed; later calls must then fail with an error, never return wrong data or hang.
         let rxm = std::env::var("FI_PROVIDER").is_ok_and(|p| p.contains("rxm"));
-        match exact(&comm, &[1, 70_001]) {
+        match exact_on(&comm, &[1, 70_001]) {
             Ok(()) => {}
             Err(e) if rxm && !e.contains("wrong") => {
                 println!("@@ rank {r}: known rxm limit, next call failed cleanly: {e}")

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{input, reduced, same_bits};
+use common::exact_on;
 use pccl::config::Config;
 use pccl::plan::{Algorithm, LevelAlgo};
 use pccl::transport::tcp::{TcpTransport, UniqueId};
@@ -95,39 +95,7 @@ fn hierarchical_collectives_are_exact_over_tcp_and_shared_memory() {
         (5, 1, Algorithm::Flat(LevelAlgo::Ring), true),
     ] {
         let res = on_tcp_with(p, cfg(m, algo), shm, |comm| -> Result<(), String> {
-            let (r, p) = (comm.rank(), comm.size());
-            for count in [0usize, 1, 7, 300_001] {
-                let mine = input::<f32>(r, count, ReduceOp::Sum);
-                let mut out = vec![0f32; count * p];
-                comm.all_gather(&mine, &mut out)
-                    .map_err(|e| e.to_string())?;
-                let want: Vec<f32> = (0..p)
-                    .flat_map(|q| input::<f32>(q, count, ReduceOp::Sum))
-                    .collect();
-                if !same_bits(&out, &want) {
-                    return Err(format!("all_gather count={count} wrong"));
-                }
-                let full = input::<f64>(r, count * p, ReduceOp::Avg);
-                let mut o = vec![0f64; count];
-                comm.reduce_scatter(&full, &mut o, ReduceOp::Avg)
-                    .map_err(|e| e.to_string())?;
-                let want: Vec<f64> = (r * count..(r + 1) * count)
-                    .map(|i| reduced::<f64>(p, i, ReduceOp::Avg))
-                    .collect();
-                if !same_bits(&o, &want) {
-                    return Err(format!("reduce_scatter count={count} wrong"));
-                }
-                let mut a = input::<i32>(r, count + 5, ReduceOp::Max);
-                comm.all_reduce_in_place(&mut a, ReduceOp::Max)
-                    .map_err(|e| e.to_string())?;
-                let want: Vec<i32> = (0..count + 5)
-                    .map(|i| reduced::<i32>(p, i, ReduceOp::Max))
-                    .collect();
-                if a != want {
-                    return Err(format!("all_reduce count={count} wrong"));
-                }
-            }
-            Ok(())
+            exact_on(&comm, &[0, 1, 7, 300_001])
         });
         for r in res {
             r.unwrap_or_else(|e| panic!("P={p} M={m} {algo} shm={shm}: {e}"));
