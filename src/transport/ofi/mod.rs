@@ -293,6 +293,18 @@ fn spawn_service(sh: Weak<Shared>, stop: Arc<AtomicBool>) -> Result<JoinHandle<(
 
 impl Drop for OfiTransport {
     fn drop(&mut self) {
+        // Goodbye barrier: a provider may still touch a peer's endpoint (shm maps the peer's
+        // queues) until that peer stops sending, so no rank closes its endpoint while its
+        // peers may still be in their last collective. Skipped when a peer is dead or the
+        // rank aborted; bounded at 2 s either way.
+        if self.sh.ctl.faults().dead_ranks().is_empty() && self.sh.ctl.faults().aborted().is_none()
+        {
+            let _ = ready(
+                &self.sh.ctl,
+                faults::stamp(0, faults::CONTROL | 0x0f1f_0003),
+                Instant::now() + Duration::from_secs(2),
+            );
+        }
         self.stop.store(true, Ordering::Release);
         if let Some(h) = self.service.take() {
             let _ = h.join();
