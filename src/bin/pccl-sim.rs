@@ -5,13 +5,16 @@
 //! pccl-sim --preset frontier --coll allgather --algo hier-rd --ranks 4096 --size 16M:1G
 //! pccl-sim --preset-file my.toml --coll reducescatter --algo auto --ranks 512 --size 1M --json
 //! pccl-sim --preset frontier --coll allgather --algo hier-rd --heatmap hm.png --vs ring
+//! pccl-sim --preset frontier --coll reducescatter --algo hier-rd --ranks 64 --size 16M --goal rs.goal
 //! ```
 //! Size = bytes per rank, as in pccl-bench (all-gather input, reduce-scatter output, all-reduce
 //! buffer).
 
 use clap::Parser;
 use pccl::config::parse_bytes;
+use pccl::model::goal::{self, GoalJob};
 use pccl::model::presets;
+use pccl::model::profile::DeviceKind;
 use pccl::model::profile::Profile;
 use pccl::model::sim::{Cluster, Engine, Job, Summary};
 use pccl::model::tuner;
@@ -71,6 +74,10 @@ struct Args {
     /// Print the speedup table of the heatmap as Markdown too.
     #[arg(long)]
     table: bool,
+    /// Write every rank's plan for the first size as a GOAL schedule (LogGOPSim / ATLAHS
+    /// text format; `-` for stdout) instead of simulating; `auto` exports the tuner's choice.
+    #[arg(long)]
+    goal: Option<String>,
 }
 
 fn fail(msg: impl std::fmt::Display) -> ! {
@@ -234,6 +241,10 @@ fn main() {
     let topo = sim.topo(args.ranks, m);
     let sz = sizes(&args.size);
     let blocks: Vec<f64> = sz.iter().map(|&s| sim.block(s, args.ranks)).collect();
+    if let Some(out) = &args.goal {
+        write_goal(&sim, algo, &topo, blocks[0], out);
+        return;
+    }
     let t0 = Instant::now();
     let res = sim.times(algo, &topo, &blocks);
     let wall = t0.elapsed().as_secs_f64();
@@ -285,6 +296,35 @@ fn main() {
                 a
             );
         }
+    }
+}
+
+/// `--goal`: the schedule of `algo` (or of the tuner's choice) for one block size.
+fn write_goal(sim: &Sim, algo: Option<Algorithm>, topo: &Topology, block: f64, out: &str) {
+    let algo = algo.unwrap_or_else(|| sim.times(None, topo, &[block])[0].0);
+    // `--on device` already put the device rates in the profile's host slot.
+    let job = GoalJob {
+        coll: sim.coll,
+        algo,
+        block_bytes: block.round() as u64,
+        prof: &sim.prof,
+        device: DeviceKind::Host,
+        dtype: "f32",
+    };
+    let (text, st) = goal::schedule(topo, &job).unwrap_or_else(|e| fail(e));
+    if out == "-" {
+        print!("{text}");
+    } else {
+        std::fs::write(out, &text).unwrap_or_else(|e| fail(format!("--goal {out}: {e}")));
+        eprintln!(
+            "pccl-sim: wrote {out}: {} ranks, {} sends, {} recvs, {} calcs, {} bytes ({})",
+            topo.nranks(),
+            st.sends,
+            st.recvs,
+            st.calcs,
+            st.bytes,
+            algo
+        );
     }
 }
 

@@ -6,10 +6,12 @@
 //! * [`sim`]: the simulator engines (all ranks as events; one node phase by phase).
 //! * [`presets`]: named machines (Frontier, Perlmutter).
 //! * [`tuner`]: picks the algorithm and piece size from the simulator.
+//! * [`goal`]: export of the plans as a GOAL schedule (LogGOPSim, ATLAHS).
 //! * [`cost`]: the older per-message α-β-γ estimate (kept for its callers).
 
 pub mod contention;
 pub mod cost;
+pub mod goal;
 pub mod presets;
 pub mod profile;
 pub mod sim;
