@@ -372,3 +372,120 @@ impl Drop for Ring {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    /// Both ends of a fresh ring: (consumer, producer).
+    fn pair() -> (Arc<Ring>, Arc<Ring>) {
+        let name: RingName = crate::transport::secret::random_bytes().unwrap();
+        let path = ring_path(&name);
+        let consumer = Ring::create(path.clone()).unwrap();
+        let producer = Ring::open(path).unwrap();
+        (Arc::new(consumer), Arc::new(producer))
+    }
+
+    fn head(tag: u64, n: usize) -> SlotHead {
+        SlotHead {
+            tag,
+            len: n as u64,
+            off: 0,
+            n: n as u64,
+            flags: 0,
+        }
+    }
+
+    const SLOW: Duration = Duration::from_millis(200);
+    /// How soon after the other side acted a sleeper must be up (a loaded host is slow).
+    const WAKE: Duration = Duration::from_millis(150);
+
+    #[test]
+    fn a_sleeping_consumer_wakes_when_a_slow_producer_publishes() {
+        let (rx, tx) = pair();
+        let t0 = Instant::now();
+        let h = std::thread::spawn(move || {
+            std::thread::sleep(SLOW);
+            tx.publish(head(7, 3), b"abc");
+            Instant::now()
+        });
+        // A long nap: only the producer's bell can end it in time.
+        while rx.peek().is_none() {
+            rx.wait_published(Duration::from_secs(10));
+        }
+        let woke = Instant::now();
+        let published = h.join().unwrap();
+        assert!(woke - t0 >= SLOW, "woke before the publish");
+        assert!(
+            woke.saturating_duration_since(published) < WAKE,
+            "woke {:?} after the publish",
+            woke.saturating_duration_since(published)
+        );
+        let got = rx.peek().unwrap();
+        assert_eq!(got.tag, 7);
+        let mut bytes = Vec::new();
+        rx.take(&got, |b| bytes.extend_from_slice(b));
+        assert_eq!(bytes, b"abc");
+    }
+
+    #[test]
+    fn a_sleeping_producer_wakes_when_a_slow_consumer_frees_a_slot() {
+        let (rx, tx) = pair();
+        for i in 0..SLOTS {
+            assert!(tx.has_room());
+            tx.publish(head(i, 1), b"x");
+        }
+        assert!(!tx.has_room());
+        let h = std::thread::spawn(move || {
+            std::thread::sleep(SLOW);
+            let got = rx.peek().unwrap();
+            rx.take(&got, |_| {});
+            Instant::now()
+        });
+        let t0 = Instant::now();
+        while !tx.has_room() {
+            tx.wait_room(Duration::from_secs(10));
+        }
+        let woke = Instant::now();
+        let freed = h.join().unwrap();
+        assert!(woke - t0 >= SLOW - Duration::from_millis(5));
+        assert!(woke.saturating_duration_since(freed) < WAKE);
+    }
+
+    #[test]
+    fn a_cut_ring_wakes_its_sleepers() {
+        let (rx, tx) = pair();
+        let h = std::thread::spawn(move || {
+            std::thread::sleep(SLOW);
+            tx.close();
+            Instant::now()
+        });
+        while !rx.is_closed() {
+            rx.wait_published(Duration::from_secs(10));
+        }
+        let woke = Instant::now();
+        assert!(woke.saturating_duration_since(h.join().unwrap()) < WAKE);
+    }
+
+    #[test]
+    fn a_wait_on_a_silent_peer_ends_at_its_nap() {
+        // A dead producer never rings: the sleeper is back within its nap to look at the
+        // board and its deadline.
+        let (rx, _tx) = pair();
+        let t0 = Instant::now();
+        rx.wait_published(NAP);
+        let took = t0.elapsed();
+        assert!(rx.peek().is_none());
+        assert!(took < NAP + WAKE, "a {NAP:?} nap took {took:?}");
+    }
+
+    #[test]
+    fn patience_spins_then_asks_to_sleep() {
+        let mut p = Patience::default();
+        let busy = (0..SPINS + YIELDS + 10).filter(|_| p.busy()).count();
+        assert_eq!(busy as u32, SPINS + YIELDS);
+        assert!(!p.busy());
+    }
+}
