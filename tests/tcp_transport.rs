@@ -168,8 +168,14 @@ fn small_collectives_wait_for_a_slow_peer_over_shared_memory() {
     for (r, took) in res.into_iter().enumerate() {
         let took = took.unwrap();
         if r != 2 {
-            assert!(took >= slow - Duration::from_millis(20), "rank {r}: {took:?}");
-            assert!(took < slow + Duration::from_millis(300), "rank {r}: {took:?}");
+            assert!(
+                took >= slow - Duration::from_millis(20),
+                "rank {r}: {took:?}"
+            );
+            assert!(
+                took < slow + Duration::from_millis(300),
+                "rank {r}: {took:?}"
+            );
         }
     }
 }
@@ -202,8 +208,14 @@ fn small_collectives_time_out_on_a_silent_peer_over_shared_memory() {
     for (r, took) in res.into_iter().enumerate() {
         let took = took.unwrap();
         if r != 1 {
-            assert!(took >= c.timeout - Duration::from_millis(50), "rank {r}: {took:?}");
-            assert!(took < c.timeout + Duration::from_secs(1), "rank {r}: {took:?}");
+            assert!(
+                took >= c.timeout - Duration::from_millis(50),
+                "rank {r}: {took:?}"
+            );
+            assert!(
+                took < c.timeout + Duration::from_secs(1),
+                "rank {r}: {took:?}"
+            );
         }
     }
 }

@@ -18,8 +18,8 @@ use crate::transport::shm::{Patience, Ring, SlotHead, ABANDONED, NAP, SLOT_BYTES
 use crate::transport::SendOp;
 use std::io::IoSlice;
 use std::net::TcpStream;
-use std::sync::mpsc::Receiver;
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
