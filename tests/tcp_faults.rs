@@ -28,7 +28,13 @@ enum Coll {
     AllGather,
     ReduceScatter,
     AllReduce,
+    /// An all-reduce of [`SMALL`] elements: messages that fit one shared-memory slot, which
+    /// the sender publishes itself (no writer thread).
+    SmallAllReduce,
 }
+
+/// Elements of [`Coll::SmallAllReduce`] (f64).
+const SMALL: usize = 256;
 
 /// What one run does: `p` ranks, rank `victim` misbehaves (`kind`) at collective `at`.
 #[derive(Clone, Copy, Debug)]
@@ -57,6 +63,7 @@ impl Scenario {
             Coll::AllGather => "ag",
             Coll::ReduceScatter => "rs",
             Coll::AllReduce => "ar",
+            Coll::SmallAllReduce => "ar-small",
         };
         format!(
             "{},{},{},{},{kind},{coll},{},{}",
@@ -76,6 +83,7 @@ impl Scenario {
             coll: match f[5] {
                 "ag" => Coll::AllGather,
                 "rs" => Coll::ReduceScatter,
+                "ar-small" => Coll::SmallAllReduce,
                 _ => Coll::AllReduce,
             },
             timeout_s: f[6].parse().unwrap(),
@@ -126,9 +134,10 @@ fn run(comm: &Communicator, coll: Coll, k: u32) -> pccl::Result<()> {
                 assert_eq!(*x, sum(r * n + j), "reduce-scatter element {j} on rank {r}");
             }
         }
-        Coll::AllReduce => {
-            let inp: Vec<f64> = (0..N).map(|i| val(r, i, k)).collect();
-            let mut out = vec![0.0; N];
+        Coll::AllReduce | Coll::SmallAllReduce => {
+            let n = if coll == Coll::AllReduce { N } else { SMALL };
+            let inp: Vec<f64> = (0..n).map(|i| val(r, i, k)).collect();
+            let mut out = vec![0.0; n];
             comm.all_reduce(&inp, &mut out, ReduceOp::Sum)?;
             for (j, x) in out.iter().enumerate() {
                 assert_eq!(*x, sum(j), "all-reduce element {j} on rank {r}");
@@ -389,6 +398,24 @@ fn corrupt_messages_over_shared_memory_fail_fast() {
     scenario(
         "corrupt_messages_over_shared_memory_fail_fast",
         sc(3, true, 1, 1, FaultKind::Corrupt, Coll::AllGather),
+    );
+}
+
+#[test]
+fn kill_during_small_messages_over_shared_memory_fails_fast() {
+    scenario(
+        "kill_during_small_messages_over_shared_memory_fails_fast",
+        sc(4, true, 3, 3, FaultKind::Kill, Coll::SmallAllReduce),
+    );
+}
+
+#[test]
+fn a_stalled_rank_in_small_messages_over_shared_memory_times_out_at_the_deadline() {
+    let mut s = sc(3, true, 0, 2, FaultKind::Stall, Coll::SmallAllReduce);
+    s.timeout_s = 2;
+    scenario(
+        "a_stalled_rank_in_small_messages_over_shared_memory_times_out_at_the_deadline",
+        s,
     );
 }
 

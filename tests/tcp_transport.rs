@@ -140,3 +140,82 @@ fn a_peer_that_leaves_gives_an_error_not_a_hang() {
     });
     assert!(res[0].is_err() && res[2].is_err(), "{res:?}");
 }
+
+/// Small messages over shared memory go straight into the peer's ring and the receiver
+/// sleeps on it: a peer that joins 200 ms late is waited for (and its data is right), and
+/// the others' waits end when it arrives, not at some poll step far after.
+#[test]
+fn small_collectives_wait_for_a_slow_peer_over_shared_memory() {
+    let mut c = cfg(4, Algorithm::Flat(LevelAlgo::Rd));
+    c.timeout = Duration::from_secs(10);
+    let slow = Duration::from_millis(200);
+    let res = on_tcp(4, c, |comm| {
+        let r = comm.rank();
+        let mut out = vec![0f32; 256];
+        comm.all_reduce(&[1.0; 256], &mut out, ReduceOp::Sum)?;
+        if r == 2 {
+            std::thread::sleep(slow);
+        }
+        let t0 = std::time::Instant::now();
+        let inp: Vec<f32> = (0..256).map(|i| (i * (r + 1)) as f32).collect();
+        comm.all_reduce(&inp, &mut out, ReduceOp::Sum)?;
+        let took = t0.elapsed();
+        for (i, x) in out.iter().enumerate() {
+            assert_eq!(*x, (i * 10) as f32, "element {i} on rank {r}");
+        }
+        Ok::<_, pccl::Error>(took)
+    });
+    for (r, took) in res.into_iter().enumerate() {
+        let took = took.unwrap();
+        if r != 2 {
+            assert!(
+                took >= slow - Duration::from_millis(20),
+                "rank {r}: {took:?}"
+            );
+            assert!(
+                took < slow + Duration::from_millis(300),
+                "rank {r}: {took:?}"
+            );
+        }
+    }
+}
+
+/// A peer that never joins a small collective over shared memory: the others' sleeping
+/// waits still end with a timeout error at the deadline (within a second after it).
+#[test]
+fn small_collectives_time_out_on_a_silent_peer_over_shared_memory() {
+    let mut c = cfg(3, Algorithm::Flat(LevelAlgo::Rd));
+    c.timeout = Duration::from_secs(1);
+    let res = on_tcp(3, c.clone(), |comm| {
+        if comm.rank() == 1 {
+            // Silent past everyone's deadline, then gone.
+            std::thread::sleep(c.timeout + Duration::from_millis(1500));
+            return Ok(Duration::ZERO);
+        }
+        let t0 = std::time::Instant::now();
+        let mut out = vec![0f32; 64];
+        match comm.all_reduce(&[1.0; 64], &mut out, ReduceOp::Sum) {
+            Ok(()) => Err(pccl::Error::internal("succeeded without rank 1")),
+            Err(e) => {
+                assert!(
+                    e.kind() == ErrorKind::Timeout || e.message().contains("deadline"),
+                    "{e}"
+                );
+                Ok(t0.elapsed())
+            }
+        }
+    });
+    for (r, took) in res.into_iter().enumerate() {
+        let took = took.unwrap();
+        if r != 1 {
+            assert!(
+                took >= c.timeout - Duration::from_millis(50),
+                "rank {r}: {took:?}"
+            );
+            assert!(
+                took < c.timeout + Duration::from_secs(1),
+                "rank {r}: {took:?}"
+            );
+        }
+    }
+}

@@ -14,13 +14,21 @@
 //! answers whether a slot is free or published ([`Ring::has_room`], [`Ring::peek`]), so every
 //! wait can look at the failure board, and a cut ring ([`Ring::close`]) is seen by both
 //! sides.
+//!
+//! **Waiting without starving the peer.** A waiter spins briefly (the answer is often a few
+//! microseconds away), yields a few times, then sleeps on a futex in the ring's header
+//! ([`Ring::wait_published`], [`Ring::wait_room`]) for at most a short nap, so it looks at
+//! the board and its deadline between naps. The other side rings that futex's bell after it
+//! publishes (or frees) a slot, only when someone sleeps there: an uncontended publish costs
+//! one fence and one load. On a host with more ranks than cores this matters most: a rank
+//! that spun or yielded in a loop would take the core from the very peer it waits for.
 
 use crate::error::{Error, Result};
 use memmap2::MmapRaw;
 use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Slots per ring.
@@ -29,8 +37,28 @@ const SLOTS: u64 = 4;
 pub const SLOT_BYTES: usize = 512 * 1024;
 /// Per-slot header: tag, message length, piece offset, piece length, flags (u64 each).
 const SLOT_HEAD: usize = 64;
-/// Ring header: head (consumer), tail (producer) and the cut mark on separate cache lines.
+/// Ring header: head (consumer), tail (producer) and the cut mark on separate cache lines;
+/// the futex words ([`Bell`]) share the cut mark's line.
 const RING_HEAD: usize = 192;
+
+/// A futex in the ring header: a count of sleepers and the bell word they sleep on.
+#[derive(Clone, Copy)]
+struct Bell {
+    waiters: usize,
+    bell: usize,
+}
+
+/// Rung by the producer after it published a slot (the consumer sleeps on it).
+const DATA: Bell = Bell {
+    waiters: 136,
+    bell: 140,
+};
+/// Rung by the consumer after it freed a slot (the producer sleeps on it when the ring is
+/// full).
+const ROOM: Bell = Bell {
+    waiters: 144,
+    bell: 148,
+};
 const RING_BYTES: usize = RING_HEAD + SLOTS as usize * (SLOT_HEAD + SLOT_BYTES);
 
 /// One direction between two processes.
@@ -113,6 +141,49 @@ impl Ring {
         unsafe { &*(self.map.as_mut_ptr().add(which * 64) as *const AtomicU64) }
     }
 
+    fn word(&self, off: usize) -> &AtomicU32 {
+        // SAFETY: the futex words (offsets 136..152) are 4-byte aligned inside the mapping's
+        // header and only ever accessed atomically (here and by the kernel's futex calls).
+        unsafe { &*(self.map.as_mut_ptr().add(off) as *const AtomicU32) }
+    }
+
+    /// Wakes whoever sleeps on `b` (after this side changed the ring).
+    fn ring_bell(&self, b: Bell) {
+        // Pairs with the fence in `sleep`: either the sleeper sees the change, or this side
+        // sees the sleeper.
+        fence(Ordering::SeqCst);
+        if self.word(b.waiters).load(Ordering::SeqCst) != 0 {
+            let bell = self.word(b.bell);
+            bell.fetch_add(1, Ordering::SeqCst);
+            futex_wake(bell);
+        }
+    }
+
+    /// Sleeps on `b` until it rings or `max` passes, unless `ready()` (or a cut) already
+    /// holds once this side announced itself. Wakes may be spurious: callers re-check.
+    fn sleep(&self, b: Bell, max: Duration, ready: impl Fn() -> bool) {
+        let (waiters, bell) = (self.word(b.waiters), self.word(b.bell));
+        let seen = bell.load(Ordering::SeqCst);
+        waiters.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if !ready() && !self.is_closed() {
+            futex_wait(bell, seen, max);
+        }
+        waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Consumer side: sleeps until the producer publishes a slot, the ring is cut, or `max`
+    /// passes (or spuriously earlier).
+    pub fn wait_published(&self, max: Duration) {
+        self.sleep(DATA, max, || self.peek().is_some());
+    }
+
+    /// Producer side: sleeps until the consumer frees a slot, the ring is cut, or `max`
+    /// passes (or spuriously earlier).
+    pub fn wait_room(&self, max: Duration) {
+        self.sleep(ROOM, max, || self.has_room());
+    }
+
     fn slot(&self, i: u64) -> *mut u8 {
         let k = (i % SLOTS) as usize;
         // SAFETY: slot `k` lies inside the mapping (RING_BYTES checked at creation/open).
@@ -150,6 +221,7 @@ impl Ring {
             std::ptr::copy_nonoverlapping(data.as_ptr(), s.add(SLOT_HEAD), n);
         }
         tail.store(t + 1, Ordering::Release);
+        self.ring_bell(DATA);
     }
 
     /// Consumer side: the header of the next slot, if the producer published one.
@@ -190,17 +262,21 @@ impl Ring {
         let bytes = unsafe { std::slice::from_raw_parts(self.slot(h).add(SLOT_HEAD), n) };
         sink(bytes);
         self.counter(0).store(h + 1, Ordering::Release);
+        self.ring_bell(ROOM);
     }
 
     /// Consumer side: frees the next slot without reading it (after [`Ring::peek`]).
     pub fn skip(&self) {
         let head = self.counter(0);
         head.store(head.load(Ordering::Relaxed) + 1, Ordering::Release);
+        self.ring_bell(ROOM);
     }
 
     /// Marks the ring cut (fault injection `drop`): both sides see it while they wait.
     pub fn close(&self) {
         self.counter(2).store(1, Ordering::Release);
+        self.ring_bell(DATA);
+        self.ring_bell(ROOM);
     }
 
     /// Whether either side cut the ring.
@@ -227,28 +303,65 @@ pub struct SlotHead {
 /// Slot flag: the sender gave the message up half-way; no more pieces of it follow.
 pub const ABANDONED: u64 = 1;
 
-/// Waiting without burning a core: spin a little, yield a while, then sleep in short naps.
+/// Spins before a ring wait starts yielding.
+const SPINS: u32 = 64;
+/// Yields before it sleeps on the ring's futex.
+const YIELDS: u32 = 8;
+/// Longest sleep on a ring's futex between looks at the board and the deadline.
+pub const NAP: Duration = Duration::from_millis(5);
+
+/// How a ring wait spends an idle step: spin a little, yield a few times, then sleep on the
+/// ring (see the module's doc).
 #[derive(Default)]
-pub struct Backoff {
+pub struct Patience {
     n: u32,
 }
 
-impl Backoff {
-    /// Waits a little longer than the previous call did.
-    pub fn snooze(&mut self) {
-        self.n = self.n.saturating_add(1);
-        if self.n < 64 {
+impl Patience {
+    /// Spins or yields once and returns true while the wait should keep doing so; false once
+    /// it should sleep on the ring ([`Ring::wait_published`], [`Ring::wait_room`]) and look
+    /// at slower conditions (the board, the deadline, the peer's state) between sleeps.
+    pub fn busy(&mut self) -> bool {
+        if self.n < SPINS {
+            self.n += 1;
             std::hint::spin_loop();
-        } else if self.n < 2048 {
+            true
+        } else if self.n < SPINS + YIELDS {
+            self.n += 1;
             std::thread::yield_now();
+            true
         } else {
-            std::thread::sleep(Duration::from_micros(50));
+            false
         }
     }
+}
 
-    /// Whether it is time to look at slower conditions (the clock, the board).
-    pub fn every(&self, k: u32) -> bool {
-        self.n % k == 0 || self.n >= 2048
+/// `FUTEX_WAIT` on a word of a shared mapping (not process-private: the peer is another
+/// process) while it holds `seen`, for at most `max`.
+fn futex_wait(word: &AtomicU32, seen: u32, max: Duration) {
+    let ts = libc::timespec {
+        tv_sec: max.as_secs() as libc::time_t,
+        tv_nsec: max.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `word` is a live, aligned 4-byte atomic in a shared mapping; the kernel only
+    // reads it and `ts`, which outlives the call. Every outcome (woken, value changed,
+    // timed out, interrupted) is fine: callers re-check their condition.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            seen,
+            &ts as *const libc::timespec,
+        );
+    }
+}
+
+/// `FUTEX_WAKE` of every sleeper on `word` (shared, as [`futex_wait`]).
+fn futex_wake(word: &AtomicU32) {
+    // SAFETY: `word` is a live, aligned 4-byte atomic; the kernel does not write it.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
     }
 }
 
@@ -257,5 +370,122 @@ impl Drop for Ring {
         if let Some(p) = self.path.take() {
             let _ = std::fs::remove_file(p);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    /// Both ends of a fresh ring: (consumer, producer).
+    fn pair() -> (Arc<Ring>, Arc<Ring>) {
+        let name: RingName = crate::transport::secret::random_bytes().unwrap();
+        let path = ring_path(&name);
+        let consumer = Ring::create(path.clone()).unwrap();
+        let producer = Ring::open(path).unwrap();
+        (Arc::new(consumer), Arc::new(producer))
+    }
+
+    fn head(tag: u64, n: usize) -> SlotHead {
+        SlotHead {
+            tag,
+            len: n as u64,
+            off: 0,
+            n: n as u64,
+            flags: 0,
+        }
+    }
+
+    const SLOW: Duration = Duration::from_millis(200);
+    /// How soon after the other side acted a sleeper must be up (a loaded host is slow).
+    const WAKE: Duration = Duration::from_millis(150);
+
+    #[test]
+    fn a_sleeping_consumer_wakes_when_a_slow_producer_publishes() {
+        let (rx, tx) = pair();
+        let t0 = Instant::now();
+        let h = std::thread::spawn(move || {
+            std::thread::sleep(SLOW);
+            tx.publish(head(7, 3), b"abc");
+            Instant::now()
+        });
+        // A long nap: only the producer's bell can end it in time.
+        while rx.peek().is_none() {
+            rx.wait_published(Duration::from_secs(10));
+        }
+        let woke = Instant::now();
+        let published = h.join().unwrap();
+        assert!(woke - t0 >= SLOW, "woke before the publish");
+        assert!(
+            woke.saturating_duration_since(published) < WAKE,
+            "woke {:?} after the publish",
+            woke.saturating_duration_since(published)
+        );
+        let got = rx.peek().unwrap();
+        assert_eq!(got.tag, 7);
+        let mut bytes = Vec::new();
+        rx.take(&got, |b| bytes.extend_from_slice(b));
+        assert_eq!(bytes, b"abc");
+    }
+
+    #[test]
+    fn a_sleeping_producer_wakes_when_a_slow_consumer_frees_a_slot() {
+        let (rx, tx) = pair();
+        for i in 0..SLOTS {
+            assert!(tx.has_room());
+            tx.publish(head(i, 1), b"x");
+        }
+        assert!(!tx.has_room());
+        let h = std::thread::spawn(move || {
+            std::thread::sleep(SLOW);
+            let got = rx.peek().unwrap();
+            rx.take(&got, |_| {});
+            Instant::now()
+        });
+        let t0 = Instant::now();
+        while !tx.has_room() {
+            tx.wait_room(Duration::from_secs(10));
+        }
+        let woke = Instant::now();
+        let freed = h.join().unwrap();
+        assert!(woke - t0 >= SLOW - Duration::from_millis(5));
+        assert!(woke.saturating_duration_since(freed) < WAKE);
+    }
+
+    #[test]
+    fn a_cut_ring_wakes_its_sleepers() {
+        let (rx, tx) = pair();
+        let h = std::thread::spawn(move || {
+            std::thread::sleep(SLOW);
+            tx.close();
+            Instant::now()
+        });
+        while !rx.is_closed() {
+            rx.wait_published(Duration::from_secs(10));
+        }
+        let woke = Instant::now();
+        assert!(woke.saturating_duration_since(h.join().unwrap()) < WAKE);
+    }
+
+    #[test]
+    fn a_wait_on_a_silent_peer_ends_at_its_nap() {
+        // A dead producer never rings: the sleeper is back within its nap to look at the
+        // board and its deadline.
+        let (rx, _tx) = pair();
+        let t0 = Instant::now();
+        rx.wait_published(NAP);
+        let took = t0.elapsed();
+        assert!(rx.peek().is_none());
+        assert!(took < NAP + WAKE, "a {NAP:?} nap took {took:?}");
+    }
+
+    #[test]
+    fn patience_spins_then_asks_to_sleep() {
+        let mut p = Patience::default();
+        let busy = (0..SPINS + YIELDS + 10).filter(|_| p.busy()).count();
+        assert_eq!(busy as u32, SPINS + YIELDS);
+        assert!(!p.busy());
     }
 }

@@ -25,10 +25,12 @@
 //! Peers on the same host talk through shared-memory rings: files created with mode 0600 and
 //! a random name that the receiver sends its peer over their authenticated connection.
 //! Same-host peers move messages through the rings; their socket then carries only control
-//! frames.
+//! frames. A message that fits one ring slot, with nothing queued before it, is published by
+//! the sending thread itself (no writer-thread hand-off); a ring wait spins briefly, then
+//! sleeps on a futex in the ring that the other side rings (see `shm`).
 //!
 //! **Failing fast.** Every wait looks at the communicator's failure board at least every
-//! [`faults::POLL`] (sockets run with short timeouts, rings wait in short naps) and ends with
+//! [`faults::POLL`] (sockets run with short timeouts, rings sleep at most `shm::NAP`) and ends with
 //! its error; a message of an earlier collective is read and dropped whole, one of a later
 //! collective is kept (its header, per peer) for the call it belongs to.
 //!

@@ -356,6 +356,47 @@ def c_error(ck: Checker):
              torch.cat([torch.full((5,), float(r)) for r in range(n)]), True)
 
 
+def fast_path(ck: Checker):
+    """Synchronous calls on contiguous CPU tensors take the backend's fast path (one C call,
+    no registry): their Works are complete and numbered like the others, and a call the
+    ranks disagree on fails on every rank with the C function's name and message, after
+    which the group still works."""
+    from pccl import _lib
+    pg = dist.group.WORLD
+    be = pg if isinstance(pg, pccl.torch.PcclBackend) else pg._get_backend(torch.device("cpu"))
+    me, n = dist.get_rank(), dist.get_world_size()
+    opts = dist.AllreduceOptions()
+    if not hasattr(opts, "asyncOp"):
+        return  # torch <= 2.11 does not tell a backend whether a call is synchronous
+    opts.asyncOp = False
+    ck.checks += 1
+    buf = torch.full((3,), float(me + 1))
+    inflight = pccl.torch.inflight()
+    seq = be._get_sequence_number_for_group()
+    w = be.allreduce([buf], opts)
+    if not w.is_completed() or w.result() != [buf] or pccl.torch.inflight() != inflight:
+        ck.failures.append("fast-path all_reduce: Work not complete, wrong result, or "
+                           "left in flight")
+    if w._get_sequence_number() != seq + 1 or be._get_sequence_number_for_group() != seq + 1:
+        ck.failures.append(f"fast-path all_reduce: sequence number {w._get_sequence_number()}"
+                           f", expected {seq + 1}")
+    ck.close("fast-path all_reduce", buf, torch.full((3,), float(n * (n + 1) // 2)), True)
+    if n == 1:
+        return
+    ck.checks += 1
+    bad = torch.ones(4 if me == 0 else 5)
+    try:
+        be.allreduce([bad], opts)
+        ck.failures.append("fast-path all_reduce with counts that disagree did not fail")
+    except _lib.PcclError as e:
+        if "pcclAllReduce" not in str(e) or not e.detail:
+            ck.failures.append(f"fast-path error without the call or message: {e!r}")
+    after = torch.full((2,), float(me))
+    dist.all_reduce(after)
+    ck.close("all_reduce after a failed fast-path call", after,
+             torch.full((2,), float(n * (n - 1) // 2)), True)
+
+
 class _AsyncAllreduceOpts:
     def __init__(self):
         self.reduceOp = R.SUM
@@ -373,6 +414,7 @@ def main(rank, world, init, outdir, quick):
         suite(ck, dist.group.WORLD, gloo, ranks, "world", sizes)
         misc(ck, dist.group.WORLD, gloo, ranks, "world")
         c_error(ck)
+        fast_path(ck)
         # A sub-group: every rank but 0 (or just rank 0 when alone); pccl and gloo.
         sub = ranks[1:] if world > 1 else ranks
         spg = dist.new_group(sub, backend="pccl")

@@ -7,11 +7,11 @@ use super::wire::{self, Got, Header, Kind, HEADER, TRAILER, TRAILER_OK};
 use super::writer::Job;
 use crate::error::{Error, Result};
 use crate::transport::faults::{self, Faults, Tag};
-use crate::transport::shm::{Backoff, Ring, ABANDONED};
+use crate::transport::shm::{Patience, Ring, ABANDONED, NAP};
 use std::io::IoSliceMut;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -89,8 +89,15 @@ pub(super) struct Link {
     /// Inbound ring from a same-host peer, and the lock of its one consumer.
     pub(super) ring_in: Option<Arc<Ring>>,
     ring_rx: Mutex<()>,
-    /// Outbound ring to a same-host peer (written by the writer thread).
+    /// Outbound ring to a same-host peer: written by the writer thread, or by the poster
+    /// itself for a small message with nothing queued before it (see `writer::post`).
     pub(super) ring_out: Option<Arc<Ring>>,
+    /// Held by a poster while it decides whether to publish into `ring_out` itself (and
+    /// while it does), so two posters never publish at once.
+    pub(super) ring_tx: Mutex<()>,
+    /// Messages handed to the writer thread and not yet finished by it: while any is, a
+    /// poster queues behind them (messages to a peer keep their order).
+    pub(super) queued: AtomicUsize,
     /// The queue of this peer's writer thread (taken when the transport closes).
     pub(super) writer: Mutex<Option<Sender<Job>>>,
     /// The peer said goodbye: its connection may close, normally.
@@ -139,6 +146,8 @@ impl Link {
             ring_in: ring_in.map(Arc::new),
             ring_rx: Mutex::new(()),
             ring_out: ring_out.map(Arc::new),
+            ring_tx: Mutex::new(()),
+            queued: AtomicUsize::new(0),
             writer: Mutex::new(None),
             left: AtomicBool::new(false),
             broken: AtomicBool::new(false),
@@ -609,14 +618,16 @@ impl Link {
         }
     }
 
-    /// Waits for the next published slot of the inbound ring.
+    /// Waits for the next published slot of the inbound ring: spins briefly, then sleeps on
+    /// the ring (woken by the producer's publish), looking at the board, the peer's state
+    /// and the deadline (`idle`) at least every [`NAP`].
     fn wait_slot(
         &self,
         ring: &Ring,
         tag: Tag,
         idle: &mut dyn FnMut() -> Result<()>,
     ) -> Result<crate::transport::shm::SlotHead> {
-        let mut b = Backoff::default();
+        let mut patience = Patience::default();
         loop {
             if let Some(h) = ring.peek() {
                 return Ok(h);
@@ -624,21 +635,22 @@ impl Link {
             if self.faults.any() {
                 self.faults.check(tag, self.peer)?;
             }
-            if b.every(64) {
-                if ring.is_closed() {
-                    self.on_failure("it cut its shared-memory ring");
-                    return Err(self.closed_error(tag));
-                }
-                if self.left() || self.broken() {
-                    // What the peer published before it left comes first.
-                    if let Some(h) = ring.peek() {
-                        return Ok(h);
-                    }
-                    return Err(self.closed_error(tag));
-                }
-                idle()?;
+            if patience.busy() {
+                continue;
             }
-            b.snooze();
+            if ring.is_closed() {
+                self.on_failure("it cut its shared-memory ring");
+                return Err(self.closed_error(tag));
+            }
+            if self.left() || self.broken() {
+                // What the peer published before it left comes first.
+                if let Some(h) = ring.peek() {
+                    return Ok(h);
+                }
+                return Err(self.closed_error(tag));
+            }
+            idle()?;
+            ring.wait_published(NAP);
         }
     }
 }
