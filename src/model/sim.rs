@@ -229,7 +229,9 @@ impl<'a> Cluster<'a> {
         let p = self.topo.nranks();
         let nodes = self.topo.nodes().len();
         let nccl = self.nccl_ring(job);
-        let bb = job.block_bytes;
+        // Plans of an overlapped hierarchy address pieces of blocks.
+        let bb = job.block_bytes
+            / crate::plan::effective_algorithm(job.algo, self.topo).pieces() as f64;
         let work: Vec<Vec<PhaseWork>> = (0..p)
             .map(|r| build(job.coll, job.algo, self.topo, r).map(|pl| of_plan(&pl)))
             .collect::<Result<_>>()?;
@@ -516,7 +518,7 @@ impl Summary {
         };
         let nccl = cl.nccl_ring(&job);
         let caps = cl.caps(1, 1);
-        let bb = job.block_bytes;
+        let bb = job.block_bytes / self.algo.pieces() as f64;
         let mut seconds = 0.0;
         let mut flows: Vec<(f64, f64, Vec<u32>)> = Vec::new();
         let mut owner: Vec<(usize, usize, usize)> = Vec::new(); // (sender local, receiver local, inter)
