@@ -532,7 +532,13 @@ pub fn build(
         rank,
         nranks: p,
         phases,
-        pieces: algorithm.pieces(),
+        pieces: match collective {
+            // Only the collectives built from levels are cut in pieces.
+            Collective::AllGather
+            | Collective::ReduceScatter { .. }
+            | Collective::AllReduce { .. } => algorithm.pieces(),
+            _ => 1,
+        },
     })
 }
 

@@ -206,6 +206,23 @@ mod tests {
     }
 
     #[test]
+    fn collectives_without_levels_are_not_cut_in_pieces() {
+        let topo = Topology::uniform(8, 4);
+        for coll in [
+            Collective::Broadcast { root: 3 },
+            Collective::Barrier,
+            Collective::Reduce {
+                root: 1,
+                average: false,
+            },
+            Collective::AllToAll,
+        ] {
+            let plan = build(coll, overlapped(LevelAlgo::Rd, LevelAlgo::Ring, 4), &topo, 2).unwrap();
+            assert_eq!(plan.pieces, 1, "{coll:?}");
+        }
+    }
+
+    #[test]
     fn one_piece_is_the_plain_hierarchy() {
         let topo = Topology::uniform(12, 3);
         for coll in [
