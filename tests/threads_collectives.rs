@@ -185,7 +185,8 @@ fn overlapped_hierarchy_matches_the_reference_for_every_dtype_op_and_piece_count
                         }
                         // Larger than the transport's piece size, in place and not.
                         for inplace in [false, true] {
-                            let v = check_collectives::<f32>(&comm, 40_001, ReduceOp::Sum, inplace)?;
+                            let v =
+                                check_collectives::<f32>(&comm, 40_001, ReduceOp::Sum, inplace)?;
                             digest.extend_from_slice(bytemuck::cast_slice(&v));
                         }
                         Ok(digest)

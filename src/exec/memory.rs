@@ -224,7 +224,10 @@ mod tests {
     fn pieces_split_every_block_into_balanced_contiguous_runs() {
         for lay in [
             BlockLayout::Uniform { count: 7, parts: 3 },
-            BlockLayout::Balanced { total: 10, parts: 4 },
+            BlockLayout::Balanced {
+                total: 10,
+                parts: 4,
+            },
             BlockLayout::Uniform { count: 2, parts: 3 },
             BlockLayout::Uniform { count: 0, parts: 2 },
         ] {
@@ -237,7 +240,10 @@ mod tests {
                     let r = lay.piece_range(x, 1, k);
                     assert_eq!(r.start, at, "{lay:?} k={k} x={x}");
                     let n = lay.range(x / k, 1).len();
-                    assert!(r.len() == n / k || r.len() == n / k + 1, "{lay:?} k={k} x={x}");
+                    assert!(
+                        r.len() == n / k || r.len() == n / k + 1,
+                        "{lay:?} k={k} x={x}"
+                    );
                     at = r.end;
                     if x % k == k - 1 {
                         assert_eq!(at, lay.offset(x / k + 1));

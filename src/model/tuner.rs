@@ -311,7 +311,10 @@ mod tests {
             Collective::ReduceScatter { average: false },
         ] {
             let (c, scored) = choose_with(coll, &topo, 64 << 20, &prof).unwrap();
-            assert!(matches!(c.algo, Algorithm::Overlap { .. }), "{coll:?}: {scored:?}");
+            assert!(
+                matches!(c.algo, Algorithm::Overlap { .. }),
+                "{coll:?}: {scored:?}"
+            );
             let t = |a: Algorithm| scored.iter().find(|s| s.0 == a).unwrap().1;
             let plain = t(Algorithm::Hier {
                 inter: match c.algo {
@@ -323,7 +326,11 @@ mod tests {
                     _ => unreachable!(),
                 },
             });
-            assert!(c.seconds < plain * 0.9, "{coll:?}: {} vs {plain}", c.seconds);
+            assert!(
+                c.seconds < plain * 0.9,
+                "{coll:?}: {} vs {plain}",
+                c.seconds
+            );
         }
     }
 
@@ -383,14 +390,20 @@ mod tests {
                 intra: LevelAlgo::Rd
             })
         );
-        let o = AlgoOverrides::parse("allgather:hier-rd-pipe4;allreduce:hier-ring-rd-pipe2").unwrap();
+        let o =
+            AlgoOverrides::parse("allgather:hier-rd-pipe4;allreduce:hier-ring-rd-pipe2").unwrap();
         assert_eq!(o.get(Collective::AllGather), HIER_RD.overlapped(4));
         assert_eq!(
             o.get(Collective::AllReduce { average: true })
                 .map(|a| a.name()),
             Some("hier-ring-rd-pipe2".to_string())
         );
-        for bad in ["hier-rd-pipe0", "hier-rd-pipe65", "ring-pipe2", "hier-rd-pipe"] {
+        for bad in [
+            "hier-rd-pipe0",
+            "hier-rd-pipe65",
+            "ring-pipe2",
+            "hier-rd-pipe",
+        ] {
             let e = AlgoOverrides::parse(bad).unwrap_err();
             assert!(e.message().contains("pipeK"), "{bad}: {e}");
         }

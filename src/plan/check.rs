@@ -397,9 +397,7 @@ pub fn check_plans(coll: Collective, plans: &[Plan], inplace: bool) -> Result<()
     let in_blocks = match coll {
         Collective::AllGather => k,
         Collective::ReduceScatter { .. } | Collective::AllReduce { .. } => p * k,
-        Collective::Broadcast { .. }
-        | Collective::Reduce { .. }
-        | Collective::Gather { .. } => 1,
+        Collective::Broadcast { .. } | Collective::Reduce { .. } | Collective::Gather { .. } => 1,
         Collective::Barrier => 0,
         _ => p,
     };

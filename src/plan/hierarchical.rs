@@ -148,10 +148,7 @@ pub(crate) fn reduce_scatter_levels(
         Buf::Input
     };
     let inter_group: Vec<usize> = (0..nn).map(|x| nodes[x][m]).collect();
-    let src: Vec<Spans> = inter_group
-        .iter()
-        .map(|&r| vec![blk(partial, r)])
-        .collect();
+    let src: Vec<Spans> = inter_group.iter().map(|&r| vec![blk(partial, r)]).collect();
     let work: Vec<Spans> = inter_group
         .iter()
         .map(|&r| vec![blk(Buf::Scratch, r)])

@@ -338,7 +338,10 @@ impl FromStr for Algorithm {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
         if let Some((base, k)) = s.rsplit_once("-pipe") {
-            let pieces = k.parse::<usize>().ok().filter(|k| (1..=MAX_PIECES).contains(k));
+            let pieces = k
+                .parse::<usize>()
+                .ok()
+                .filter(|k| (1..=MAX_PIECES).contains(k));
             return match (base.parse::<Algorithm>(), pieces) {
                 (Ok(a @ Algorithm::Hier { .. }), Some(k)) => Ok(a.overlapped(k).unwrap_or(a)),
                 _ => Err(Error::invalid(format!(
@@ -549,9 +552,9 @@ pub fn effective_algorithm(algorithm: Algorithm, topo: &Topology) -> Algorithm {
         Algorithm::Hier { inter, .. } | Algorithm::Overlap { inter, .. } if !topo.is_regular() => {
             Algorithm::Flat(inter)
         }
-        Algorithm::Overlap { pieces, .. } if pieces == 0 || pieces > MAX_PIECES => {
-            algorithm.overlapped(pieces.clamp(1, MAX_PIECES)).unwrap_or(algorithm)
-        }
+        Algorithm::Overlap { pieces, .. } if pieces == 0 || pieces > MAX_PIECES => algorithm
+            .overlapped(pieces.clamp(1, MAX_PIECES))
+            .unwrap_or(algorithm),
         a => a,
     }
 }

@@ -102,7 +102,11 @@ enum Align {
 /// Staggers per-piece `(first level, second level)` schedules by `D` phases (see the module
 /// docs). `first_is_intra` orders a shared phase's steps intra-node first: the executor
 /// completes receives in step order, and the intra-node message is the quicker one.
-fn stagger(pieces: Vec<(Vec<Phase>, Vec<Phase>)>, align: Align, first_is_intra: bool) -> Vec<Phase> {
+fn stagger(
+    pieces: Vec<(Vec<Phase>, Vec<Phase>)>,
+    align: Align,
+    first_is_intra: bool,
+) -> Vec<Phase> {
     let a = pieces.iter().map(|p| p.0.len()).max().unwrap_or(0);
     let b = pieces.iter().map(|p| p.1.len()).max().unwrap_or(0);
     let d = a.max(b).max(1);
@@ -198,7 +202,13 @@ mod tests {
         let two_peer_phases = plan
             .phases
             .iter()
-            .filter(|p| p.steps.iter().filter(|s| matches!(s, Step::Send { .. })).count() == 2)
+            .filter(|p| {
+                p.steps
+                    .iter()
+                    .filter(|s| matches!(s, Step::Send { .. }))
+                    .count()
+                    == 2
+            })
             .count();
         // Every intra-node phase of pieces 0..3 meets an inter-node phase of the next piece:
         // 2 inter phases per shared window, 3 windows.
@@ -217,7 +227,13 @@ mod tests {
             },
             Collective::AllToAll,
         ] {
-            let plan = build(coll, overlapped(LevelAlgo::Rd, LevelAlgo::Ring, 4), &topo, 2).unwrap();
+            let plan = build(
+                coll,
+                overlapped(LevelAlgo::Rd, LevelAlgo::Ring, 4),
+                &topo,
+                2,
+            )
+            .unwrap();
             assert_eq!(plan.pieces, 1, "{coll:?}");
         }
     }
@@ -230,7 +246,10 @@ mod tests {
             Collective::ReduceScatter { average: true },
             Collective::AllReduce { average: false },
         ] {
-            for (inter, intra) in [(LevelAlgo::Rd, LevelAlgo::Ring), (LevelAlgo::Ring, LevelAlgo::Rd)] {
+            for (inter, intra) in [
+                (LevelAlgo::Rd, LevelAlgo::Ring),
+                (LevelAlgo::Ring, LevelAlgo::Rd),
+            ] {
                 for r in 0..12 {
                     let a = build(coll, overlapped(inter, intra, 1), &topo, r).unwrap();
                     let b = build(coll, Algorithm::Hier { inter, intra }, &topo, r).unwrap();
@@ -251,7 +270,9 @@ mod tests {
                     Collective::AllReduce { average: true },
                 ] {
                     let algo = overlapped(LevelAlgo::Rd, LevelAlgo::Ring, k);
-                    let ps: Vec<_> = (0..p).map(|r| build(coll, algo, &topo, r).unwrap()).collect();
+                    let ps: Vec<_> = (0..p)
+                        .map(|r| build(coll, algo, &topo, r).unwrap())
+                        .collect();
                     for inplace in [false, true] {
                         check_plans(coll, &ps, inplace)
                             .unwrap_or_else(|e| panic!("{coll:?} {p}x{m} k={k}: {e}"));
@@ -267,7 +288,9 @@ mod tests {
         let topo = Topology::uniform(8, 4);
         let coll = Collective::AllGather;
         let algo = overlapped(LevelAlgo::Rd, LevelAlgo::Ring, 2);
-        let mut ps: Vec<_> = (0..8).map(|r| build(coll, algo, &topo, r).unwrap()).collect();
+        let mut ps: Vec<_> = (0..8)
+            .map(|r| build(coll, algo, &topo, r).unwrap())
+            .collect();
         for ph in &mut ps[3].phases {
             for st in &mut ph.steps {
                 if let Step::Recv { dst, .. } = st {
