@@ -91,6 +91,12 @@ fn algos() -> Vec<Option<Algorithm>> {
             inter: LevelAlgo::Rd,
             intra: LevelAlgo::Ring,
         }),
+        // The overlapped hierarchy: two messages in flight per phase, to different peers.
+        Some(Algorithm::Overlap {
+            inter: LevelAlgo::Rd,
+            intra: LevelAlgo::Ring,
+            pieces: 4,
+        }),
     ]
 }
 
@@ -269,7 +275,12 @@ fn a_silent_peer_costs_one_deadline_not_one_per_wait() {
         inter: LevelAlgo::Rd,
         intra: LevelAlgo::Ring,
     });
-    for algo in [hier, Some(Algorithm::Flat(LevelAlgo::Ring))] {
+    let overlapped = Some(Algorithm::Overlap {
+        inter: LevelAlgo::Rd,
+        intra: LevelAlgo::Ring,
+        pieces: 2,
+    });
+    for algo in [hier, overlapped, Some(Algorithm::Flat(LevelAlgo::Ring))] {
         let out = Communicator::run_threads(4, cfg(2, algo, timeout, vec![]), |comm| {
             if comm.rank() == 3 {
                 std::thread::sleep(Duration::from_secs_f64(timeout * 1.5));

@@ -204,3 +204,44 @@ fn on_one_host_messages_between_pretend_nodes_share_the_memory_bus() {
     );
     close(shared.seconds, 5e-6 + 2.0 * s / 10e9);
 }
+
+#[test]
+fn overlapping_the_levels_pays_their_max_per_piece_not_their_sum() {
+    // 2 nodes x 2 ranks, rings on both levels: one inter-node and one intra-node phase, each
+    // moving s/K per piece in the same time (intra: 2 blocks at twice the bandwidth).
+    let mut prof = net_only(2);
+    prof.intra.bandwidth_gbps = 20.0;
+    prof.intra.pair_bandwidth_gbps = 20.0;
+    let topo = Topology::uniform(4, 2);
+    let s = 8e6;
+    let plain = both(&topo, &prof, Job::new(AG, HIER, s));
+    close(plain, 5e-6 + s / 10e9 + 2.0 * s / 20e9);
+    for k in [2usize, 4, 8] {
+        let algo = HIER.overlapped(k).unwrap();
+        let t = both(&topo, &prof, Job::new(AG, algo, s));
+        // K inter-node phases (each with its latency) and K+1 piece-times of transfer.
+        close(
+            t,
+            k as f64 * 5e-6 + (k as f64 + 1.0) * s / (k as f64 * 10e9),
+        );
+    }
+}
+
+#[test]
+fn engines_agree_on_the_overlapped_hierarchy_with_the_presets() {
+    for preset in ["frontier", "perlmutter"] {
+        let prof = presets::named(preset).unwrap();
+        let m = if preset == "frontier" { 8 } else { 4 };
+        for nodes in [2usize, 3, 4] {
+            let topo = Topology::uniform(nodes * m, m);
+            for coll in [AG, RS, Collective::AllReduce { average: false }] {
+                for base in [Algorithm::ALL[2], Algorithm::ALL[4]] {
+                    for k in [2, 8] {
+                        let algo = base.overlapped(k).unwrap();
+                        both_within(&topo, &prof, Job::new(coll, algo, 16.0 * 1048576.0), 0.05);
+                    }
+                }
+            }
+        }
+    }
+}

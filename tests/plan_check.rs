@@ -224,3 +224,70 @@ fn rooted_collectives_and_all_to_all_are_correct_at_1000_ranks() {
     );
     assert!(ps.iter().all(|p| p.phases.len() <= 10), "log-depth tree");
 }
+
+/// The overlapped hierarchy with every pair of level algorithms.
+fn overlapped(pieces: usize) -> Vec<Algorithm> {
+    let mut v = Vec::new();
+    for inter in [LevelAlgo::Rd, LevelAlgo::Ring] {
+        for intra in [LevelAlgo::Ring, LevelAlgo::Rd] {
+            v.push(Algorithm::Overlap {
+                inter,
+                intra,
+                pieces,
+            });
+        }
+    }
+    v
+}
+
+#[test]
+fn overlapped_hierarchy_is_correct_for_every_rank_count_node_shape_and_piece_count_up_to_64() {
+    for p in 1..=64usize {
+        for m in (1..=p).filter(|m| p % m == 0) {
+            let topo = Topology::uniform(p, m);
+            // Every piece count meets every shape class; all of them would take minutes.
+            let k = [2, 3, 4, 8][(p + m) % 4];
+            {
+                for coll in [
+                    Collective::AllGather,
+                    Collective::ReduceScatter { average: true },
+                    Collective::AllReduce { average: false },
+                ] {
+                    for algo in overlapped(k) {
+                        check_all(coll, algo, &topo);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn overlapped_hierarchy_handles_interleaved_placement_unequal_nodes_and_scale() {
+    for (n, m) in [(2, 3), (3, 2), (4, 4)] {
+        let keys: Vec<u64> = (0..n * m).map(|r| (r % n) as u64).collect();
+        let topo = Topology::from_node_keys(&keys);
+        for coll in collectives(n * m) {
+            for algo in overlapped(4) {
+                check_all(coll, algo, &topo);
+            }
+        }
+    }
+    let topo = Topology::from_nodes(vec![vec![0, 1, 2], vec![3]]);
+    let ps = plans(Collective::AllGather, overlapped(4)[0], &topo);
+    assert!(matches!(ps[0].algorithm, Algorithm::Flat(_)));
+    assert_eq!(ps[0].pieces, 1);
+    check_all(Collective::AllGather, overlapped(4)[0], &topo);
+    for (p, m, k) in [(512, 8, 4), (1024, 4, 2)] {
+        let topo = Topology::uniform(p, m);
+        for coll in [
+            Collective::AllGather,
+            Collective::ReduceScatter { average: false },
+        ] {
+            let algo = overlapped(k)[0];
+            let ps = plans(coll, algo, &topo);
+            check_plans(coll, &ps, false)
+                .unwrap_or_else(|e| panic!("{coll:?} {algo} P={p} M={m}: {e}"));
+        }
+    }
+}

@@ -158,6 +158,48 @@ fn every_dtype_and_op_matches_the_reference_on_every_algorithm() {
 }
 
 #[test]
+fn overlapped_hierarchy_matches_the_reference_for_every_dtype_op_and_piece_count() {
+    use pccl::plan::LevelAlgo;
+    // (nodes, ranks per node); counts below, equal to and above the piece count, odd ones.
+    for (n, m) in [(2, 2), (2, 3), (3, 2), (2, 4)] {
+        for pieces in [1, 2, 4, 8] {
+            for (inter, intra) in [
+                (LevelAlgo::Rd, LevelAlgo::Ring),
+                (LevelAlgo::Ring, LevelAlgo::Ring),
+            ] {
+                let algo = Algorithm::Overlap {
+                    inter,
+                    intra,
+                    pieces,
+                };
+                let res = Communicator::run_threads(
+                    n * m,
+                    cfg(m, Some(algo)),
+                    |comm| -> Result<Vec<u8>, String> {
+                        let mut digest = Vec::new();
+                        for op in ReduceOp::ALL {
+                            for count in [0usize, 1, 7, 13] {
+                                let inplace = count % 2 == 1;
+                                digest.extend(all_dtypes(&comm, count, op, inplace)?);
+                            }
+                        }
+                        // Larger than the transport's piece size, in place and not.
+                        for inplace in [false, true] {
+                            let v =
+                                check_collectives::<f32>(&comm, 40_001, ReduceOp::Sum, inplace)?;
+                            digest.extend_from_slice(bytemuck::cast_slice(&v));
+                        }
+                        Ok(digest)
+                    },
+                )
+                .unwrap();
+                assert_all_ok_and_identical(res);
+            }
+        }
+    }
+}
+
+#[test]
 fn every_rank_count_and_node_shape_up_to_16() {
     for p in 1..=16usize {
         for m in (1..=p).filter(|m| p % m == 0) {

@@ -32,7 +32,8 @@ struct Args {
     /// Collective: allgather, reducescatter, allreduce (or all).
     #[arg(long, default_value = "allgather")]
     coll: String,
-    /// Algorithm: auto, hier-rd, hier-ring, ring, rd (or hier-INTER-INTRA).
+    /// Algorithm: auto, hier-rd, hier-ring, ring, rd (or hier-INTER-INTRA), any hierarchy
+    /// overlapped in K pieces as HIER-pipeK (hier-rd-pipe4).
     #[arg(long, default_value = "auto")]
     algo: String,
     /// Bytes per rank, MIN:MAX (doubling), with K/M/G suffixes.

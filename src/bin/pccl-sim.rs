@@ -37,7 +37,8 @@ struct Args {
     /// allgather, reducescatter or allreduce.
     #[arg(long, default_value = "allgather")]
     coll: String,
-    /// ring, rd, hier-rd, hier-ring, hier-INTER-INTRA or auto (the tuner's choice per size).
+    /// ring, rd, hier-rd, hier-ring, hier-INTER-INTRA, any hierarchy overlapped in K pieces as
+    /// HIER-pipeK (hier-rd-pipe8), or auto (the tuner's choice per size).
     #[arg(long, default_value = "auto")]
     algo: String,
     /// Ranks in the job.

@@ -784,6 +784,7 @@ impl Inner {
                 call.output,
                 (s.as_mut_ptr(), s_len, call.scratch),
             )?
+            .with_pieces(plan.pieces)
         };
         let opt = ExecOptions {
             tag,

@@ -211,7 +211,8 @@ impl Communicator {
             (DevSpan::new(recv, out_len * es, ord)?, outl),
             scratch,
             es,
-        )?;
+        )?
+        .with_pieces(plan.pieces);
         // Device collectives are stamped as such (number, dtype, op, counts, algorithm), so a
         // rank running a host collective at the same number fails instead of pairing.
         let detail = [

@@ -71,6 +71,13 @@ pub fn execute<T: Element>(
     mem: &Memory<'_, T>,
     opt: &ExecOptions,
 ) -> Result<()> {
+    if mem.pieces() != plan.pieces {
+        return Err(Error::internal(format!(
+            "a plan of {} pieces per block run on memory addressed in {}",
+            plan.pieces,
+            mem.pieces()
+        )));
+    }
     for phase in &plan.phases {
         if let Err(e) = run_phase(phase, plan.nranks, tr, mem, opt) {
             abandon(tr, opt.tag, &e);

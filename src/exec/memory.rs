@@ -54,6 +54,26 @@ impl BlockLayout {
     pub fn range(&self, start: usize, len: usize) -> Range<usize> {
         self.offset(start)..self.offset(start + len)
     }
+
+    /// Element offset of sub-block `x` when every block is cut into `k` balanced pieces:
+    /// piece `x % k` of block `x / k` (`plan::Plan::pieces`).
+    pub fn piece_offset(&self, x: usize, k: usize) -> usize {
+        let (b, j) = (x / k, x % k);
+        let base = self.offset(b);
+        if j == 0 {
+            return base;
+        }
+        let n = self.offset(b + 1) - base;
+        base + j * (n / k) + j.min(n % k)
+    }
+
+    /// Element range of `len` sub-blocks from `start`, `k` pieces per block.
+    pub fn piece_range(&self, start: usize, len: usize, k: usize) -> Range<usize> {
+        if k == 1 {
+            return self.range(start, len);
+        }
+        self.piece_offset(start, k)..self.piece_offset(start + len, k)
+    }
 }
 
 /// One buffer: a base pointer, its length in elements and its block layout.
@@ -70,6 +90,7 @@ pub struct Memory<'a, T> {
     input: Region<T>,
     output: Region<T>,
     scratch: Region<T>,
+    pieces: usize,
     _borrow: PhantomData<&'a mut [T]>,
 }
 
@@ -117,6 +138,7 @@ impl<'a, T> Memory<'a, T> {
                 len: scratch.1,
                 layout: scratch.2,
             },
+            pieces: 1,
             _borrow: PhantomData,
         })
     }
@@ -141,9 +163,22 @@ impl<'a, T> Memory<'a, T> {
         Ok(unsafe { r.ptr.add(off) })
     }
 
+    /// Addresses blocks as `k` pieces each, as a plan with `pieces == k` does.
+    pub fn with_pieces(mut self, k: usize) -> Self {
+        self.pieces = k.max(1);
+        self
+    }
+
+    /// Pieces per block the spans address (see [`Memory::with_pieces`]).
+    pub fn pieces(&self) -> usize {
+        self.pieces
+    }
+
     /// Element range of a span within its buffer.
     pub fn elems(&self, s: Span) -> Range<usize> {
-        self.region(s.buf).layout.range(s.start, s.len)
+        self.region(s.buf)
+            .layout
+            .piece_range(s.start, s.len, self.pieces)
     }
 
     /// Reads `len` elements at element `off` of buffer `b`.
@@ -178,5 +213,45 @@ impl<'a, T> Memory<'a, T> {
     pub fn addr(&self, b: Buf, off: usize) -> usize {
         let r = self.region(b);
         r.ptr as usize + off * std::mem::size_of::<T>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_split_every_block_into_balanced_contiguous_runs() {
+        for lay in [
+            BlockLayout::Uniform { count: 7, parts: 3 },
+            BlockLayout::Balanced {
+                total: 10,
+                parts: 4,
+            },
+            BlockLayout::Uniform { count: 2, parts: 3 },
+            BlockLayout::Uniform { count: 0, parts: 2 },
+        ] {
+            let parts = match lay {
+                BlockLayout::Uniform { parts, .. } | BlockLayout::Balanced { parts, .. } => parts,
+            };
+            for k in [1, 2, 3, 4, 8] {
+                let mut at = 0;
+                for x in 0..parts * k {
+                    let r = lay.piece_range(x, 1, k);
+                    assert_eq!(r.start, at, "{lay:?} k={k} x={x}");
+                    let n = lay.range(x / k, 1).len();
+                    assert!(
+                        r.len() == n / k || r.len() == n / k + 1,
+                        "{lay:?} k={k} x={x}"
+                    );
+                    at = r.end;
+                    if x % k == k - 1 {
+                        assert_eq!(at, lay.offset(x / k + 1));
+                    }
+                }
+                assert_eq!(at, lay.total());
+                assert_eq!(lay.piece_range(0, parts * k, k), 0..lay.total());
+            }
+        }
     }
 }

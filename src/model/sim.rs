@@ -229,10 +229,13 @@ impl<'a> Cluster<'a> {
         let p = self.topo.nranks();
         let nodes = self.topo.nodes().len();
         let nccl = self.nccl_ring(job);
-        let bb = job.block_bytes;
-        let work: Vec<Vec<PhaseWork>> = (0..p)
-            .map(|r| build(job.coll, job.algo, self.topo, r).map(|pl| of_plan(&pl)))
+        let plans: Vec<_> = (0..p)
+            .map(|r| build(job.coll, job.algo, self.topo, r))
             .collect::<Result<_>>()?;
+        // Plans of an overlapped hierarchy address pieces of blocks.
+        let bb = job.block_bytes / plans.first().map_or(1, |pl| pl.pieces) as f64;
+        let work: Vec<Vec<PhaseWork>> = plans.iter().map(of_plan).collect();
+        drop(plans);
         let nphases = work.first().map_or(0, Vec::len);
         let msg_phases = work
             .first()
@@ -424,6 +427,8 @@ pub struct Summary {
     total: usize,
     msg_phases: usize,
     algo: Algorithm,
+    /// Pieces per block of the plans (their spans address sub-blocks).
+    pieces: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -447,10 +452,13 @@ impl Summary {
             )));
         }
         let node0 = &topo.nodes()[0];
-        let works: Vec<Vec<PhaseWork>> = node0
+        let plans: Vec<_> = node0
             .iter()
-            .map(|&r| build(coll, algo, topo, r).map(|p| of_plan(&p)))
+            .map(|&r| build(coll, algo, topo, r))
             .collect::<Result<_>>()?;
+        let pieces = plans.first().map_or(1, |pl| pl.pieces);
+        let works: Vec<Vec<PhaseWork>> = plans.iter().map(of_plan).collect();
+        drop(plans);
         // Ranks of a node may have different phase counts (non-power-of-two recursive
         // doubling, uneven nodes): a rank without phase k does nothing in it.
         let n = works.iter().map(Vec::len).max().unwrap_or(0);
@@ -505,6 +513,7 @@ impl Summary {
             total: n,
             msg_phases,
             algo: crate::plan::effective_algorithm(algo, topo),
+            pieces,
         })
     }
 
@@ -516,7 +525,7 @@ impl Summary {
         };
         let nccl = cl.nccl_ring(&job);
         let caps = cl.caps(1, 1);
-        let bb = job.block_bytes;
+        let bb = job.block_bytes / self.pieces as f64;
         let mut seconds = 0.0;
         let mut flows: Vec<(f64, f64, Vec<u32>)> = Vec::new();
         let mut owner: Vec<(usize, usize, usize)> = Vec::new(); // (sender local, receiver local, inter)

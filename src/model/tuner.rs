@@ -30,6 +30,13 @@ pub fn candidates(topo: &Topology) -> Vec<Algorithm> {
     v
 }
 
+/// Pieces per block the tuner tries for an overlapped hierarchy (`hier-*-pipeK`).
+pub const OVERLAP_PIECES: [usize; 4] = [2, 4, 8, 16];
+
+/// The smallest piece of a block worth overlapping: below it the extra phases' latency
+/// outweighs any overlap (the model would say so too, at the cost of more simulations).
+pub const MIN_OVERLAP_PIECE_BYTES: usize = 4 << 10;
+
 /// Piece sizes the tuner compares for the chosen algorithm.
 pub const PIECES: [usize; 4] = [256 << 10, 1 << 20, 4 << 20, 16 << 20];
 
@@ -74,6 +81,28 @@ pub fn choose_with(
     let mut scored = Vec::new();
     for a in candidates(topo) {
         scored.push((a, predict(coll, a, topo, block_bytes as f64, prof)?));
+    }
+    // Each hierarchy overlapped in the piece count the model likes best (one entry each).
+    if topo.is_regular() {
+        let hier: Vec<Algorithm> = scored
+            .iter()
+            .map(|s| s.0)
+            .filter(|a| matches!(a, Algorithm::Hier { .. }))
+            .collect();
+        for h in hier {
+            let mut best: Option<(Algorithm, f64)> = None;
+            for k in OVERLAP_PIECES {
+                if block_bytes / k < MIN_OVERLAP_PIECE_BYTES {
+                    break;
+                }
+                let Some(a) = h.overlapped(k) else { continue };
+                let t = predict(coll, a, topo, block_bytes as f64, prof)?;
+                if best.is_none_or(|b| t < b.1) {
+                    best = Some((a, t));
+                }
+            }
+            scored.extend(best);
+        }
     }
     // Ties (equal to the last bit) go to the first candidate: the same on every rank.
     let (algo, seconds) = scored
@@ -215,6 +244,10 @@ mod tests {
                         inter: LevelAlgo::Rd,
                         ..
                     }
+                    | Algorithm::Overlap {
+                        inter: LevelAlgo::Rd,
+                        ..
+                    }
             ),
             "{best}"
         );
@@ -229,7 +262,10 @@ mod tests {
             ..CostParams::default()
         };
         let (best, _) = choose(Collective::AllGather, &topo, 1 << 20, &prm).unwrap();
-        assert!(matches!(best, Algorithm::Hier { .. }), "{best}");
+        assert!(
+            matches!(best, Algorithm::Hier { .. } | Algorithm::Overlap { .. }),
+            "{best}"
+        );
     }
 
     /// PCCL's own executor (no NCCL-style multi-channel ring) on Frontier's links, reducing
@@ -255,13 +291,56 @@ mod tests {
                 for mib in [16usize, 64, 256] {
                     let (c, scored) = choose_with(coll, &topo, mib << 20, &prof).unwrap();
                     assert!(
-                        matches!(c.algo, Algorithm::Hier { .. }),
+                        matches!(c.algo, Algorithm::Hier { .. } | Algorithm::Overlap { .. }),
                         "{coll:?} {ranks} ranks {mib} MiB: {} {scored:?}",
                         c.algo
                     );
                 }
             }
         }
+    }
+
+    #[test]
+    fn frontier_at_scale_overlaps_the_levels_for_large_blocks() {
+        // At 64 MiB per rank the overlapped hierarchy must beat the plain one in the model
+        // (both levels busy at once), and the tuner must pick an overlapped form.
+        let prof = frontier_pccl();
+        let topo = Topology::uniform(512, 8).with_nic_map(NicMap::even(8, 4));
+        for coll in [
+            Collective::AllGather,
+            Collective::ReduceScatter { average: false },
+        ] {
+            let (c, scored) = choose_with(coll, &topo, 64 << 20, &prof).unwrap();
+            assert!(
+                matches!(c.algo, Algorithm::Overlap { .. }),
+                "{coll:?}: {scored:?}"
+            );
+            let t = |a: Algorithm| scored.iter().find(|s| s.0 == a).unwrap().1;
+            let plain = t(Algorithm::Hier {
+                inter: match c.algo {
+                    Algorithm::Overlap { inter, .. } => inter,
+                    _ => unreachable!(),
+                },
+                intra: match c.algo {
+                    Algorithm::Overlap { intra, .. } => intra,
+                    _ => unreachable!(),
+                },
+            });
+            assert!(
+                c.seconds < plain * 0.9,
+                "{coll:?}: {} vs {plain}",
+                c.seconds
+            );
+        }
+    }
+
+    #[test]
+    fn small_blocks_are_never_overlapped() {
+        let prof = frontier_pccl();
+        let topo = Topology::uniform(64, 8);
+        let (c, scored) = choose_with(Collective::AllGather, &topo, 4096, &prof).unwrap();
+        assert!(!matches!(c.algo, Algorithm::Overlap { .. }), "{c:?}");
+        assert!(scored.iter().all(|s| s.0.pieces() == 1), "{scored:?}");
     }
 
     #[test]
@@ -311,6 +390,23 @@ mod tests {
                 intra: LevelAlgo::Rd
             })
         );
+        let o =
+            AlgoOverrides::parse("allgather:hier-rd-pipe4;allreduce:hier-ring-rd-pipe2").unwrap();
+        assert_eq!(o.get(Collective::AllGather), HIER_RD.overlapped(4));
+        assert_eq!(
+            o.get(Collective::AllReduce { average: true })
+                .map(|a| a.name()),
+            Some("hier-ring-rd-pipe2".to_string())
+        );
+        for bad in [
+            "hier-rd-pipe0",
+            "hier-rd-pipe65",
+            "ring-pipe2",
+            "hier-rd-pipe",
+        ] {
+            let e = AlgoOverrides::parse(bad).unwrap_err();
+            assert!(e.message().contains("pipeK"), "{bad}: {e}");
+        }
         let e = AlgoOverrides::parse("allgathr:ring").unwrap_err();
         assert!(e.message().contains("allgathr"), "{e}");
         let e = AlgoOverrides::parse("allgather:tree").unwrap_err();

@@ -83,6 +83,8 @@ struct Layout {
     coll: Collective,
     p: usize,
     inplace: bool,
+    /// Pieces per block ([`Plan::pieces`]): positions are sub-blocks, logical blocks too.
+    k: usize,
 }
 
 impl Layout {
@@ -90,8 +92,10 @@ impl Layout {
     fn phys(&self, rank: usize, buf: Buf, idx: usize) -> (Phys, usize) {
         match (buf, self.coll, self.inplace) {
             (Buf::Scratch, _, _) => (Phys::Scr, idx),
-            (Buf::Input, Collective::AllGather, true) => (Phys::Out, rank + idx),
-            (Buf::Output, Collective::ReduceScatter { .. }, true) => (Phys::In, rank + idx),
+            (Buf::Input, Collective::AllGather, true) => (Phys::Out, rank * self.k + idx),
+            (Buf::Output, Collective::ReduceScatter { .. }, true) => {
+                (Phys::In, rank * self.k + idx)
+            }
             (Buf::Input, Collective::AllReduce { .. }, true) => (Phys::Out, idx),
             (Buf::Input, Collective::Broadcast { .. }, true) => (Phys::Out, idx),
             (Buf::Input, Collective::Reduce { root, .. }, true) if rank == root => (Phys::Out, idx),
@@ -121,17 +125,17 @@ impl Layout {
             (Collective::AllToAll, _) => p,
             (Collective::Barrier, _) => 0,
             (Collective::Broadcast { .. }, _) => 1,
-            (Collective::AllGather, Phys::In) => 1,
-            (Collective::AllGather, _) => p,
-            (Collective::ReduceScatter { .. }, Phys::Out) => 1,
-            (Collective::ReduceScatter { .. }, _) => p,
-            (Collective::AllReduce { .. }, _) => p,
+            (Collective::AllGather, Phys::In) => self.k,
+            (Collective::AllGather, _) => p * self.k,
+            (Collective::ReduceScatter { .. }, Phys::Out) => self.k,
+            (Collective::ReduceScatter { .. }, _) => p * self.k,
+            (Collective::AllReduce { .. }, _) => p * self.k,
         }
     }
     /// The initial content of input position `idx` on `rank`.
     fn pristine(&self, rank: usize, idx: usize) -> Cell {
         let (block, from) = match self.coll {
-            Collective::AllGather => (rank, rank),
+            Collective::AllGather => (rank * self.k + idx, rank),
             Collective::ReduceScatter { .. } | Collective::AllReduce { .. } => (idx, rank),
             Collective::Broadcast { root } if rank == root => (0, root),
             Collective::Reduce { .. } => (0, rank),
@@ -152,7 +156,7 @@ impl Layout {
             (Collective::AllGather, Phys::Out) | (Collective::AllGather, Phys::Scr) => {
                 Some(idx as u32)
             }
-            (Collective::ReduceScatter { .. }, Phys::Out) => Some(rank as u32),
+            (Collective::ReduceScatter { .. }, Phys::Out) => Some((rank * self.k + idx) as u32),
             (Collective::Gather { .. }, Phys::Out | Phys::Scr) => Some(idx as u32),
             (Collective::Scatter { .. }, Phys::In | Phys::Scr) => Some(idx as u32),
             (Collective::Scatter { .. }, Phys::Out) | (Collective::AllToAll, Phys::Out) => {
@@ -361,7 +365,16 @@ fn check_hazards(lay: &Layout, plan: &Plan) -> Result<(), String> {
 /// postcondition. `inplace` aliases the buffers as NCCL's in-place forms do.
 pub fn check_plans(coll: Collective, plans: &[Plan], inplace: bool) -> Result<(), String> {
     let p = plans.len();
-    let lay = Layout { coll, p, inplace };
+    let k = plans.first().map_or(1, |pl| pl.pieces);
+    if k == 0 || plans.iter().any(|pl| pl.pieces != k) {
+        return Err("plans disagree on the pieces per block (or claim none)".into());
+    }
+    let lay = Layout {
+        coll,
+        p,
+        inplace,
+        k,
+    };
     for (r, plan) in plans.iter().enumerate() {
         if plan.rank != r || plan.nranks != p {
             return Err(format!(
@@ -382,10 +395,9 @@ pub fn check_plans(coll: Collective, plans: &[Plan], inplace: bool) -> Result<()
     let mut sim = Sim { lay, plans, st };
     // In-place forms: the input starts out inside the output buffer.
     let in_blocks = match coll {
-        Collective::AllGather
-        | Collective::Broadcast { .. }
-        | Collective::Reduce { .. }
-        | Collective::Gather { .. } => 1,
+        Collective::AllGather => k,
+        Collective::ReduceScatter { .. } | Collective::AllReduce { .. } => p * k,
+        Collective::Broadcast { .. } | Collective::Reduce { .. } | Collective::Gather { .. } => 1,
         Collective::Barrier => 0,
         _ => p,
     };
@@ -529,10 +541,10 @@ pub fn check_plans(coll: Collective, plans: &[Plan], inplace: bool) -> Result<()
             "message from rank {s} to rank {d} was never received"
         ));
     }
-    verify(&sim, coll, p)
+    verify(&sim, coll, p, k)
 }
 
-fn verify(sim: &Sim<'_>, coll: Collective, p: usize) -> Result<(), String> {
+fn verify(sim: &Sim<'_>, coll: Collective, p: usize, k: usize) -> Result<(), String> {
     let all = RankSet::all(p);
     for r in 0..p {
         let expect = |idx: usize, block: usize, from: RankSet, avg: bool| -> Result<(), String> {
@@ -551,13 +563,17 @@ fn verify(sim: &Sim<'_>, coll: Collective, p: usize) -> Result<(), String> {
         };
         match coll {
             Collective::AllGather => {
-                for b in 0..p {
-                    expect(b, b, RankSet::one(b), false)?;
+                for b in 0..p * k {
+                    expect(b, b, RankSet::one(b / k), false)?;
                 }
             }
-            Collective::ReduceScatter { average } => expect(0, r, all.clone(), average)?,
+            Collective::ReduceScatter { average } => {
+                for j in 0..k {
+                    expect(j, r * k + j, all.clone(), average)?;
+                }
+            }
             Collective::AllReduce { average } => {
-                for b in 0..p {
+                for b in 0..p * k {
                     expect(b, b, all.clone(), average)?;
                 }
             }

@@ -9,11 +9,22 @@
 //! Reduce-scatter is the mirror image: (1) inside the node, reduce-scatter units made of the
 //! `N` blocks destined to one local index (the transpose, fused again); (2) among ranks with
 //! the same local index. Every rank moves the minimal `(N-1)` blocks over the network.
+//!
+//! The levels are built over a block map (`blk(buf, logical block) -> span`) and returned
+//! separately, so that [`super::overlap`] can build them once per piece and stagger them.
 
 use super::{
     level_allgather, level_reduce_scatter, Buf, Level, LevelAlgo, Phase, Span, Spans, Step,
 };
 use crate::topology::Topology;
+
+/// Maps a logical block (a rank's share, or `1/P` of an all-reduce vector) of a buffer to the
+/// span the plan addresses: the block itself, or one of its pieces.
+pub(crate) type BlockMap<'a> = &'a dyn Fn(Buf, usize) -> Span;
+
+fn whole(buf: Buf, b: usize) -> Span {
+    Span::block(buf, b)
+}
 
 /// Two-level all-gather from `Input[0]` into `Output`.
 pub fn allgather(topo: &Topology, rank: usize, inter: LevelAlgo, intra: LevelAlgo) -> Vec<Phase> {
@@ -32,6 +43,20 @@ pub fn allgather_in_output(
     inter: LevelAlgo,
     intra: LevelAlgo,
 ) -> Vec<Phase> {
+    let (mut a, b) = allgather_levels(topo, rank, inter, intra, &whole);
+    a.extend(b);
+    a
+}
+
+/// The two levels of an all-gather of `Output` blocks mapped by `blk`: (inter-node phases,
+/// intra-node phases).
+pub(crate) fn allgather_levels(
+    topo: &Topology,
+    rank: usize,
+    inter: LevelAlgo,
+    intra: LevelAlgo,
+    blk: BlockMap<'_>,
+) -> (Vec<Phase>, Vec<Phase>) {
     let nodes = topo.nodes();
     let (n, m) = topo.position(rank);
     let nn = nodes.len();
@@ -39,9 +64,9 @@ pub fn allgather_in_output(
     let inter_group: Vec<usize> = (0..nn).map(|x| nodes[x][m]).collect();
     let inter_units: Vec<Spans> = inter_group
         .iter()
-        .map(|&r| vec![Span::block(Buf::Output, r)])
+        .map(|&r| vec![blk(Buf::Output, r)])
         .collect();
-    let mut ph = level_allgather(
+    let first = level_allgather(
         inter,
         Level {
             group: &inter_group,
@@ -53,20 +78,20 @@ pub fn allgather_in_output(
         .map(|lm| {
             let mut v = Spans::new();
             for node in nodes.iter() {
-                super::push_span(&mut v, Span::block(Buf::Output, node[lm]));
+                super::push_span(&mut v, blk(Buf::Output, node[lm]));
             }
             v
         })
         .collect();
-    ph.extend(level_allgather(
+    let second = level_allgather(
         intra,
         Level {
             group: &nodes[n],
             me: m,
         },
         &intra_units,
-    ));
-    ph
+    );
+    (first, second)
 }
 
 /// Two-level reduce-scatter of `Input` (one block per rank) whose own result lands in `out`.
@@ -77,6 +102,21 @@ pub fn reduce_scatter(
     intra: LevelAlgo,
     out: Span,
 ) -> Vec<Phase> {
+    let (mut a, b) = reduce_scatter_levels(topo, rank, inter, intra, out, &whole);
+    a.extend(b);
+    a
+}
+
+/// The two levels of a reduce-scatter of `Input` blocks mapped by `blk`, this rank's result
+/// landing in `out`: (intra-node phases, inter-node phases).
+pub(crate) fn reduce_scatter_levels(
+    topo: &Topology,
+    rank: usize,
+    inter: LevelAlgo,
+    intra: LevelAlgo,
+    out: Span,
+    blk: BlockMap<'_>,
+) -> (Vec<Phase>, Vec<Phase>) {
     let nodes = topo.nodes();
     let (n, m) = topo.position(rank);
     let nn = nodes.len();
@@ -84,16 +124,16 @@ pub fn reduce_scatter(
     let unit_of = |buf: Buf, lm: usize| -> Spans {
         let mut v = Spans::new();
         for node in nodes.iter() {
-            super::push_span(&mut v, Span::block(buf, node[lm]));
+            super::push_span(&mut v, blk(buf, node[lm]));
         }
         v
     };
-    let mut ph = Vec::new();
+    let mut first = Vec::new();
     // Where each block's node-local partial sum is after the intra-node level.
     let partial = if mm > 1 {
         let src: Vec<Spans> = (0..mm).map(|lm| unit_of(Buf::Input, lm)).collect();
         let work: Vec<Spans> = (0..mm).map(|lm| unit_of(Buf::Scratch, lm)).collect();
-        ph.extend(level_reduce_scatter(
+        first = level_reduce_scatter(
             intra,
             Level {
                 group: &nodes[n],
@@ -102,21 +142,18 @@ pub fn reduce_scatter(
             &src,
             &work,
             &work[m].clone(),
-        ));
+        );
         Buf::Scratch
     } else {
         Buf::Input
     };
     let inter_group: Vec<usize> = (0..nn).map(|x| nodes[x][m]).collect();
-    let src: Vec<Spans> = inter_group
-        .iter()
-        .map(|&r| vec![Span::block(partial, r)])
-        .collect();
+    let src: Vec<Spans> = inter_group.iter().map(|&r| vec![blk(partial, r)]).collect();
     let work: Vec<Spans> = inter_group
         .iter()
-        .map(|&r| vec![Span::block(Buf::Scratch, r)])
+        .map(|&r| vec![blk(Buf::Scratch, r)])
         .collect();
-    ph.extend(level_reduce_scatter(
+    let second = level_reduce_scatter(
         inter,
         Level {
             group: &inter_group,
@@ -125,6 +162,6 @@ pub fn reduce_scatter(
         &src,
         &work,
         &vec![out],
-    ));
-    ph
+    );
+    (first, second)
 }

@@ -18,6 +18,7 @@ pub mod alltoall;
 pub mod broadcast;
 pub mod check;
 pub mod hierarchical;
+pub mod overlap;
 pub mod recursive;
 pub mod ring;
 pub mod rooted;
@@ -217,7 +218,20 @@ pub enum Algorithm {
         /// Algorithm inside a node.
         intra: LevelAlgo,
     },
+    /// Two levels overlapped: every block cut into `pieces` pieces whose inter-node and
+    /// intra-node steps run in the same phases, staggered (see [`overlap`]).
+    Overlap {
+        /// Algorithm among nodes.
+        inter: LevelAlgo,
+        /// Algorithm inside a node.
+        intra: LevelAlgo,
+        /// Pieces per block, `1..=MAX_PIECES`.
+        pieces: usize,
+    },
 }
+
+/// The most pieces an overlapped algorithm cuts a block into.
+pub const MAX_PIECES: usize = 64;
 
 impl Algorithm {
     /// A small number naming the algorithm, equal on every rank (part of a call's
@@ -230,6 +244,33 @@ impl Algorithm {
         match self {
             Algorithm::Flat(l) => level(l),
             Algorithm::Hier { inter, intra } => 16 + 4 * level(inter) + level(intra),
+            Algorithm::Overlap {
+                inter,
+                intra,
+                pieces,
+            } => ((pieces as u64) << 8) + 32 + 4 * level(inter) + level(intra),
+        }
+    }
+
+    /// Pieces per block of the plans it builds (1 but for [`Algorithm::Overlap`]).
+    pub fn pieces(self) -> usize {
+        match self {
+            Algorithm::Overlap { pieces, .. } => pieces,
+            _ => 1,
+        }
+    }
+
+    /// The same algorithm overlapped in `pieces` pieces per block (`None` for a flat one).
+    pub fn overlapped(self, pieces: usize) -> Option<Algorithm> {
+        match self {
+            Algorithm::Hier { inter, intra } | Algorithm::Overlap { inter, intra, .. } => {
+                Some(Algorithm::Overlap {
+                    inter,
+                    intra,
+                    pieces,
+                })
+            }
+            Algorithm::Flat(_) => None,
         }
     }
 
@@ -271,6 +312,11 @@ impl Algorithm {
             Algorithm::Hier { inter, intra } => {
                 format!("hier-{}-{}", level_name(inter), level_name(intra))
             }
+            Algorithm::Overlap {
+                inter,
+                intra,
+                pieces,
+            } => format!("{}-pipe{pieces}", Algorithm::Hier { inter, intra }.name()),
         }
     }
 }
@@ -291,6 +337,20 @@ impl fmt::Display for Algorithm {
 impl FromStr for Algorithm {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
+        if let Some((base, k)) = s.rsplit_once("-pipe") {
+            let pieces = k
+                .parse::<usize>()
+                .ok()
+                .filter(|k| (1..=MAX_PIECES).contains(k));
+            return match (base.parse::<Algorithm>(), pieces) {
+                (Ok(a @ Algorithm::Hier { .. }), Some(k)) => Ok(a.overlapped(k).unwrap_or(a)),
+                _ => Err(Error::invalid(format!(
+                    "unknown algorithm '{s}': an overlapped hierarchy is HIER-pipeK with HIER one \
+                     of hier-rd, hier-ring, hier-INTER-INTRA and K in 1..={MAX_PIECES} \
+                     (e.g. hier-rd-pipe4)"
+                ))),
+            };
+        }
         let lvl = |x: &str| match x {
             "ring" => Some(LevelAlgo::Ring),
             "rd" => Some(LevelAlgo::Rd),
@@ -318,7 +378,8 @@ impl FromStr for Algorithm {
         parsed.ok_or_else(|| {
             Error::invalid(format!(
                 "unknown algorithm '{s}': expected ring, rd, hier-rd, hier-ring or hier-INTER-INTRA \
-                 with INTER, INTRA in {{ring, rd}}"
+                 with INTER, INTRA in {{ring, rd}}, optionally overlapped in K pieces as \
+                 HIER-pipeK (hier-rd-pipe4)"
             ))
         })
     }
@@ -337,6 +398,10 @@ pub struct Plan {
     pub nranks: usize,
     /// The phases, in order.
     pub phases: Vec<Phase>,
+    /// Pieces per block: the plan's spans address `pieces` sub-blocks per block, sub-block
+    /// `b·pieces + j` being the `j`-th of `pieces` balanced element runs of block `b`
+    /// (see [`overlap`]).
+    pub pieces: usize,
 }
 
 impl Plan {
@@ -404,6 +469,11 @@ pub fn build(
         Collective::AllGather => match algorithm {
             Algorithm::Flat(a) => flat_allgather(a, rank, p),
             Algorithm::Hier { inter, intra } => hierarchical::allgather(topo, rank, inter, intra),
+            Algorithm::Overlap {
+                inter,
+                intra,
+                pieces,
+            } => overlap::allgather(topo, rank, inter, intra, pieces),
         },
         Collective::ReduceScatter { average } => {
             let mut ph = match algorithm {
@@ -415,10 +485,15 @@ pub fn build(
                     intra,
                     Span::block(Buf::Output, 0),
                 ),
+                Algorithm::Overlap {
+                    inter,
+                    intra,
+                    pieces,
+                } => overlap::reduce_scatter(topo, rank, inter, intra, (Buf::Output, 0), pieces),
             };
             if average {
                 ph.push(Phase::of(vec![Step::Average {
-                    dst: vec![Span::block(Buf::Output, 0)],
+                    dst: vec![overlap::whole_block(Buf::Output, 0, algorithm.pieces())],
                 }]));
             }
             ph
@@ -430,7 +505,13 @@ pub fn build(
                 Algorithm::Hier { inter, intra } => {
                     hierarchical::reduce_scatter(topo, rank, inter, intra, mine)
                 }
+                Algorithm::Overlap {
+                    inter,
+                    intra,
+                    pieces,
+                } => overlap::reduce_scatter(topo, rank, inter, intra, (Buf::Output, rank), pieces),
             };
+            let mine = overlap::whole_block(Buf::Output, rank, algorithm.pieces());
             if average {
                 ph.push(Phase::of(vec![Step::Average { dst: vec![mine] }]));
             }
@@ -439,6 +520,11 @@ pub fn build(
                 Algorithm::Hier { inter, intra } => {
                     hierarchical::allgather_in_output(topo, rank, inter, intra)
                 }
+                Algorithm::Overlap {
+                    inter,
+                    intra,
+                    pieces,
+                } => overlap::allgather_in_output(topo, rank, inter, intra, pieces),
             });
             ph
         }
@@ -449,6 +535,13 @@ pub fn build(
         rank,
         nranks: p,
         phases,
+        pieces: match collective {
+            // Only the collectives built from levels are cut in pieces.
+            Collective::AllGather
+            | Collective::ReduceScatter { .. }
+            | Collective::AllReduce { .. } => algorithm.pieces(),
+            _ => 1,
+        },
     })
 }
 
@@ -456,7 +549,12 @@ pub fn build(
 /// than one level; otherwise the flat algorithm of the inter-node level.
 pub fn effective_algorithm(algorithm: Algorithm, topo: &Topology) -> Algorithm {
     match algorithm {
-        Algorithm::Hier { inter, .. } if !topo.is_regular() => Algorithm::Flat(inter),
+        Algorithm::Hier { inter, .. } | Algorithm::Overlap { inter, .. } if !topo.is_regular() => {
+            Algorithm::Flat(inter)
+        }
+        Algorithm::Overlap { pieces, .. } if pieces == 0 || pieces > MAX_PIECES => algorithm
+            .overlapped(pieces.clamp(1, MAX_PIECES))
+            .unwrap_or(algorithm),
         a => a,
     }
 }

@@ -82,6 +82,7 @@ pub struct DeviceMemory {
     output: DevRegion,
     scratch: DevRegion,
     es: usize,
+    pieces: usize,
 }
 
 impl DeviceMemory {
@@ -110,7 +111,14 @@ impl DeviceMemory {
             output: region("output", output)?,
             scratch: region("scratch", scratch)?,
             es: elem_size,
+            pieces: 1,
         })
+    }
+
+    /// Addresses blocks as `k` pieces each, as a plan with `pieces == k` does.
+    pub fn with_pieces(mut self, k: usize) -> Self {
+        self.pieces = k.max(1);
+        self
     }
 
     fn region(&self, b: Buf) -> &DevRegion {
@@ -122,7 +130,9 @@ impl DeviceMemory {
     }
 
     fn elems(&self, s: Span) -> Range<usize> {
-        self.region(s.buf).layout.range(s.start, s.len)
+        self.region(s.buf)
+            .layout
+            .piece_range(s.start, s.len, self.pieces)
     }
 
     /// The `len` elements at element `off` of `b`, checked to lie inside it.
@@ -259,6 +269,12 @@ pub fn execute_device<T: Element, D: Device>(
             D::VENDOR,
             st.ordinal,
             dev.ordinal()
+        )));
+    }
+    if mem.pieces != plan.pieces {
+        return Err(Error::internal(format!(
+            "a plan of {} pieces per block run on device memory addressed in {}",
+            plan.pieces, mem.pieces
         )));
     }
     dev.bind()?;
