@@ -78,12 +78,10 @@ pub fn schedule(topo: &Topology, job: &GoalJob<'_>) -> Result<(String, GoalStats
     );
     let _ = writeln!(out, "num_ranks {p}");
     // Rank 0's plan times P estimates the size before anything is written.
-    let est = estimate_ops(
-        &of_plan(&build(job.coll, job.algo, topo, 0)?),
-        job.block_bytes,
-        piece,
-    )
-    .saturating_mul(p as u64);
+    let plan0 = build(job.coll, job.algo, topo, 0)?;
+    // An overlapped hierarchy's plans address blocks cut in `pieces` (balanced) sub-blocks.
+    let bb = job.block_bytes / plan0.pieces.max(1) as u64;
+    let est = estimate_ops(&of_plan(&plan0), bb, piece).saturating_mul(p as u64);
     if est > MAX_OPS as u64 {
         return Err(Error::invalid(format!(
             "a GOAL schedule of {} with {} B blocks on {p} ranks would hold about {est} \
@@ -98,7 +96,7 @@ pub fn schedule(topo: &Topology, job: &GoalJob<'_>) -> Result<(String, GoalStats
         let mut rk = RankWriter::default();
         let _ = writeln!(out, "\nrank {r} {{");
         for (k, w) in of_plan(&plan).iter().enumerate() {
-            rk.phase(&mut out, k, w, job.block_bytes, piece, copy_ns, reduce_ns);
+            rk.phase(&mut out, k, w, bb, piece, copy_ns, reduce_ns);
         }
         let _ = writeln!(out, "}}");
         st.sends += rk.sends;
@@ -403,6 +401,7 @@ mod tests {
                     Algorithm::Flat(LevelAlgo::Ring),
                     Algorithm::Flat(LevelAlgo::Rd),
                     hier,
+                    hier.overlapped(3).unwrap(),
                 ] {
                     let j = job(coll, algo, &prof, 3 * prof.piece_bytes as u64 + 5);
                     let (text, st) = schedule(&topo, &j).unwrap();
