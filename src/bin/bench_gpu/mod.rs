@@ -323,7 +323,9 @@ pub fn run_size<T: Element, D: BenchDevice>(
                     }
                     RawCollective::Broadcast(_) => Ok(()),
                 }?;
-                dev.synchronize()
+                dev.synchronize()?;
+                // A failure of a peer's call shows only here (the calls are queued).
+                c.async_error()
             };
             let t = time(&vendor_once)?;
             wrong += check(&vendor_once)?;
