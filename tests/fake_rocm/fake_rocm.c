@@ -331,12 +331,18 @@ static int launch_run(void* p) {
     return 0;
 }
 
+/* Test hooks (called through dlsym by tests/rocm_fake.rs): from now on every kernel launch
+ * fails; from now on rank r's RCCL collectives fail (as FAKE_RCCL_FAIL_RANK). */
+static int fail_launches, fail_rank = -1;
+void fake_hip_fail_launches_from_now(void) { __atomic_store_n(&fail_launches, 1, __ATOMIC_SEQ_CST); }
+void fake_rccl_fail_rank_from_now(int r) { __atomic_store_n(&fail_rank, r, __ATOMIC_SEQ_CST); }
+
 E hipModuleLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                         unsigned bz, unsigned smem, void* st, void** a, void** extra) {
     const char* k = (const char*)f;
     const char* fail = getenv("FAKE_HIP_FAIL_LAUNCH_AFTER");
     long seen = __atomic_add_fetch(&launches, 1, __ATOMIC_SEQ_CST);
-    if (fail && *fail && seen > atol(fail)) return 719;
+    if ((fail && *fail && seen > atol(fail)) || __atomic_load_n(&fail_launches, __ATOMIC_SEQ_CST)) return 719;
     if (gx == 0 || bx == 0 || bx > 1024 || extra) return 1;
     Launch l;
     memset(&l, 0, sizeof l);
@@ -558,7 +564,7 @@ static E collective(int kind, const void* s, void* d, size_t n, int t, int op, i
     if (t < 0 || t > 9 || op < 0 || op > 4 || (kind == BC && (root < 0 || root >= N))) return 4;
     if (op == 4 && t < 6) return 5; /* the fake averages floating-point types only */
     const char* fail = getenv("FAKE_RCCL_FAIL_RANK");
-    if (fail && *fail && atoi(fail) == me) {
+    if ((fail && *fail && atoi(fail) == me) || __atomic_load_n(&fail_rank, __ATOMIC_SEQ_CST) == me) {
         world_break(w);
         return 2;
     }

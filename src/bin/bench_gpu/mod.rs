@@ -347,6 +347,11 @@ pub fn run_size<T: Element, D: BenchDevice>(
             wrong,
         },
     )?;
+    // What ran: the vendor level (and the inter-node algorithm) when it did, not the host
+    // plan's algorithm.
+    if let Some(name) = comm.device_level_name::<T, D>(raw, count) {
+        row.algo = name;
+    }
     if let Some(v) = vendor_mine {
         let mut sum = [0f64];
         comm.all_reduce(&[v / p as f64], &mut sum, ReduceOp::Sum)?;
