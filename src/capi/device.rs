@@ -69,6 +69,20 @@ fn runtime_of(setting: pcclDeviceRuntime_t) -> Result<Runtime> {
     })
 }
 
+/// Whether runtime `rt` is built in and loads here.
+fn available(rt: Runtime) -> Result<()> {
+    match rt {
+        #[cfg(feature = "cuda")]
+        Runtime::Cuda => crate::device::cuda::ensure_available(),
+        #[cfg(feature = "rocm")]
+        Runtime::Hip => crate::device::hip::hip_api().map(|_| ()),
+        #[allow(unreachable_patterns)]
+        Runtime::Cuda => check_runtime(pcclRuntimeCuda),
+        #[allow(unreachable_patterns)]
+        Runtime::Hip => check_runtime(pcclRuntimeHip),
+    }
+}
+
 /// CUDA where it can run (or where it is the only runtime built), else HIP.
 fn auto_runtime() -> Runtime {
     #[cfg(all(feature = "cuda", feature = "rocm"))]
@@ -109,7 +123,9 @@ pub(super) unsafe fn collective(
     }
     let rt = runtime_of(runtime)?;
     if count == 0 {
-        return Ok(());
+        // Nothing to move, but a runtime that cannot run here is still an error (callers
+        // probe with a zero-count call).
+        return available(rt);
     }
     match rt {
         // SAFETY: forwarded from the caller.
