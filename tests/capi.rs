@@ -531,7 +531,7 @@ fn a_device_call_without_libcuda_is_an_error_through_the_c_abi() {
                 pcclFloat32,
                 pcclSum,
                 comm,
-                1 as *mut std::ffi::c_void,
+                0x5000 as *mut std::ffi::c_void,
             )
         };
         assert_eq!(rc, pcclSystemError, "{}", msg());

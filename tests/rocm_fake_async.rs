@@ -195,7 +195,6 @@ fn env_for(rccl: bool) -> Vec<(&'static str, &'static str)> {
         // A rank that routed to CUDA would fail: the communicator says HIP.
         ("PCCL_DEVICE_RUNTIME", "cuda"),
         ("PCCL_TIMEOUT", "30"),
-        ("FAKE_RCCL_TIMEOUT_S", "30"),
     ]
 }
 

@@ -56,6 +56,9 @@ pub fn with_fake_runtime(child: &str, extra: &[(&str, &str)]) -> bool {
                 let n: usize = v.parse().unwrap();
                 let list: Vec<String> = (0..n).map(|d| d.to_string()).collect();
                 cmd.env("HIP_VISIBLE_DEVICES", list.join(","));
+            } else {
+                // PCCL_* settings of the check apply on the real runtime too.
+                cmd.env(k, v);
             }
         }
     } else {

@@ -21,7 +21,9 @@ queued on the tensors' current CUDA stream through the C ABI's stream argument (
 nccl backend orders its work): the call returns at once, and later work on that stream runs
 after the collective; the returned work is complete from the host's point of view (wait on
 the stream, e.g. ``torch.cuda.synchronize()``, before reading results on the host). All
-tensors of one call must be on one device.
+tensors of one call must be on one device. On torch's ROCm build (``torch.version.hip`` set;
+HIP tensors are called "cuda") the stream is a HIP stream, and the backend says so to the
+library (``pcclCommSetDeviceRuntime``; needs a libpccl built with ``--features rocm``).
 """
 
 from __future__ import annotations
