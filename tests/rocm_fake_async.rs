@@ -211,7 +211,7 @@ fn check_queued() {
             "rank {r}: the copy queued after the collective ran before the stream was released"
         );
         assert!(
-            s.call_time < Duration::from_millis(1000),
+            s.call_time < Duration::from_millis(2000),
             "rank {r}: the call took {:?} on a held stream",
             s.call_time
         );

@@ -61,7 +61,10 @@ typedef struct Stream {
     Op *head, *tail;
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    struct Stream* next_all; /* every stream ever made (never freed: see hipStreamDestroy) */
 } Stream;
+static pthread_mutex_t streams_mu = PTHREAD_MUTEX_INITIALIZER;
+static Stream* all_streams;
 
 static void* stream_worker(void* p) {
     Stream* s = p;
@@ -82,9 +85,6 @@ static void* stream_worker(void* p) {
         pthread_cond_broadcast(&s->cv);
     }
     pthread_mutex_unlock(&s->mu);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
-    free(s);
     return 0;
 }
 
@@ -113,11 +113,17 @@ E hipStreamCreate(void** out) {
     pthread_t th;
     if (pthread_create(&th, 0, stream_worker, s)) { free(s); return 2; }
     pthread_detach(th);
+    pthread_mutex_lock(&streams_mu);
+    s->next_all = all_streams;
+    all_streams = s;
+    pthread_mutex_unlock(&streams_mu);
     *out = s;
     return 0;
 }
 E hipStreamGetDevice(void* s, int* d) { if (!s) return 1; *d = ((Stream*)s)->dev; return 0; }
-/* Returns at once; the worker frees the stream once its queued work has run (as HIP does). */
+/* Returns at once; the worker ends once the stream's queued work has run (as HIP does). The
+ * Stream itself is kept (a few bytes) so that device-wide synchronisation can walk every
+ * stream without locking against their ends. */
 E hipStreamDestroy(void* st) {
     Stream* s = st;
     if (!s) return 1;
@@ -222,17 +228,39 @@ E hipStreamWaitValue32(void* st, void* ptr, uint32_t v, unsigned flags, uint32_t
     return enqueue(st, value_gate, a);
 }
 
-E hipMalloc(void** p, size_t n) { *p = aligned_alloc(256, (n + 255) / 256 * 256); return *p ? 0 : 2; }
-E hipFree(void* p) { free(p); return 0; }
+/* Waits for every stream of device d (what hipFree and hipHostFree do implicitly in HIP, so
+ * that memory is never freed under queued work). */
+static void sync_device(int d) {
+    pthread_mutex_lock(&streams_mu);
+    Stream* s = all_streams;
+    pthread_mutex_unlock(&streams_mu);
+    for (; s; s = s->next_all)
+        if (s->dev == d) hipStreamSynchronize(s);
+}
+/* Allocations carry their device in a header in front of the returned address. */
+static void* alloc_on(size_t align, size_t n) {
+    char* base = aligned_alloc(align, align + (n + align - 1) / align * align);
+    if (!base) return 0;
+    *(int*)base = current;
+    return base + align;
+}
+static void free_on(void* p, size_t align) {
+    if (!p) return;
+    char* base = (char*)p - align;
+    sync_device(*(int*)base);
+    free(base);
+}
+E hipMalloc(void** p, size_t n) { *p = alloc_on(256, n); return *p ? 0 : 2; }
+E hipFree(void* p) { free_on(p, 256); return 0; }
 /* Flags: hipHostMallocPortable (1), hipHostMallocMapped (2); mapped memory's device address is
  * its host address. */
 E hipHostMalloc(void** p, size_t n, unsigned f) {
     if (f & ~3u) return 1;
-    *p = aligned_alloc(64, (n + 63) / 64 * 64);
+    *p = alloc_on(64, n);
     return *p ? 0 : 2;
 }
 E hipHostGetDevicePointer(void** d, void* h, unsigned f) { if (!h || f) return 1; *d = h; return 0; }
-E hipHostFree(void* p) { free(p); return 0; }
+E hipHostFree(void* p) { free_on(p, 64); return 0; }
 typedef struct { void* d; const void* s; size_t n; int set; } CopyArg;
 static int copy_run(void* p) {
     CopyArg* a = p;
