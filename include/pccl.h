@@ -97,6 +97,12 @@ typedef struct pcclUniqueId {
 } pcclUniqueId;
 
 /**
+ * The GPU runtime whose streams a communicator's device calls take
+ * (`pcclCommSetDeviceRuntime`).
+ */
+typedef int pcclDeviceRuntime_t;
+
+/**
  * Element type of a buffer (NCCL's `ncclDataType_t` values).
  */
 typedef int pcclDataType_t;
@@ -274,6 +280,23 @@ typedef struct pcclRequest *pcclRequest_t;
  */
 #define pcclNumOps 5
 
+/**
+ * Chosen per call: `PCCL_DEVICE_RUNTIME` when set, else CUDA when libcuda loads and HIP
+ * otherwise (a library built with both).
+ */
+#define pcclRuntimeAuto 0
+
+/**
+ * Streams are `cudaStream_t`s (feature `cuda`).
+ */
+#define pcclRuntimeCuda 1
+
+/**
+ * Streams are `hipStream_t`s (feature `rocm`); torch's ROCm build, whose HIP tensors torch
+ * calls "cuda", sets this.
+ */
+#define pcclRuntimeHip 2
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -431,6 +454,14 @@ pcclResult_t pcclCommUserRank(pcclComm_t comm, int *rank);
  * local to this rank; communicators split from `comm` later inherit it.
  */
 pcclResult_t pcclCommSetTimeout(pcclComm_t comm, uint64_t timeout_ms);
+
+/**
+ * Sets which GPU runtime the streams of `comm`'s device calls belong to: `pcclRuntimeCuda`,
+ * `pcclRuntimeHip` or `pcclRuntimeAuto` (the default: `PCCL_DEVICE_RUNTIME`, else CUDA
+ * where libcuda loads, else HIP). `pcclInvalidUsage` when this library was built without
+ * that runtime's feature (`cuda`, `rocm`). Local to this rank.
+ */
+pcclResult_t pcclCommSetDeviceRuntime(pcclComm_t comm, pcclDeviceRuntime_t runtime);
 
 /**
  * Stores `comm`'s timeout (see `pcclCommSetTimeout`) in `*timeout_ms`, in milliseconds.

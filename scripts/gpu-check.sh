@@ -96,6 +96,7 @@ rocm_check() {
             cargo build --release --features rocm --lib --bin pccl-bench || return 1
             copy_test rocm "--test rocm_fake" rocm_suite rocm_fake || return 1
             copy_test rocm "--test hip_loading" hip_loading hip_loading || return 1
+            copy_test rocm "--test rocm_fake_async" rocm_async rocm_fake_async || return 1
             cp "$CARGO_TARGET_DIR/release/pccl-bench" "$BIN_DIR/pccl-bench"
             cp "$CARGO_TARGET_DIR/release/libpccl.so" "$BIN_DIR/libpccl.so"
             ls -l "$BIN_DIR"
@@ -103,7 +104,7 @@ rocm_check() {
         [ "$mode" = build ] && return 0
     fi
     local b
-    for b in rocm_suite hip_loading pccl-bench; do
+    for b in rocm_suite rocm_async hip_loading pccl-bench; do
         if [ ! -x "$BIN_DIR/$b" ]; then
             echo "gpu-check: $BIN_DIR/$b is missing: run scripts/gpu-check.sh --rocm --build-only where cargo is" >&2
             return 1
@@ -125,6 +126,8 @@ rocm_check() {
     } 2>&1 | tee "$log/rocm-env.log"
     echo "## rocm: every collective on the real runtime ($BIN_DIR/rocm_suite, PCCL_ROCM_REAL=1)"
     PCCL_ROCM_REAL=1 "$BIN_DIR/rocm_suite" --nocapture --test-threads=1 2>&1 | tee "$log/rocm-tests.log" || st=1
+    # Collectives queued on a caller's HIP stream (hipStreamWaitValue32 gate), not blocking.
+    PCCL_ROCM_REAL=1 "$BIN_DIR/rocm_async" --nocapture --test-threads=1 2>&1 | tee -a "$log/rocm-tests.log" || st=1
     "$BIN_DIR/hip_loading" --nocapture 2>&1 | tee -a "$log/rocm-tests.log" || st=1
     echo "## rocm: pccl-bench -d rocm (host-staged; RCCL level; one rank per GCD with the RCCL column)"
     {

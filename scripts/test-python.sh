@@ -2,12 +2,12 @@
 # The Python side: the torch.distributed backend "pccl" (ffi/python) against gloo, and the
 # FSDP2 harness with both backends. Installs the Python packages it needs with pip (torch,
 # pytest, numpy; deepspeed optionally), builds libpccl.so (cargo build --release --features
-# mpi), installs ffi/python in editable mode and runs pytest on the newest torch; then runs the
+# mpi,rocm), installs ffi/python in editable mode and runs pytest on the newest torch; then runs the
 # subset that depends on torch's version (backend ops, Work lifetime, timeouts, FSDP2 /
 # DeviceMesh / functional collectives, point-to-point and all-to-all) again on torch 2.11 (the Python-ProcessGroup code path),
 # in a virtual environment kept at $PCCL_TORCH211_VENV (default ~/.cache/pccl/venv-torch2.11).
 # PCCL_SKIP_TORCH211=1 skips that run; PCCL_TEST_WHEEL=1 also builds the wheel
-# (pip wheel ./ffi/python, cargo --features cuda) and checks libpccl.so is inside. Exits
+# (pip wheel ./ffi/python, cargo --features cuda,rocm) and checks libpccl.so is inside. Exits
 # non-zero on any failure, including pytest finding no tests (exit 5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,9 +24,9 @@ pipi() { "$PYTHON" -m pip install -q --disable-pip-version-check "$@"; }
 "$PYTHON" -c "import deepspeed" 2>/dev/null || pipi deepspeed || echo "test-python: deepspeed not installed; its test will be skipped"
 "$PYTHON" -c "import torch; print('torch', torch.__version__)"
 
-echo "== cargo build --release --features mpi"
+echo "== cargo build --release --features mpi,rocm"
 export CARGO_TERM_COLOR=never
-cargo build --release --features mpi
+cargo build --release --features mpi,rocm  # rocm: test_rocm.py (fake runtime, no GPU)
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 lib="$target_dir/release/libpccl.so"
 [ -f "$lib" ] || { echo "test-python: $lib was not built" >&2; exit 1; }
@@ -65,7 +65,8 @@ if [ "${PCCL_SKIP_TORCH211:-0}" != 1 ]; then
     t0=$SECONDS
     set +e
     (cd ffi/python && "$py211" -m pytest -v -s -p no:cacheprovider \
-      tests/test_work.py tests/test_p2p.py "tests/test_backend.py::test_collectives_match_gloo[3]" \
+      tests/test_work.py tests/test_p2p.py tests/test_rocm.py \
+      "tests/test_backend.py::test_collectives_match_gloo[3]" \
       tests/test_backend.py::test_import_registers_backend tests/test_backend.py::test_library_loads)
     rc211=$?
     set -e
@@ -79,7 +80,7 @@ if [ "${PCCL_SKIP_TORCH211:-0}" != 1 ]; then
 fi
 
 if [ "${PCCL_TEST_WHEEL:-0}" = 1 ]; then
-  echo "== pip wheel ./ffi/python (cargo build --features cuda)"
+  echo "== pip wheel ./ffi/python (cargo build --features cuda,rocm)"
   whl="$(mktemp -d)"
   "$PYTHON" -m pip wheel -q --disable-pip-version-check --no-deps -w "$whl" ./ffi/python
   "$PYTHON" -m zipfile -l "$whl"/pccl-*.whl | grep -q "pccl/libpccl.so" \

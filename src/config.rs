@@ -11,6 +11,7 @@
 //! | `PCCL_MODEL` | cost-model parameters `a_intra,bw_intra,a_inter,bw_inter,bw_reduce` (µs, GB/s) | built in |
 //! | `PCCL_NCCL` | intra-node level of device collectives on NCCL (RCCL on ROCm): `auto`, `1` (required), `0` (never) | `auto` |
 //! | `PCCL_DEVICE_DIRECT` | `1`: device collectives hand device pointers to a transport that moves device memory (CUDA-aware MPI, thread world in device mode); `0`: always pinned host staging (every rank must agree) | `1` |
+//! | `PCCL_DEVICE_RUNTIME` | runtime of the streams given to the C ABI when the communicator does not say (`pcclCommSetDeviceRuntime`): `cuda`, `hip`, `auto` (CUDA where libcuda loads, else HIP) | `auto` |
 //! | `PCCL_FAULT` | fault injection for tests: `rank:seq:kind[,...]`, kind `kill`, `stall`, `drop`, `corrupt` (see `pccl::fault`) | none |
 //! | `PCCL_CHECKS` | `0`: messages carry only the sequence number, not the call's fingerprint (to measure what the checks cost) | `1` |
 //! | `PCCL_NIC_MAP` | NIC of each local rank in Cray MPICH syntax, e.g. `0:0-1;1:2-3` (NIC : local ranks); overrides discovery | discovered (feature `hwloc`), else one NIC |

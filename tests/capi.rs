@@ -484,3 +484,61 @@ fn mpi_init_from_c_under_mpiexec() {
         checks_of(&out);
     }
 }
+
+/// A device call routed to CUDA where libcuda cannot be loaded returns `pcclSystemError`
+/// naming the driver (cudarc would panic inside the library); an unknown runtime is an
+/// invalid argument, a runtime not built in an invalid usage.
+#[test]
+fn a_device_call_without_libcuda_is_an_error_through_the_c_abi() {
+    use pccl::capi::*;
+    let mut world: pcclThreadWorld_t = std::ptr::null_mut();
+    // SAFETY: `world` is a writable handle.
+    assert_eq!(unsafe { pcclThreadWorldCreate(1, &mut world) }, pcclSuccess);
+    let mut comm: pcclComm_t = std::ptr::null_mut();
+    // SAFETY: `comm` is a writable handle; the world lives until the end.
+    assert_eq!(
+        unsafe { pcclCommInitThreads(&mut comm, world, 0) },
+        pcclSuccess
+    );
+    let msg = || {
+        // SAFETY: a NUL-terminated string owned by PCCL.
+        unsafe { std::ffi::CStr::from_ptr(pcclGetLastError(comm)) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    assert_eq!(pcclCommSetDeviceRuntime(comm, 7), pcclInvalidArgument);
+    assert!(msg().contains("pcclDeviceRuntime_t"), "{}", msg());
+    let hip = pcclCommSetDeviceRuntime(comm, pcclRuntimeHip);
+    assert_eq!(
+        hip,
+        if cfg!(feature = "rocm") {
+            pcclSuccess
+        } else {
+            pcclInvalidUsage
+        },
+        "{}",
+        msg()
+    );
+    #[cfg(feature = "cuda")]
+    if pccl::device::cuda::ensure_available().is_err() {
+        assert_eq!(pcclCommSetDeviceRuntime(comm, pcclRuntimeCuda), pcclSuccess);
+        // SAFETY: refused before the (made-up) device addresses are used.
+        let rc = unsafe {
+            pcclAllReduce(
+                0x10000 as *const _,
+                0x20000 as *mut _,
+                4,
+                pcclFloat32,
+                pcclSum,
+                comm,
+                0x5000 as *mut std::ffi::c_void,
+            )
+        };
+        assert_eq!(rc, pcclSystemError, "{}", msg());
+        assert!(msg().contains("libcuda"), "{}", msg());
+    } else {
+        println!("skipped the libcuda check: a CUDA driver is present");
+    }
+    pcclCommDestroy(comm);
+    pcclThreadWorldDestroy(world);
+}

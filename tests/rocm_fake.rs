@@ -20,86 +20,9 @@ use pccl::device::hip::{HipBuffer, HipDevice};
 use pccl::{Communicator, Element, RawCollective, ReduceOp, ThreadWorld};
 use std::process::Command;
 
-const CHILD_ENV: &str = "PCCL_ROCM_FAKE_CHILD";
-
-/// Builds the fake runtime into `dir`; `None` (and the directory removed) when there is no
-/// C compiler.
-fn build_fake(dir: &std::path::Path) -> Option<std::path::PathBuf> {
-    std::fs::create_dir_all(dir).unwrap();
-    let so = dir.join("libfakerocm.so");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fake_rocm/fake_rocm.c");
-    let built = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O2", "-o"])
-        .arg(&so)
-        .arg(src)
-        .args(["-lm", "-lpthread"])
-        .status();
-    if !matches!(built, Ok(s) if s.success()) {
-        println!("skipped: no C compiler to build the fake ROCm runtime ({built:?})");
-        let _ = std::fs::remove_dir_all(dir);
-        return None;
-    }
-    Some(so)
-}
-
-/// `PCCL_ROCM_REAL=1` (scripts/gpu-check.sh --rocm on an AMD machine): the children run on
-/// the real HIP, hipRTC and RCCL; `FAKE_HIP_DEVICES=N` becomes `HIP_VISIBLE_DEVICES=0..N-1`,
-/// and the checks that need the fake's fault injection are skipped.
-fn real_runtime() -> bool {
-    std::env::var("PCCL_ROCM_REAL").is_ok_and(|v| v == "1")
-}
-
-/// Builds the fake runtime and runs `child` in a child process with it (or on the real one,
-/// see [`real_runtime`]); returns false when skipped.
-fn with_fake_runtime(child: &str, extra: &[(&str, &str)]) -> bool {
-    let real = real_runtime();
-    if real
-        && extra
-            .iter()
-            .any(|(k, _)| k.starts_with("FAKE_") && *k != "FAKE_HIP_DEVICES")
-    {
-        println!("skipped on the real ROCm runtime: needs the fake's fault injection");
-        return false;
-    }
-    let dir = std::env::temp_dir().join(format!("pccl-rocm-fake-{}-{child}", std::process::id()));
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", child, "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, "1");
-    if real {
-        for (k, v) in extra {
-            if *k == "FAKE_HIP_DEVICES" {
-                let n: usize = v.parse().unwrap();
-                let list: Vec<String> = (0..n).map(|d| d.to_string()).collect();
-                cmd.env("HIP_VISIBLE_DEVICES", list.join(","));
-            }
-        }
-    } else {
-        let Some(so) = build_fake(&dir) else {
-            return false;
-        };
-        cmd.env("PCCL_HIP_LIBRARY", &so)
-            .env("PCCL_HIPRTC_LIBRARY", &so)
-            .env("PCCL_RCCL_LIBRARY", &so)
-            .env_remove("PCCL_HIP_ARCH");
-        for (k, v) in extra {
-            cmd.env(k, v);
-        }
-    }
-    let out = cmd.output().expect("run the child test process");
-    let _ = std::fs::remove_dir_all(&dir);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
-    assert!(
-        stdout.contains("child-checked"),
-        "child did not run:\n{stdout}\n{stderr}"
-    );
-    true
-}
-
-fn is_child() -> bool {
-    std::env::var_os(CHILD_ENV).is_some()
-}
+#[path = "fake_rocm/harness.rs"]
+mod harness;
+use harness::{build_fake, is_child, real_runtime, with_fake_runtime};
 
 fn upload<T: Element>(dev: &HipDevice, data: &[T], bytes: usize) -> HipBuffer {
     let mut b = dev.alloc_zeroed(bytes.max(16)).unwrap();
@@ -509,11 +432,16 @@ fn child_rccl_failure() {
     let outs = all_reduce_outcomes(3, cfg, |r| r);
     for (r, out) in outs.into_iter().enumerate() {
         let e = out.unwrap_err();
-        assert!(e.contains("RCCL ncclReduceScatter failed"), "rank {r}: {e}");
         if r == 1 {
+            // The failing call itself.
+            assert!(e.contains("RCCL ncclReduceScatter failed"), "rank {r}: {e}");
             assert!(e.contains("FAKE_RCCL_FAIL_RANK"), "rank {r}: {e}");
         } else {
-            assert!(e.contains("peer failed"), "rank {r}: {e}");
+            // The peers' calls were queued; the failure shows as RCCL's asynchronous error.
+            assert!(
+                e.contains("RCCL") && e.contains("peer failed"),
+                "rank {r}: {e}"
+            );
         }
     }
     println!("child-checked");
@@ -580,7 +508,37 @@ fn pccl_bench_runs_rocm_and_times_rccl_beside_pccl() {
         let avg: f64 = cols[1].parse().unwrap();
         assert!(vendor > 0.0 && (ratio - avg / vendor).abs() < 0.01, "{row}");
         assert_eq!(cols[n - 1], "0", "{row}");
+        // Two ranks on two GPUs of one node: the RCCL level ran, and the algo column says so.
+        assert_eq!(cols[n - 4], "rccl-level", "{row}");
     }
+    // Two nodes of one rank: the RCCL level and the host-staged inter-node algorithm.
+    let (ok, text) = bench(
+        &so,
+        &[&["-d", "rocm", "--coll", "allreduce"], &common[..]].concat(),
+        &[("PCCL_RANKS_PER_NODE", "1")],
+    );
+    assert!(ok, "{text}");
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
+        .collect();
+    assert_eq!(rows.len(), 4, "{text}");
+    for row in &rows {
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        let algo = cols[cols.len() - 4];
+        assert!(
+            algo.starts_with("rccl-level+") && algo.len() > "rccl-level+".len(),
+            "{row}"
+        );
+    }
+    // Host-staged (PCCL_NCCL=0): the host plan's algorithm.
+    let (ok, text) = bench(
+        &so,
+        &[&["-d", "rocm", "--coll", "allgather"], &common[..]].concat(),
+        &[("PCCL_NCCL", "0")],
+    );
+    assert!(ok, "{text}");
+    assert!(!text.contains("rccl-level"), "{text}");
     // -d gpu picks ROCm here; ranks sharing the one GPU get no RCCL column, and say why.
     let (ok, text) = bench(
         &so,
@@ -613,7 +571,12 @@ fn pccl_bench_runs_rocm_and_times_rccl_beside_pccl() {
         &[("FAKE_RCCL_FAIL_RANK", "1"), ("PCCL_NCCL", "0")],
     );
     assert!(!ok, "{text}");
-    assert!(text.contains("RCCL ncclAllGather failed"), "{text}");
+    // The failing rank's call, or the peer's queued one (RCCL's asynchronous error).
+    assert!(
+        text.contains("RCCL ncclAllGather failed")
+            || text.contains("RCCL asynchronous operation failed"),
+        "{text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

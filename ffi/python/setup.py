@@ -1,9 +1,9 @@
 """Builds libpccl with cargo and puts it inside the package (``pccl/libpccl.so``).
 
 ``pip install ./ffi/python`` (or ``pip wheel``) runs ``cargo build --release --lib`` on the
-repository's Cargo.toml with the features in ``PCCL_FEATURES`` (default ``cuda``: device
-kernels through libcuda/libnvrtc loaded at run time, so it builds and runs without CUDA
-installed). Cargo builds in ``PCCL_WHEEL_TARGET_DIR`` (default ``<repo>/target/wheel``), apart
+repository's Cargo.toml with the features in ``PCCL_FEATURES`` (default ``cuda,rocm``:
+device kernels through libcuda/libnvrtc, or HIP/hipRTC/RCCL on torch's ROCm build, all loaded
+at run time, so it builds and runs without CUDA or ROCm installed). Cargo builds in ``PCCL_WHEEL_TARGET_DIR`` (default ``<repo>/target/wheel``), apart
 from the development builds in ``target/release``. ``PCCL_SKIP_CARGO=1`` packages nothing
 (a pure-Python install that finds libpccl through ``PCCL_LIBRARY`` or ``target/release``);
 an editable install (``pip install -e``) never builds.
@@ -31,7 +31,7 @@ def _cargo_build() -> Path:
                            "repository (pip install ./ffi/python)")
     cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
     target = Path(os.environ.get("PCCL_WHEEL_TARGET_DIR") or REPO / "target" / "wheel")
-    features = os.environ.get("PCCL_FEATURES", "cuda").strip()
+    features = os.environ.get("PCCL_FEATURES", "cuda,rocm").strip()
     cmd = [cargo, "build", "--release", "--lib", "--manifest-path", str(manifest)]
     if features:
         cmd += ["--features", features]

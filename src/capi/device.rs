@@ -1,24 +1,112 @@
-//! The device branch of the C ABI: a collective called with a CUDA stream runs on device
-//! memory of that stream's GPU, ordered on the stream; the call returns once it is queued
-//! (NCCL's semantics, see `Communicator::enqueue_collective_device`). With a HIP stream (a
-//! `rocm` build, or a `cuda,rocm` build where CUDA cannot be used) it waits for the stream,
-//! then runs the collective to completion (`Communicator::collective_on`): blocking, so
-//! ordered after the stream's earlier work and before its later work.
+//! The device branch of the C ABI: a collective called with a stream runs on device memory of
+//! that stream's GPU, ordered on the stream; the call returns once it is queued (NCCL's
+//! semantics, [`Communicator::enqueue_on`]), on CUDA and HIP alike. Which runtime a stream
+//! belongs to is the communicator's setting (`pcclCommSetDeviceRuntime`, set by the torch
+//! backend from `torch.version.hip`), else `PCCL_DEVICE_RUNTIME`, else CUDA where libcuda
+//! loads and HIP otherwise.
 
-#[cfg(not(all(feature = "cuda", not(feature = "rocm"))))]
-use crate::error::Error;
-use crate::error::Result;
+use super::{pcclDeviceRuntime_t, pcclRuntimeAuto, pcclRuntimeCuda, pcclRuntimeHip};
+use crate::error::{Error, Result};
 use crate::{Communicator, DType, RawCollective};
 use std::ffi::c_void;
 
-/// Queues `coll` on device buffers, ordered on `stream`.
+/// The device runtimes a stream can belong to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Runtime {
+    Cuda,
+    Hip,
+}
+
+/// Checks a `pcclDeviceRuntime_t` (known, and built into this library).
+pub(super) fn check_runtime(runtime: pcclDeviceRuntime_t) -> Result<()> {
+    match runtime {
+        pcclRuntimeAuto => Ok(()),
+        pcclRuntimeCuda if cfg!(feature = "cuda") => Ok(()),
+        pcclRuntimeHip if cfg!(feature = "rocm") => Ok(()),
+        pcclRuntimeCuda => Err(Error::usage(
+            "pcclRuntimeCuda: this libpccl was built without CUDA (rebuild with `--features cuda`)",
+        )),
+        pcclRuntimeHip => Err(Error::usage(
+            "pcclRuntimeHip: this libpccl was built without ROCm (rebuild with `--features rocm`)",
+        )),
+        v => Err(Error::invalid(format!(
+            "device runtime {v} is not a pcclDeviceRuntime_t (0 pcclRuntimeAuto, 1 \
+             pcclRuntimeCuda, 2 pcclRuntimeHip)"
+        ))),
+    }
+}
+
+/// The runtime of a call: the communicator's setting, else `PCCL_DEVICE_RUNTIME`
+/// (`cuda`, `hip`, `auto`), else CUDA where it loads (or is the only one built), else HIP.
+fn runtime_of(setting: pcclDeviceRuntime_t) -> Result<Runtime> {
+    check_runtime(setting)?;
+    let from_env = match std::env::var("PCCL_DEVICE_RUNTIME")
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase()
+        .as_str()
+    {
+        "" | "auto" => pcclRuntimeAuto,
+        "cuda" => pcclRuntimeCuda,
+        "hip" | "rocm" => pcclRuntimeHip,
+        v => {
+            return Err(Error::usage(format!(
+                "PCCL_DEVICE_RUNTIME={v}: expected cuda, hip or auto"
+            )))
+        }
+    };
+    let chosen = if setting != pcclRuntimeAuto {
+        setting
+    } else {
+        check_runtime(from_env)
+            .map_err(|e| Error::new(e.kind(), format!("PCCL_DEVICE_RUNTIME: {}", e.message())))?;
+        from_env
+    };
+    Ok(match chosen {
+        pcclRuntimeCuda => Runtime::Cuda,
+        pcclRuntimeHip => Runtime::Hip,
+        _ => auto_runtime(),
+    })
+}
+
+/// Whether runtime `rt` is built in and loads here.
+fn available(rt: Runtime) -> Result<()> {
+    match rt {
+        #[cfg(feature = "cuda")]
+        Runtime::Cuda => crate::device::cuda::ensure_available(),
+        #[cfg(feature = "rocm")]
+        Runtime::Hip => crate::device::hip::hip_api().map(|_| ()),
+        #[allow(unreachable_patterns)]
+        Runtime::Cuda => check_runtime(pcclRuntimeCuda),
+        #[allow(unreachable_patterns)]
+        Runtime::Hip => check_runtime(pcclRuntimeHip),
+    }
+}
+
+/// CUDA where it can run (or where it is the only runtime built), else HIP.
+fn auto_runtime() -> Runtime {
+    #[cfg(all(feature = "cuda", feature = "rocm"))]
+    if crate::device::cuda::ensure_available().is_err() && crate::device::hip::hip_api().is_ok() {
+        return Runtime::Hip;
+    }
+    if cfg!(feature = "cuda") {
+        Runtime::Cuda
+    } else {
+        Runtime::Hip
+    }
+}
+
+/// Queues `coll` on device buffers, ordered on `stream` of the runtime `runtime` (a
+/// `pcclDeviceRuntime_t`, see [`runtime_of`]).
 ///
 /// # Safety
 /// `send` and `recv` must be device memory valid for the counts `coll` implies, and `stream`
-/// a valid CUDA stream (or `cudaStreamLegacy` / `cudaStreamPerThread`) of their GPU.
-#[cfg(feature = "cuda")]
+/// a valid stream of their GPU in that runtime (for CUDA also `cudaStreamLegacy` /
+/// `cudaStreamPerThread`).
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn collective(
     comm: &Communicator,
+    runtime: pcclDeviceRuntime_t,
     coll: RawCollective,
     dt: DType,
     send: *const c_void,
@@ -26,14 +114,44 @@ pub(super) unsafe fn collective(
     count: usize,
     stream: *mut c_void,
 ) -> Result<()> {
-    // Both back ends built: HIP when CUDA cannot run here but HIP loads.
-    #[cfg(feature = "rocm")]
-    if crate::device::cuda::ensure_available().is_err() && crate::device::hip::hip_api().is_ok() {
-        // SAFETY: forwarded from the caller.
-        return unsafe { hip_collective(comm, coll, dt, send, recv, count, stream) };
+    if cfg!(not(any(feature = "cuda", feature = "rocm"))) {
+        return Err(Error::usage(
+            "a stream was given (device buffers), but this libpccl was built without CUDA or \
+             ROCm: rebuild with `--features cuda` (or `rocm`), or pass stream = NULL with host \
+             buffers",
+        ));
     }
-    // SAFETY: forwarded from the caller.
-    unsafe { cuda_collective(comm, coll, dt, send, recv, count, stream) }
+    let rt = runtime_of(runtime)?;
+    if count == 0 {
+        // Nothing to move, but a runtime that cannot run here is still an error (callers
+        // probe with a zero-count call).
+        return available(rt);
+    }
+    match rt {
+        // SAFETY: forwarded from the caller.
+        Runtime::Cuda => unsafe { cuda_collective(comm, coll, dt, send, recv, count, stream) },
+        // SAFETY: forwarded from the caller.
+        Runtime::Hip => unsafe { hip_collective(comm, coll, dt, send, recv, count, stream) },
+    }
+}
+
+/// Calls `enqueue_on::<T, $devty>(...)` with `T` the element type of `$dt`.
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+macro_rules! by_dtype {
+    ($comm:ident, $dev:ident, $devty:ty, $dt:expr, $coll:ident, $s:ident, $r:ident, $n:ident) => {
+        match $dt {
+            DType::I8 => $comm.enqueue_on::<i8, $devty>(&$dev, $coll, $s, $r, $n),
+            DType::U8 => $comm.enqueue_on::<u8, $devty>(&$dev, $coll, $s, $r, $n),
+            DType::I32 => $comm.enqueue_on::<i32, $devty>(&$dev, $coll, $s, $r, $n),
+            DType::U32 => $comm.enqueue_on::<u32, $devty>(&$dev, $coll, $s, $r, $n),
+            DType::I64 => $comm.enqueue_on::<i64, $devty>(&$dev, $coll, $s, $r, $n),
+            DType::U64 => $comm.enqueue_on::<u64, $devty>(&$dev, $coll, $s, $r, $n),
+            DType::F16 => $comm.enqueue_on::<half::f16, $devty>(&$dev, $coll, $s, $r, $n),
+            DType::BF16 => $comm.enqueue_on::<half::bf16, $devty>(&$dev, $coll, $s, $r, $n),
+            DType::F32 => $comm.enqueue_on::<f32, $devty>(&$dev, $coll, $s, $r, $n),
+            DType::F64 => $comm.enqueue_on::<f64, $devty>(&$dev, $coll, $s, $r, $n),
+        }
+    };
 }
 
 /// The CUDA branch of [`collective`].
@@ -51,37 +169,37 @@ unsafe fn cuda_collective(
     stream: *mut c_void,
 ) -> Result<()> {
     use crate::device::cuda::CudaDevice;
-    if count == 0 {
-        return Ok(());
-    }
+    crate::device::cuda::ensure_available()?;
     // The receive buffer is read on every rank (the send buffer of a broadcast only on root).
     let ordinal = CudaDevice::ordinal_of(recv as u64)?;
     // SAFETY: the caller guarantees `stream` is a stream of the buffers' GPU.
     let dev = unsafe { CudaDevice::with_stream(ordinal, stream) }?;
     let (s, r) = (send as u64, recv as u64);
     // SAFETY: forwarded from the caller.
-    unsafe {
-        match dt {
-            DType::I8 => comm.enqueue_collective_device::<i8>(&dev, coll, s, r, count),
-            DType::U8 => comm.enqueue_collective_device::<u8>(&dev, coll, s, r, count),
-            DType::I32 => comm.enqueue_collective_device::<i32>(&dev, coll, s, r, count),
-            DType::U32 => comm.enqueue_collective_device::<u32>(&dev, coll, s, r, count),
-            DType::I64 => comm.enqueue_collective_device::<i64>(&dev, coll, s, r, count),
-            DType::U64 => comm.enqueue_collective_device::<u64>(&dev, coll, s, r, count),
-            DType::F16 => comm.enqueue_collective_device::<half::f16>(&dev, coll, s, r, count),
-            DType::BF16 => comm.enqueue_collective_device::<half::bf16>(&dev, coll, s, r, count),
-            DType::F32 => comm.enqueue_collective_device::<f32>(&dev, coll, s, r, count),
-            DType::F64 => comm.enqueue_collective_device::<f64>(&dev, coll, s, r, count),
-        }
-    }
+    unsafe { by_dtype!(comm, dev, CudaDevice, dt, coll, s, r, count) }
 }
 
-/// Runs `coll` on device buffers of a HIP stream's GPU, after the stream's queued work, to
-/// completion.
+/// Without feature `cuda`: CUDA streams are refused.
 ///
 /// # Safety
-/// `send` and `recv` must be device memory valid for the counts `coll` implies, and `stream`
-/// a valid HIP stream of their GPU.
+/// None; `unsafe` to match the CUDA build's signature.
+#[cfg(not(feature = "cuda"))]
+unsafe fn cuda_collective(
+    _comm: &Communicator,
+    _coll: RawCollective,
+    _dt: DType,
+    _send: *const c_void,
+    _recv: *mut c_void,
+    _count: usize,
+    _stream: *mut c_void,
+) -> Result<()> {
+    check_runtime(pcclRuntimeCuda)
+}
+
+/// The HIP branch of [`collective`]: queued on the caller's HIP stream.
+///
+/// # Safety
+/// As [`collective`].
 #[cfg(feature = "rocm")]
 unsafe fn hip_collective(
     comm: &Communicator,
@@ -93,12 +211,10 @@ unsafe fn hip_collective(
     stream: *mut c_void,
 ) -> Result<()> {
     use crate::device::hip::HipDevice;
-    if count == 0 {
-        return Ok(());
-    }
     // SAFETY: the caller guarantees `stream` is a valid HIP stream.
     let ordinal = unsafe { HipDevice::ordinal_of_stream(stream) }?;
-    let dev = HipDevice::open(ordinal).map_err(|e| {
+    // SAFETY: as above; the handle borrows the stream for this call only.
+    let dev = unsafe { HipDevice::with_stream(ordinal, stream) }.map_err(|e| {
         Error::new(
             e.kind(),
             format!(
@@ -107,50 +223,17 @@ unsafe fn hip_collective(
             ),
         )
     })?;
-    // SAFETY: as above.
-    unsafe { HipDevice::sync_raw_stream(stream) }?;
     let (s, r) = (send as u64, recv as u64);
     // SAFETY: forwarded from the caller.
-    unsafe {
-        match dt {
-            DType::I8 => comm.collective_on::<i8, HipDevice>(&dev, coll, s, r, count),
-            DType::U8 => comm.collective_on::<u8, HipDevice>(&dev, coll, s, r, count),
-            DType::I32 => comm.collective_on::<i32, HipDevice>(&dev, coll, s, r, count),
-            DType::U32 => comm.collective_on::<u32, HipDevice>(&dev, coll, s, r, count),
-            DType::I64 => comm.collective_on::<i64, HipDevice>(&dev, coll, s, r, count),
-            DType::U64 => comm.collective_on::<u64, HipDevice>(&dev, coll, s, r, count),
-            DType::F16 => comm.collective_on::<half::f16, HipDevice>(&dev, coll, s, r, count),
-            DType::BF16 => comm.collective_on::<half::bf16, HipDevice>(&dev, coll, s, r, count),
-            DType::F32 => comm.collective_on::<f32, HipDevice>(&dev, coll, s, r, count),
-            DType::F64 => comm.collective_on::<f64, HipDevice>(&dev, coll, s, r, count),
-        }
-    }
+    unsafe { by_dtype!(comm, dev, HipDevice, dt, coll, s, r, count) }
 }
 
-/// A `rocm` build without `cuda`: the stream is a HIP stream.
+/// Without feature `rocm`: HIP streams are refused.
 ///
 /// # Safety
-/// As [`hip_collective`].
-#[cfg(all(feature = "rocm", not(feature = "cuda")))]
-pub(super) unsafe fn collective(
-    comm: &Communicator,
-    coll: RawCollective,
-    dt: DType,
-    send: *const c_void,
-    recv: *mut c_void,
-    count: usize,
-    stream: *mut c_void,
-) -> Result<()> {
-    // SAFETY: forwarded from the caller.
-    unsafe { hip_collective(comm, coll, dt, send, recv, count, stream) }
-}
-
-/// Without feature `cuda` or `rocm`, a stream is an error.
-///
-/// # Safety
-/// None (nothing is dereferenced); `unsafe` to match the device builds' signature.
-#[cfg(not(any(feature = "cuda", feature = "rocm")))]
-pub(super) unsafe fn collective(
+/// None; `unsafe` to match the ROCm build's signature.
+#[cfg(not(feature = "rocm"))]
+unsafe fn hip_collective(
     _comm: &Communicator,
     _coll: RawCollective,
     _dt: DType,
@@ -159,8 +242,5 @@ pub(super) unsafe fn collective(
     _count: usize,
     _stream: *mut c_void,
 ) -> Result<()> {
-    Err(Error::usage(
-        "a stream was given (device buffers), but this libpccl was built without CUDA or ROCm: \
-         rebuild with `--features cuda` (or `rocm`), or pass stream = NULL with host buffers",
-    ))
+    check_runtime(pcclRuntimeHip)
 }

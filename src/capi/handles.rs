@@ -59,6 +59,8 @@ pub(super) struct CommEntry {
     pub comm: Communicator,
     /// Message of the last failed call on this communicator ("" if none).
     pub last_error: Mutex<String>,
+    /// The device runtime its streams belong to (`pcclCommSetDeviceRuntime`; 0: auto).
+    pub runtime: std::sync::atomic::AtomicI32,
 }
 
 /// A non-blocking collective in flight.
@@ -192,6 +194,7 @@ pub(super) fn add_comm(comm: Communicator) -> Result<usize> {
     insert(Entry::Comm(Arc::new(CommEntry {
         comm,
         last_error: Mutex::new(String::new()),
+        runtime: std::sync::atomic::AtomicI32::new(0),
     })))
 }
 

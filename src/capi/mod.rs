@@ -134,6 +134,18 @@ pub const pcclAvg: pcclRedOp_t = 4;
 /// Number of reduction operators.
 pub const pcclNumOps: pcclRedOp_t = 5;
 
+/// The GPU runtime whose streams a communicator's device calls take
+/// (`pcclCommSetDeviceRuntime`).
+pub type pcclDeviceRuntime_t = c_int;
+/// Chosen per call: `PCCL_DEVICE_RUNTIME` when set, else CUDA when libcuda loads and HIP
+/// otherwise (a library built with both).
+pub const pcclRuntimeAuto: pcclDeviceRuntime_t = 0;
+/// Streams are `cudaStream_t`s (feature `cuda`).
+pub const pcclRuntimeCuda: pcclDeviceRuntime_t = 1;
+/// Streams are `hipStream_t`s (feature `rocm`); torch's ROCm build, whose HIP tensors torch
+/// calls "cuda", sets this.
+pub const pcclRuntimeHip: pcclDeviceRuntime_t = 2;
+
 /// Opaque communicator; only ever used through a `pcclComm_t`.
 pub struct pcclComm {
     _opaque: [u8; 0],
@@ -416,7 +428,8 @@ unsafe fn collective(
     if let Some(stream) = device_stream {
         // SAFETY: forwarded from the caller (device buffers valid for the counts, `stream` a
         // stream of their GPU).
-        return unsafe { device::collective(comm, coll, dt, send, recv, count, stream) }
+        let runtime = c.runtime.load(std::sync::atomic::Ordering::SeqCst);
+        return unsafe { device::collective(comm, runtime, coll, dt, send, recv, count, stream) }
             .map(|()| None)
             .on(c);
     }
@@ -884,6 +897,24 @@ pub extern "C" fn pcclCommSetTimeout(comm: pcclComm_t, timeout_ms: u64) -> pcclR
         c.comm
             .set_timeout(std::time::Duration::from_millis(timeout_ms))
             .on(&c)
+    })
+}
+
+/// Sets which GPU runtime the streams of `comm`'s device calls belong to: `pcclRuntimeCuda`,
+/// `pcclRuntimeHip` or `pcclRuntimeAuto` (the default: `PCCL_DEVICE_RUNTIME`, else CUDA
+/// where libcuda loads, else HIP). `pcclInvalidUsage` when this library was built without
+/// that runtime's feature (`cuda`, `rocm`). Local to this rank.
+#[no_mangle]
+pub extern "C" fn pcclCommSetDeviceRuntime(
+    comm: pcclComm_t,
+    runtime: pcclDeviceRuntime_t,
+) -> pcclResult_t {
+    entry("pcclCommSetDeviceRuntime", || {
+        let c = handles::comm(comm as usize, "comm", false)?;
+        device::check_runtime(runtime).on(&c)?;
+        c.runtime
+            .store(runtime, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
     })
 }
 

@@ -12,61 +12,10 @@
 //! after the work already queued on the handle's stream.
 
 use super::communicator::{Communicator, RawCollective};
-use super::device_run::DeviceCall;
-use super::nccl_level::NcclLevel;
-use crate::config::DebugLevel;
-use crate::device::cuda::{CudaDevice, StreamGate};
-use crate::dtype::{DType, Element, ReduceOp};
+use crate::device::cuda::CudaDevice;
+use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::exec::device::DeviceStaging;
-use crate::transport::Transport;
 use cudarc::driver::{DevicePtr, DevicePtrMut};
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
-/// The device front end's working space of one communicator, kept between calls.
-#[derive(Default)]
-struct DeviceState {
-    /// Pinned staging and device scratch of the host-staged path.
-    staging: Option<DeviceStaging<CudaDevice>>,
-    /// Whether the first device collective has decided on NCCL yet.
-    nccl_decided: bool,
-    /// The two-level NCCL path, when in use.
-    nccl: Option<NcclLevel<CudaDevice>>,
-    /// Stream-ordered (enqueued) collectives: per device ordinal, the handle on PCCL's own
-    /// stream they run on and the gate the callers' streams wait on.
-    queues: Vec<(usize, CudaDevice, StreamGate)>,
-    /// The first error of an enqueued collective (sticky, as NCCL's asynchronous error).
-    async_error: Arc<Mutex<Option<Error>>>,
-    /// Shapes (collective, dtype, count, GPU) run once already: their staging, scratch and
-    /// NCCL buffers exist. A collective is enqueued only then: the first run of a shape
-    /// blocks, because allocating page-locked memory while a caller's stream waits on a gate
-    /// can serialise the device behind that stream and never return.
-    warm: HashSet<(u8, u64, DType, usize, usize)>,
-}
-
-fn shape_key<T: Element>(
-    coll: RawCollective,
-    count: usize,
-    ordinal: usize,
-) -> (u8, u64, DType, usize, usize) {
-    let (kind, arg) = match coll {
-        RawCollective::AllGather => (0, 0),
-        RawCollective::ReduceScatter(op) => (1, op as u64),
-        RawCollective::AllReduce(op) => (2, op as u64),
-        RawCollective::Broadcast(root) => (3, root as u64),
-    };
-    (kind, arg, T::DTYPE, count, ordinal)
-}
-
-type DeviceGuard<'a> = std::sync::MutexGuard<'a, Option<Box<dyn std::any::Any + Send>>>;
-
-fn state_of<'a>(slot: &'a mut DeviceGuard<'_>) -> Result<&'a mut DeviceState> {
-    slot.as_mut()
-        .and_then(|b| b.downcast_mut::<DeviceState>())
-        .ok_or_else(|| Error::internal("device state missing"))
-}
 
 fn elems_of<T: Element>(bytes: usize, what: &str) -> Result<usize> {
     let es = std::mem::size_of::<T>();
@@ -222,7 +171,7 @@ impl Communicator {
     }
 
     /// [`Communicator::raw_collective`] on device addresses of `dev`'s context, with NCCL's
-    /// count conventions and in-place forms.
+    /// count conventions and in-place forms: [`Communicator::collective_on`] on CUDA.
     ///
     /// # Safety
     /// `send` and `recv` must be device memory valid for the element counts the collective
@@ -235,40 +184,13 @@ impl Communicator {
         recv: u64,
         count: usize,
     ) -> Result<()> {
-        let call = self.device_call::<T>(coll, send, recv, count)?;
-        self.decide_nccl(dev)?;
-        self.wait_idle();
-        self.earlier_error()?;
-        let tag = self.take_tag();
-        self.run_device::<T>(dev, &call, tag)
-    }
-
-    /// The error an enqueued collective met, if any (then every later device call fails).
-    fn earlier_error(&self) -> Result<()> {
-        let (_, mut slot) = self.device_state()?;
-        let state = state_of(&mut slot)?;
-        let first = lock(&state.async_error);
-        match first.as_ref() {
-            Some(e) => Err(Error::new(
-                e.kind(),
-                format!("an earlier enqueued collective failed: {}", e.message()),
-            )),
-            None => Ok(()),
-        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.collective_on::<T, CudaDevice>(dev, coll, send, recv, count) }
     }
 
     /// [`Communicator::raw_collective_device`] ordered on `dev`'s stream without blocking the
-    /// caller, as NCCL's calls are: the caller's stream waits (on the device, through a
-    /// [`StreamGate`]) until the collective is done, while the communicator's progress thread
-    /// runs it on PCCL's own stream once the work queued before it on `dev`'s stream has
-    /// finished. Enqueued and blocking collectives of one communicator run in issue order.
-    ///
-    /// An error found when the call is made is returned; one met while running is kept and
-    /// returned by every later device call of this communicator (the caller's stream is
-    /// released either way). The first collective of each shape (collective, dtype, count)
-    /// blocks, sizing the buffers; so does every call where the driver cannot make a stream
-    /// wait on host memory, with `PCCL_DEVICE_ASYNC=0`, and on thread-ranks (several ranks of
-    /// one process) unless `PCCL_DEVICE_ASYNC=1`.
+    /// caller: [`Communicator::enqueue_on`] on CUDA (its stream gate is a
+    /// [`crate::device::cuda::StreamGate`]).
     ///
     /// # Safety
     /// `send` and `recv` must be device memory valid for the counts the collective implies,
@@ -281,175 +203,7 @@ impl Communicator {
         recv: u64,
         count: usize,
     ) -> Result<()> {
-        let call = self.device_call::<T>(coll, send, recv, count)?;
-        self.decide_nccl(dev)?;
-        // Enqueueing makes the caller's stream wait on the host: CUDA calls that synchronise
-        // the context (page-locked allocations, stream creation) made by another rank of the
-        // same process while that rank's progress depends on this one could then wait
-        // forever, so thread-ranks sharing a process block unless asked (PCCL_DEVICE_ASYNC=1).
-        let enqueue = match std::env::var("PCCL_DEVICE_ASYNC").as_deref().map(str::trim) {
-            Ok("0") => false,
-            Ok("1") => true,
-            _ => self.transport_name() != "threads",
-        };
-        self.earlier_error()?;
-        if !enqueue {
-            self.wait_idle();
-            let tag = self.take_tag();
-            return self.run_device::<T>(dev, &call, tag);
-        }
-        let (_, mut slot) = self.device_state()?;
-        let state = state_of(&mut slot)?;
-        if state
-            .warm
-            .insert(shape_key::<T>(coll, count, dev.ordinal()))
-        {
-            // First of its shape: run it now, sizing every buffer it needs.
-            drop(slot);
-            self.wait_idle();
-            let tag = self.take_tag();
-            return self.run_device::<T>(dev, &call, tag);
-        }
-        dev.bind()?;
-        let qi = match state.queues.iter().position(|q| q.0 == dev.ordinal()) {
-            Some(i) => i,
-            None => {
-                // Made before any stream is held: creating a stream may synchronise the
-                // context, which must not wait for a gated stream.
-                let own = CudaDevice::open(dev.ordinal())?;
-                let gate = StreamGate::new(&own)?;
-                state.queues.push((dev.ordinal(), own, gate));
-                state.queues.len() - 1
-            }
-        };
-        let ready = dev.new_event()?;
-        ready
-            .record(dev.stream())
-            .map_err(|e| Error::system(format!("CUDA event record failed: {e}")))?;
-        let (_, own, gate) = &mut state.queues[qi];
-        let own = own.clone();
-        let ticket = match gate.hold(dev.stream()) {
-            Ok(t) => t,
-            Err(e) => {
-                drop(slot);
-                if self.config().debug >= DebugLevel::Info {
-                    eprintln!("PCCL INFO device collectives block the caller: {e}");
-                }
-                self.wait_idle();
-                let tag = self.take_tag();
-                return self.run_device::<T>(dev, &call, tag);
-            }
-        };
-        let release = gate.releaser();
-        let errors = state.async_error.clone();
-        drop(slot);
-        let tag = self.take_tag();
-        let comm = self.handle();
-        let timeout = self.timeout();
-        let job = Box::new(move || {
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                wait_event(&ready, timeout)?;
-                // SAFETY: the caller keeps the buffers valid until its stream passed the
-                // gate, which is released only below, after the collective finished.
-                unsafe { comm.run_device::<T>(&own, &call, tag) }
-            }))
-            .unwrap_or_else(|_| Err(Error::internal("a device collective panicked")));
-            if let Err(e) = r {
-                eprintln!("PCCL WARN enqueued device collective failed: {e}");
-                lock(&errors).get_or_insert(e);
-            }
-            release.release(ticket);
-            drop(comm);
-        });
-        if let Err(e) = self.submit_job(job) {
-            // Nobody will run it: let the stream go and report.
-            gate_release_on_error(self, dev.ordinal(), ticket);
-            return Err(e);
-        }
-        Ok(())
-    }
-
-    /// Locks the device state, creating it on first use.
-    fn device_state(&self) -> Result<(&dyn Transport, DeviceGuard<'_>)> {
-        let (tr, mut slot) = self.device_parts();
-        if slot
-            .as_ref()
-            .and_then(|b| b.downcast_ref::<DeviceState>())
-            .is_none()
-        {
-            *slot = Some(Box::new(DeviceState::default()));
-        }
-        Ok((tr, slot))
-    }
-
-    /// On the first device collective, decides (collectively) whether NCCL runs the
-    /// intra-node level. Runs on the caller's thread: the decision takes host collectives.
-    fn decide_nccl(&self, dev: &CudaDevice) -> Result<()> {
-        let (_, mut slot) = self.device_state()?;
-        let state = state_of(&mut slot)?;
-        if !state.nccl_decided {
-            self.wait_idle();
-            state.nccl = NcclLevel::setup(self, dev)?;
-            state.nccl_decided = true;
-        }
-        Ok(())
-    }
-
-    /// Runs a validated device collective with `tag`, on `dev`'s stream, to completion.
-    ///
-    /// # Safety
-    /// As [`Communicator::raw_collective_device`].
-    unsafe fn run_device<T: Element>(
-        &self,
-        dev: &CudaDevice,
-        call: &DeviceCall,
-        tag: u32,
-    ) -> Result<()> {
-        let (tr, mut slot) = self.device_state()?;
-        let state = state_of(&mut slot)?;
-        if let Some(level) = state.nccl.as_mut() {
-            return level.run::<T>(dev, call.raw, call.send.0, call.recv.0, call.count);
-        }
-        self.run_staged::<T, CudaDevice>(tr, dev, call, tag, &mut state.staging)
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Releases `ticket` of the gate of device `ordinal` (after a job could not be queued).
-fn gate_release_on_error(comm: &Communicator, ordinal: usize, ticket: u32) {
-    if let Ok((_, mut slot)) = comm.device_state() {
-        if let Ok(state) = state_of(&mut slot) {
-            if let Some((_, _, g)) = state.queues.iter().find(|q| q.0 == ordinal) {
-                g.releaser().release(ticket);
-            }
-        }
-    }
-}
-
-/// Waits, polling, until `ev` completed; a timeout error after `timeout`.
-fn wait_event(ev: &cudarc::driver::CudaEvent, timeout: Duration) -> Result<()> {
-    let t0 = Instant::now();
-    let mut spins = 0u32;
-    loop {
-        match ev.try_is_complete() {
-            Ok(true) => return Ok(()),
-            Ok(false) => {}
-            Err(e) => return Err(Error::system(format!("CUDA event query failed: {e}"))),
-        }
-        if t0.elapsed() > timeout {
-            return Err(Error::timeout(format!(
-                "the work queued before a device collective did not finish within {timeout:?} \
-                 (PCCL_TIMEOUT sets the limit)"
-            )));
-        }
-        spins += 1;
-        if spins < 200 {
-            std::hint::spin_loop();
-        } else {
-            std::thread::sleep(Duration::from_micros(20));
-        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.enqueue_on::<T, CudaDevice>(dev, coll, send, recv, count) }
     }
 }

@@ -1,11 +1,8 @@
 //! The vendor-neutral part of the device front end: validating a device collective
 //! ([`DeviceCall`]) and running it through the staged or direct executor on any
-//! [`Device`] (or the NCCL-shaped level of [`super::nccl_level`]), and
-//! [`Communicator::collective_on`], the entry point of the ROCm build (and of
-//! any back end without a front end of its own).
+//! [`Device`] (the blocking and enqueued entry points are in [`super::device_queue`]).
 
 use super::communicator::{Communicator, RawCollective};
-use super::nccl_level::NcclLevel;
 use crate::device::api::{DevSpan, Device};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
@@ -17,7 +14,6 @@ use crate::transport::Transport;
 
 /// A validated device collective: the C-style call and what the plan executor needs.
 #[derive(Clone, Copy)]
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) struct DeviceCall {
     pub(crate) raw: RawCollective,
     pub(crate) coll: Collective,
@@ -27,15 +23,6 @@ pub(crate) struct DeviceCall {
     pub(crate) recv: (u64, usize, BlockLayout),
     pub(crate) scratch: BlockLayout,
     pub(crate) count: usize,
-}
-
-/// The working space of [`Communicator::collective_on`] for one device type.
-struct GenericState<D: Device> {
-    staging: Option<DeviceStaging<D>>,
-    /// Whether the first collective has decided on the vendor library's intra-node level.
-    decided: bool,
-    /// The NCCL-shaped intra-node level (NCCL or RCCL), when in use.
-    level: Option<NcclLevel<D>>,
 }
 
 impl Communicator {
@@ -230,62 +217,5 @@ impl Communicator {
             direct: self.config().device_direct,
         };
         execute_device::<T, D>(&plan, tr, dev, &mem, st, &opt)
-    }
-
-    /// A collective on device memory of `dev`, any [`Device`] back end (the ROCm build's
-    /// entry point; CUDA's typed front end is [`Communicator::raw_collective_device`], which
-    /// adds stream-ordered enqueueing): `send` and `recv` are device addresses with the counts
-    /// and in-place forms of [`Communicator::raw_collective_device`]. Blocking: returns once
-    /// the device work is done. The first call decides, collectively, whether the vendor's
-    /// NCCL-shaped library (NCCL, RCCL) runs the intra-node level (`PCCL_NCCL`); otherwise
-    /// it runs host-staged through the transport, or direct when the transport moves device
-    /// memory and `PCCL_DEVICE_DIRECT` is set.
-    ///
-    /// # Safety
-    /// `send` and `recv` must be device memory of `dev` valid for the element counts the
-    /// collective implies, untouched by others until the call returns.
-    pub unsafe fn collective_on<T: Element, D: Device>(
-        &self,
-        dev: &D,
-        coll: RawCollective,
-        send: u64,
-        recv: u64,
-        count: usize,
-    ) -> Result<()> {
-        let call = self.device_call::<T>(coll, send, recv, count)?;
-        self.wait_idle();
-        let (tr, mut slot) = self.device_parts();
-        if slot
-            .as_ref()
-            .and_then(|b| b.downcast_ref::<GenericState<D>>())
-            .is_none()
-        {
-            if slot.is_some() {
-                return Err(Error::usage(format!(
-                    "this communicator already ran device collectives of another back end; \
-                     {} collectives need a communicator of their own",
-                    D::VENDOR
-                )));
-            }
-            *slot = Some(Box::new(GenericState::<D> {
-                staging: None,
-                decided: false,
-                level: None,
-            }));
-        }
-        let state = slot
-            .as_mut()
-            .and_then(|b| b.downcast_mut::<GenericState<D>>())
-            .ok_or_else(|| Error::internal("device state missing"))?;
-        if !state.decided {
-            // Collective over the communicator (host collectives on its transport), once.
-            state.level = NcclLevel::setup(self, dev)?;
-            state.decided = true;
-        }
-        if let Some(level) = state.level.as_mut() {
-            return level.run::<T>(dev, call.raw, call.send.0, call.recv.0, call.count);
-        }
-        let tag = self.take_tag();
-        self.run_staged::<T, D>(tr, dev, &call, tag, &mut state.staging)
     }
 }

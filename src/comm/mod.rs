@@ -4,6 +4,8 @@ pub mod communicator;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
+mod device_queue;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
 mod device_run;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 mod nccl_level;

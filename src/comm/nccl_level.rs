@@ -35,6 +35,7 @@ use crate::device::api::{DevSpan, Device};
 use crate::device::nccl_abi::{NcclApi, NcclComm, NcclUniqueId};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
+use crate::plan::Collective;
 use std::time::{Duration, Instant};
 
 /// How the communicator numbers the ranks of the N x M grid.
@@ -58,6 +59,16 @@ fn shared_gpu(all: &[u64]) -> Option<(usize, usize)> {
     (0..p).find_map(|r| (0..r).find(|&o| key(o) == key(r)).map(|o| (o, r)))
 }
 
+impl<D: Device> Drop for NcclLevel<D> {
+    fn drop(&mut self) {
+        if self.broken.is_some() {
+            // A timed-out or failed vendor communicator may have work stuck waiting for a
+            // peer: ncclCommDestroy would wait for it, ncclCommAbort ends it.
+            self.nccl.abort();
+        }
+    }
+}
+
 /// One rank's state of the two-level device path.
 pub(crate) struct NcclLevel<D: Device> {
     api: &'static NcclApi,
@@ -73,7 +84,6 @@ pub(crate) struct NcclLevel<D: Device> {
     placement: Placement,
     scratch: Option<D::Memory>,
     done: D::Event,
-    timeout: Duration,
     /// Set after a timeout or asynchronous error: the vendor communicator is unusable.
     broken: Option<String>,
 }
@@ -208,7 +218,6 @@ impl<D: Device> NcclLevel<D> {
             placement,
             scratch: None,
             done: dev.new_event()?,
-            timeout: cfg.timeout,
             broken: None,
         }))
     }
@@ -239,6 +248,9 @@ impl<D: Device> NcclLevel<D> {
 
     /// Runs one validated collective (the checks of `device_call` passed).
     ///
+    /// `timeout` is the communicator's at the time of the call (`set_timeout` applies), for
+    /// the vendor's part and for the inter-node level.
+    ///
     /// # Safety
     /// As [`Communicator::raw_collective_device`].
     pub(crate) unsafe fn run<T: Element>(
@@ -248,7 +260,11 @@ impl<D: Device> NcclLevel<D> {
         send: u64,
         recv: u64,
         count: usize,
+        timeout: Duration,
     ) -> Result<()> {
+        if self.inter.timeout() != timeout {
+            self.inter.set_timeout(timeout)?;
+        }
         if let Some(why) = &self.broken {
             return Err(Error::usage(format!(
                 "this communicator's {} level failed earlier ({why}); destroy the communicator",
@@ -277,28 +293,59 @@ impl<D: Device> NcclLevel<D> {
             RawCollective::AllReduce(op) => self.all_reduce::<T>(dev, send, recv, count, op),
             RawCollective::Broadcast(root) => self.broadcast::<T>(dev, send, recv, count, root),
         };
-        r.and_then(|()| self.finish(dev))
+        r.and_then(|()| self.finish(dev, timeout))
+    }
+
+    /// The name of what runs `coll` of `count` elements of `es` bytes: `rccl-level` (one
+    /// node) or `rccl-level+<inter-node algorithm>`, for reports (pccl-bench's `algo`).
+    pub(crate) fn name_for(&self, coll: RawCollective, count: usize, es: usize) -> String {
+        let lib = format!("{}-level", self.api.name().to_lowercase());
+        if self.nodes <= 1 {
+            return lib;
+        }
+        let (inter, block) = match coll {
+            RawCollective::AllGather => (Collective::AllGather, count * es),
+            RawCollective::ReduceScatter(_) => {
+                (Collective::ReduceScatter { average: false }, count * es)
+            }
+            RawCollective::AllReduce(_) => (
+                Collective::AllReduce { average: false },
+                count.div_ceil(self.local).div_ceil(self.nodes) * es,
+            ),
+            RawCollective::Broadcast(root) => (
+                Collective::Broadcast {
+                    root: self.position_of(root).0,
+                },
+                count * es,
+            ),
+        };
+        match self.inter.algorithm_for(inter, block) {
+            Ok(a) => format!("{lib}+{}", a.name()),
+            Err(_) => lib,
+        }
     }
 
     /// Waits for the call's device work, watching the library's asynchronous errors and the
     /// timeout.
-    fn finish(&mut self, dev: &D) -> Result<()> {
+    fn finish(&mut self, dev: &D, timeout: Duration) -> Result<()> {
         dev.record(&self.done, None)?;
         let t0 = Instant::now();
         loop {
-            if dev.event_done(&self.done)? {
-                return Ok(());
-            }
+            // Checked after the event too: a call that ended because a peer failed (or the
+            // communicator was aborted) completes without its result.
+            let done = dev.event_done(&self.done)?;
             if let Err(e) = self.nccl.async_error() {
                 self.broken = Some(e.message().to_string());
                 return Err(e);
             }
-            if t0.elapsed() > self.timeout {
+            if done {
+                return Ok(());
+            }
+            if t0.elapsed() > timeout {
                 let msg = format!(
-                    "{} collective did not complete within {:?} (a node peer is stuck or gone; \
-                     PCCL_TIMEOUT sets the limit)",
+                    "{} collective did not complete within {timeout:?} (a node peer is stuck or \
+                     gone; PCCL_TIMEOUT or set_timeout sets the limit)",
                     self.api.name(),
-                    self.timeout
                 );
                 self.broken = Some(msg.clone());
                 return Err(Error::timeout(msg));
@@ -371,6 +418,31 @@ impl<D: Device> NcclLevel<D> {
         dev.divide(T::DTYPE, span, self.size)
     }
 
+    /// The inter-node level of `coll` (`count` elements per rank, NCCL's conventions): on one
+    /// node a device copy (every collective of one rank is one), so that nothing waits on
+    /// the host for the stream the vendor's call is queued on; else the host-staged (or
+    /// direct) collective of the inter-node communicator.
+    ///
+    /// # Safety
+    /// As [`NcclLevel::run`]; `send` and `recv` hold `count` elements.
+    unsafe fn inter_level<T: Element>(
+        &self,
+        dev: &D,
+        coll: RawCollective,
+        send: u64,
+        recv: u64,
+        count: usize,
+    ) -> Result<()> {
+        if self.nodes == 1 {
+            return self.copy(dev, recv, send, count * std::mem::size_of::<T>());
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.inter
+                .collective_on::<T, D>(dev, coll, send, recv, count)
+        }
+    }
+
     unsafe fn all_gather<T: Element>(
         &mut self,
         dev: &D,
@@ -381,8 +453,7 @@ impl<D: Device> NcclLevel<D> {
         let es = std::mem::size_of::<T>();
         let nn = self.nodes;
         let (direct, tmp_a, tmp_b) = self.grid_scratch(dev, count * es)?;
-        self.inter
-            .collective_on::<T, D>(dev, RawCollective::AllGather, send, tmp_a, count)?;
+        self.inter_level::<T>(dev, RawCollective::AllGather, send, tmp_a, count)?;
         let grid = if direct { recv } else { tmp_b };
         self.nccl
             .all_gather(tmp_a, grid, nn * count, T::DTYPE, dev.raw_stream())?;
@@ -416,13 +487,7 @@ impl<D: Device> NcclLevel<D> {
         };
         self.nccl
             .reduce_scatter(grid, tmp_a, nn * count, T::DTYPE, sum, dev.raw_stream())?;
-        self.inter.collective_on::<T, D>(
-            dev,
-            RawCollective::ReduceScatter(sum),
-            tmp_a,
-            recv,
-            count,
-        )?;
+        self.inter_level::<T>(dev, RawCollective::ReduceScatter(sum), tmp_a, recv, count)?;
         if op == ReduceOp::Avg {
             self.average::<T>(dev, recv, count)?;
         }
@@ -459,8 +524,7 @@ impl<D: Device> NcclLevel<D> {
         };
         self.nccl
             .reduce_scatter(whole, tmp_a, part, T::DTYPE, sum, dev.raw_stream())?;
-        self.inter
-            .collective_on::<T, D>(dev, RawCollective::AllReduce(sum), tmp_a, tmp_a, part)?;
+        self.inter_level::<T>(dev, RawCollective::AllReduce(sum), tmp_a, tmp_a, part)?;
         if op == ReduceOp::Avg {
             self.average::<T>(dev, tmp_a, part)?;
         }
@@ -483,13 +547,7 @@ impl<D: Device> NcclLevel<D> {
     ) -> Result<()> {
         let (rn, rm) = self.position_of(root);
         if self.lrank == rm {
-            self.inter.collective_on::<T, D>(
-                dev,
-                RawCollective::Broadcast(rn),
-                send,
-                recv,
-                count,
-            )?;
+            self.inter_level::<T>(dev, RawCollective::Broadcast(rn), send, recv, count)?;
         }
         self.nccl
             .broadcast(recv, recv, count, T::DTYPE, rm, dev.raw_stream())

@@ -116,6 +116,11 @@ pub trait Device: Send + Sync + Sized + 'static {
     type Pinned: PinnedHost;
     /// Owned device memory, freed when dropped.
     type Memory: Send;
+    /// A stream gate: a counter in mapped page-locked host memory that streams wait on
+    /// ([`Device::gate_hold`]) until the host releases their ticket ([`GateReleaser`]). It is
+    /// how a collective whose middle runs on the host stays ordered on a caller's stream
+    /// without blocking the caller.
+    type Gate: Send;
 
     /// "CUDA" or "HIP", for messages.
     const VENDOR: &'static str;
@@ -139,6 +144,17 @@ pub trait Device: Send + Sync + Sized + 'static {
     fn raw_stream(&self) -> *mut c_void;
     /// The vendor's NCCL-shaped collective library (NCCL or RCCL), loaded on first use.
     fn collectives() -> Result<&'static NcclApi>;
+    /// A new handle of the same device with a stream of its own.
+    fn open_own(&self) -> Result<Self>;
+
+    /// A new stream gate of the device, ticket 0 released; an error where the device cannot
+    /// make a stream wait on host memory (then callers block instead).
+    fn new_gate(&self) -> Result<Self::Gate>;
+    /// Makes the handle's stream wait (on the device) for `gate`'s next ticket, and returns
+    /// that ticket. Tickets are released in the order they were taken.
+    fn gate_hold(&self, gate: &mut Self::Gate) -> Result<u32>;
+    /// A handle that releases `gate`'s tickets from any thread while the gate lives.
+    fn gate_releaser(gate: &Self::Gate) -> GateReleaser;
 
     /// `bytes` bytes of zeroed device memory (at least 16, so that the span is never null).
     fn alloc_zeroed(&self, bytes: usize) -> Result<Self::Memory>;
@@ -214,6 +230,37 @@ pub trait Device: Send + Sync + Sized + 'static {
         n: usize,
         block: usize,
     ) -> Result<()>;
+}
+
+/// Releases tickets of a stream gate ([`Device::Gate`]) by writing the host side of its
+/// counter: vendor-neutral, valid while the gate lives (its owner drains every ticket it
+/// took before dropping it).
+#[derive(Clone, Copy)]
+pub struct GateReleaser {
+    host: *mut u32,
+}
+
+// SAFETY: the counter is plain page-locked memory written with volatile stores by one
+// releaser at a time (the owner serialises them) and read by the device.
+unsafe impl Send for GateReleaser {}
+
+impl GateReleaser {
+    /// A releaser of the counter at `host`.
+    ///
+    /// # Safety
+    /// `host` must be the 4-byte-aligned host address of a gate's counter, valid for as long
+    /// as the releaser (or a copy) is used.
+    pub unsafe fn new(host: *mut u32) -> GateReleaser {
+        GateReleaser { host }
+    }
+
+    /// Lets the streams waiting for `ticket` (and earlier ones) go on.
+    pub fn release(&self, ticket: u32) {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        // SAFETY: the gate (and its counter) outlives every releaser (see `new`).
+        unsafe { self.host.write_volatile(ticket) };
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// Checks that every span is on device `ordinal` (the handle's).

@@ -518,8 +518,12 @@ impl NcclComm {
         )
     }
 
-    /// Ends the communicator without waiting for its peers (after a timeout or error).
-    pub fn abort(mut self) {
+    /// Ends the communicator without waiting for its peers (after a timeout or error); later
+    /// calls on it are refused by the library (its handle is null), and Drop does nothing.
+    pub fn abort(&mut self) {
+        if self.raw.is_null() {
+            return;
+        }
         // SAFETY: `self.raw` is live; it is nulled so that Drop does not destroy it again.
         unsafe { (self.api.abort)(self.raw) };
         self.raw = std::ptr::null_mut();

@@ -433,6 +433,8 @@ impl ThreadTransport {
 #[cfg(feature = "cuda")]
 unsafe fn copy_device(dst: u64, src: u64, len: usize) -> Result<()> {
     use cudarc::driver::result;
+    // cudarc panics when libcuda is missing: say so as an error first.
+    crate::device::cuda::ensure_available()?;
     let err = |what: &str, e: result::DriverError| {
         Error::system(format!(
             "CUDA {what} failed in a device-to-device receive: {e} (is the device's context \
@@ -663,5 +665,25 @@ mod tests {
         let e = unsafe { b.recv_device(0, 4, 0xdead_0000, 8, soon()) }.unwrap_err();
         assert!(e.message().contains("expected device memory"), "{e}");
         assert_eq!(op.wait(soon()).unwrap_err().kind(), ErrorKind::Remote);
+    }
+
+    /// Without libcuda a device-to-device receive is an error naming the driver, not a
+    /// panic inside cudarc (on a machine with a driver, the check does not apply).
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn a_device_receive_without_libcuda_is_an_error() {
+        if crate::device::cuda::ensure_available().is_ok() {
+            println!("skipped: a CUDA driver is present");
+            return;
+        }
+        let w = ThreadWorld::new(2).with_device_direct(true);
+        let (a, b) = (w.transport(0).unwrap(), w.transport(1).unwrap());
+        // SAFETY: the fake addresses are never dereferenced: the driver check fails first.
+        let op = unsafe { a.isend_device(1, 5, 0xdead_0000, 8) }.unwrap();
+        // SAFETY: as above.
+        let e = unsafe { b.recv_device(0, 5, 0xbeef_0000, 8, soon()) }.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::System, "{e}");
+        assert!(e.message().contains("libcuda"), "{e}");
+        drop(op);
     }
 }

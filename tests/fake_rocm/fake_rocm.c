@@ -1,7 +1,7 @@
 /* A stand-in for libamdhip64 + libhiprtc + librccl that executes on the CPU, for testing
  * PCCL's ROCm path without an AMD GPU (see docs/DEVICE.md). Device memory is host memory,
- * every stream operation runs at once (so streams and events are always complete), and
- * hipModuleLaunchKernel dispatches by kernel name to C versions of csrc/reduce.cu and
+ * every stream runs its operations in order on a thread of its own (so the host really runs
+ * ahead of the "device"), and hipModuleLaunchKernel dispatches by kernel name to C versions of csrc/reduce.cu and
  * csrc/transpose.cu with the arithmetic of PCCL's host kernels. RCCL runs worlds of thread
  * ranks of this process (see the RCCL section).
  *
@@ -45,30 +45,243 @@ E hipDeviceGetUuid(unsigned char* u, int d) {
     for (int i = 0; i < 16; i++) u[i] = (unsigned char)(0xA0 + i * 7 + d * 31);
     return 0;
 }
-E hipStreamCreate(void** s) { *s = malloc(sizeof(int)); **(int**)s = current; return 0; }
-E hipStreamGetDevice(void* s, int* d) { if (!s) return 1; *d = *(int*)s; return 0; }
-E hipStreamDestroy(void* s) { free(s); return 0; }
-E hipStreamSynchronize(void* s) { return 0; }
-E hipStreamWaitEvent(void* s, void* e, unsigned f) { return f == 0 ? 0 : 1; }
-E hipMalloc(void** p, size_t n) { *p = aligned_alloc(256, (n + 255) / 256 * 256); return *p ? 0 : 2; }
-E hipFree(void* p) { free(p); return 0; }
-E hipHostMalloc(void** p, size_t n, unsigned f) { *p = aligned_alloc(64, (n + 63) / 64 * 64); return *p ? 0 : 2; }
-E hipHostFree(void* p) { free(p); return 0; }
-E hipMemcpyAsync(void* d, const void* s, size_t n, int k, void* st) {
-    if (k < 1 || k > 3) return 1;
-    memmove(d, s, n);
+/* ---- streams: each runs its operations in order on a worker thread of its own ------------
+ * so that work queued on a stream really runs later than the call that queued it (the null
+ * stream runs it at once). An operation that fails keeps its error on the stream, returned by
+ * the next hipStreamSynchronize. Events complete when the stream reaches their record;
+ * hipStreamWaitEvent and hipStreamWaitValue32 hold a stream until an event completes or a
+ * host-written counter reaches a value. FAKE_HIP_NO_WAIT_VALUE=1: hipStreamWaitValue32 is
+ * unsupported (hipErrorNotSupported, 801), as on devices without stream memory operations. */
+#include <pthread.h>
+#include <time.h>
+typedef struct Op { int (*run)(void*); void* arg; struct Op* next; } Op;
+typedef struct Stream {
+    int dev, err, quit;
+    long queued, done;
+    Op *head, *tail;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct Stream* next_all; /* every stream ever made (never freed: see hipStreamDestroy) */
+} Stream;
+static pthread_mutex_t streams_mu = PTHREAD_MUTEX_INITIALIZER;
+static Stream* all_streams;
+
+static void* stream_worker(void* p) {
+    Stream* s = p;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->head && !s->quit) pthread_cond_wait(&s->cv, &s->mu);
+        if (!s->head) break;
+        Op* o = s->head;
+        s->head = o->next;
+        if (!s->head) s->tail = 0;
+        pthread_mutex_unlock(&s->mu);
+        int r = o->run(o->arg);
+        free(o->arg);
+        free(o);
+        pthread_mutex_lock(&s->mu);
+        if (r && !s->err) s->err = r;
+        s->done++;
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
     return 0;
 }
-E hipMemsetAsync(void* d, int v, size_t n, void* st) { memset(d, v, n); return 0; }
+
+/* Queues run(arg) on stream st (arg is malloc'd and freed after the run); on the null stream
+ * it runs at once and its error is returned. */
+static E enqueue(void* st, int (*run)(void*), void* arg) {
+    if (!st) { int r = run(arg); free(arg); return r; }
+    Stream* s = st;
+    Op* o = malloc(sizeof *o);
+    o->run = run; o->arg = arg; o->next = 0;
+    pthread_mutex_lock(&s->mu);
+    if (s->tail) s->tail->next = o; else s->head = o;
+    s->tail = o;
+    s->queued++;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+static void nap(void) { struct timespec t = {0, 20000}; nanosleep(&t, 0); }
+
+E hipStreamCreate(void** out) {
+    Stream* s = calloc(1, sizeof *s);
+    s->dev = current;
+    pthread_mutex_init(&s->mu, 0);
+    pthread_cond_init(&s->cv, 0);
+    pthread_t th;
+    if (pthread_create(&th, 0, stream_worker, s)) { free(s); return 2; }
+    pthread_detach(th);
+    pthread_mutex_lock(&streams_mu);
+    s->next_all = all_streams;
+    all_streams = s;
+    pthread_mutex_unlock(&streams_mu);
+    *out = s;
+    return 0;
+}
+E hipStreamGetDevice(void* s, int* d) { if (!s) return 1; *d = ((Stream*)s)->dev; return 0; }
+/* Returns at once; the worker ends once the stream's queued work has run (as HIP does). The
+ * Stream itself is kept (a few bytes) so that device-wide synchronisation can walk every
+ * stream without locking against their ends. */
+E hipStreamDestroy(void* st) {
+    Stream* s = st;
+    if (!s) return 1;
+    pthread_mutex_lock(&s->mu);
+    s->quit = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+E hipStreamSynchronize(void* st) {
+    Stream* s = st;
+    if (!s) return 0;
+    pthread_mutex_lock(&s->mu);
+    long want = s->queued;
+    while (s->done < want) pthread_cond_wait(&s->cv, &s->mu);
+    int r = s->err;
+    pthread_mutex_unlock(&s->mu);
+    return r;
+}
+
+typedef struct { long recorded, done; int refs; pthread_mutex_t mu; pthread_cond_t cv; } Event;
+static void event_unref(Event* e) {
+    pthread_mutex_lock(&e->mu);
+    int last = --e->refs == 0;
+    pthread_mutex_unlock(&e->mu);
+    if (last) { pthread_mutex_destroy(&e->mu); pthread_cond_destroy(&e->cv); free(e); }
+}
+E hipEventCreate(void** out) {
+    Event* e = calloc(1, sizeof *e);
+    e->refs = 1;
+    pthread_mutex_init(&e->mu, 0);
+    pthread_cond_init(&e->cv, 0);
+    *out = e;
+    return 0;
+}
+E hipEventDestroy(void* e) { if (e) event_unref(e); return 0; }
+typedef struct { Event* e; long t; } EvArg;
+static int event_fire(void* p) {
+    EvArg* a = p;
+    pthread_mutex_lock(&a->e->mu);
+    if (a->t > a->e->done) a->e->done = a->t;
+    pthread_cond_broadcast(&a->e->cv);
+    pthread_mutex_unlock(&a->e->mu);
+    event_unref(a->e);
+    return 0;
+}
+E hipEventRecord(void* ev, void* st) {
+    Event* e = ev;
+    EvArg* a = malloc(sizeof *a);
+    pthread_mutex_lock(&e->mu);
+    a->e = e;
+    a->t = ++e->recorded;
+    e->refs++;
+    pthread_mutex_unlock(&e->mu);
+    return enqueue(st, event_fire, a);
+}
+static void event_wait(Event* e, long t) {
+    pthread_mutex_lock(&e->mu);
+    while (e->done < t) pthread_cond_wait(&e->cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+}
+E hipEventSynchronize(void* ev) {
+    Event* e = ev;
+    pthread_mutex_lock(&e->mu);
+    long t = e->recorded;
+    pthread_mutex_unlock(&e->mu);
+    event_wait(e, t);
+    return 0;
+}
+E hipEventQuery(void* ev) {
+    Event* e = ev;
+    pthread_mutex_lock(&e->mu);
+    int r = e->done >= e->recorded ? 0 : 600;
+    pthread_mutex_unlock(&e->mu);
+    return r;
+}
+static int event_gate(void* p) { EvArg* a = p; event_wait(a->e, a->t); event_unref(a->e); return 0; }
+E hipStreamWaitEvent(void* st, void* ev, unsigned f) {
+    if (f) return 1;
+    Event* e = ev;
+    EvArg* a = malloc(sizeof *a);
+    pthread_mutex_lock(&e->mu);
+    a->e = e;
+    a->t = e->recorded;
+    e->refs++;
+    pthread_mutex_unlock(&e->mu);
+    return enqueue(st, event_gate, a);
+}
+typedef struct { volatile uint32_t* p; uint32_t v, mask; } WaitArg;
+static int value_gate(void* p) {
+    WaitArg* a = p;
+    while ((int32_t)((__atomic_load_n(a->p, __ATOMIC_SEQ_CST) & a->mask) - a->v) < 0) nap();
+    return 0;
+}
+/* hipStreamWaitValueGte (0) only, compared as CUDA's GEQ is: (int32_t)(*p & mask - v) >= 0. */
+E hipStreamWaitValue32(void* st, void* ptr, uint32_t v, unsigned flags, uint32_t mask) {
+    const char* no = getenv("FAKE_HIP_NO_WAIT_VALUE");
+    if (no && *no == '1') return 801;
+    if (!ptr || flags != 0) return 1;
+    WaitArg* a = malloc(sizeof *a);
+    a->p = ptr; a->v = v; a->mask = mask;
+    return enqueue(st, value_gate, a);
+}
+
+/* Waits for every stream of device d (what hipFree and hipHostFree do implicitly in HIP, so
+ * that memory is never freed under queued work). */
+static void sync_device(int d) {
+    pthread_mutex_lock(&streams_mu);
+    Stream* s = all_streams;
+    pthread_mutex_unlock(&streams_mu);
+    for (; s; s = s->next_all)
+        if (s->dev == d) hipStreamSynchronize(s);
+}
+/* Allocations carry their device in a header in front of the returned address. */
+static void* alloc_on(size_t align, size_t n) {
+    char* base = aligned_alloc(align, align + (n + align - 1) / align * align);
+    if (!base) return 0;
+    *(int*)base = current;
+    return base + align;
+}
+static void free_on(void* p, size_t align) {
+    if (!p) return;
+    char* base = (char*)p - align;
+    sync_device(*(int*)base);
+    free(base);
+}
+E hipMalloc(void** p, size_t n) { *p = alloc_on(256, n); return *p ? 0 : 2; }
+E hipFree(void* p) { free_on(p, 256); return 0; }
+/* Flags: hipHostMallocPortable (1), hipHostMallocMapped (2); mapped memory's device address is
+ * its host address. */
+E hipHostMalloc(void** p, size_t n, unsigned f) {
+    if (f & ~3u) return 1;
+    *p = alloc_on(64, n);
+    return *p ? 0 : 2;
+}
+E hipHostGetDevicePointer(void** d, void* h, unsigned f) { if (!h || f) return 1; *d = h; return 0; }
+E hipHostFree(void* p) { free_on(p, 64); return 0; }
+typedef struct { void* d; const void* s; size_t n; int set; } CopyArg;
+static int copy_run(void* p) {
+    CopyArg* a = p;
+    if (a->set >= 0) memset(a->d, a->set, a->n); else memmove(a->d, a->s, a->n);
+    return 0;
+}
+E hipMemcpyAsync(void* d, const void* s, size_t n, int k, void* st) {
+    if (k < 1 || k > 3) return 1;
+    CopyArg* a = malloc(sizeof *a);
+    a->d = d; a->s = s; a->n = n; a->set = -1;
+    return enqueue(st, copy_run, a);
+}
+E hipMemsetAsync(void* d, int v, size_t n, void* st) {
+    CopyArg* a = malloc(sizeof *a);
+    a->d = d; a->s = 0; a->n = n; a->set = v & 0xff;
+    return enqueue(st, copy_run, a);
+}
 E hipModuleLoadData(void** m, const void* img) { *m = (void*)img; return memcmp(img, "CODE", 4) ? 1 : 0; }
 E hipModuleGetFunction(void** f, void* m, const char* name) { *f = strdup(name); return 0; }
 const char* hipGetErrorString(E e) { return e == 719 ? "fake launch failure" : "fake HIP error"; }
-E hipEventCreate(void** e) { *e = malloc(1); return 0; }
-E hipEventRecord(void* e, void* s) { return 0; }
-E hipEventSynchronize(void* e) { return 0; }
-E hipEventQuery(void* e) { return 0; }
 E hipEventElapsedTime(float* ms, void* a, void* b) { *ms = 0.25f; return 0; }
-E hipEventDestroy(void* e) { free(e); return 0; }
 
 /* ---- the kernels, on the CPU ------------------------------------------------------------ */
 
@@ -121,38 +334,77 @@ static int divide(const char* dt, void* dp, uint64_t n, void* divisor) {
     return 98;
 }
 
+/* A kernel launch, its arguments read when it is queued (as HIP copies them). */
+typedef struct {
+    int kind; /* 'r' reduce, 'd' divide, 't' transpose */
+    char dt[8], op;
+    void* d;
+    const void *a, *b;
+    uint64_t n, M, N;
+    size_t blk;
+    unsigned char divisor[8];
+} Launch;
+static int known_dtype(const char* dt) {
+    static const char* all[] = {"i8", "u8", "i32", "u32", "i64", "u64", "f16", "bf16", "f32", "f64"};
+    for (int i = 0; i < 10; i++) if (!strcmp(dt, all[i])) return 1;
+    return 0;
+}
+static int launch_run(void* p) {
+    Launch* l = p;
+    if (l->kind == 'r') return reduce(l->dt, l->op, l->d, l->a, l->b, l->n);
+    if (l->kind == 'd') return divide(l->dt, l->d, l->n, l->divisor);
+    const char* s = l->a; char* d = l->d;
+    for (uint64_t i = 0; i < l->M; i++)
+        for (uint64_t j = 0; j < l->N; j++) memcpy(d + (j * l->M + i) * l->blk, s + (i * l->N + j) * l->blk, l->blk);
+    return 0;
+}
+
+/* Test hooks (called through dlsym by tests/rocm_fake.rs): from now on every kernel launch
+ * fails; from now on rank r's RCCL collectives fail (as FAKE_RCCL_FAIL_RANK). */
+static int fail_launches, fail_rank = -1;
+void fake_hip_fail_launches_from_now(void) { __atomic_store_n(&fail_launches, 1, __ATOMIC_SEQ_CST); }
+void fake_rccl_fail_rank_from_now(int r) { __atomic_store_n(&fail_rank, r, __ATOMIC_SEQ_CST); }
+
 E hipModuleLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                         unsigned bz, unsigned smem, void* st, void** a, void** extra) {
     const char* k = (const char*)f;
     const char* fail = getenv("FAKE_HIP_FAIL_LAUNCH_AFTER");
     long seen = __atomic_add_fetch(&launches, 1, __ATOMIC_SEQ_CST);
-    if (fail && *fail && seen > atol(fail)) return 719;
+    if ((fail && *fail && seen > atol(fail)) || __atomic_load_n(&fail_launches, __ATOMIC_SEQ_CST)) return 719;
     if (gx == 0 || bx == 0 || bx > 1024 || extra) return 1;
+    Launch l;
+    memset(&l, 0, sizeof l);
     if (!strncmp(k, "pccl_reduce_", 12)) {
-        char dt[8] = {0};
         const char* us = strchr(k + 12, '_');
         if (!us || us - (k + 12) >= 8) return 98;
-        memcpy(dt, k + 12, us - (k + 12));
-        char op = !strcmp(us + 1, "sum") ? 's' : !strcmp(us + 1, "prod") ? 'p'
-                : !strcmp(us + 1, "min") ? 'n' : !strcmp(us + 1, "max") ? 'x' : 0;
-        if (!op) return 98;
-        return reduce(dt, op, *(void**)a[0], *(void**)a[1], *(void**)a[2], *(uint64_t*)a[3]);
-    }
-    if (!strncmp(k, "pccl_divide_", 12))
-        return divide(k + 12, *(void**)a[0], *(uint64_t*)a[1], a[3]);
-    if (!strncmp(k, "pccl_transpose_", 15)) {
+        memcpy(l.dt, k + 12, us - (k + 12));
+        l.op = !strcmp(us + 1, "sum") ? 's' : !strcmp(us + 1, "prod") ? 'p'
+             : !strcmp(us + 1, "min") ? 'n' : !strcmp(us + 1, "max") ? 'x' : 0;
+        if (!l.op || !known_dtype(l.dt)) return 98;
+        l.kind = 'r';
+        l.d = *(void**)a[0]; l.a = *(void**)a[1]; l.b = *(void**)a[2]; l.n = *(uint64_t*)a[3];
+    } else if (!strncmp(k, "pccl_divide_", 12)) {
+        if (strlen(k + 12) >= 8) return 98;
+        strcpy(l.dt, k + 12);
+        if (strcmp(l.dt, "f16") && strcmp(l.dt, "bf16") && strcmp(l.dt, "f32") && strcmp(l.dt, "f64")) return 98;
+        l.kind = 'd';
+        l.d = *(void**)a[0]; l.n = *(uint64_t*)a[1];
+        memcpy(l.divisor, a[3], strcmp(l.dt, "f64") ? 4 : 8);
+    } else if (!strncmp(k, "pccl_transpose_", 15)) {
         int tile = k[15] == 't';
         size_t u = (size_t)atoi(strrchr(k, '_') + 1);
-        const char* s = *(const char**)a[0]; char* d = *(char**)a[1];
-        uint64_t M = *(uint64_t*)a[2], N = *(uint64_t*)a[3];
+        l.kind = 't';
+        l.a = *(const char**)a[0]; l.d = *(char**)a[1];
+        l.M = *(uint64_t*)a[2]; l.N = *(uint64_t*)a[3];
         uint64_t kk = tile ? *(uint32_t*)a[4] : *(uint64_t*)a[4];
         if (tile && (*(uint32_t*)a[5] == 0 || *(uint32_t*)a[6] == 0 || smem == 0)) return 1;
-        size_t b = kk * u;
-        for (uint64_t i = 0; i < M; i++)
-            for (uint64_t j = 0; j < N; j++) memcpy(d + (j * M + i) * b, s + (i * N + j) * b, b);
-        return 0;
+        l.blk = kk * u;
+    } else {
+        return 98;
     }
-    return 98;
+    Launch* q = malloc(sizeof *q);
+    *q = l;
+    return enqueue(st, launch_run, q);
 }
 
 /* ---- hipRTC: "compiles" to a marker the module loader accepts --------------------------- */
@@ -176,14 +428,14 @@ const char* hiprtcGetErrorString(E e) { return "fake hipRTC error"; }
 
 /* ---- RCCL: worlds of thread ranks in this process ------------------------------------------
  * ncclCommInitRank joins the world named by the unique id (made on first join, freed when its
- * last communicator is destroyed) and waits until all its ranks joined. A collective is
- * blocking: every rank posts its send buffer, waits at a barrier, computes its own result from
- * the posted buffers into a temporary, waits until every rank has read, then writes it out
- * (so in-place calls are safe). FAKE_RCCL_FAIL_RANK=r makes rank r's collectives fail
- * (ncclSystemError) and breaks the world: the other ranks' calls return ncclRemoteError
- * instead of waiting. A barrier gives up after FAKE_RCCL_TIMEOUT_S (default 60) seconds. */
-#include <pthread.h>
-#include <time.h>
+ * last communicator and queued collective is gone) and waits until all its ranks joined. A
+ * collective is queued on its stream, where every rank posts its send buffer, waits at a
+ * barrier, computes its own result from the posted buffers into a temporary, waits until every
+ * rank has read, then writes it out (so in-place calls are safe). FAKE_RCCL_FAIL_RANK=r makes
+ * rank r's collectives fail at the call (ncclSystemError) and breaks the world: the other
+ * ranks' queued collectives give up and ncclCommGetAsyncError reports ncclRemoteError. A
+ * barrier gives up after FAKE_RCCL_TIMEOUT_S (default 60) seconds; ncclCommAbort breaks the
+ * world, so a collective stuck waiting for a peer ends. */
 #define MAX_RANKS 64
 typedef struct { char internal[128]; } Id;
 typedef struct World {
@@ -260,11 +512,9 @@ E ncclCommInitRank(void** c, int n, Id id, int r) {
     *c = cm;
     return barrier(w);
 }
-static E leave(void* c) {
-    Comm* cm = c;
-    World* w = cm->w;
+/* Drops one reference to a world (a communicator or a queued collective holds one). */
+static void world_unref(World* w) {
     pthread_mutex_lock(&worlds_mu);
-    w->taken[cm->rank] = 0;
     if (--w->refs == 0) {
         World** p = &worlds;
         while (*p != w) p = &(*p)->next;
@@ -274,53 +524,86 @@ static E leave(void* c) {
         free(w);
     }
     pthread_mutex_unlock(&worlds_mu);
+}
+static void world_break(World* w) {
+    pthread_mutex_lock(&w->mu);
+    w->broken = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+static E leave(void* c, int abort) {
+    Comm* cm = c;
+    World* w = cm->w;
+    if (abort) world_break(w); /* collectives still queued or waiting give up */
+    pthread_mutex_lock(&worlds_mu);
+    w->taken[cm->rank] = 0;
+    pthread_mutex_unlock(&worlds_mu);
+    world_unref(w);
     free(cm);
     return 0;
 }
-E ncclCommDestroy(void* c) { return leave(c); }
-E ncclCommAbort(void* c) { return leave(c); }
+E ncclCommDestroy(void* c) { return leave(c, 0); }
+E ncclCommAbort(void* c) { return leave(c, 1); }
 E ncclCommGetAsyncError(void* c, E* r) { *r = ((Comm*)c)->w->broken ? 6 : 0; return 0; }
 
 enum { AG, RS, AR, BC };
-static E collective(int kind, const void* s, void* d, size_t n, int t, int op, int root, void* c) {
+typedef struct { int kind; const void* s; void* d; size_t n; int t, op, root; World* w; int me; } Coll;
+static int run_collective(void* p) {
+    Coll* a = p;
+    World* w = a->w;
+    int N = w->n, me = a->me, t = a->t, kind = a->kind;
+    size_t n = a->n, es = esz[t], out = (kind == AG ? n * N : n) * es;
+    w->send[me] = a->s;
+    E r = barrier(w);
+    if (!r) {
+        char* tmp = malloc(out ? out : 1);
+        char opc = a->op == 1 ? 'p' : a->op == 2 ? 'x' : a->op == 3 ? 'n' : 's';
+        if (kind == AG)
+            for (int q = 0; q < N; q++) memcpy(tmp + q * n * es, w->send[q], n * es);
+        else if (kind == BC)
+            memcpy(tmp, w->send[a->root], out);
+        else {
+            size_t off = kind == RS ? me * n * es : 0;
+            memcpy(tmp, (const char*)w->send[0] + off, out);
+            for (int q = 1; q < N && !r; q++) r = reduce(dtn[t], opc, tmp, tmp, (const char*)w->send[q] + off, n);
+            if (!r && a->op == 4) {
+                double dd = N; float df = (float)N;
+                r = divide(dtn[t], tmp, n, t == 8 ? (void*)&dd : (void*)&df);
+            }
+            if (r) r = 4;
+        }
+        E b = barrier(w);
+        if (!r && !b) memcpy(a->d, tmp, out);
+        free(tmp);
+        if (!r) r = b;
+    }
+    /* As NCCL's: a failure leaves the stream alone and shows in every rank's
+     * ncclCommGetAsyncError. */
+    if (r) world_break(w);
+    world_unref(w);
+    return 0;
+}
+/* Checks the arguments, then queues the collective on stream st (runs it at once on the null
+ * stream: then its error is returned). */
+static E collective(int kind, const void* s, void* d, size_t n, int t, int op, int root, void* c, void* st) {
     Comm* cm = c;
     World* w = cm->w;
     int N = w->n, me = cm->rank;
     if (t < 0 || t > 9 || op < 0 || op > 4 || (kind == BC && (root < 0 || root >= N))) return 4;
     if (op == 4 && t < 6) return 5; /* the fake averages floating-point types only */
     const char* fail = getenv("FAKE_RCCL_FAIL_RANK");
-    if (fail && *fail && atoi(fail) == me) {
-        pthread_mutex_lock(&w->mu);
-        w->broken = 1;
-        pthread_cond_broadcast(&w->cv);
-        pthread_mutex_unlock(&w->mu);
+    if ((fail && *fail && atoi(fail) == me) || __atomic_load_n(&fail_rank, __ATOMIC_SEQ_CST) == me) {
+        world_break(w);
         return 2;
     }
-    size_t es = esz[t], out = (kind == AG ? n * N : n) * es;
-    w->send[me] = s;
-    E r = barrier(w);
-    if (r) return r;
-    char* tmp = malloc(out ? out : 1);
-    char opc = op == 1 ? 'p' : op == 2 ? 'x' : op == 3 ? 'n' : 's';
-    if (kind == AG)
-        for (int q = 0; q < N; q++) memcpy(tmp + q * n * es, w->send[q], n * es);
-    else if (kind == BC)
-        memcpy(tmp, w->send[root], out);
-    else {
-        size_t off = kind == RS ? me * n * es : 0;
-        memcpy(tmp, (const char*)w->send[0] + off, out);
-        for (int q = 1; q < N && !r; q++) r = reduce(dtn[t], opc, tmp, tmp, (const char*)w->send[q] + off, n);
-        if (!r && op == 4) {
-            double dd = N; float df = (float)N;
-            r = divide(dtn[t], tmp, n, t == 8 ? (void*)&dd : (void*)&df);
-        }
-    }
-    E b = barrier(w);
-    if (!r && !b) memcpy(d, tmp, out);
-    free(tmp);
-    return r ? 4 : b;
+    Coll* a = malloc(sizeof *a);
+    *a = (Coll){kind, s, d, n, t, op, root, w, me};
+    pthread_mutex_lock(&worlds_mu);
+    w->refs++;
+    pthread_mutex_unlock(&worlds_mu);
+    return enqueue(st, run_collective, a);
 }
-E ncclAllGather(const void* s, void* d, size_t n, int t, void* c, void* st) { return collective(AG, s, d, n, t, 0, 0, c); }
-E ncclReduceScatter(const void* s, void* d, size_t n, int t, int op, void* c, void* st) { return collective(RS, s, d, n, t, op, 0, c); }
-E ncclAllReduce(const void* s, void* d, size_t n, int t, int op, void* c, void* st) { return collective(AR, s, d, n, t, op, 0, c); }
-E ncclBroadcast(const void* s, void* d, size_t n, int t, int root, void* c, void* st) { return collective(BC, s, d, n, t, 0, root, c); }
+E ncclAllGather(const void* s, void* d, size_t n, int t, void* c, void* st) { return collective(AG, s, d, n, t, 0, 0, c, st); }
+E ncclReduceScatter(const void* s, void* d, size_t n, int t, int op, void* c, void* st) { return collective(RS, s, d, n, t, op, 0, c, st); }
+E ncclAllReduce(const void* s, void* d, size_t n, int t, int op, void* c, void* st) { return collective(AR, s, d, n, t, op, 0, c, st); }
+E ncclBroadcast(const void* s, void* d, size_t n, int t, int root, void* c, void* st) { return collective(BC, s, d, n, t, 0, root, c, st); }

@@ -52,6 +52,11 @@ pcclMax = 2
 pcclMin = 3
 pcclAvg = 4
 
+# Device runtimes of the streams given to device calls (pcclCommSetDeviceRuntime).
+pcclRuntimeAuto = 0
+pcclRuntimeCuda = 1
+pcclRuntimeHip = 2
+
 UNIQUE_ID_BYTES = 128
 
 
@@ -99,6 +104,7 @@ _SIGNATURES = {
     "pcclCommSplit": [_comm_t, _int, _int, ctypes.POINTER(_comm_t)],
     "pcclCommSetTimeout": [_comm_t, ctypes.c_uint64],
     "pcclCommGetTimeout": [_comm_t, ctypes.POINTER(ctypes.c_uint64)],
+    "pcclCommSetDeviceRuntime": [_comm_t, _int],
     "pcclAllGather": [_vp, _vp, _sz, _int, _comm_t, _vp],
     "pcclReduceScatter": [_vp, _vp, _sz, _int, _int, _comm_t, _vp],
     "pcclAllReduce": [_vp, _vp, _sz, _int, _int, _comm_t, _vp],
@@ -264,6 +270,7 @@ class Communicator:
     def __init__(self, handle: int, timeout_s=None):
         self.handle = ctypes.c_void_p(handle)
         self.timeout_s = timeout_s  # PCCL_TIMEOUT the communicator was made with (None: its own)
+        self.device_runtime = None  # the runtime told by set_device_runtime, if any
         n = _int(0)
         r = _int(0)
         check("pcclCommCount", lib().pcclCommCount(self.handle, ctypes.byref(n)), self.handle)
@@ -308,6 +315,20 @@ class Communicator:
         ms = max(1, int(round(float(seconds) * 1000)))
         check("pcclCommSetTimeout", lib().pcclCommSetTimeout(self.handle, ms), self.handle)
         self.timeout_s = ms / 1000
+
+    def set_device_runtime(self, runtime: int) -> None:
+        """``pcclCommSetDeviceRuntime``: the streams of this communicator's device calls are
+        CUDA (``pcclRuntimeCuda``) or HIP (``pcclRuntimeHip``) streams. An error when the
+        library was built without that runtime, or is too old to be told (then only CUDA,
+        the default, is possible)."""
+        if not has("pcclCommSetDeviceRuntime"):
+            if runtime == pcclRuntimeHip:
+                raise RuntimeError(
+                    f"pccl: libpccl at {library_path()} has no pcclCommSetDeviceRuntime: "
+                    "rebuild it (with --features rocm) to run collectives on HIP tensors")
+            return
+        check("pcclCommSetDeviceRuntime",
+              lib().pcclCommSetDeviceRuntime(self.handle, int(runtime)), self.handle)
 
     def get_timeout(self):
         """The communicator's timeout in seconds (None for a libpccl without

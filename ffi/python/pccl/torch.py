@@ -21,7 +21,9 @@ queued on the tensors' current CUDA stream through the C ABI's stream argument (
 nccl backend orders its work): the call returns at once, and later work on that stream runs
 after the collective; the returned work is complete from the host's point of view (wait on
 the stream, e.g. ``torch.cuda.synchronize()``, before reading results on the host). All
-tensors of one call must be on one device.
+tensors of one call must be on one device. On torch's ROCm build (``torch.version.hip`` set;
+HIP tensors are called "cuda") the stream is a HIP stream, and the backend says so to the
+library (``pcclCommSetDeviceRuntime``; needs a libpccl built with ``--features rocm``).
 """
 
 from __future__ import annotations
@@ -114,11 +116,28 @@ class _Done:
 _DONE = _Done()
 
 
+def _device_runtime() -> int:
+    """The runtime of torch's "cuda" tensors: HIP on torch's ROCm build (``torch.version.hip``
+    set; its HIP tensors are called "cuda"), CUDA otherwise."""
+    return _lib.pcclRuntimeHip if getattr(torch.version, "hip", None) else _lib.pcclRuntimeCuda
+
+
 def _stream_of(dev: torch.device) -> int:
-    """The cudaStream_t of torch's current stream on ``dev``; the legacy default stream
-    (handle 0, which the C ABI reads as "host memory") is passed as cudaStreamLegacy (1)."""
+    """The cudaStream_t (hipStream_t on ROCm) of torch's current stream on ``dev``; the
+    legacy default stream (handle 0, which the C ABI reads as "host memory") is passed as
+    cudaStreamLegacy (1)."""
     s = torch.cuda.current_stream(dev).cuda_stream
     return s if s else 1
+
+
+def _is_device(dev: torch.device) -> bool:
+    """Whether tensors on ``dev`` are GPU memory (CUDA, or HIP on torch's ROCm build)."""
+    return dev.type != "cpu"
+
+
+def _device_context(dev: torch.device):
+    """Makes ``dev`` torch's current device for the call."""
+    return torch.cuda.device(dev)
 
 
 def _ptr(t: torch.Tensor) -> int:
@@ -769,12 +788,18 @@ class PcclBackend(_BASE):
         order is the same)."""
         self._flush_p2p()  # queued sends/receives go first
         comm = self._live()
-        if dev.type == "cpu":
+        if not _is_device(dev):
             if sync:
                 getattr(comm, name)(*args, None)  # stream NULL: host memory, blocking
                 return _DONE
             return getattr(comm, "i" + name)(*args)
-        with torch.cuda.device(dev):
+        runtime = _device_runtime()
+        if getattr(comm, "device_runtime", None) != runtime:
+            # Told once per communicator: the C ABI then reads the stream as a HIP or CUDA
+            # stream (a ROCm machine has no libcuda to ask).
+            comm.set_device_runtime(runtime)
+            comm.device_runtime = runtime
+        with _device_context(dev):
             getattr(comm, name)(*args, _stream_of(dev))
         return _DONE
 

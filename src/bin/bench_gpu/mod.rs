@@ -323,7 +323,9 @@ pub fn run_size<T: Element, D: BenchDevice>(
                     }
                     RawCollective::Broadcast(_) => Ok(()),
                 }?;
-                dev.synchronize()
+                dev.synchronize()?;
+                // A failure of a peer's call shows only here (the calls are queued).
+                c.async_error()
             };
             let t = time(&vendor_once)?;
             wrong += check(&vendor_once)?;
@@ -345,6 +347,11 @@ pub fn run_size<T: Element, D: BenchDevice>(
             wrong,
         },
     )?;
+    // What ran: the vendor level (and the inter-node algorithm) when it did, not the host
+    // plan's algorithm.
+    if let Some(name) = comm.device_level_name::<T, D>(raw, count) {
+        row.algo = name;
+    }
     if let Some(v) = vendor_mine {
         let mut sum = [0f64];
         comm.all_reduce(&[v / p as f64], &mut sum, ReduceOp::Sum)?;

@@ -1,6 +1,7 @@
 //! The stream gate: streams waiting on a host-released counter ([`StreamGate`]).
 
 use super::*;
+pub use crate::device::api::GateReleaser;
 
 /// A counter in mapped, page-locked host memory that streams wait on: work queued after
 /// [`StreamGate::hold`] on a stream runs only once the host has [`StreamGate::release`]d that
@@ -71,7 +72,9 @@ impl StreamGate {
 
     /// A handle that releases tickets of this gate from another thread.
     pub fn releaser(&self) -> GateReleaser {
-        GateReleaser { host: self.host }
+        // SAFETY: `host` is the gate's counter, freed only when the gate drops (after its
+        // owner drained every ticket).
+        unsafe { GateReleaser::new(self.host) }
     }
 }
 
@@ -80,24 +83,5 @@ impl Drop for StreamGate {
         // SAFETY: allocated by cuMemHostAlloc in `new`, freed once. Streams still waiting on
         // it must have been released first (the owner drains its queue before dropping).
         let _ = unsafe { cudarc::driver::result::free_host(self.host.cast()) };
-    }
-}
-
-/// Releases tickets of a [`StreamGate`]; valid while the gate lives.
-#[derive(Clone, Copy)]
-pub struct GateReleaser {
-    host: *mut u32,
-}
-
-// SAFETY: see StreamGate; the owner keeps the gate alive until every releaser ran.
-unsafe impl Send for GateReleaser {}
-
-impl GateReleaser {
-    /// Lets the streams waiting for `ticket` (and earlier ones) go on.
-    pub fn release(&self, ticket: u32) {
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        // SAFETY: the gate (and its counter) outlives every releaser (see above).
-        unsafe { self.host.write_volatile(ticket) };
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
     }
 }

@@ -1,8 +1,8 @@
 //! [`CudaDevice`] as a [`Device`]: cudarc streams, events, page-locked memory and the NVRTC
 //! kernels on [`DevSpan`]s.
 
-use super::{CudaDevice, PinnedBuffer};
-use crate::device::api::{check_device, DevSpan, Device, PinnedHost};
+use super::{CudaDevice, PinnedBuffer, StreamGate};
+use crate::device::api::{check_device, DevSpan, Device, GateReleaser, PinnedHost};
 use crate::device::nccl_abi::{self, NcclApi};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
@@ -40,6 +40,7 @@ impl Device for CudaDevice {
     type Event = CudaEvent;
     type Pinned = PinnedBuffer;
     type Memory = CudaSlice<u8>;
+    type Gate = StreamGate;
     const VENDOR: &'static str = "CUDA";
     const TRANSPORT_MOVES: bool = true;
 
@@ -66,6 +67,22 @@ impl Device for CudaDevice {
 
     fn collectives() -> Result<&'static NcclApi> {
         nccl_abi::nccl()
+    }
+
+    fn open_own(&self) -> Result<CudaDevice> {
+        CudaDevice::open(self.ordinal())
+    }
+
+    fn new_gate(&self) -> Result<StreamGate> {
+        StreamGate::new(self)
+    }
+
+    fn gate_hold(&self, gate: &mut StreamGate) -> Result<u32> {
+        gate.hold(self.stream())
+    }
+
+    fn gate_releaser(gate: &StreamGate) -> GateReleaser {
+        gate.releaser()
     }
 
     fn alloc_zeroed(&self, bytes: usize) -> Result<CudaSlice<u8>> {

@@ -6,6 +6,8 @@ pub struct HipDevice {
     pub(super) shared: Arc<DeviceShared>,
     pub(super) stream: HipStream,
     pub(super) shape: LaunchShape,
+    /// Whether `stream` belongs to the caller ([`HipDevice::with_stream`]): not destroyed.
+    pub(super) borrowed: bool,
 }
 
 // SAFETY: the stream handle is owned by this value and HIP streams may be used from any
@@ -17,6 +19,9 @@ unsafe impl Sync for HipDevice {}
 
 impl Drop for HipDevice {
     fn drop(&mut self) {
+        if self.borrowed {
+            return;
+        }
         let api = self.shared.api;
         // SAFETY: the stream was created on this device by this handle and is destroyed only
         // here; HIP releases it once the work queued on it has finished.
@@ -66,6 +71,22 @@ impl HipDevice {
             shared,
             stream,
             shape: LaunchShape::default(),
+            borrowed: false,
+        })
+    }
+
+    /// A handle of device `ordinal` whose operations are ordered on a caller's `stream`
+    /// (not destroyed when the handle drops).
+    ///
+    /// # Safety
+    /// `stream` must be a valid HIP stream of device `ordinal` that outlives the handle.
+    pub unsafe fn with_stream(ordinal: usize, stream: *mut c_void) -> Result<HipDevice> {
+        let shared = shared_for(ordinal)?;
+        Ok(HipDevice {
+            shared,
+            stream,
+            shape: LaunchShape::default(),
+            borrowed: true,
         })
     }
 

@@ -2,7 +2,7 @@
 //! kernels on [`DevSpan`]s.
 
 use super::*;
-use crate::device::api::{check_device, DevSpan, Device, PinnedHost};
+use crate::device::api::{check_device, DevSpan, Device, GateReleaser, PinnedHost};
 use crate::device::nccl_abi::{self, NcclApi};
 
 impl HipDevice {
@@ -119,6 +119,7 @@ impl Device for HipDevice {
     type Event = HipOwnedEvent;
     type Pinned = HipPinned;
     type Memory = HipBuffer;
+    type Gate = HipGate;
     const VENDOR: &'static str = "HIP";
     const TRANSPORT_MOVES: bool = false;
 
@@ -160,6 +161,25 @@ impl Device for HipDevice {
 
     fn collectives() -> Result<&'static NcclApi> {
         nccl_abi::rccl()
+    }
+
+    fn open_own(&self) -> Result<HipDevice> {
+        HipDevice::open(self.ordinal())
+    }
+
+    fn new_gate(&self) -> Result<HipGate> {
+        HipGate::new(self)
+    }
+
+    fn gate_hold(&self, gate: &mut HipGate) -> Result<u32> {
+        self.bind()?;
+        // SAFETY: the handle's stream is a valid stream of the gate's device (gates are kept
+        // per device ordinal).
+        unsafe { gate.hold(self.stream) }
+    }
+
+    fn gate_releaser(gate: &HipGate) -> GateReleaser {
+        gate.releaser()
     }
 
     fn alloc_zeroed(&self, bytes: usize) -> Result<HipBuffer> {

@@ -34,6 +34,7 @@
 mod buffer;
 mod check;
 mod device;
+mod gate;
 mod gpu;
 mod rtc;
 mod shared;
@@ -51,6 +52,7 @@ pub use super::nccl_abi::{
 pub use buffer::HipBuffer;
 pub(crate) use check::*;
 pub use device::HipDevice;
+pub use gate::HipGate;
 pub use gpu::{HipOwnedEvent, HipOwnedStream, HipPinned};
 pub use rtc::*;
 pub use shared::device_count;

@@ -39,6 +39,12 @@ pub const HIP_ATTR_MAX_SHARED_MEMORY_PER_BLOCK: HipDeviceAttribute = 74;
 pub const HIP_ATTR_WARP_SIZE: HipDeviceAttribute = 87;
 /// `hiprtcResult` (0 is `HIPRTC_SUCCESS`).
 pub type HiprtcResult = c_int;
+/// `hipHostMallocPortable`: page-locked memory usable from every device.
+pub const HIP_HOST_MALLOC_PORTABLE: c_uint = 0x1;
+/// `hipHostMallocMapped`: page-locked memory mapped into the devices' address space.
+pub const HIP_HOST_MALLOC_MAPPED: c_uint = 0x2;
+/// `hipStreamWaitValueGte`: wait until `(int32_t)(*ptr & mask - value) >= 0`.
+pub const HIP_STREAM_WAIT_VALUE_GTE: c_uint = 0x0;
 /// `hipErrorNotReady`: an event or stream query found work still running.
 pub const HIP_ERROR_NOT_READY: HipError = 600;
 /// `HIPRTC_SUCCESS`.
@@ -140,6 +146,13 @@ pub struct HipApi {
     pub hipDeviceGetUuid: Option<unsafe extern "C" fn(*mut [u8; 16], HipDeviceId) -> HipError>,
     /// `hipStreamGetDevice(hipStream_t, hipDevice_t*)` (ROCm 5.x and newer), where present.
     pub hipStreamGetDevice: Option<unsafe extern "C" fn(HipStream, *mut HipDeviceId) -> HipError>,
+    /// `hipStreamWaitValue32(hipStream_t, void* ptr, uint32_t value, unsigned flags,
+    /// uint32_t mask)`, where present (the stream gate).
+    pub hipStreamWaitValue32:
+        Option<unsafe extern "C" fn(HipStream, *mut c_void, u32, c_uint, u32) -> HipError>,
+    /// `hipHostGetDevicePointer(void** devPtr, void* hostPtr, unsigned flags)`, where present.
+    pub hipHostGetDevicePointer:
+        Option<unsafe extern "C" fn(*mut *mut c_void, *mut c_void, c_uint) -> HipError>,
     lib: Library,
 }
 
@@ -195,6 +208,10 @@ impl HipApi {
             hipDeviceGetUuid: unsafe { optional_symbol(&lib, "hipDeviceGetUuid") },
             // SAFETY: as for `sym!`.
             hipStreamGetDevice: unsafe { optional_symbol(&lib, "hipStreamGetDevice") },
+            // SAFETY: as for `sym!`.
+            hipStreamWaitValue32: unsafe { optional_symbol(&lib, "hipStreamWaitValue32") },
+            // SAFETY: as for `sym!`.
+            hipHostGetDevicePointer: unsafe { optional_symbol(&lib, "hipHostGetDevicePointer") },
             path,
             lib,
         })

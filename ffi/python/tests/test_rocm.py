@@ -1,0 +1,97 @@
+"""The torch backend on ROCm: torch's ROCm build calls HIP tensors "cuda" and sets
+``torch.version.hip``; the backend must then hand the library HIP streams (not load libcuda).
+Without AMD hardware: the fake ROCm runtime (tests/fake_rocm/fake_rocm.c, built here with cc)
+stands in for libamdhip64/RCCL through the library's usual dlopen path, and each rank's worker
+stubs torch's runtime detection (see _rocm_worker.py). ``PCCL_DEVICE_RUNTIME=cuda`` makes the
+library take streams for CUDA streams unless the backend says otherwise, so a backend that did
+not route to HIP fails. Skipped (saying why) without a C compiler or with a libpccl built
+without ``--features rocm``."""
+
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+import torch.multiprocessing as mp
+
+import _rocm_worker
+
+TIMEOUT_S = int(os.environ.get("PCCL_TEST_TIMEOUT", "120"))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def _fake_runtime(tmp_path):
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler to build the fake ROCm runtime")
+    so = os.path.join(tmp_path, "libfakerocm.so")
+    src = os.path.join(REPO, "tests", "fake_rocm", "fake_rocm.c")
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", so, src, "-lm", "-lpthread"],
+                   check=True)
+    return so
+
+
+def _skip_without_rocm():
+    import pccl._lib as L
+    comm = L.Communicator.init_rank(1, L.get_unique_id(), 0)
+    try:
+        comm.set_device_runtime(L.pcclRuntimeHip)
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"libpccl at {L.library_path()} cannot take HIP streams: {e}")
+    finally:
+        comm.destroy()
+
+
+def _run(world, mode, tmp_path, monkeypatch):
+    so = _fake_runtime(tmp_path)
+    _skip_without_rocm()
+    for k in ("PCCL_HIP_LIBRARY", "PCCL_HIPRTC_LIBRARY", "PCCL_RCCL_LIBRARY"):
+        monkeypatch.setenv(k, so)
+    monkeypatch.setenv("PCCL_DEVICE_RUNTIME", "cuda")
+    monkeypatch.setenv("PCCL_TIMEOUT", "60")
+    # The fake's RCCL joins thread ranks of one process only: host-staged between processes.
+    monkeypatch.setenv("PCCL_NCCL", "0")
+    monkeypatch.delenv("PCCL_HIP_ARCH", raising=False)
+    init = f"file://{tmp_path}/rendezvous"
+    t0 = time.time()
+    ctx = mp.start_processes(_rocm_worker.main, args=(world, init, str(tmp_path), mode),
+                             nprocs=world, join=False, start_method="spawn")
+    err = None
+    while not ctx.join(timeout=2):
+        if time.time() - t0 > TIMEOUT_S:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            err = f"world {world} did not finish in {TIMEOUT_S}s"
+            break
+    reports = []
+    for r in range(world):
+        path = os.path.join(tmp_path, f"rocm{r}.json")
+        assert os.path.exists(path), f"rank {r}: no report ({err})"
+        with open(path) as f:
+            reports.append(json.load(f))
+    print(f"{mode} world {world}: {sum(r['checks'] for r in reports)} checks, errors "
+          f"{[r['errors'] for r in reports]} in {time.time() - t0:.1f}s")
+    assert err is None, err
+    failures = [f"rank {r}: {m}" for r, rep in enumerate(reports) for m in rep["failures"]]
+    assert not failures, "\n".join(failures)
+    return reports
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_hip_tensors_route_to_the_hip_path(world, tmp_path, monkeypatch):
+    reports = _run(world, "hip", tmp_path, monkeypatch)
+    for r, rep in enumerate(reports):
+        assert not rep["errors"], f"rank {r}: {rep['errors']}"
+        assert rep["checks"] == 8, f"rank {r}: {rep['checks']} checks"
+
+
+def test_cuda_tensors_are_not_sent_to_the_hip_path(tmp_path, monkeypatch):
+    # The same stubs with torch.version.hip unset: the backend says CUDA, and the library
+    # (no libcuda here, or built without CUDA) refuses the stream.
+    reports = _run(1, "cuda", tmp_path, monkeypatch)
+    err = reports[0]["errors"]
+    assert err and reports[0]["checks"] == 0, reports[0]
+    assert "CUDA" in err[0] or "libcuda" in err[0], err[0]

@@ -1,0 +1,90 @@
+//! Running a test's checks in a child process on the fake ROCm runtime (or the real one):
+//! shared by `tests/rocm_fake.rs` and `tests/rocm_fake_async.rs`.
+
+#![allow(dead_code)]
+
+use std::process::Command;
+
+const CHILD_ENV: &str = "PCCL_ROCM_FAKE_CHILD";
+
+/// Builds the fake runtime into `dir`; `None` (and the directory removed) when there is no
+/// C compiler.
+pub fn build_fake(dir: &std::path::Path) -> Option<std::path::PathBuf> {
+    std::fs::create_dir_all(dir).unwrap();
+    let so = dir.join("libfakerocm.so");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fake_rocm/fake_rocm.c");
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&so)
+        .arg(src)
+        .args(["-lm", "-lpthread"])
+        .status();
+    if !matches!(built, Ok(s) if s.success()) {
+        println!("skipped: no C compiler to build the fake ROCm runtime ({built:?})");
+        let _ = std::fs::remove_dir_all(dir);
+        return None;
+    }
+    Some(so)
+}
+
+/// `PCCL_ROCM_REAL=1` (scripts/gpu-check.sh --rocm on an AMD machine): the children run on
+/// the real HIP, hipRTC and RCCL; `FAKE_HIP_DEVICES=N` becomes `HIP_VISIBLE_DEVICES=0..N-1`,
+/// and the checks that need the fake's fault injection are skipped.
+pub fn real_runtime() -> bool {
+    std::env::var("PCCL_ROCM_REAL").is_ok_and(|v| v == "1")
+}
+
+/// Builds the fake runtime and runs `child` in a child process with it (or on the real one,
+/// see [`real_runtime`]); returns false when skipped.
+pub fn with_fake_runtime(child: &str, extra: &[(&str, &str)]) -> bool {
+    let real = real_runtime();
+    if real
+        && extra
+            .iter()
+            .any(|(k, _)| k.starts_with("FAKE_") && *k != "FAKE_HIP_DEVICES")
+    {
+        println!("skipped on the real ROCm runtime: needs the fake's fault injection");
+        return false;
+    }
+    let dir = std::env::temp_dir().join(format!("pccl-rocm-fake-{}-{child}", std::process::id()));
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", child, "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, "1");
+    if real {
+        for (k, v) in extra {
+            if *k == "FAKE_HIP_DEVICES" {
+                let n: usize = v.parse().unwrap();
+                let list: Vec<String> = (0..n).map(|d| d.to_string()).collect();
+                cmd.env("HIP_VISIBLE_DEVICES", list.join(","));
+            } else {
+                // PCCL_* settings of the check apply on the real runtime too.
+                cmd.env(k, v);
+            }
+        }
+    } else {
+        let Some(so) = build_fake(&dir) else {
+            return false;
+        };
+        cmd.env("PCCL_HIP_LIBRARY", &so)
+            .env("PCCL_HIPRTC_LIBRARY", &so)
+            .env("PCCL_RCCL_LIBRARY", &so)
+            .env_remove("PCCL_HIP_ARCH");
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+    }
+    let out = cmd.output().expect("run the child test process");
+    let _ = std::fs::remove_dir_all(&dir);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("child-checked"),
+        "child did not run:\n{stdout}\n{stderr}"
+    );
+    true
+}
+
+pub fn is_child() -> bool {
+    std::env::var_os(CHILD_ENV).is_some()
+}

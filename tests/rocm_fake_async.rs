@@ -1,0 +1,358 @@
+//! Device collectives queued on a caller's HIP stream without blocking (the stream gate on
+//! HIP, through the C ABI), and the NCCL-shaped level following `set_timeout`, on the fake
+//! ROCm runtime (`tests/fake_rocm/fake_rocm.c`, whose streams run their work on threads of
+//! their own, so a call that blocked on the stream would be seen). Each check runs in a child
+//! process (see `tests/fake_rocm/harness.rs`); skipped where no C compiler is found.
+
+#![cfg(feature = "rocm")]
+
+#[path = "fake_rocm/harness.rs"]
+mod harness;
+
+use harness::{is_child, real_runtime, with_fake_runtime};
+use pccl::capi::*;
+use pccl::config::{Config, NcclMode};
+use pccl::device::api::Device;
+use pccl::device::hip::HipDevice;
+use pccl::{Communicator, ErrorKind, RawCollective, ReduceOp, ThreadWorld};
+use std::time::{Duration, Instant};
+
+const N: usize = 64;
+
+/// Calls a test hook of the fake runtime (a `void f(...)` exported by fake_rocm.c).
+fn fake_hook(name: &str, arg: Option<i32>) {
+    let path = std::env::var("PCCL_HIP_LIBRARY").expect("the child runs on the fake runtime");
+    // SAFETY: the fake runtime is already loaded by PCCL (this only takes another reference);
+    // the hooks have the C signatures named below.
+    unsafe {
+        let lib = libloading::Library::new(&path).unwrap();
+        match arg {
+            None => lib.get::<unsafe extern "C" fn()>(name.as_bytes()).unwrap()(),
+            Some(a) => lib
+                .get::<unsafe extern "C" fn(i32)>(name.as_bytes())
+                .unwrap()(a),
+        }
+        std::mem::forget(lib);
+    }
+}
+
+/// What one rank saw: the sum it read back, whether its stream was still held when the call
+/// returned, how long the call took, and the outcome of the call after a fault (if any).
+struct Seen {
+    sum: Vec<f32>,
+    untouched_while_held: bool,
+    call_time: Duration,
+    later: Option<(pcclResult_t, String)>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    None,
+    /// Every kernel launch fails from the queued call on.
+    Launch,
+    /// Rank 1's RCCL calls fail from the queued call on.
+    RcclRank1,
+}
+
+fn last_error(comm: pcclComm_t) -> String {
+    // SAFETY: a NUL-terminated string owned by PCCL.
+    unsafe { std::ffi::CStr::from_ptr(pcclGetLastError(comm)) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Two thread ranks over the C ABI, each on its own fake GPU: a first all-reduce (which
+/// blocks, sizing the buffers), then one queued on a stream held shut by a gate of the test,
+/// with a device-to-host copy queued behind it; the stream is released only after the call
+/// returned, and the copy must then hold the sum.
+fn queued_on_a_held_stream(fault: Fault) -> Vec<Seen> {
+    let p = 2usize;
+    let mut world: pcclThreadWorld_t = std::ptr::null_mut();
+    // SAFETY: `world` is a writable handle.
+    assert_eq!(
+        unsafe { pcclThreadWorldCreate(p as i32, &mut world) },
+        pcclSuccess
+    );
+    let world_addr = world as usize;
+    let barrier = std::sync::Barrier::new(p);
+    let barrier = &barrier;
+    let seen = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..p)
+            .map(|r| {
+                s.spawn(move || {
+                    let mut comm: pcclComm_t = std::ptr::null_mut();
+                    // SAFETY: `comm` is a writable handle; the world lives until all joined.
+                    let rc = unsafe {
+                        pcclCommInitThreads(&mut comm, world_addr as pcclThreadWorld_t, r as i32)
+                    };
+                    assert_eq!(rc, pcclSuccess);
+                    assert_eq!(pcclCommSetDeviceRuntime(comm, pcclRuntimeHip), pcclSuccess);
+                    let dev = HipDevice::open(r).unwrap();
+                    let x = vec![r as f32 + 1.0; N];
+                    let mut sb = dev.upload(&x).unwrap();
+                    let mut o = dev.alloc_zeroed(N * 4).unwrap();
+                    let (sp, op) = (sb.device_ptr(), o.device_ptr());
+                    let all_reduce = || {
+                        // SAFETY: both buffers hold N f32 of the stream's device and live
+                        // until the stream is synchronised below.
+                        unsafe {
+                            pcclAllReduce(
+                                sp as *const _,
+                                op as *mut _,
+                                N,
+                                pcclFloat32,
+                                pcclSum,
+                                comm,
+                                dev.raw_stream(),
+                            )
+                        }
+                    };
+                    // First of its shape: blocks.
+                    assert_eq!(all_reduce(), pcclSuccess, "rank {r}: {}", last_error(comm));
+                    assert_eq!(dev.download::<f32>(&o).unwrap(), vec![3.0f32; N]);
+                    // New inputs (sum 21) and a cleared output for the queued call.
+                    dev.upload_into(&vec![r as f32 + 10.0; N], &mut sb).unwrap();
+                    dev.upload_into(&vec![0.0f32; N], &mut o).unwrap();
+                    barrier.wait();
+                    match fault {
+                        Fault::None => {}
+                        Fault::Launch => {
+                            if r == 0 {
+                                fake_hook("fake_hip_fail_launches_from_now", None);
+                            }
+                        }
+                        Fault::RcclRank1 => {
+                            if r == 0 {
+                                fake_hook("fake_rccl_fail_rank_from_now", Some(1));
+                            }
+                        }
+                    }
+                    barrier.wait();
+                    // Hold the caller's stream shut: nothing queued after this runs until
+                    // the test releases ticket 1.
+                    let mut gate = dev.new_gate().unwrap();
+                    let ticket = dev.gate_hold(&mut gate).unwrap();
+                    let release = HipDevice::gate_releaser(&gate);
+                    let t0 = Instant::now();
+                    // A call that waited for the stream would wait forever: a watchdog lets
+                    // the stream go after 3 s, and the call's duration tells.
+                    let called = std::sync::atomic::AtomicBool::new(false);
+                    let called = &called;
+                    let rc = std::thread::scope(|w| {
+                        w.spawn(move || {
+                            let t = Instant::now();
+                            while !called.load(std::sync::atomic::Ordering::SeqCst)
+                                && t.elapsed() < Duration::from_secs(3)
+                            {
+                                std::thread::sleep(Duration::from_millis(5));
+                            }
+                            if !called.load(std::sync::atomic::Ordering::SeqCst) {
+                                release.release(ticket);
+                            }
+                        });
+                        let rc = all_reduce();
+                        called.store(true, std::sync::atomic::Ordering::SeqCst);
+                        rc
+                    });
+                    let call_time = t0.elapsed();
+                    assert_eq!(rc, pcclSuccess, "rank {r}: {}", last_error(comm));
+                    let mut back = vec![f32::NAN; N];
+                    let out = dev.span_of(&o);
+                    // SAFETY: `back` holds N f32 and outlives the synchronisation below.
+                    unsafe { dev.copy_dtoh(None, back.as_mut_ptr() as *mut u8, out) }.unwrap();
+                    std::thread::sleep(Duration::from_millis(50));
+                    let untouched_while_held = back.iter().all(|v| v.is_nan());
+                    release.release(ticket);
+                    dev.synchronize().unwrap();
+                    let later = if fault == Fault::None {
+                        None
+                    } else {
+                        let rc = all_reduce();
+                        Some((rc, last_error(comm)))
+                    };
+                    barrier.wait();
+                    pcclCommDestroy(comm);
+                    drop(gate);
+                    Seen {
+                        sum: back,
+                        untouched_while_held,
+                        call_time,
+                        later,
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    pcclThreadWorldDestroy(world);
+    seen
+}
+
+fn env_for(rccl: bool) -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("PCCL_DEVICE_ASYNC", "1"),
+        ("PCCL_NCCL", if rccl { "1" } else { "0" }),
+        // A rank that routed to CUDA would fail: the communicator says HIP.
+        ("PCCL_DEVICE_RUNTIME", "cuda"),
+        ("PCCL_TIMEOUT", "30"),
+    ]
+}
+
+#[test]
+fn a_hip_stream_collective_is_queued_without_blocking_the_caller() {
+    with_fake_runtime("child_queued_staged", &env_for(false));
+    with_fake_runtime("child_queued_rccl", &env_for(true));
+}
+
+fn check_queued() {
+    for (r, s) in queued_on_a_held_stream(Fault::None).into_iter().enumerate() {
+        assert!(
+            s.untouched_while_held,
+            "rank {r}: the copy queued after the collective ran before the stream was released"
+        );
+        assert!(
+            s.call_time < Duration::from_millis(2000),
+            "rank {r}: the call took {:?} on a held stream",
+            s.call_time
+        );
+        assert_eq!(s.sum, vec![21.0f32; N], "rank {r}");
+    }
+    println!("child-checked");
+}
+
+#[test]
+fn child_queued_staged() {
+    if is_child() {
+        check_queued();
+    }
+}
+
+#[test]
+fn child_queued_rccl() {
+    if is_child() {
+        check_queued();
+    }
+}
+
+#[test]
+fn a_queued_collective_that_fails_fails_the_next_call_on_every_rank() {
+    if real_runtime() {
+        println!("skipped on the real ROCm runtime: needs the fake's fault injection");
+        return;
+    }
+    with_fake_runtime("child_queued_launch_failure", &env_for(false));
+    with_fake_runtime("child_queued_rccl_failure", &env_for(true));
+}
+
+/// Every rank's next call fails naming the earlier queued one (`every` in each message);
+/// rank `culprit`'s says why (`cause`).
+fn check_failure(fault: Fault, every: &str, culprit: usize, cause: &str) {
+    for (r, s) in queued_on_a_held_stream(fault).into_iter().enumerate() {
+        // The call was queued, and its stream released after the failure (the synchronise
+        // above returned); the next call says what went wrong.
+        let (rc, msg) = s.later.unwrap();
+        assert_ne!(rc, pcclSuccess, "rank {r}: {msg}");
+        assert!(
+            msg.contains("an earlier enqueued collective failed") && msg.contains(every),
+            "rank {r}: {msg}"
+        );
+        if r == culprit {
+            assert!(msg.contains(cause), "rank {r}: {msg}");
+        }
+    }
+    println!("child-checked");
+}
+
+#[test]
+fn child_queued_launch_failure() {
+    if is_child() {
+        check_failure(Fault::Launch, "", 0, "fake launch failure");
+    }
+}
+
+#[test]
+fn child_queued_rccl_failure() {
+    if is_child() {
+        check_failure(Fault::RcclRank1, "RCCL", 1, "FAKE_RCCL_FAIL_RANK");
+    }
+}
+
+#[test]
+fn the_rccl_level_follows_set_timeout() {
+    if real_runtime() {
+        println!("skipped on the real ROCm runtime: needs a peer that never calls");
+        return;
+    }
+    with_fake_runtime(
+        "child_rccl_set_timeout",
+        &[
+            ("FAKE_RCCL_TIMEOUT_S", "60"),
+            ("PCCL_DEVICE_RUNTIME", "hip"),
+        ],
+    );
+}
+
+#[test]
+fn child_rccl_set_timeout() {
+    if !is_child() {
+        return;
+    }
+    let p = 2usize;
+    let cfg = Config {
+        nccl: NcclMode::On,
+        timeout: Duration::from_secs(60),
+        ..Config::default()
+    };
+    let world = ThreadWorld::new(p);
+    let barrier = std::sync::Barrier::new(p);
+    let barrier = &barrier;
+    let outcomes: Vec<Option<(ErrorKind, String, Duration)>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..p)
+            .map(|r| {
+                let t = world.transport(r).unwrap();
+                let cfg = cfg.clone();
+                s.spawn(move || {
+                    let c = Communicator::with_config(t, cfg).unwrap();
+                    let dev = HipDevice::open(r).unwrap();
+                    let sb = dev.upload(&vec![1.0f32; N]).unwrap();
+                    let o = dev.alloc_zeroed(N * 4).unwrap();
+                    let call = || {
+                        // SAFETY: both buffers hold N f32 and live until the call returns.
+                        unsafe {
+                            c.collective_on::<f32, HipDevice>(
+                                &dev,
+                                RawCollective::AllReduce(ReduceOp::Sum),
+                                sb.device_ptr(),
+                                o.device_ptr(),
+                                N,
+                            )
+                        }
+                    };
+                    // Sets the RCCL level up on both ranks.
+                    call().unwrap();
+                    let out = if r == 0 {
+                        // Rank 1 never joins this one: the shortened timeout must end it.
+                        c.set_timeout(Duration::from_millis(1500)).unwrap();
+                        let t0 = Instant::now();
+                        let e = call().unwrap_err();
+                        Some((e.kind(), e.to_string(), t0.elapsed()))
+                    } else {
+                        None
+                    };
+                    barrier.wait();
+                    drop(c);
+                    out
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let (kind, msg, took) = outcomes[0].clone().unwrap();
+    assert_eq!(kind, ErrorKind::Timeout, "{msg}");
+    assert!(msg.contains("RCCL") && msg.contains("1.5s"), "{msg}");
+    assert!(
+        took >= Duration::from_millis(1400) && took < Duration::from_secs(10),
+        "the call took {took:?} with a 1.5 s timeout (60 s at creation)"
+    );
+    println!("child-checked");
+}
