@@ -263,7 +263,7 @@ fn ready(ctl: &TcpTransport, tag: Tag, deadline: Instant) -> Result<()> {
     result
 }
 
-fn debug_info() -> bool {
+pub(crate) fn debug_info() -> bool {
     matches!(
         std::env::var("PCCL_DEBUG")
             .unwrap_or_default()
@@ -283,6 +283,7 @@ fn spawn_service(sh: Weak<Shared>, stop: Arc<AtomicBool>) -> Result<JoinHandle<(
                 let Some(sh) = sh.upgrade() else { return };
                 if let Some(mut st) = sh.ep.try_lock() {
                     st.progress();
+                    st.drain_refused(sh.ctl.faults(), sh.piece);
                 }
                 drop(sh);
                 std::thread::sleep(Duration::from_millis(2));
