@@ -323,7 +323,7 @@ impl State {
         match &self.broken {
             None => Ok(()),
             Some(why) => Err(Error::system(format!(
-                "the libfabric endpoint was closed: {why}"
+                "the libfabric endpoint was closed to new operations: {why}"
             ))),
         }
     }
@@ -463,8 +463,8 @@ impl State {
     /// Reads every available completion (driving the provider), filing them by context;
     /// drain receives are re-posted.
     pub fn progress(&mut self) {
-        if self.broken.is_some() {
-            return;
+        if self.raw.ep.is_null() {
+            return; // closed (a retired endpoint is still progressed: limbo drains)
         }
         let mut buf = [Comp::default(); 32];
         let mut msg = [0 as std::ffi::c_char; 256];
@@ -515,7 +515,7 @@ impl State {
     /// Asks the provider to cancel the operation of context `c` (its completion, cancelled
     /// or not, still comes).
     pub fn cancel(&mut self, c: &Ctx) {
-        if self.broken.is_none() {
+        if !self.is_closed() {
             // SAFETY: `raw` is open; `c` identifies an operation posted on it.
             unsafe { sys::pccl_ofi_cancel(&mut self.raw, key(c) as *mut c_void) };
         }
@@ -525,8 +525,8 @@ impl State {
     /// context, and `buf` (the owned buffer it targets), live until its completion comes or
     /// the endpoint is closed; nobody waits for it. Closes the endpoint when limbo is full.
     pub fn park(&mut self, c: Ctx, buf: Option<Arc<Vec<u8>>>) {
-        if self.broken.is_some() || self.done.remove(&key(&c)).is_some() {
-            return; // already ended
+        if self.is_closed() || self.done.remove(&key(&c)).is_some() {
+            return; // already ended (or the provider let go of everything)
         }
         self.limbo.insert(key(&c), Parked { _ctx: c, _buf: buf });
         if self.limbo.len() > LIMBO_MAX {
@@ -543,9 +543,20 @@ impl State {
         self.limbo.len()
     }
 
-    /// Whether the endpoint was closed (operations then never complete: their memory is free).
-    pub fn is_broken(&self) -> bool {
-        self.broken.is_some()
+    /// Whether the endpoint was closed (operations then never complete: their memory is
+    /// free). A retired endpoint is not closed.
+    pub fn is_closed(&self) -> bool {
+        self.raw.ep.is_null()
+    }
+
+    /// Retires the endpoint because of `why`: every later operation fails with `why`, but the
+    /// endpoint stays open (and progressed) until the transport is dropped, so the limbo
+    /// can still drain and peers never lose an endpoint they may be writing to (1.17's shm
+    /// crashes a peer that sends to a closed one).
+    pub fn retire(&mut self, why: String) {
+        if self.broken.is_none() {
+            self.broken = Some(why);
+        }
     }
 
     /// Closes the endpoint because of `why`: the provider lets go of every buffer of every
@@ -553,6 +564,8 @@ impl State {
     pub fn close_with(&mut self, why: String) {
         if self.broken.is_none() {
             self.broken = Some(why);
+        }
+        if !self.is_closed() {
             self.close();
         }
     }
@@ -577,7 +590,7 @@ impl State {
     /// so peers' sends of it complete and the provider's queue of unexpected messages does not
     /// grow.
     pub fn add_junk(&mut self, seq: u32, piece: usize) {
-        if self.broken.is_some() || self.junk_seen.contains(&seq) {
+        if self.is_closed() || self.junk_seen.contains(&seq) {
             return;
         }
         if self.junk_seen.len() == JUNK_SEEN {
@@ -606,7 +619,7 @@ impl State {
     /// must still end. Cheap when the board did not change.
     pub fn drain_refused(&mut self, faults: &faults::Faults, piece: usize) {
         let g = faults.generation();
-        if g == self.board_gen || self.broken.is_some() {
+        if g == self.board_gen || self.is_closed() {
             return;
         }
         self.board_gen = g;
@@ -646,8 +659,7 @@ impl State {
 
 impl Drop for State {
     fn drop(&mut self) {
-        if self.broken.is_none() {
-            self.close();
-        }
+        // Idempotent: an endpoint closed earlier has only null handles left.
+        self.close();
     }
 }

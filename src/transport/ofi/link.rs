@@ -34,7 +34,7 @@ use super::fabric::{ctx, Ctx, State};
 use super::Shared;
 use crate::error::{Error, Result};
 use crate::transport::faults::{self, Tag};
-use crate::transport::{SendOp, Transport};
+use crate::transport::SendOp;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -112,8 +112,8 @@ enum Otherwise {
     Park,
     /// Close the endpoint (the provider might still write the caller's memory).
     Close,
-    /// Sends: park them after a death, close the endpoint if a live peer did not take them
-    /// (a provider whose later messages would queue behind them).
+    /// Sends: park them after a death; if a live peer did not take them, park them and
+    /// retire the endpoint (a provider whose later messages would queue behind them).
     CloseSends,
 }
 
@@ -141,7 +141,7 @@ fn settle(
     let give_up = Instant::now() + bound;
     loop {
         let mut st = sh.ep.lock();
-        if st.is_broken() {
+        if st.is_closed() {
             return 0; // the provider let go of everything
         }
         st.progress();
@@ -175,14 +175,17 @@ fn settle(
                 Otherwise::CloseSends if dead || any_death => {
                     left.into_iter().for_each(|c| st.park(c, None))
                 }
-                Otherwise::CloseSends => st.close_with(format!(
-                    "rank {}: {n} send(s) to rank {peer} were not taken within {} ms after a \
-                     failed collective, and provider {} would hold later messages to it \
-                     behind them; create a new communicator",
-                    sh.rank,
-                    bound.as_millis(),
-                    sh.ep.caps.provider
-                )),
+                Otherwise::CloseSends => {
+                    st.retire(format!(
+                        "rank {}: {n} send(s) to rank {peer} were not taken within {} ms after \
+                         a failed collective, and provider {} would hold later messages to it \
+                         behind them; create a new communicator",
+                        sh.rank,
+                        bound.as_millis(),
+                        sh.ep.caps.provider
+                    ));
+                    left.into_iter().for_each(|c| st.park(c, None));
+                }
                 // After a death the communicator can only shrink (onto a fresh endpoint), so
                 // closing this one costs nothing more.
                 Otherwise::Close if dead => st.close_with(format!(

@@ -50,7 +50,8 @@ const MIN_PIECE: usize = 64 << 10;
 /// What the endpoint's operations share.
 pub(crate) struct Shared {
     ep: Endpoint,
-    ctl: TcpTransport,
+    /// The control plane: the TCP mesh of a unique-id job, or the MPI world under mpiexec.
+    ctl: Arc<dyn Transport>,
     addrs: Vec<u64>,
     rank: usize,
     piece: usize,
@@ -93,11 +94,21 @@ impl OfiTransport {
         timeout: Duration,
     ) -> Result<Self> {
         let ctl = TcpTransport::connect_with(id, nranks, rank, chunk_bytes, timeout, false)?;
-        Self::over(ctl, chunk_bytes, timeout)
+        Self::over(Arc::new(ctl), chunk_bytes, timeout)
+    }
+
+    /// Joins the MPI world (collective over `MPI_COMM_WORLD`, initialising MPI if needed):
+    /// the endpoint addresses are exchanged through MPI (an all-to-all of the bootstrap
+    /// records over a duplicate of the world), which then stays the control plane (notices,
+    /// sub-communicators). No unique id is needed; the ranks are the world's.
+    #[cfg(feature = "mpi")]
+    pub fn on_mpi_world(chunk_bytes: usize, timeout: Duration) -> Result<Self> {
+        let ctl = super::mpi::MpiTransport::world(chunk_bytes)?;
+        Self::over(Arc::new(ctl), chunk_bytes, timeout)
     }
 
     /// Opens this rank's endpoint and exchanges addresses over the control plane `ctl`.
-    fn over(ctl: TcpTransport, chunk: usize, timeout: Duration) -> Result<Self> {
+    fn over(ctl: Arc<dyn Transport>, chunk: usize, timeout: Duration) -> Result<Self> {
         let ep = fabric::open_endpoint()?;
         let (rank, p) = (ctl.rank(), ctl.size());
         if ep.name.len() > NAME_MAX {
@@ -172,7 +183,7 @@ impl OfiTransport {
         // No data may reach a rank before it knows the sender's address (providers drop or
         // cannot attribute such messages, rxm refuses the connection): a barrier.
         ready(
-            &ctl,
+            ctl.as_ref(),
             faults::stamp(0, faults::CONTROL | 0x0f1f_0002),
             deadline,
         )?;
@@ -232,7 +243,7 @@ impl OfiTransport {
 }
 
 /// Every rank sends every other a token over the control plane and waits for all of theirs.
-fn ready(ctl: &TcpTransport, tag: Tag, deadline: Instant) -> Result<()> {
+fn ready(ctl: &dyn Transport, tag: Tag, deadline: Instant) -> Result<()> {
     let (rank, p) = (ctl.rank(), ctl.size());
     let token = MAGIC.to_le_bytes();
     let mut sends = Vec::new();
@@ -301,7 +312,7 @@ impl Drop for OfiTransport {
         if self.sh.ctl.faults().dead_ranks().is_empty() && self.sh.ctl.faults().aborted().is_none()
         {
             let _ = ready(
-                &self.sh.ctl,
+                self.sh.ctl.as_ref(),
                 faults::stamp(0, faults::CONTROL | 0x0f1f_0003),
                 Instant::now() + Duration::from_secs(2),
             );
@@ -385,7 +396,7 @@ impl Transport for OfiTransport {
     }
 
     fn subset(&self, members: &[usize], ctx: u64) -> Result<Arc<dyn Transport>> {
-        let ctl = self.sh.ctl.sub(members, ctx)?;
+        let ctl = self.sh.ctl.subset(members, ctx)?;
         Ok(Arc::new(Self::over(ctl, self.sh.piece, self.sh.timeout)?))
     }
 }
