@@ -4,7 +4,8 @@
 //! `efa` on AWS).
 //!
 //! **Two planes.** Data moves through libfabric; the control plane is the TCP transport's
-//! authenticated mesh (bootstrapped from the same unique id), which carries the endpoint
+//! authenticated mesh (bootstrapped from the same unique id), or under mpiexec the MPI world
+//! (`OfiTransport::on_mpi_world`); it carries the endpoint
 //! address exchange, notices (refusals, aborts) and liveness: a peer whose process ended is
 //! seen there within a poll step, whatever the provider reports. Waits on data look at the
 //! board that the control plane fills.
