@@ -217,6 +217,7 @@ impl OfiTransport {
             timeout,
             bounce: Mutex::new(Vec::new()),
         });
+        connect_all(&sh, deadline)?;
         let stop = Arc::new(AtomicBool::new(false));
         let service = spawn_service(Arc::downgrade(&sh), stop.clone())?;
         Ok(OfiTransport {
@@ -241,6 +242,45 @@ impl OfiTransport {
     pub fn piece_bytes(&self) -> usize {
         self.sh.piece
     }
+}
+
+/// Every rank sends every other a token over libfabric and waits for all of theirs, so the
+/// provider's connections (rxm connects on first use) exist before any collective. Without
+/// it, with 1.17's rxm, the first messages between two ranks, when they belonged to a
+/// collective that failed before the receiver posted anything, were sometimes never taken
+/// by its drain receive (their sender then waited 2 s). It also takes connection set-up
+/// out of the first collective's time.
+fn connect_all(sh: &Arc<Shared>, deadline: Instant) -> Result<()> {
+    let tag = faults::stamp(0, faults::CONTROL | 0x0f1f_0004);
+    let (rank, p) = (sh.rank, sh.addrs.len());
+    let token = MAGIC.to_le_bytes();
+    let mut sends = Vec::new();
+    let mut result = Ok(());
+    for j in (0..p).filter(|&j| j != rank) {
+        // SAFETY: `token` outlives every send: all are waited for (or dropped, which lets go
+        // of them) before this function returns.
+        match unsafe { OfiSend::post(sh.clone(), j, tag, token.as_ptr(), token.len()) } {
+            Ok(s) => sends.push(s),
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    if result.is_ok() {
+        for j in (0..p).filter(|&j| j != rank) {
+            let mut b = [0u8; 8];
+            if let Err(e) = link::recv(sh, j, tag, b.len(), deadline, Target::Into(&mut b)) {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    for s in sends {
+        let r = Box::new(s).wait(deadline);
+        result = result.and(r);
+    }
+    result
 }
 
 /// Every rank sends every other a token over the control plane and waits for all of theirs.
