@@ -214,7 +214,7 @@ fn repeated_collectives_on_the_same_buffers_do_not_register_again() {
 /// naming it), promptly; a call with a different count is a remote error; the communicator
 /// then goes on.
 #[test]
-#[ignore = "flaky under load: the ofi transport's recovery after a failed collective (cancel limit, docs/OFI.md); run with --ignored"]
+
 fn bad_input_and_mismatched_calls_fail_everywhere_and_the_next_works() {
     if !per_provider("bad_input_and_mismatched_calls_fail_everywhere_and_the_next_works")
         || !usable()
@@ -251,14 +251,19 @@ fn bad_input_and_mismatched_calls_fail_everywhere_and_the_next_works() {
             .all_gather(&mine, &mut all)
             .expect_err("mismatched call");
         println!("@@ rank {r}: mismatched all-gather: {e}");
-        assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
-        // The communicator goes on, or (known limit, docs/OFI.md) an operation of the failed
-        // collective could not be cancelled within 2 s, the endpoint was closed, and later
-        // calls fail with an error saying so; never wrong data, never a hang.
+        // Known limit of 1.17's shm (docs/OFI.md): a large send of the refused call that
+        // the peer's drain never completed retires the endpoint; later calls then fail
+        // cleanly on every rank. Everywhere else the communicator goes on.
+        let shm = std::env::var("FI_PROVIDER").as_deref() == Ok("shm");
+        if shm && e.message().contains("endpoint was closed") {
+            println!("@@ rank {r}: shm known limit: {e}");
+        } else {
+            assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
+        }
         match exact_on(&comm, &[1, 70_001]) {
             Ok(()) => {}
-            Err(e) if e.contains("endpoint was closed") => {
-                println!("@@ rank {r}: known cancel limit, next call failed cleanly: {e}")
+            Err(e) if shm && e.contains("endpoint was closed") => {
+                println!("@@ rank {r}: shm known limit, next call failed cleanly: {e}")
             }
             Err(e) => panic!("rank {r}: next: {e}"),
         }
@@ -266,10 +271,89 @@ fn bad_input_and_mismatched_calls_fail_everywhere_and_the_next_works() {
     assert_eq!(res.len(), p);
 }
 
+/// Mismatched calls of large messages (several pieces, so rendezvous transfers that a peer
+/// never receives in full) fail on every rank with a remote error, promptly, and the same
+/// communicator then runs 21 collectives with exact results: nothing of the failed calls is
+/// left to block or to match a later receive.
+#[test]
+fn after_mismatched_large_calls_twenty_more_collectives_are_exact() {
+    if !per_provider("after_mismatched_large_calls_twenty_more_collectives_are_exact") || !usable()
+    {
+        return;
+    }
+    let p = 4;
+    let shm = std::env::var("FI_PROVIDER").as_deref() == Ok("shm");
+    // Known limit of 1.17's shm (docs/OFI.md): a send its peer's drain receive never
+    // completed closes the endpoint; later calls fail cleanly, never wrongly or late.
+    let known = |r: usize, e: &str| {
+        let hit = shm && e.contains("endpoint was closed");
+        if hit {
+            println!("@@ rank {r}: shm known limit, later calls failed cleanly: {e}");
+        }
+        hit
+    };
+    let res = on_ofi(p, cfg(2, Algorithm::Flat(LevelAlgo::Ring)), |comm, _| {
+        let r = comm.rank();
+        let mut worst = Duration::ZERO;
+        for round in 0..3 {
+            let t0 = Instant::now();
+            // Rank 3 gathers one element less (a short message), rank 1 reduces one more
+            // (a longer one): both valid calls on their own.
+            let m = 300_001 - usize::from(r == 3);
+            let mine = vec![r as f32; m];
+            let mut all = vec![0f32; m * p];
+            let e = comm
+                .all_gather(&mine, &mut all)
+                .expect_err("mismatched all-gather");
+            // Every rank goes on calling: after a closed endpoint each call fails on every
+            // rank (the closed rank refuses it), so nobody waits for a rank that left.
+            if !known(r, e.message()) {
+                assert_eq!(e.kind(), ErrorKind::Remote, "rank {r} round {round}: {e}");
+            }
+            let n = 500_000 + usize::from(r == 1);
+            let mut v = vec![1.0f64; n];
+            let e = comm
+                .all_reduce_in_place(&mut v, ReduceOp::Sum)
+                .expect_err("mismatched all-reduce");
+            // Every rank goes on calling: after a closed endpoint each call fails on every
+            // rank (the closed rank refuses it), so nobody waits for a rank that left.
+            if !known(r, e.message()) {
+                assert_eq!(e.kind(), ErrorKind::Remote, "rank {r} round {round}: {e}");
+            }
+            worst = worst.max(t0.elapsed());
+        }
+        println!(
+            "@@ rank {r}: slowest pair of failed calls: {} ms",
+            worst.as_millis()
+        );
+        // Two failed calls of the 4 ranks on 2 shared cores: well below PCCL_TIMEOUT (30 s).
+        // On rxm, below the 2 s that an unconfirmed cancel used to cost. libfabric 1.17's shm
+        // does not always complete a large send taken by the peer's drain receive: such a
+        // send is parked after 2 s (docs/OFI.md), once per phase of a failed call there.
+        let bound = if shm {
+            Duration::from_millis(10_000)
+        } else {
+            Duration::from_millis(1500)
+        };
+        assert!(worst < bound, "rank {r}: {worst:?}");
+        let t0 = Instant::now();
+        match exact_on(&comm, &[1, 7, 70_001, 300_001, 65_536, 131_073, 2]) {
+            Ok(()) => {}
+            Err(e) if known(r, &e) => return,
+            Err(e) => panic!("rank {r}: after the mismatches: {e}"),
+        }
+        println!(
+            "@@ rank {r}: 21 collectives exact after the mismatches in {} ms",
+            t0.elapsed().as_millis()
+        );
+    });
+    assert_eq!(res.len(), p);
+}
+
 /// A rank whose process dies in the middle of collectives: the survivors fail with a remote
 /// error naming it, well before the timeout, and can shrink the communicator and go on.
 #[test]
-#[ignore = "flaky under load: the ofi transport's recovery after a failed collective (cancel limit, docs/OFI.md); run with --ignored"]
+
 fn a_killed_peer_ends_in_an_error_not_a_hang() {
     let name = "a_killed_peer_ends_in_an_error_not_a_hang";
     if let Ok(v) = std::env::var(CHILD) {
@@ -382,7 +466,10 @@ fn play_kill(rank: usize, p: usize, id: &UniqueId) {
         "\n@@ rank {rank}: failed after {} ms: {e}",
         took.as_millis()
     );
-    assert!(took < Duration::from_millis(3000), "rank {rank}: {took:?}");
+    // Detection (the control socket, a poll step of 20 ms) plus ending this rank's
+    // operations: operations with the dead rank end at once, those with survivors never wait
+    // for it.
+    assert!(took < Duration::from_millis(1000), "rank {rank}: {took:?}");
     assert_eq!(e.kind(), ErrorKind::Remote, "rank {rank}: {e}");
     assert!(
         e.message().contains(&format!("rank {VICTIM}")),

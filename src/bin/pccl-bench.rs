@@ -58,7 +58,8 @@ struct Args {
     #[arg(long)]
     json: bool,
     /// Transport: auto (mpi under mpiexec, else threads), threads, mpi, tcp or ofi (the
-    /// last two: one transport per thread-rank, bootstrapped from a unique id; default
+    /// last two: one transport per thread-rank, bootstrapped from a unique id; ofi under
+    /// mpiexec: one per MPI rank, bootstrapped through the MPI world; default
     /// `PCCL_TRANSPORT`).
     #[arg(long, default_value = "auto")]
     transport: String,
@@ -814,7 +815,19 @@ fn config(args: &Args) -> Config {
 
 fn use_mpi(args: &Args) -> bool {
     match args.transport.as_str() {
-        "threads" | "tcp" | "ofi" => false,
+        "threads" | "tcp" => false,
+        // Under mpiexec, libfabric bootstraps through the MPI world (MPI's own collectives
+        // are then measured beside it); otherwise thread-ranks join through a unique id.
+        "ofi" => {
+            #[cfg(feature = "mpi")]
+            {
+                pccl::transport::mpi::launched_by_mpiexec()
+            }
+            #[cfg(not(feature = "mpi"))]
+            {
+                false
+            }
+        }
         "mpi" => true,
         "auto" => {
             #[cfg(feature = "mpi")]
@@ -837,11 +850,13 @@ fn run_mpi(args: &Args, cfg: Config) -> u64 {
     use pccl::transport::mpi::{finalize, init, MpiTransport};
     init().unwrap_or_else(|e| fail(e));
     let wrong = {
-        let t = MpiTransport::world(cfg.chunk_bytes).unwrap_or_else(|e| fail(e));
+        // `--transport ofi`: libfabric with its addresses exchanged through MPI.
+        let kind = pccl::transport::select::parse(&args.transport).unwrap_or_else(|e| fail(e));
+        let t = pccl::transport::select::world(kind, cfg.chunk_bytes, cfg.timeout)
+            .unwrap_or_else(|e| fail(e));
         // A second duplicate of the world for MPI's own collectives.
         let native_t = MpiTransport::world(cfg.chunk_bytes).unwrap_or_else(|e| fail(e));
-        let comm =
-            Communicator::with_config(std::sync::Arc::new(t), cfg).unwrap_or_else(|e| fail(e));
+        let comm = Communicator::with_config(t, cfg).unwrap_or_else(|e| fail(e));
         let native = Native {
             mpi: Some(&native_t),
         };

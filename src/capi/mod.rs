@@ -755,9 +755,9 @@ pub unsafe extern "C" fn pcclCommInitMPIWorld(comm: *mut pcclComm_t) -> pcclResu
 #[cfg(feature = "mpi")]
 fn mpi_world() -> Result<Arc<dyn Transport>> {
     let cfg = crate::config::Config::from_env()?;
-    Ok(Arc::new(crate::transport::mpi::MpiTransport::world(
-        cfg.chunk_bytes,
-    )?))
+    // PCCL_TRANSPORT=ofi: libfabric, bootstrapped through the MPI world.
+    let kind = crate::transport::select::from_env()?;
+    crate::transport::select::world(kind, cfg.chunk_bytes, cfg.timeout)
 }
 
 #[cfg(not(feature = "mpi"))]

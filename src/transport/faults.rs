@@ -310,6 +310,21 @@ impl Faults {
         Ok(())
     }
 
+    /// A number that changes whenever the board does (0 while nothing ever went wrong).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// Sequence numbers of the collectives some rank refused (the newest the board keeps),
+    /// oldest first: a transport drains their leftover messages.
+    pub fn refused_seqs(&self) -> Vec<u32> {
+        lock(&self.board)
+            .refused
+            .iter()
+            .map(|(s, _, _)| *s)
+            .collect()
+    }
+
     /// Sleeps until the board changes or `dur` passes (a waiter's idle step when it has no
     /// event of its own to wait on).
     pub fn nap(&self, dur: Duration) {

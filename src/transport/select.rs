@@ -92,6 +92,33 @@ fn ofi(_: &UniqueId, _: usize, _: usize, _: usize, _: Duration) -> Result<Arc<dy
     ))
 }
 
+/// The transport of this rank of the MPI world (`pcclCommInitMPIWorld`, `pccl-bench` under
+/// mpiexec): libfabric for `ofi`, its addresses exchanged through MPI (no unique id); MPI
+/// for every other choice.
+#[cfg(feature = "mpi")]
+pub fn world(kind: Kind, chunk_bytes: usize, timeout: Duration) -> Result<Arc<dyn Transport>> {
+    match kind {
+        Kind::Ofi => ofi_world(chunk_bytes, timeout),
+        _ => Ok(Arc::new(super::mpi::MpiTransport::world(chunk_bytes)?)),
+    }
+}
+
+#[cfg(all(feature = "mpi", feature = "ofi"))]
+fn ofi_world(chunk_bytes: usize, timeout: Duration) -> Result<Arc<dyn Transport>> {
+    Ok(Arc::new(super::ofi::OfiTransport::on_mpi_world(
+        chunk_bytes,
+        timeout,
+    )?))
+}
+
+#[cfg(all(feature = "mpi", not(feature = "ofi")))]
+fn ofi_world(_: usize, _: Duration) -> Result<Arc<dyn Transport>> {
+    Err(Error::usage(
+        "PCCL_TRANSPORT=ofi: this libpccl was built without libfabric; rebuild it with \
+         `cargo build --features ofi`",
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

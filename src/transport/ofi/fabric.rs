@@ -23,6 +23,8 @@ pub const IGNORE: u64 = 0x3fff_ffff;
 
 /// Failed collectives whose leftover messages are drained.
 const JUNK_KEPT: usize = 16;
+/// Failed collectives remembered as drained already.
+const JUNK_SEEN: usize = 256;
 
 /// What the chosen provider offers.
 #[derive(Clone, Debug)]
@@ -70,8 +72,14 @@ pub struct State {
     cq_data: bool,
     /// Drain receives of failed collectives: sequence number, context.
     junk: VecDeque<(u32, Ctx)>,
-    /// Cancelled drain receives waiting for their completion (their context must live).
-    retired: HashMap<usize, Ctx>,
+    /// Collectives ever given drain receives (the newest [`JUNK_SEEN`]), so one is drained
+    /// once, and the board's generation last looked at ([`State::drain_refused`]).
+    junk_seen: VecDeque<u32>,
+    board_gen: u64,
+    /// Operations given up on (failed collectives, retired drain receives) whose completion
+    /// has not come: their contexts, and the owned buffers they target, live here until it
+    /// comes (reaped by [`State::progress`]) or the endpoint is closed.
+    limbo: HashMap<usize, Parked>,
     /// The buffer every drain receive writes into (one piece: nothing is truncated, which
     /// some providers handle badly for large messages); its contents are never read.
     scratch: Vec<u8>,
@@ -79,6 +87,16 @@ pub struct State {
     /// progresses the endpoint next, so a posted send never waits for its own wait.
     backlog: VecDeque<Pending>,
 }
+
+/// An operation in limbo: what must stay alive until its completion (never read).
+struct Parked {
+    _ctx: Ctx,
+    _buf: Option<Arc<Vec<u8>>>,
+}
+
+/// Operations in limbo beyond which the endpoint is closed: the provider is not ending
+/// anything, and each entry holds memory.
+const LIMBO_MAX: usize = 4096;
 
 /// A send piece waiting to be posted (its memory and context belong to its send op).
 struct Pending {
@@ -263,7 +281,9 @@ impl Endpoint {
             cache,
             cq_data: caps.cq_data,
             junk: VecDeque::new(),
-            retired: HashMap::new(),
+            junk_seen: VecDeque::new(),
+            board_gen: 0,
+            limbo: HashMap::new(),
             scratch: Vec::new(),
             backlog: VecDeque::new(),
         };
@@ -303,7 +323,7 @@ impl State {
         match &self.broken {
             None => Ok(()),
             Some(why) => Err(Error::system(format!(
-                "the libfabric endpoint was closed: {why}"
+                "the libfabric endpoint was closed to new operations: {why}"
             ))),
         }
     }
@@ -443,8 +463,8 @@ impl State {
     /// Reads every available completion (driving the provider), filing them by context;
     /// drain receives are re-posted.
     pub fn progress(&mut self) {
-        if self.broken.is_some() {
-            return;
+        if self.raw.ep.is_null() {
+            return; // closed (a retired endpoint is still progressed: limbo drains)
         }
         let mut buf = [Comp::default(); 32];
         let mut msg = [0 as std::ffi::c_char; 256];
@@ -475,7 +495,7 @@ impl State {
             }
             for c in &buf[..n as usize] {
                 self.in_flight = self.in_flight.saturating_sub(1);
-                if self.retired.remove(&c.ctx).is_some() {
+                if self.limbo.remove(&c.ctx).is_some() {
                     continue;
                 }
                 if let Some(i) = self.junk.iter().position(|(_, x)| key(x) == c.ctx) {
@@ -495,15 +515,48 @@ impl State {
     /// Asks the provider to cancel the operation of context `c` (its completion, cancelled
     /// or not, still comes).
     pub fn cancel(&mut self, c: &Ctx) {
-        if self.broken.is_none() {
+        if !self.is_closed() {
             // SAFETY: `raw` is open; `c` identifies an operation posted on it.
             unsafe { sys::pccl_ofi_cancel(&mut self.raw, key(c) as *mut c_void) };
         }
     }
 
-    /// Whether the endpoint was closed (operations then never complete: their memory is free).
-    pub fn is_broken(&self) -> bool {
-        self.broken.is_some()
+    /// Parks the operation of context `c` (cancelled or given up on, not yet ended): its
+    /// context, and `buf` (the owned buffer it targets), live until its completion comes or
+    /// the endpoint is closed; nobody waits for it. Closes the endpoint when limbo is full.
+    pub fn park(&mut self, c: Ctx, buf: Option<Arc<Vec<u8>>>) {
+        if self.is_closed() || self.done.remove(&key(&c)).is_some() {
+            return; // already ended (or the provider let go of everything)
+        }
+        self.limbo.insert(key(&c), Parked { _ctx: c, _buf: buf });
+        if self.limbo.len() > LIMBO_MAX {
+            self.close_with(format!(
+                "{LIMBO_MAX} operations of failed collectives never ended (the provider does \
+                 not complete or cancel them); create a new communicator"
+            ));
+        }
+    }
+
+    /// Operations in limbo (parked, not yet ended).
+    #[allow(dead_code)]
+    pub fn parked(&self) -> usize {
+        self.limbo.len()
+    }
+
+    /// Whether the endpoint was closed (operations then never complete: their memory is
+    /// free). A retired endpoint is not closed.
+    pub fn is_closed(&self) -> bool {
+        self.raw.ep.is_null()
+    }
+
+    /// Retires the endpoint because of `why`: every later operation fails with `why`, but the
+    /// endpoint stays open (and progressed) until the transport is dropped, so the limbo
+    /// can still drain and peers never lose an endpoint they may be writing to (1.17's shm
+    /// crashes a peer that sends to a closed one).
+    pub fn retire(&mut self, why: String) {
+        if self.broken.is_none() {
+            self.broken = Some(why);
+        }
     }
 
     /// Closes the endpoint because of `why`: the provider lets go of every buffer of every
@@ -511,6 +564,8 @@ impl State {
     pub fn close_with(&mut self, why: String) {
         if self.broken.is_none() {
             self.broken = Some(why);
+        }
+        if !self.is_closed() {
             self.close();
         }
     }
@@ -526,6 +581,8 @@ impl State {
         self.done.clear();
         self.backlog.clear();
         self.in_flight = 0;
+        // The provider let go of every operation: limbo's buffers and contexts may go.
+        self.limbo.clear();
     }
 
     /// Drains the leftover messages of collective `seq` (failed on this rank): a receive from
@@ -533,20 +590,22 @@ impl State {
     /// so peers' sends of it complete and the provider's queue of unexpected messages does not
     /// grow.
     pub fn add_junk(&mut self, seq: u32, piece: usize) {
-        if self.broken.is_some() || self.junk.iter().any(|(s, _)| *s == seq) {
+        if self.is_closed() || self.junk_seen.contains(&seq) {
             return;
         }
-        if self.scratch.len() < piece {
-            // Only while no drain receive is posted into the old one.
-            if !self.junk.is_empty() || !self.retired.is_empty() {
-                return;
-            }
+        if self.junk_seen.len() == JUNK_SEEN {
+            self.junk_seen.pop_front();
+        }
+        self.junk_seen.push_back(seq);
+        if self.scratch.is_empty() {
             self.scratch = vec![0u8; piece];
+        } else if self.scratch.len() < piece {
+            return; // the piece size is fixed per endpoint: not reached
         }
         if self.junk.len() == JUNK_KEPT {
             if let Some((_, c)) = self.junk.pop_front() {
                 self.cancel(&c);
-                self.retired.insert(key(&c), c);
+                self.park(c, None);
             }
         }
         self.junk.push_back((seq, ctx()));
@@ -554,13 +613,28 @@ impl State {
         self.repost_junk(i);
     }
 
+    /// Drains the collectives that some rank refused, as the board (`faults`) tells, whether
+    /// or not this rank's own waits of them failed: a rank that learns of a refusal before
+    /// it starts the collective fails it without posting anything, and its peers' sends of it
+    /// must still end. Cheap when the board did not change.
+    pub fn drain_refused(&mut self, faults: &faults::Faults, piece: usize) {
+        let g = faults.generation();
+        if g == self.board_gen || self.is_closed() {
+            return;
+        }
+        self.board_gen = g;
+        for seq in faults.refused_seqs() {
+            self.add_junk(seq, piece);
+        }
+    }
+
     fn repost_junk(&mut self, i: usize) {
         let (seq, c) = &self.junk[i];
         let tag = faults::stamp(*seq, 0);
         let k = key(c);
         let (ptr, len) = (self.scratch.as_mut_ptr(), self.scratch.len());
-        // SAFETY: the scratch buffer lives in this state and is never reallocated while a
-        // drain receive is posted; the context lives in `junk` (or `retired`) until the
+        // SAFETY: the scratch buffer lives in this state and is never reallocated once
+        // allocated; the context lives in `junk` (or `limbo`) until the
         // receive's completion is read or the endpoint is closed.
         let ret = unsafe {
             sys::pccl_ofi_trecv(
@@ -585,8 +659,7 @@ impl State {
 
 impl Drop for State {
     fn drop(&mut self) {
-        if self.broken.is_none() {
-            self.close();
-        }
+        // Idempotent: an endpoint closed earlier has only null handles left.
+        self.close();
     }
 }

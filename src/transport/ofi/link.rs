@@ -14,18 +14,27 @@
 //! on every step, so notices, deaths (seen by the control connections) and aborts end them
 //! within a step.
 //!
-//! **Letting go.** A wait that fails cancels its operations still in flight and keeps
-//! progressing until the provider reports each one ended (a peer's drain receives take an
-//! unmatched send of a failed collective). If that does not happen within [`CONFIRM`], the
-//! endpoint is closed (the provider then lets go of every buffer) and the transport fails
-//! every later call: control never returns to a caller whose buffer the provider may still
-//! use.
+//! **Letting go.** Recovery never depends on the provider honouring a cancel (rxm does not
+//! cancel sends; 1.17 sometimes never ended a truncated large message). A wait that fails:
+//! - *sends*: unposted pieces are withdrawn; posted ones end when the peer takes them (its
+//!   receive, or its drain receive of the failed collective), waited for up to [`CONFIRM`]
+//!   while the peer lives, then parked in the endpoint's limbo (contexts kept alive, reaped
+//!   when their completion comes, freed when the endpoint closes);
+//! - *receives into bounce buffers* are cancelled and parked at once with their buffer;
+//! - *receives into the caller's memory* are cancelled and waited for up to [`CONFIRM`]
+//!   (normally immediate); only if that runs out is the endpoint closed, since the caller
+//!   may free its memory once it has the error ([`recv`] says why).
+//!
+//! No receive is ever truncated (each has room for a whole piece), stamps carry the
+//! collective's sequence number in the bits receives match, so a stale message never matches
+//! a later collective's receive, and the drain receives of failed collectives take stale
+//! messages off the provider's unexpected queue.
 
 use super::fabric::{ctx, Ctx, State};
 use super::Shared;
 use crate::error::{Error, Result};
 use crate::transport::faults::{self, Tag};
-use crate::transport::{SendOp, Transport};
+use crate::transport::SendOp;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -61,7 +70,10 @@ fn wait(
         let s = {
             let mut st = sh.ep.lock();
             st.progress();
-            step(&mut st)?
+            st.drain_refused(sh.ctl.faults(), sh.piece);
+            // The board's cause (a death, a refusal) explains a failure better than its
+            // consequence (say, the endpoint closed because of the death).
+            step(&mut st).map_err(|e| sh.ctl.faults().check(tag, peer).err().unwrap_or(e))?
         };
         match s {
             Step::Done => return Ok(()),
@@ -88,11 +100,36 @@ fn wait(
     }
 }
 
-/// Cancels the operations of `ctxs` and waits for each to end; closes the endpoint when the
-/// provider does not confirm within [`CONFIRM`]. Afterwards their memory is free.
-fn settle(sh: &Shared, peer: usize, ctxs: Vec<Ctx>) {
+/// Whether `peer` is known dead.
+fn is_dead(sh: &Shared, peer: usize) -> bool {
+    sh.ctl.faults().dead_ranks().iter().any(|(r, _)| *r == peer)
+}
+
+/// What to do with operations still not ended after their bounded wait.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Otherwise {
+    /// Park them in limbo (the caller's memory is at most read afterwards).
+    Park,
+    /// Close the endpoint (the provider might still write the caller's memory).
+    Close,
+    /// Sends: park them after a death; if a live peer did not take them, park them and
+    /// retire the endpoint (a provider whose later messages would queue behind them).
+    CloseSends,
+}
+
+/// Cancels the operations of `ctxs` (with `peer`) and waits up to `bound` for each to end,
+/// driving the provider; what is still not ended afterwards is parked or closes the endpoint
+/// (`otherwise`). The wait ends early when the peer is dead. Returns how many were not
+/// ended.
+fn settle(
+    sh: &Shared,
+    peer: usize,
+    ctxs: Vec<Ctx>,
+    bound: Duration,
+    otherwise: Otherwise,
+) -> usize {
     if ctxs.is_empty() {
-        return;
+        return 0;
     }
     let mut left = ctxs;
     {
@@ -101,40 +138,72 @@ fn settle(sh: &Shared, peer: usize, ctxs: Vec<Ctx>) {
             st.cancel(c);
         }
     }
-    let give_up = Instant::now() + CONFIRM;
-    let dead = || sh.ctl.faults().dead_ranks().iter().any(|(r, _)| *r == peer);
+    let give_up = Instant::now() + bound;
     loop {
         let mut st = sh.ep.lock();
-        if st.is_broken() {
-            return;
+        if st.is_closed() {
+            return 0; // the provider let go of everything
         }
         st.progress();
         left.retain(|c| st.take(c).is_none());
         if left.is_empty() {
-            return;
+            return 0;
         }
-        if dead() {
-            // A dead peer never takes its messages: nothing to wait for (after a death the
-            // communicator only shrinks, onto a fresh endpoint).
-            st.close_with(format!(
-                "rank {peer} died with operations of rank {} still in flight",
-                sh.rank
-            ));
-            return;
-        }
-        if Instant::now() >= give_up {
-            st.close_with(format!(
-                "rank {}: {} operation(s) with rank {peer} could not be cancelled within {} s \
-                 after a failed collective (the provider may still have used the caller's \
-                 memory); create a new communicator",
-                sh.rank,
-                left.len(),
-                CONFIRM.as_secs()
-            ));
-            return;
+        // A dead process takes and sends nothing more: waiting for it is pointless. After
+        // any death, a live peer may have failed its side before posting anything (the
+        // communicator only shrinks now): sends are not waited for either.
+        let dead = is_dead(sh, peer);
+        let any_death = otherwise != Otherwise::Close && !sh.ctl.faults().dead_ranks().is_empty();
+        let stop = dead || any_death || Instant::now() >= give_up;
+        if stop {
+            let n = left.len();
+            if super::debug_info() {
+                eprintln!(
+                    "pccl: rank {}: {n} operation(s) with rank {peer} not ended {} ms after a \
+                     failed collective: {}",
+                    sh.rank,
+                    bound.as_millis(),
+                    if otherwise == Otherwise::Park {
+                        "parked"
+                    } else {
+                        "closing the endpoint unless a rank died"
+                    }
+                );
+            }
+            match otherwise {
+                Otherwise::Park => left.into_iter().for_each(|c| st.park(c, None)),
+                Otherwise::CloseSends if dead || any_death => {
+                    left.into_iter().for_each(|c| st.park(c, None))
+                }
+                Otherwise::CloseSends => {
+                    st.retire(format!(
+                        "rank {}: {n} send(s) to rank {peer} were not taken within {} ms after \
+                         a failed collective, and provider {} would hold later messages to it \
+                         behind them; create a new communicator",
+                        sh.rank,
+                        bound.as_millis(),
+                        sh.ep.caps.provider
+                    ));
+                    left.into_iter().for_each(|c| st.park(c, None));
+                }
+                // After a death the communicator can only shrink (onto a fresh endpoint), so
+                // closing this one costs nothing more.
+                Otherwise::Close if dead => st.close_with(format!(
+                    "rank {peer} died while rank {} was receiving from it",
+                    sh.rank
+                )),
+                Otherwise::Close => st.close_with(format!(
+                    "rank {}: {n} receive(s) from rank {peer} into the caller's memory did not \
+                     end within {} ms of being cancelled after a failed collective (the \
+                     provider could still write that memory); create a new communicator",
+                    sh.rank,
+                    bound.as_millis()
+                )),
+            }
+            return n;
         }
         drop(st);
-        std::thread::sleep(Duration::from_micros(200));
+        std::thread::sleep(Duration::from_micros(100));
     }
 }
 
@@ -238,7 +307,11 @@ impl OfiSend {
         })
     }
 
-    /// Withdraws queued pieces and lets go of posted ones (see [`settle`]).
+    /// Withdraws queued pieces and lets go of posted ones: a posted send ends when the peer
+    /// takes it (its receive, or its drain receive once its side of the collective failed
+    /// too), which the wait allows up to [`CONFIRM`] while the peer lives; then it is parked.
+    /// Cancelling sends is not relied on (rxm does not cancel sends). A parked send's buffer
+    /// may still be *read* by the provider after the caller got its error, never written.
     fn release(&mut self) {
         let left = std::mem::take(&mut self.left);
         if left.is_empty() {
@@ -250,7 +323,16 @@ impl OfiSend {
             .into_iter()
             .filter(|c| posted.contains(&super::fabric::key(c)))
             .collect();
-        settle(&self.sh, self.peer, posted);
+        // Only rxm is known to keep messages to one peer independent (a rendezvous waits for
+        // its own match): with 1.17's shm a send left in flight holds up every later message
+        // to that peer, so there an unended send closes the endpoint (later calls fail with
+        // an error saying so) rather than letting the next collective hang.
+        let otherwise = if self.sh.ep.caps.provider.contains("ofi_rxm") {
+            Otherwise::Park
+        } else {
+            Otherwise::CloseSends
+        };
+        settle(&self.sh, self.peer, posted, CONFIRM, otherwise);
     }
 }
 
@@ -293,6 +375,21 @@ pub enum Target<'a> {
 }
 
 /// Receives the next message stamped `tag` from `peer`: exactly `len` bytes.
+///
+/// Every receive is posted with room for a whole piece (a piece shorter than that, the last
+/// of an `Into` message, lands in a bounce buffer and is copied), so no message is ever
+/// truncated whatever a mismatched peer sends: its length is checked on arrival instead.
+/// (rxm 1.17 may never complete the sender of a truncated large message.)
+///
+/// **After a failure** the pieces still posted are cancelled. Those into this call's bounce
+/// buffers are parked at once with their buffer (limbo owns it until the provider ends
+/// them). Those into the caller's destination are waited for, up to [`CONFIRM`]: the caller
+/// may free its memory as soon as it has the error, so control must not return while the
+/// provider could still write there. The wait is short in practice (both providers cancel a
+/// receive that has not matched at once, and one that has matched ends when its transfer
+/// does); if it runs out the endpoint is closed, the only way to make a provider let go.
+/// Receiving every piece through bounce buffers would avoid that wait at the price of a copy
+/// of every received byte on the fast path.
 pub fn recv(
     sh: &Shared,
     peer: usize,
@@ -305,16 +402,15 @@ pub fn recv(
     let n = pieces(len, piece);
     let into = matches!(target, Target::Into(_));
     let window = if into { INTO_WINDOW } else { SINK_WINDOW };
-    let mut bounce = if into {
-        Vec::new()
-    } else {
-        sh.take_bounce(window * piece)
-    };
+    // Sink: `window` slots of a piece each; Into: one slot for a short last piece.
+    let mut bounce = sh.take_bounce(if into { piece } else { window * piece });
     let src = sh.addrs[peer];
-    let mut posted: VecDeque<(usize, Ctx)> = VecDeque::new();
+    // Posted pieces: index, context, whether into the bounce buffer.
+    let mut posted: VecDeque<(usize, Ctx, bool)> = VecDeque::new();
     let mut next = 0usize;
+    let plen_of = |i: usize| (len - (i * piece).min(len)).min(piece);
     let check = |i: usize, c: &super::sys::Comp| -> Result<()> {
-        let plen = (len - (i * piece).min(len)).min(piece);
+        let plen = plen_of(i);
         if c.tag != tag {
             return Err(faults::mismatch(sh.rank, peer, tag, c.tag));
         }
@@ -353,33 +449,43 @@ pub fn recv(
         "waited in vain for a message from",
         |st| {
             let mut moved = false;
-            while let Some((i, c)) = posted.front() {
+            while let Some((i, c, _)) = posted.front() {
                 let Some(comp) = st.take(c) else { break };
                 let i = *i;
                 posted.pop_front();
                 moved = true;
                 check(i, &comp)?;
-                if let Target::Sink(sink) = &mut target {
-                    let slot = (i % window) * piece;
-                    sink(i * piece, &bounce[slot..slot + comp.len as usize]);
+                let got = comp.len as usize;
+                match &mut target {
+                    Target::Sink(sink) => {
+                        let slot = (i % window) * piece;
+                        sink(i * piece, &bounce[slot..slot + got]);
+                    }
+                    Target::Into(dst) if got < piece => {
+                        dst[i * piece..i * piece + got].copy_from_slice(&bounce[..got]);
+                    }
+                    Target::Into(_) => {}
                 }
             }
-            let done_upto = posted.front().map_or(next, |(i, _)| *i);
+            let done_upto = posted.front().map_or(next, |(i, _, _)| *i);
             while next < n && next < done_upto + window {
                 let off = next * piece;
-                let plen = (len - off.min(len)).min(piece);
-                let ptr = match &mut target {
-                    Target::Into(dst) => dst[off..].as_mut_ptr(),
-                    Target::Sink(_) => bounce[(next % window) * piece..].as_mut_ptr(),
+                let (ptr, viab) = match &mut target {
+                    Target::Into(dst) if plen_of(next) == piece => (dst[off..].as_mut_ptr(), false),
+                    Target::Into(_) => (bounce.as_mut_ptr(), true),
+                    Target::Sink(_) => (bounce[(next % window) * piece..].as_mut_ptr(), true),
                 };
                 let c = ctx();
-                // SAFETY: the piece's memory (the caller's destination or this call's bounce
-                // buffer) is not touched by this thread until its completion is taken, and
-                // this function does not return before every posted piece ended (settle).
-                if !unsafe { st.recv(ptr, plen, src, tag, &c)? } {
+                // SAFETY: the piece's memory (a whole piece of the caller's destination, or a
+                // piece-sized slot of this call's bounce buffer) is not touched by this thread
+                // until its completion is taken; on failure it is waited for (destination)
+                // or parked with the bounce buffer (see the function's documentation). Only
+                // the last piece of an `Into` message uses the bounce buffer there, so no two
+                // posted pieces share a slot.
+                if !unsafe { st.recv(ptr, piece, src, tag, &c)? } {
                     break;
                 }
-                posted.push_back((next, c));
+                posted.push_back((next, c, viab));
                 next += 1;
                 moved = true;
             }
@@ -393,13 +499,25 @@ pub fn recv(
         },
     );
     if r.is_err() {
-        settle(sh, peer, posted.into_iter().map(|(_, c)| c).collect());
+        let (viab, user): (Vec<_>, Vec<_>) = posted.into_iter().partition(|(_, _, b)| *b);
+        if !viab.is_empty() {
+            // Parked with the bounce buffer, which limbo now owns (it never returns to the
+            // pool).
+            let buf = Arc::new(std::mem::take(&mut bounce));
+            let mut st = sh.ep.lock();
+            for (_, c, _) in viab {
+                st.cancel(&c);
+                st.park(c, Some(buf.clone()));
+            }
+        }
+        let user: Vec<Ctx> = user.into_iter().map(|(_, c, _)| c).collect();
+        settle(sh, peer, user, CONFIRM, Otherwise::Close);
         if !faults::is_control(tag) && !faults::is_p2p(tag) {
             // The sender's other pieces of this message must not wait for a receive.
             sh.ep.lock().add_junk(faults::seq_of(tag), sh.piece);
         }
     }
-    if !into {
+    if !bounce.is_empty() {
         sh.give_bounce(std::mem::take(&mut bounce));
     }
     r

@@ -4,7 +4,8 @@
 //! `efa` on AWS).
 //!
 //! **Two planes.** Data moves through libfabric; the control plane is the TCP transport's
-//! authenticated mesh (bootstrapped from the same unique id), which carries the endpoint
+//! authenticated mesh (bootstrapped from the same unique id), or under mpiexec the MPI world
+//! (`OfiTransport::on_mpi_world`); it carries the endpoint
 //! address exchange, notices (refusals, aborts) and liveness: a peer whose process ended is
 //! seen there within a poll step, whatever the provider reports. Waits on data look at the
 //! board that the control plane fills.
@@ -50,7 +51,8 @@ const MIN_PIECE: usize = 64 << 10;
 /// What the endpoint's operations share.
 pub(crate) struct Shared {
     ep: Endpoint,
-    ctl: TcpTransport,
+    /// The control plane: the TCP mesh of a unique-id job, or the MPI world under mpiexec.
+    ctl: Arc<dyn Transport>,
     addrs: Vec<u64>,
     rank: usize,
     piece: usize,
@@ -93,11 +95,21 @@ impl OfiTransport {
         timeout: Duration,
     ) -> Result<Self> {
         let ctl = TcpTransport::connect_with(id, nranks, rank, chunk_bytes, timeout, false)?;
-        Self::over(ctl, chunk_bytes, timeout)
+        Self::over(Arc::new(ctl), chunk_bytes, timeout)
+    }
+
+    /// Joins the MPI world (collective over `MPI_COMM_WORLD`, initialising MPI if needed):
+    /// the endpoint addresses are exchanged through MPI (an all-to-all of the bootstrap
+    /// records over a duplicate of the world), which then stays the control plane (notices,
+    /// sub-communicators). No unique id is needed; the ranks are the world's.
+    #[cfg(feature = "mpi")]
+    pub fn on_mpi_world(chunk_bytes: usize, timeout: Duration) -> Result<Self> {
+        let ctl = super::mpi::MpiTransport::world(chunk_bytes)?;
+        Self::over(Arc::new(ctl), chunk_bytes, timeout)
     }
 
     /// Opens this rank's endpoint and exchanges addresses over the control plane `ctl`.
-    fn over(ctl: TcpTransport, chunk: usize, timeout: Duration) -> Result<Self> {
+    fn over(ctl: Arc<dyn Transport>, chunk: usize, timeout: Duration) -> Result<Self> {
         let ep = fabric::open_endpoint()?;
         let (rank, p) = (ctl.rank(), ctl.size());
         if ep.name.len() > NAME_MAX {
@@ -172,7 +184,7 @@ impl OfiTransport {
         // No data may reach a rank before it knows the sender's address (providers drop or
         // cannot attribute such messages, rxm refuses the connection): a barrier.
         ready(
-            &ctl,
+            ctl.as_ref(),
             faults::stamp(0, faults::CONTROL | 0x0f1f_0002),
             deadline,
         )?;
@@ -205,6 +217,7 @@ impl OfiTransport {
             timeout,
             bounce: Mutex::new(Vec::new()),
         });
+        connect_all(&sh, deadline)?;
         let stop = Arc::new(AtomicBool::new(false));
         let service = spawn_service(Arc::downgrade(&sh), stop.clone())?;
         Ok(OfiTransport {
@@ -231,8 +244,47 @@ impl OfiTransport {
     }
 }
 
+/// Every rank sends every other a token over libfabric and waits for all of theirs, so the
+/// provider's connections (rxm connects on first use) exist before any collective. Without
+/// it, with 1.17's rxm, the first messages between two ranks, when they belonged to a
+/// collective that failed before the receiver posted anything, were sometimes never taken
+/// by its drain receive (their sender then waited 2 s). It also takes connection set-up
+/// out of the first collective's time.
+fn connect_all(sh: &Arc<Shared>, deadline: Instant) -> Result<()> {
+    let tag = faults::stamp(0, faults::CONTROL | 0x0f1f_0004);
+    let (rank, p) = (sh.rank, sh.addrs.len());
+    let token = MAGIC.to_le_bytes();
+    let mut sends = Vec::new();
+    let mut result = Ok(());
+    for j in (0..p).filter(|&j| j != rank) {
+        // SAFETY: `token` outlives every send: all are waited for (or dropped, which lets go
+        // of them) before this function returns.
+        match unsafe { OfiSend::post(sh.clone(), j, tag, token.as_ptr(), token.len()) } {
+            Ok(s) => sends.push(s),
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    if result.is_ok() {
+        for j in (0..p).filter(|&j| j != rank) {
+            let mut b = [0u8; 8];
+            if let Err(e) = link::recv(sh, j, tag, b.len(), deadline, Target::Into(&mut b)) {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    for s in sends {
+        let r = Box::new(s).wait(deadline);
+        result = result.and(r);
+    }
+    result
+}
+
 /// Every rank sends every other a token over the control plane and waits for all of theirs.
-fn ready(ctl: &TcpTransport, tag: Tag, deadline: Instant) -> Result<()> {
+fn ready(ctl: &dyn Transport, tag: Tag, deadline: Instant) -> Result<()> {
     let (rank, p) = (ctl.rank(), ctl.size());
     let token = MAGIC.to_le_bytes();
     let mut sends = Vec::new();
@@ -263,7 +315,7 @@ fn ready(ctl: &TcpTransport, tag: Tag, deadline: Instant) -> Result<()> {
     result
 }
 
-fn debug_info() -> bool {
+pub(crate) fn debug_info() -> bool {
     matches!(
         std::env::var("PCCL_DEBUG")
             .unwrap_or_default()
@@ -283,6 +335,7 @@ fn spawn_service(sh: Weak<Shared>, stop: Arc<AtomicBool>) -> Result<JoinHandle<(
                 let Some(sh) = sh.upgrade() else { return };
                 if let Some(mut st) = sh.ep.try_lock() {
                     st.progress();
+                    st.drain_refused(sh.ctl.faults(), sh.piece);
                 }
                 drop(sh);
                 std::thread::sleep(Duration::from_millis(2));
@@ -300,7 +353,7 @@ impl Drop for OfiTransport {
         if self.sh.ctl.faults().dead_ranks().is_empty() && self.sh.ctl.faults().aborted().is_none()
         {
             let _ = ready(
-                &self.sh.ctl,
+                self.sh.ctl.as_ref(),
                 faults::stamp(0, faults::CONTROL | 0x0f1f_0003),
                 Instant::now() + Duration::from_secs(2),
             );
@@ -384,7 +437,7 @@ impl Transport for OfiTransport {
     }
 
     fn subset(&self, members: &[usize], ctx: u64) -> Result<Arc<dyn Transport>> {
-        let ctl = self.sh.ctl.sub(members, ctx)?;
+        let ctl = self.sh.ctl.subset(members, ctx)?;
         Ok(Arc::new(Self::over(ctl, self.sh.piece, self.sh.timeout)?))
     }
 }
