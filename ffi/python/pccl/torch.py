@@ -814,7 +814,10 @@ class PcclBackend(_BASE):
         if comm is None or self._p2p_pending or getattr(opts, "asyncOp", True):
             return None
         for t in tensors:
-            if not (t.is_cpu and t.layout is _STRIDED and t.is_contiguous()):
+            # `_is_device` too: the one seam that says where a tensor lives (tests stub it).
+            if not (t.is_cpu and t.layout is _STRIDED and t.is_contiguous()) or _is_device(
+                t.device
+            ):
                 return None
         return comm.handle
 
