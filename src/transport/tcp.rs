@@ -496,6 +496,23 @@ impl Transport for TcpTransport {
         self.link(peer)?.recv(tag, len, deadline, Target::Into(dst))
     }
 
+    /// A message is one self-describing frame however the sender was told to cut it, so only
+    /// the receiver's hand-over to `sink` follows `piece` (a peer with another piece size
+    /// interoperates).
+    fn recv_pieces(
+        &self,
+        peer: usize,
+        tag: Tag,
+        len: usize,
+        piece: Option<usize>,
+        deadline: Instant,
+        sink: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        let piece = piece.map_or(self.chunk, |p| p.max(4096));
+        self.link(peer)?
+            .recv(tag, len, deadline, Target::Sink(sink, piece))
+    }
+
     fn subset(&self, members: &[usize], ctx: u64) -> Result<Arc<dyn Transport>> {
         Ok(Arc::new(self.sub(members, ctx)?))
     }
