@@ -152,7 +152,9 @@ fn the_tuners_piece_reaches_mpi_and_a_mismatched_rank_fails_clearly() {
         } else {
             cmd.args(["-n", "3", bench]);
         }
-        cmd.args(args).output().expect("mpiexec runs (install mpich)")
+        cmd.args(args)
+            .output()
+            .expect("mpiexec runs (install mpich)")
     };
     let out = run(None);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -160,7 +162,10 @@ fn the_tuners_piece_reaches_mpi_and_a_mismatched_rank_fails_clearly() {
     assert!(err.contains("pieces of 16384 B applied"), "{err}");
     let out = run(Some("65536"));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "a mismatched piece size went unnoticed: {err}");
+    assert!(
+        !out.status.success(),
+        "a mismatched piece size went unnoticed: {err}"
+    );
     assert!(
         err.contains("in pieces of 16384") || err.contains("in pieces of 65536"),
         "{err}"

@@ -202,7 +202,10 @@ fn assert_cut(rank: usize, recvs: &[Recv], piece: usize) {
             cut += usize::from(h > 1);
         }
     }
-    assert!(cut > 0, "rank {rank}: no receive was cut in pieces: {recvs:?}");
+    assert!(
+        cut > 0,
+        "rank {rank}: no receive was cut in pieces: {recvs:?}"
+    );
 }
 
 #[test]

@@ -54,6 +54,9 @@ pub struct Communicator {
     inner: Arc<Inner>,
 }
 
+/// The tuner's algorithm for a collective and size, and the piece size its calls run with.
+type Tuned = (Algorithm, Option<usize>);
+
 struct Inner {
     transport: Arc<dyn Transport>,
     topo: Topology,
@@ -70,7 +73,7 @@ struct Inner {
     worker: Mutex<Option<Worker>>,
     outstanding: Outstanding,
     /// The tuner's algorithm and piece size per collective and size bucket.
-    choices: Mutex<HashMap<(Collective, u32), (Algorithm, Option<usize>)>>,
+    choices: Mutex<HashMap<(Collective, u32), Tuned>>,
     plans: Mutex<HashMap<(Collective, Algorithm), Arc<Plan>>>,
     /// Working space of the device front end (`comm::device`), kept between calls.
     device: Mutex<Option<Box<dyn std::any::Any + Send>>>,

@@ -230,7 +230,13 @@ fn recv_copy<T: Element>(
         let s = segs[0];
         // SAFETY: the receive target is written by no other step of the phase and read by none.
         let d = unsafe { mem.slice_mut(s.buf, s.off, s.len) };
-        return tr.recv_into_pieces(peer, opt.tag, bytemuck::cast_slice_mut(d), opt.piece, deadline);
+        return tr.recv_into_pieces(
+            peer,
+            opt.tag,
+            bytemuck::cast_slice_mut(d),
+            opt.piece,
+            deadline,
+        );
     }
     let mut pieces = Vec::with_capacity(segs.len());
     let mut pos = 0;
@@ -239,16 +245,23 @@ fn recv_copy<T: Element>(
         pos += s.len;
     }
     let mut tmp: Vec<T> = Vec::new();
-    tr.recv_pieces(peer, opt.tag, pos * es, opt.piece, deadline, &mut |off, bytes| {
-        let src: &[T] = match as_elems::<T>(bytes, &mut tmp) {
-            None => bytemuck::cast_slice(bytes),
-            Some(_) => &tmp,
-        };
-        for_overlaps(&pieces, off / es, src, |part, s, at| {
-            // SAFETY: as above: receive targets are exclusive to this step.
-            unsafe { mem.slice_mut(s.buf, s.off + at, part.len()) }.copy_from_slice(part);
-        });
-    })
+    tr.recv_pieces(
+        peer,
+        opt.tag,
+        pos * es,
+        opt.piece,
+        deadline,
+        &mut |off, bytes| {
+            let src: &[T] = match as_elems::<T>(bytes, &mut tmp) {
+                None => bytemuck::cast_slice(bytes),
+                Some(_) => &tmp,
+            };
+            for_overlaps(&pieces, off / es, src, |part, s, at| {
+                // SAFETY: as above: receive targets are exclusive to this step.
+                unsafe { mem.slice_mut(s.buf, s.off + at, part.len()) }.copy_from_slice(part);
+            });
+        },
+    )
 }
 
 fn recv_reduce<T: Element>(

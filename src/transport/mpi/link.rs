@@ -670,11 +670,7 @@ impl Core {
             return Err(Error::invalid(format!("no rank {peer}")));
         }
         self.seen(tag);
-        let header = Box::new([
-            tag.to_le(),
-            (len as u64).to_le(),
-            (chunk as u64).to_le(),
-        ]);
+        let header = Box::new([tag.to_le(), (len as u64).to_le(), (chunk as u64).to_le()]);
         let h = self.header_tag(faults::seq_of(tag));
         let mut send = MpiSend {
             core: self.clone(),

@@ -537,7 +537,14 @@ impl Transport for MpiTransport {
     ) -> Result<()> {
         self.device_mode()?;
         // As in `isend_device`: an address for MPI only.
-        self.recv_raw(peer, tag, ptr as usize as *mut u8, len, self.core.chunk, deadline)
+        self.recv_raw(
+            peer,
+            tag,
+            ptr as usize as *mut u8,
+            len,
+            self.core.chunk,
+            deadline,
+        )
     }
 
     /// A sub-communicator through `MPI_Comm_create_group`, which only the members call: it
@@ -588,7 +595,9 @@ impl MpiTransport {
         chunk: usize,
     ) -> Result<Box<dyn SendOp>> {
         // SAFETY: forwarded from the caller.
-        Ok(Box::new(unsafe { self.core.isend(peer, tag, ptr, len, chunk) }?))
+        Ok(Box::new(unsafe {
+            self.core.isend(peer, tag, ptr, len, chunk)
+        }?))
     }
 
     /// Receives a `len`-byte message from `peer` into `base` (host memory, or device memory for
