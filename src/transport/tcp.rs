@@ -7,8 +7,7 @@
 //! mesh: one connection per pair. A send is a framed message (`tag`, `len`) written by that
 //! peer's writer thread straight from the caller's memory; a receive reads the frame on the
 //! caller's thread, in pieces of the call's piece size (the tuner's, or `PCCL_CHUNK_SIZE`), so
-//! reductions overlap the rest of the
-//! transfer.
+//! reductions overlap the rest of the transfer.
 //!
 //! # The unique id is a secret
 //!
