@@ -7,7 +7,7 @@
 //! | `PCCL_TUNE_FILE` | the tuner's machine profile (TOML, written by `pccl-tune`) | `$XDG_CONFIG_HOME/pccl/tune.toml` if present, else built in |
 //! | `PCCL_RANKS_PER_NODE` | pretend nodes of this many consecutive ranks | real hosts |
 //! | `PCCL_TIMEOUT` | seconds a whole collective may take before a timeout error (one deadline per collective) | `300` |
-//! | `PCCL_CHUNK_SIZE` | bytes per pipelined piece of a large message | `1048576` |
+//! | `PCCL_CHUNK_SIZE` | bytes per pipelined piece of a large message; when set it wins over the tuner's per-call piece (every rank must set the same) | the tuner's piece per call (`1048576` where nothing is tuned) |
 //! | `PCCL_MODEL` | cost-model parameters `a_intra,bw_intra,a_inter,bw_inter,bw_reduce` (µs, GB/s) | built in |
 //! | `PCCL_NCCL` | intra-node level of device collectives on NCCL (RCCL on ROCm): `auto`, `1` (required), `0` (never) | `auto` |
 //! | `PCCL_DEVICE_DIRECT` | `1`: device collectives hand device pointers to a transport that moves device memory (CUDA-aware MPI, thread world in device mode); `0`: always pinned host staging (every rank must agree) | `1` |
@@ -69,6 +69,9 @@ pub struct Config {
     pub timeout: Duration,
     /// Bytes per pipelined piece.
     pub chunk_bytes: usize,
+    /// Whether the user set `chunk_bytes` (`PCCL_CHUNK_SIZE`): it then wins over the tuner's
+    /// per-call piece size.
+    pub chunk_explicit: bool,
     /// Cost-model parameters for the tuner.
     pub model: CostParams,
     /// NCCL for the intra-node level of device collectives.
@@ -96,6 +99,7 @@ impl Default for Config {
             ranks_per_node: None,
             timeout: Duration::from_secs(300),
             chunk_bytes: 1 << 20,
+            chunk_explicit: false,
             model: CostParams::default(),
             nccl: NcclMode::Auto,
             device_direct: true,
@@ -197,6 +201,7 @@ impl Config {
                 ));
             }
             c.chunk_bytes = b & !63;
+            c.chunk_explicit = true;
         }
         if let Some(v) = var("PCCL_MODEL") {
             c.model = v.parse()?;

@@ -110,3 +110,65 @@ fn benchmark_check_mode_passes_under_mpiexec() {
         ],
     );
 }
+
+/// The tuner's piece size reaches the MPI transport per call (a profile whose only piece
+/// candidate is 16 KiB: 1 MiB messages in 64 pieces, whose headers every receiver checks),
+/// and a rank cutting at another size (`PCCL_CHUNK_SIZE` on one rank only) makes the
+/// collective fail with an error naming both piece sizes instead of hanging or corrupting.
+#[test]
+fn the_tuners_piece_reaches_mpi_and_a_mismatched_rank_fails_clearly() {
+    let bench = env!("CARGO_BIN_EXE_pccl-bench");
+    let dir = std::env::temp_dir().join(format!("pccl-piece-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let prof = dir.join("small-piece.toml");
+    std::fs::write(
+        &prof,
+        "name = \"small pieces\"\npiece_bytes = 16384\npiece_candidates = [16384]\n",
+    )
+    .expect("profile written");
+    let args = [
+        "--coll",
+        "reducescatter",
+        "-m",
+        "1M:1M",
+        "-i",
+        "2",
+        "-x",
+        "0",
+        "--check",
+        "--no-mpi-compare",
+    ];
+    let run = |chunk_on_rank0: Option<&str>| {
+        let mut cmd = Command::new("mpiexec");
+        cmd.env("PCCL_TUNE_FILE", &prof)
+            .env("PCCL_TIMEOUT", "30")
+            .env("PCCL_DEBUG", "INFO")
+            .env_remove("PCCL_CHUNK_SIZE")
+            .env_remove("PCCL_RANKS_PER_NODE");
+        if let Some(c) = chunk_on_rank0 {
+            cmd.args(["-n", "1", "-env", "PCCL_CHUNK_SIZE", c, bench])
+                .args(args)
+                .args([":", "-n", "2", bench]);
+        } else {
+            cmd.args(["-n", "3", bench]);
+        }
+        cmd.args(args)
+            .output()
+            .expect("mpiexec runs (install mpich)")
+    };
+    let out = run(None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("pieces of 16384 B applied"), "{err}");
+    let out = run(Some("65536"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a mismatched piece size went unnoticed: {err}"
+    );
+    assert!(
+        err.contains("in pieces of 16384") || err.contains("in pieces of 65536"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

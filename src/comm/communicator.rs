@@ -54,6 +54,9 @@ pub struct Communicator {
     inner: Arc<Inner>,
 }
 
+/// The tuner's algorithm for a collective and size, and the piece size its calls run with.
+type Tuned = (Algorithm, Option<usize>);
+
 struct Inner {
     transport: Arc<dyn Transport>,
     topo: Topology,
@@ -69,7 +72,8 @@ struct Inner {
     exec: Mutex<Vec<u64>>,
     worker: Mutex<Option<Worker>>,
     outstanding: Outstanding,
-    choices: Mutex<HashMap<(Collective, u32), Algorithm>>,
+    /// The tuner's algorithm and piece size per collective and size bucket.
+    choices: Mutex<HashMap<(Collective, u32), Tuned>>,
     plans: Mutex<HashMap<(Collective, Algorithm), Arc<Plan>>>,
     /// Working space of the device front end (`comm::device`), kept between calls.
     device: Mutex<Option<Box<dyn std::any::Any + Send>>>,
@@ -632,31 +636,59 @@ impl Inner {
         }
         let bucket = usize::BITS - block_bytes.leading_zeros();
         if let Some(a) = lock(&self.choices).get(&(coll, bucket)) {
-            return Ok(*a);
+            return Ok(a.0);
         }
         let rank = self.transport.rank();
         let (choice, scored) =
             tuner::choose_with(coll, &self.topo, block_bytes, &self.cfg.profile)?;
         let best = choice.algo;
+        let piece = self.piece_for(Some(choice.piece_bytes));
         if self.cfg.debug >= DebugLevel::Info && rank == 0 {
             let table: Vec<String> = scored
                 .iter()
                 .map(|(a, t)| format!("{a} {:.1}us", t * 1e6))
                 .collect();
             eprintln!(
-                "PCCL INFO {:?} {} B/block on {} ({}): {} (model's best piece {} B) [profile {}: {}]",
+                "PCCL INFO {:?} {} B/block on {} ({}): {} (pieces of {} B applied{}) [profile {}: {}]",
                 coll,
                 block_bytes,
                 self.topo.describe(),
                 self.transport.name(),
                 best,
-                choice.piece_bytes,
+                piece.unwrap_or(self.cfg.chunk_bytes),
+                if self.cfg.chunk_explicit {
+                    format!(
+                        ": PCCL_CHUNK_SIZE wins over the model's {} B",
+                        choice.piece_bytes
+                    )
+                } else {
+                    ", the model's choice".to_string()
+                },
                 self.cfg.profile.name,
                 table.join(", ")
             );
         }
-        lock(&self.choices).insert((coll, bucket), best);
+        lock(&self.choices).insert((coll, bucket), (best, piece));
         Ok(best)
+    }
+
+    /// The piece size a call runs with: an explicit `PCCL_CHUNK_SIZE` wins over the tuner's
+    /// `tuned` piece; `None` (nothing tuned, nothing set) keeps the transport's own.
+    fn piece_for(&self, tuned: Option<usize>) -> Option<usize> {
+        if self.cfg.chunk_explicit {
+            Some(self.cfg.chunk_bytes)
+        } else {
+            tuned
+        }
+    }
+
+    /// The piece size of a call of `coll` with blocks of `block_bytes` (after
+    /// [`Inner::plan`] tuned it). Every rank computes the same: the tuner's choice depends
+    /// only on the topology, the profile and the size.
+    fn piece_of(&self, coll: Collective, block_bytes: usize) -> Option<usize> {
+        let bucket = usize::BITS - block_bytes.leading_zeros();
+        let tuned = lock(&self.choices).get(&(coll, bucket)).and_then(|c| c.1);
+        self.piece_for(tuned)
     }
 
     fn plan(&self, coll: Collective, block_bytes: usize) -> Result<Arc<Plan>> {
@@ -791,6 +823,7 @@ impl Inner {
             deadline: Instant::now() + self.timeout(),
             op: call.op,
             corrupt,
+            piece: self.piece_of(call.coll, call.block_bytes),
         };
         execute(plan, self.transport.as_ref(), &mem, &opt)
     }

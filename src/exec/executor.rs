@@ -1,7 +1,8 @@
 //! Runs one rank's plan: per phase, post every send, do the local copies, complete every
 //! receive (copying or reducing straight out of the transport's pieces), then wait for the
-//! sends. Large messages arrive in pieces (`PCCL_CHUNK_SIZE`), so the reduction of one piece
-//! overlaps the transfer of the next.
+//! sends. Large messages arrive in pieces (the tuner's piece size per call, or
+//! `PCCL_CHUNK_SIZE`: [`ExecOptions::piece`]), so the reduction of one piece overlaps the
+//! transfer of the next.
 
 use super::local::{local_steps, LocalTarget};
 use super::memory::Memory;
@@ -24,6 +25,10 @@ pub struct ExecOptions {
     pub op: ReduceOp,
     /// Fault injection (`corrupt`): sends leave with a damaged stamp.
     pub corrupt: bool,
+    /// Bytes per transport piece for this call (the tuner's choice, or an explicit
+    /// `PCCL_CHUNK_SIZE`); `None` keeps the transport's creation-time size. Every rank of
+    /// the collective must pass the same (see [`Transport::isend_pieces`]).
+    pub piece: Option<usize>,
 }
 
 /// The bits fault injection flips in a damaged stamp (inside the call fingerprint's hash).
@@ -128,7 +133,7 @@ fn run_phase<T: Element>(
                 };
                 // SAFETY: the send's memory is part of a caller buffer that outlives this call,
                 // and the plan never writes it during this phase; we wait for the send below.
-                unsafe { tr.isend(*peer, send_tag, ptr as *const u8, len * es) }
+                unsafe { tr.isend_pieces(*peer, send_tag, ptr as *const u8, len * es, opt.piece) }
             } else {
                 let mut packed = Vec::with_capacity(total(&segs));
                 for s in &segs {
@@ -139,7 +144,7 @@ fn run_phase<T: Element>(
                 staging.push(packed);
                 // SAFETY: `packed` lives in `staging` (its heap block never moves) until the
                 // sends are waited for at the end of this function.
-                unsafe { tr.isend(*peer, send_tag, ptr as *const u8, len * es) }
+                unsafe { tr.isend_pieces(*peer, send_tag, ptr as *const u8, len * es, opt.piece) }
             };
             match posted {
                 Ok(op) => sends.push(op),
@@ -225,7 +230,13 @@ fn recv_copy<T: Element>(
         let s = segs[0];
         // SAFETY: the receive target is written by no other step of the phase and read by none.
         let d = unsafe { mem.slice_mut(s.buf, s.off, s.len) };
-        return tr.recv_into(peer, opt.tag, bytemuck::cast_slice_mut(d), deadline);
+        return tr.recv_into_pieces(
+            peer,
+            opt.tag,
+            bytemuck::cast_slice_mut(d),
+            opt.piece,
+            deadline,
+        );
     }
     let mut pieces = Vec::with_capacity(segs.len());
     let mut pos = 0;
@@ -234,16 +245,23 @@ fn recv_copy<T: Element>(
         pos += s.len;
     }
     let mut tmp: Vec<T> = Vec::new();
-    tr.recv(peer, opt.tag, pos * es, deadline, &mut |off, bytes| {
-        let src: &[T] = match as_elems::<T>(bytes, &mut tmp) {
-            None => bytemuck::cast_slice(bytes),
-            Some(_) => &tmp,
-        };
-        for_overlaps(&pieces, off / es, src, |part, s, at| {
-            // SAFETY: as above: receive targets are exclusive to this step.
-            unsafe { mem.slice_mut(s.buf, s.off + at, part.len()) }.copy_from_slice(part);
-        });
-    })
+    tr.recv_pieces(
+        peer,
+        opt.tag,
+        pos * es,
+        opt.piece,
+        deadline,
+        &mut |off, bytes| {
+            let src: &[T] = match as_elems::<T>(bytes, &mut tmp) {
+                None => bytemuck::cast_slice(bytes),
+                Some(_) => &tmp,
+            };
+            for_overlaps(&pieces, off / es, src, |part, s, at| {
+                // SAFETY: as above: receive targets are exclusive to this step.
+                unsafe { mem.slice_mut(s.buf, s.off + at, part.len()) }.copy_from_slice(part);
+            });
+        },
+    )
 }
 
 fn recv_reduce<T: Element>(
@@ -267,10 +285,11 @@ fn recv_reduce<T: Element>(
         .collect();
     let op = opt.op;
     let mut tmp: Vec<T> = Vec::new();
-    tr.recv(
+    tr.recv_pieces(
         peer,
         opt.tag,
         total(&d) * es,
+        opt.piece,
         deadline,
         &mut |off, bytes| {
             let src: &[T] = match as_elems::<T>(bytes, &mut tmp) {

@@ -103,6 +103,10 @@ pub struct Profile {
     pub piece_bytes: usize,
     /// Extra cost of each piece after the first (µs).
     pub piece_overhead_us: f64,
+    /// Piece sizes the tuner compares per call (bytes, each ≥ 4096); empty: its built-in
+    /// list ([`crate::model::tuner::PIECES`]). The chosen one is what the transports cut
+    /// messages at, unless `PCCL_CHUNK_SIZE` is set.
+    pub piece_candidates: Vec<usize>,
     /// The flat ring as NCCL/RCCL run it: one node's share of a step leaves through all its
     /// NICs (one channel per NIC) and the steps are pipelined, so a block pays each hop's
     /// latency once (presets for comparison with NCCL; PCCL's own executor does neither).
@@ -133,6 +137,7 @@ impl Default for Profile {
             ranks_per_node: 1,
             piece_bytes: 1 << 20,
             piece_overhead_us: 0.0,
+            piece_candidates: Vec::new(),
             nccl_ring: false,
             reduce_host_gbps: host,
             reduce_device_gbps: dev,
@@ -204,6 +209,11 @@ impl Profile {
         }
         if self.piece_bytes < 64 {
             return Err(Error::invalid("profile: piece_bytes must be at least 64"));
+        }
+        if let Some(p) = self.piece_candidates.iter().find(|&&p| p < 4096) {
+            return Err(Error::invalid(format!(
+                "profile: piece_candidates holds {p}, below the transports' 4096-byte minimum"
+            )));
         }
         for (k, v) in self.reduce_host_gbps.iter().chain(&self.reduce_device_gbps) {
             positive(&format!("reduce rate {k}"), *v)?;

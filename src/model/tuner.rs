@@ -45,8 +45,8 @@ pub const PIECES: [usize; 4] = [256 << 10, 1 << 20, 4 << 20, 16 << 20];
 pub struct Choice {
     /// The fastest algorithm.
     pub algo: Algorithm,
-    /// Its best piece size (advisory: the transports cut messages at `PCCL_CHUNK_SIZE`,
-    /// fixed when they are created).
+    /// Its best piece size: the communicator runs the call with it (the transports cut
+    /// messages at it, [`crate::exec::ExecOptions::piece`]) unless `PCCL_CHUNK_SIZE` is set.
     pub piece_bytes: usize,
     /// Its predicted seconds with the profile's piece size.
     pub seconds: f64,
@@ -112,7 +112,12 @@ pub fn choose_with(
         .unwrap_or((Algorithm::Flat(LevelAlgo::Ring), 0.0));
     let mut piece_bytes = prof.piece_bytes;
     let mut best = seconds;
-    for &pb in &PIECES {
+    let pieces: &[usize] = if prof.piece_candidates.is_empty() {
+        &PIECES
+    } else {
+        &prof.piece_candidates
+    };
+    for &pb in pieces {
         let p = Profile {
             piece_bytes: pb,
             ..prof.clone()

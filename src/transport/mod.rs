@@ -142,6 +142,58 @@ pub trait Transport: Send + Sync {
         })
     }
 
+    /// [`Transport::isend`] with the message cut in pieces of `piece` bytes (the tuner's
+    /// per-call choice) instead of the transport's creation-time `PCCL_CHUNK_SIZE`; `None`
+    /// keeps that one. Where the wire format depends on the cut (MPI: the receiver posts its
+    /// pieces before the header arrives) the receiver must pass the same `piece` to
+    /// [`Transport::recv_pieces`]. Transports that do not cut messages on the send side
+    /// (threads, TCP: one self-describing frame) or negotiate one size at creation (ofi)
+    /// ignore it.
+    ///
+    /// # Safety
+    /// As for [`Transport::isend`].
+    unsafe fn isend_pieces(
+        &self,
+        peer: usize,
+        tag: Tag,
+        ptr: *const u8,
+        len: usize,
+        piece: Option<usize>,
+    ) -> Result<Box<dyn SendOp>> {
+        let _ = piece;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.isend(peer, tag, ptr, len) }
+    }
+
+    /// [`Transport::recv`] with the message handed to `sink` in pieces of `piece` bytes
+    /// (`None`: the creation-time size); see [`Transport::isend_pieces`].
+    fn recv_pieces(
+        &self,
+        peer: usize,
+        tag: Tag,
+        len: usize,
+        piece: Option<usize>,
+        deadline: Instant,
+        sink: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        let _ = piece;
+        self.recv(peer, tag, len, deadline, sink)
+    }
+
+    /// [`Transport::recv_into`] for a message sent with [`Transport::isend_pieces`] and the
+    /// same `piece`.
+    fn recv_into_pieces(
+        &self,
+        peer: usize,
+        tag: Tag,
+        dst: &mut [u8],
+        piece: Option<usize>,
+        deadline: Instant,
+    ) -> Result<()> {
+        let _ = piece;
+        self.recv_into(peer, tag, dst, deadline)
+    }
+
     /// Whether [`Transport::isend_device`] and [`Transport::recv_device`] work: the transport
     /// reads and writes GPU memory itself (CUDA-aware MPI, thread-ranks in device mode), so
     /// device collectives can skip pinned host staging. Sub-communicators ([`Transport::subset`])

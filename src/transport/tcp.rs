@@ -6,8 +6,8 @@
 //! own listener, reports it to the rendezvous, receives everyone's address and builds a full
 //! mesh: one connection per pair. A send is a framed message (`tag`, `len`) written by that
 //! peer's writer thread straight from the caller's memory; a receive reads the frame on the
-//! caller's thread, in pieces of `PCCL_CHUNK_SIZE`, so reductions overlap the rest of the
-//! transfer.
+//! caller's thread, in pieces of the call's piece size (the tuner's, or `PCCL_CHUNK_SIZE`), so
+//! reductions overlap the rest of the transfer.
 //!
 //! # The unique id is a secret
 //!
@@ -494,6 +494,23 @@ impl Transport for TcpTransport {
     fn recv_into(&self, peer: usize, tag: Tag, dst: &mut [u8], deadline: Instant) -> Result<()> {
         let len = dst.len();
         self.link(peer)?.recv(tag, len, deadline, Target::Into(dst))
+    }
+
+    /// A message is one self-describing frame however the sender was told to cut it, so only
+    /// the receiver's hand-over to `sink` follows `piece` (a peer with another piece size
+    /// interoperates).
+    fn recv_pieces(
+        &self,
+        peer: usize,
+        tag: Tag,
+        len: usize,
+        piece: Option<usize>,
+        deadline: Instant,
+        sink: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        let piece = piece.map_or(self.chunk, |p| p.max(4096));
+        self.link(peer)?
+            .recv(tag, len, deadline, Target::Sink(sink, piece))
     }
 
     fn subset(&self, members: &[usize], ctx: u64) -> Result<Arc<dyn Transport>> {

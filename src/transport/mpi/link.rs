@@ -218,6 +218,12 @@ impl Drop for Core {
 
 impl Core {
     /// Link state over `comm` (a communicator this transport owns, errors returned).
+    /// The piece size of a call: `piece` (the call's own) or the creation-time size, within
+    /// the bounds MPI counts allow.
+    pub fn cut(&self, piece: Option<usize>) -> usize {
+        piece.map_or(self.chunk, |p| p.clamp(4096, i32::MAX as usize))
+    }
+
     pub fn new(comm: ffi::MPI_Comm, rank: usize, size: usize, chunk: usize) -> Result<Core> {
         let mut ub: *mut i32 = std::ptr::null_mut();
         let mut flag = 0;
@@ -646,7 +652,8 @@ impl Core {
 
     // ---- messages -------------------------------------------------------------------------
 
-    /// Posts the header and pieces of a `len`-byte message at `ptr` stamped `tag` to `peer`.
+    /// Posts the header and pieces (of `chunk` bytes, see [`Core::cut`]) of a `len`-byte
+    /// message at `ptr` stamped `tag` to `peer`.
     ///
     /// # Safety
     /// The `len` bytes at `ptr` (host, or device memory for a CUDA-aware MPI: only handed to
@@ -657,28 +664,25 @@ impl Core {
         tag: Tag,
         ptr: *const u8,
         len: usize,
+        chunk: usize,
     ) -> Result<MpiSend> {
         if peer >= self.size {
             return Err(Error::invalid(format!("no rank {peer}")));
         }
         self.seen(tag);
-        let header = Box::new([
-            tag.to_le(),
-            (len as u64).to_le(),
-            (self.chunk as u64).to_le(),
-        ]);
+        let header = Box::new([tag.to_le(), (len as u64).to_le(), (chunk as u64).to_le()]);
         let h = self.header_tag(faults::seq_of(tag));
         let mut send = MpiSend {
             core: self.clone(),
-            reqs: Vec::with_capacity(1 + pieces(len, self.chunk)),
+            reqs: Vec::with_capacity(1 + pieces(len, chunk)),
             header,
             peer,
             tag,
         };
         let hp = send.header.as_ptr() as *const u8;
         send.reqs.push(self.isend_bytes(hp, HEADER, peer, h)?);
-        for k in 0..pieces(len, self.chunk) {
-            let (off, m) = piece(len, self.chunk, k);
+        for k in 0..pieces(len, chunk) {
+            let (off, m) = piece(len, chunk, k);
             // `wrapping_add`: the address may be device memory, which Rust never reads.
             let p = if m == 0 { ptr } else { ptr.wrapping_add(off) };
             send.reqs.push(self.isend_bytes(p, m, peer, h + 1)?);

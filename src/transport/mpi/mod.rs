@@ -454,7 +454,7 @@ impl Transport for MpiTransport {
         ptr: *const u8,
         len: usize,
     ) -> Result<Box<dyn SendOp>> {
-        self.isend_raw(peer, tag, ptr, len)
+        self.isend_raw(peer, tag, ptr, len, self.core.chunk)
     }
 
     fn recv(
@@ -465,13 +465,50 @@ impl Transport for MpiTransport {
         deadline: Instant,
         sink: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
-        let mut dest = Staged::new(len, self.core.chunk, sink);
-        self.core.recv(peer, tag, len, deadline, &mut dest)
+        self.recv_pieces(peer, tag, len, None, deadline, sink)
     }
 
     fn recv_into(&self, peer: usize, tag: Tag, dst: &mut [u8], deadline: Instant) -> Result<()> {
+        self.recv_into_pieces(peer, tag, dst, None, deadline)
+    }
+
+    unsafe fn isend_pieces(
+        &self,
+        peer: usize,
+        tag: Tag,
+        ptr: *const u8,
+        len: usize,
+        piece: Option<usize>,
+    ) -> Result<Box<dyn SendOp>> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.isend_raw(peer, tag, ptr, len, self.core.cut(piece)) }
+    }
+
+    fn recv_pieces(
+        &self,
+        peer: usize,
+        tag: Tag,
+        len: usize,
+        piece: Option<usize>,
+        deadline: Instant,
+        sink: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        let chunk = self.core.cut(piece);
+        let mut dest = Staged::new(len, chunk, sink);
+        self.core.recv(peer, tag, len, chunk, deadline, &mut dest)
+    }
+
+    fn recv_into_pieces(
+        &self,
+        peer: usize,
+        tag: Tag,
+        dst: &mut [u8],
+        piece: Option<usize>,
+        deadline: Instant,
+    ) -> Result<()> {
+        let chunk = self.core.cut(piece);
         // SAFETY: `dst` is `dst.len()` writable bytes for the whole call.
-        unsafe { self.recv_raw(peer, tag, dst.as_mut_ptr(), dst.len(), deadline) }
+        unsafe { self.recv_raw(peer, tag, dst.as_mut_ptr(), dst.len(), chunk, deadline) }
     }
 
     fn moves_device_memory(&self) -> bool {
@@ -487,7 +524,7 @@ impl Transport for MpiTransport {
     ) -> Result<Box<dyn SendOp>> {
         self.device_mode()?;
         // The device address is only passed on to (CUDA-aware) MPI, never dereferenced here.
-        self.isend_raw(peer, tag, ptr as usize as *const u8, len)
+        self.isend_raw(peer, tag, ptr as usize as *const u8, len, self.core.chunk)
     }
 
     unsafe fn recv_device(
@@ -500,7 +537,14 @@ impl Transport for MpiTransport {
     ) -> Result<()> {
         self.device_mode()?;
         // As in `isend_device`: an address for MPI only.
-        self.recv_raw(peer, tag, ptr as usize as *mut u8, len, deadline)
+        self.recv_raw(
+            peer,
+            tag,
+            ptr as usize as *mut u8,
+            len,
+            self.core.chunk,
+            deadline,
+        )
     }
 
     /// A sub-communicator through `MPI_Comm_create_group`, which only the members call: it
@@ -548,9 +592,12 @@ impl MpiTransport {
         tag: Tag,
         ptr: *const u8,
         len: usize,
+        chunk: usize,
     ) -> Result<Box<dyn SendOp>> {
         // SAFETY: forwarded from the caller.
-        Ok(Box::new(unsafe { self.core.isend(peer, tag, ptr, len) }?))
+        Ok(Box::new(unsafe {
+            self.core.isend(peer, tag, ptr, len, chunk)
+        }?))
     }
 
     /// Receives a `len`-byte message from `peer` into `base` (host memory, or device memory for
@@ -564,14 +611,11 @@ impl MpiTransport {
         tag: Tag,
         base: *mut u8,
         len: usize,
+        chunk: usize,
         deadline: Instant,
     ) -> Result<()> {
-        let mut dest = Direct {
-            base,
-            len,
-            chunk: self.core.chunk,
-        };
-        self.core.recv(peer, tag, len, deadline, &mut dest)
+        let mut dest = Direct { base, len, chunk };
+        self.core.recv(peer, tag, len, chunk, deadline, &mut dest)
     }
 
     fn device_mode(&self) -> Result<()> {

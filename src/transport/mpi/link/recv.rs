@@ -91,12 +91,14 @@ impl Dest for Direct {
 }
 
 impl Core {
-    /// Receives the message stamped `tag` (exactly `len` bytes) from `peer` into `dest`.
+    /// Receives the message stamped `tag` (exactly `len` bytes, cut in `chunk`-byte pieces as
+    /// the sender cut it) from `peer` into `dest`.
     pub fn recv(
         &self,
         peer: usize,
         tag: Tag,
         len: usize,
+        chunk: usize,
         deadline: Instant,
         dest: &mut dyn Dest,
     ) -> Result<()> {
@@ -104,7 +106,7 @@ impl Core {
             return Err(Error::invalid(format!("no rank {peer}")));
         }
         self.seen(tag);
-        let r = self.recv_inner(peer, tag, len, deadline, dest);
+        let r = self.recv_inner(peer, tag, len, chunk, deadline, dest);
         match &r {
             Ok(()) => self.note_success(tag),
             Err(e) => self.note_failure(faults::seq_of(tag), e.message()),
@@ -117,10 +119,11 @@ impl Core {
         peer: usize,
         tag: Tag,
         len: usize,
+        chunk: usize,
         deadline: Instant,
         dest: &mut dyn Dest,
     ) -> Result<()> {
-        let n = pieces(len, self.chunk);
+        let n = pieces(len, chunk);
         let ahead = dest.depth().clamp(1, n);
         let h = self.header_tag(faults::seq_of(tag));
         let waiting = "waited in vain for a message from";
@@ -129,7 +132,7 @@ impl Core {
             let mut hreq = [self.irecv(header.as_mut_ptr() as *mut u8, HEADER, peer, h)?];
             let mut reqs: VecDeque<Req> = VecDeque::with_capacity(ahead);
             for k in 0..ahead {
-                let (_, m) = piece(len, self.chunk, k);
+                let (_, m) = piece(len, chunk, k);
                 match self.irecv(dest.slot(k, m), m, peer, h + 1) {
                     Ok(r) => reqs.push_back(r),
                     Err(e) => {
@@ -147,8 +150,8 @@ impl Core {
             };
             let got = count_of(&st);
             let [stamp, hlen, hchunk] = header.map(u64::from_le);
-            if got == HEADER && stamp == tag && hlen == len as u64 && hchunk == self.chunk as u64 {
-                return self.take_pieces(peer, tag, len, deadline, dest, reqs, ahead);
+            if got == HEADER && stamp == tag && hlen == len as u64 && hchunk == chunk as u64 {
+                return self.take_pieces(peer, tag, len, chunk, deadline, dest, reqs, ahead);
             }
             // Not the message this receive expects: take back our piece receives, then throw
             // away the rest of the sender's pieces.
@@ -176,11 +179,12 @@ impl Core {
                 ))
             } else if stamp != tag {
                 faults::mismatch(self.rank, peer, tag, stamp)
-            } else if hchunk != self.chunk as u64 {
+            } else if hchunk != chunk as u64 {
                 Error::remote(format!(
-                    "rank {} cuts messages in pieces of {} bytes but rank {peer} in pieces of \
-                     {hchunk}: do all ranks set the same PCCL_CHUNK_SIZE?",
-                    self.rank, self.chunk
+                    "rank {} cuts this message in pieces of {chunk} bytes but rank {peer} in \
+                     pieces of {hchunk}: do all ranks set the same PCCL_CHUNK_SIZE and \
+                     PCCL_TUNE_FILE (the tuner picks the piece size per call)?",
+                    self.rank
                 ))
             } else {
                 Error::remote(format!(
@@ -199,15 +203,16 @@ impl Core {
         peer: usize,
         tag: Tag,
         len: usize,
+        chunk: usize,
         deadline: Instant,
         dest: &mut dyn Dest,
         mut reqs: VecDeque<Req>,
         ahead: usize,
     ) -> Result<()> {
-        let n = pieces(len, self.chunk);
+        let n = pieces(len, chunk);
         let h = self.header_tag(faults::seq_of(tag));
         for k in 0..n {
-            let (off, m) = piece(len, self.chunk, k);
+            let (off, m) = piece(len, chunk, k);
             let mut r = reqs.pop_front().unwrap_or(Req(null_req()));
             let res = self
                 .poll(
@@ -236,7 +241,7 @@ impl Core {
             }
             dest.arrived(k, off, m);
             if k + ahead < n {
-                let (_, m2) = piece(len, self.chunk, k + ahead);
+                let (_, m2) = piece(len, chunk, k + ahead);
                 match self.irecv(dest.slot(k + ahead, m2), m2, peer, h + 1) {
                     Ok(r) => reqs.push_back(r),
                     Err(e) => {
