@@ -10,7 +10,7 @@ use pccl::plan::Algorithm;
 use pccl::{Communicator, Element, ErrorKind, ReduceOp};
 use std::time::Duration;
 
-const ALGOS: [Algorithm; 6] = Algorithm::ALL;
+const ALGOS: [Algorithm; 7] = Algorithm::ALL;
 
 fn cfg(m: usize, algo: Option<Algorithm>) -> Config {
     Config {
