@@ -79,7 +79,12 @@ pub fn choose_with(
     prof: &Profile,
 ) -> Result<(Choice, Vec<(Algorithm, f64)>)> {
     let mut scored = Vec::new();
-    for a in candidates(topo) {
+    let mut cands = candidates(topo);
+    if matches!(coll, Collective::AllReduce { .. }) {
+        // Latency-optimal for small vectors; last, so ties keep the older choices.
+        cands.push(Algorithm::VectorRd);
+    }
+    for a in cands {
         scored.push((a, predict(coll, a, topo, block_bytes as f64, prof)?));
     }
     // Each hierarchy overlapped in the piece count the model likes best (one entry each).
@@ -251,6 +256,20 @@ mod tests {
             ),
             "{best}"
         );
+    }
+
+    #[test]
+    fn small_all_reduce_picks_whole_vector_doubling_and_large_does_not() {
+        let topo = Topology::uniform(8, 8);
+        let prof = Profile::default();
+        let ar = Collective::AllReduce { average: false };
+        let (small, _) = choose_with(ar, &topo, 8, &prof).unwrap();
+        assert_eq!(small.algo, Algorithm::VectorRd);
+        let (large, _) = choose_with(ar, &topo, 8 << 20, &prof).unwrap();
+        assert_ne!(large.algo, Algorithm::VectorRd);
+        // Never offered to the collectives it does not implement.
+        let (_, scored) = choose_with(Collective::AllGather, &topo, 8, &prof).unwrap();
+        assert!(scored.iter().all(|(a, _)| *a != Algorithm::VectorRd));
     }
 
     #[test]
