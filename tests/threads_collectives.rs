@@ -528,17 +528,24 @@ fn check_all_to_all<T: Element>(comm: &Communicator, count: usize) -> Result<(),
 #[test]
 fn all_to_all_is_exact_on_both_sides_of_the_direct_threshold() {
     let over = pccl::plan::alltoall::DIRECT_MAX_BLOCK_BYTES / 8 + 1;
-    for p in 1..=6usize {
-        let res = Communicator::run_threads(p, cfg(1, None), |comm| -> Result<(), String> {
-            for count in [0usize, 1, 7, 1001, over] {
-                check_all_to_all::<u8>(&comm, count)?;
-                check_all_to_all::<f16>(&comm, count)?;
-                check_all_to_all::<f64>(&comm, count)?;
+    // The default limit, always pairwise (0), always direct.
+    for limit in [None, Some(0), Some(usize::MAX)] {
+        for p in 1..=6usize {
+            let mut c = cfg(1, None);
+            if let Some(l) = limit {
+                c.alltoall_direct_max = l;
             }
-            Ok(())
-        })
-        .unwrap();
-        res.into_iter().for_each(|r| r.unwrap());
+            let res = Communicator::run_threads(p, c, |comm| -> Result<(), String> {
+                for count in [0usize, 1, 7, 1001, over] {
+                    check_all_to_all::<u8>(&comm, count)?;
+                    check_all_to_all::<f16>(&comm, count)?;
+                    check_all_to_all::<f64>(&comm, count)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+            res.into_iter().for_each(|r| r.unwrap());
+        }
     }
 }
 

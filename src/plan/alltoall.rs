@@ -37,16 +37,19 @@ pub fn pairwise(rank: usize, p: usize) -> Vec<Phase> {
     phases
 }
 
-/// The largest block (bytes per peer) for which all-to-all runs [`direct`]: below it a
+/// The default largest block (bytes per peer) for which all-to-all runs [`direct`]
+/// (`PCCL_ALLTOALL_DIRECT` changes it): below it a
 /// call is latency-bound and one phase of `P - 1` concurrent messages beats `P - 1`
 /// phases; above it the pairwise order keeps every rank's link to one peer at a time.
 /// The block size is equal on every rank of an all-to-all (the call's fingerprint checks
-/// it), so every rank makes the same choice.
+/// it), so every rank makes the same choice; ranks with different limits still exchange
+/// correctly (each plan sends one message to and takes one from every peer).
 pub const DIRECT_MAX_BLOCK_BYTES: usize = 16 << 10;
 
-/// Whether an all-to-all of `block_bytes` per peer among `p` ranks runs [`direct`].
-pub fn use_direct(block_bytes: usize, p: usize) -> bool {
-    p > 2 && block_bytes <= DIRECT_MAX_BLOCK_BYTES
+/// Whether an all-to-all of `block_bytes` per peer among `p` ranks runs [`direct`] under
+/// the limit `max_block_bytes` (0: never).
+pub fn use_direct(block_bytes: usize, p: usize, max_block_bytes: usize) -> bool {
+    p > 2 && max_block_bytes > 0 && block_bytes <= max_block_bytes
 }
 
 /// The one-phase all-to-all of `rank`: the own block copied, every other block sent, and

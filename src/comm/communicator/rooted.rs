@@ -469,6 +469,7 @@ impl Communicator {
                 direct: crate::plan::alltoall::use_direct(
                     count * std::mem::size_of::<T>(),
                     self.size(),
+                    self.inner.cfg.alltoall_direct_max,
                 ),
             },
             op: ReduceOp::Sum,
