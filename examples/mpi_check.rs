@@ -20,7 +20,7 @@ use pccl::transport::Transport;
 use pccl::{Communicator, Element, ReduceOp};
 use std::sync::Arc;
 
-const ALGOS: [Algorithm; 6] = Algorithm::ALL;
+const ALGOS: [Algorithm; 7] = Algorithm::ALL;
 
 fn check<T: Element>(
     comm: &Communicator,

@@ -3,11 +3,12 @@
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `PCCL_DEBUG` | `WARN`, `INFO` (print each algorithm choice) or `TRACE` | `WARN` |
-//! | `PCCL_ALGO` | `auto`, `ring`, `rd`, `hier-rd`, `hier-ring`, `hier-INTER-INTRA`, any hierarchy overlapped in K pieces as `HIER-pipeK` (`hier-rd-pipe8`, K ≤ 64), or per collective `allgather:hier-rd;reducescatter:ring` (a bare entry: the rest) | `auto` |
+//! | `PCCL_ALGO` | `auto`, `ring`, `rd`, `rdv` (whole-vector all-reduce; `rd` elsewhere), `hier-rd`, `hier-ring`, `hier-INTER-INTRA`, any hierarchy overlapped in K pieces as `HIER-pipeK` (`hier-rd-pipe8`, K ≤ 64), or per collective `allgather:hier-rd;reducescatter:ring` (a bare entry: the rest) | `auto` |
 //! | `PCCL_TUNE_FILE` | the tuner's machine profile (TOML, written by `pccl-tune`) | `$XDG_CONFIG_HOME/pccl/tune.toml` if present, else built in |
 //! | `PCCL_RANKS_PER_NODE` | pretend nodes of this many consecutive ranks | real hosts |
 //! | `PCCL_TIMEOUT` | seconds a whole collective may take before a timeout error (one deadline per collective) | `300` |
 //! | `PCCL_CHUNK_SIZE` | bytes per pipelined piece of a large message; when set it wins over the tuner's per-call piece (every rank must set the same) | the tuner's piece per call (`1048576` where nothing is tuned) |
+//! | `PCCL_ALLTOALL_DIRECT` | largest block (bytes per peer) of an equal-block all-to-all run as one phase posting every message at once; larger ones take `P−1` pairwise phases; `0`: always pairwise | `16K` |
 //! | `PCCL_MODEL` | cost-model parameters `a_intra,bw_intra,a_inter,bw_inter,bw_reduce` (µs, GB/s) | built in |
 //! | `PCCL_NCCL` | intra-node level of device collectives on NCCL (RCCL on ROCm): `auto`, `1` (required), `0` (never) | `auto` |
 //! | `PCCL_DEVICE_DIRECT` | `1`: device collectives hand device pointers to a transport that moves device memory (CUDA-aware MPI, thread world in device mode); `0`: always pinned host staging (every rank must agree) | `1` |
@@ -72,6 +73,8 @@ pub struct Config {
     /// Whether the user set `chunk_bytes` (`PCCL_CHUNK_SIZE`): it then wins over the tuner's
     /// per-call piece size.
     pub chunk_explicit: bool,
+    /// Largest all-to-all block run as one phase (`PCCL_ALLTOALL_DIRECT`; 0: never).
+    pub alltoall_direct_max: usize,
     /// Cost-model parameters for the tuner.
     pub model: CostParams,
     /// NCCL for the intra-node level of device collectives.
@@ -100,6 +103,7 @@ impl Default for Config {
             timeout: Duration::from_secs(300),
             chunk_bytes: 1 << 20,
             chunk_explicit: false,
+            alltoall_direct_max: crate::plan::alltoall::DIRECT_MAX_BLOCK_BYTES,
             model: CostParams::default(),
             nccl: NcclMode::Auto,
             device_direct: true,
@@ -202,6 +206,10 @@ impl Config {
             }
             c.chunk_bytes = b & !63;
             c.chunk_explicit = true;
+        }
+        if let Some(v) = var("PCCL_ALLTOALL_DIRECT") {
+            c.alltoall_direct_max = parse_bytes(&v)
+                .map_err(|e| Error::invalid(format!("PCCL_ALLTOALL_DIRECT: {}", e.message())))?;
         }
         if let Some(v) = var("PCCL_MODEL") {
             c.model = v.parse()?;

@@ -87,6 +87,8 @@ fn algos() -> Vec<Option<Algorithm>> {
         None,
         Some(Algorithm::Flat(LevelAlgo::Ring)),
         Some(Algorithm::Flat(LevelAlgo::Rd)),
+        // Whole-vector all-reduce: a fold-in and send-back around the doubling at p = 6.
+        Some(Algorithm::VectorRd),
         Some(Algorithm::Hier {
             inter: LevelAlgo::Rd,
             intra: LevelAlgo::Ring,

@@ -129,6 +129,12 @@ fn engines_agree_on_every_algorithm_with_the_presets() {
             let topo = Topology::uniform(nodes * m, m);
             for coll in [AG, RS, Collective::AllReduce { average: false }] {
                 for algo in Algorithm::ALL {
+                    // Whole-vector doubling on a non-power of two is not node-symmetric (the
+                    // top ranks only fold in): the phase engine cannot time it, the tuner
+                    // uses the event engine there.
+                    if algo == Algorithm::VectorRd && !(nodes * m).is_power_of_two() {
+                        continue;
+                    }
                     for s in [4096.0, 16.0 * 1048576.0] {
                         both_within(&topo, &prof, Job::new(coll, algo, s), tol);
                     }

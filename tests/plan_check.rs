@@ -5,7 +5,7 @@ use pccl::plan::check::check_plans;
 use pccl::plan::{build, Algorithm, Collective, LevelAlgo, Plan};
 use pccl::Topology;
 
-const ALGOS: [Algorithm; 6] = Algorithm::ALL;
+const ALGOS: [Algorithm; 7] = Algorithm::ALL;
 
 fn plans(coll: Collective, algo: Algorithm, topo: &Topology) -> Vec<Plan> {
     (0..topo.nranks())
@@ -79,7 +79,10 @@ fn unequal_nodes_fall_back_to_a_correct_flat_algorithm() {
         for coll in collectives(r) {
             for algo in ALGOS {
                 let ps = plans(coll, algo, &topo);
-                assert!(matches!(ps[0].algorithm, Algorithm::Flat(_)));
+                assert!(matches!(
+                    ps[0].algorithm,
+                    Algorithm::Flat(_) | Algorithm::VectorRd
+                ));
                 check_all(coll, algo, &topo);
             }
         }
@@ -187,7 +190,13 @@ fn rooted_collectives_and_all_to_all_are_correct_in_every_root_up_to_64() {
                 check_all(coll, Algorithm::Flat(LevelAlgo::Ring), &topo);
             }
         }
-        check_all(Collective::AllToAll, Algorithm::Flat(LevelAlgo::Rd), &topo);
+        for direct in [false, true] {
+            check_all(
+                Collective::AllToAll { direct },
+                Algorithm::Flat(LevelAlgo::Rd),
+                &topo,
+            );
+        }
     }
 }
 
@@ -200,19 +209,30 @@ fn rooted_collectives_and_all_to_all_are_correct_at_1000_ranks() {
             check_all(coll, Algorithm::Flat(LevelAlgo::Ring), &topo);
         }
     }
-    check_all(
-        Collective::AllToAll,
-        Algorithm::Flat(LevelAlgo::Ring),
-        &topo,
-    );
+    for direct in [false, true] {
+        check_all(
+            Collective::AllToAll { direct },
+            Algorithm::Flat(LevelAlgo::Ring),
+            &topo,
+        );
+    }
     let ps = plans(
-        Collective::AllToAll,
+        Collective::AllToAll { direct: false },
         Algorithm::Flat(LevelAlgo::Ring),
         &topo,
     );
     assert!(
         ps.iter().all(|p| p.phases.len() == 1000),
         "p - 1 rounds and a copy"
+    );
+    let ps = plans(
+        Collective::AllToAll { direct: true },
+        Algorithm::Flat(LevelAlgo::Ring),
+        &topo,
+    );
+    assert!(
+        ps.iter().all(|p| p.phases.len() == 1 && p.sends() == 999),
+        "one phase of p - 1 sends"
     );
     let ps = plans(
         Collective::Reduce {
@@ -288,6 +308,80 @@ fn overlapped_hierarchy_handles_interleaved_placement_unequal_nodes_and_scale() 
             let ps = plans(coll, algo, &topo);
             check_plans(coll, &ps, false)
                 .unwrap_or_else(|e| panic!("{coll:?} {algo} P={p} M={m}: {e}"));
+        }
+    }
+}
+
+/// Phases in which `plan` sends or receives (local copies and averages are free of latency).
+fn message_phases(plan: &Plan) -> usize {
+    plan.phases
+        .iter()
+        .filter(|ph| {
+            ph.steps.iter().any(|s| {
+                matches!(
+                    s,
+                    pccl::plan::Step::Send { .. }
+                        | pccl::plan::Step::Recv { .. }
+                        | pccl::plan::Step::RecvReduce { .. }
+                )
+            })
+        })
+        .count()
+}
+
+#[test]
+fn whole_vector_all_reduce_is_correct_and_takes_lg_p_rounds_up_to_33_ranks() {
+    for p in 1..=33usize {
+        let q = if p == 1 {
+            1
+        } else {
+            1usize << (usize::BITS - 1 - p.leading_zeros())
+        };
+        let lg = q.trailing_zeros() as usize;
+        for m in (1..=p).filter(|m| p % m == 0) {
+            let topo = Topology::uniform(p, m);
+            for average in [false, true] {
+                let coll = Collective::AllReduce { average };
+                check_all(coll, Algorithm::VectorRd, &topo);
+                let ps = plans(coll, Algorithm::VectorRd, &topo);
+                for pl in &ps {
+                    assert_eq!(pl.algorithm, Algorithm::VectorRd);
+                    // Ranks 0..q: the doubling, plus fold-in and send-back when p > q;
+                    // ranks q..p: one send and one receive.
+                    let want = match pl.rank {
+                        r if r >= q => 2,
+                        r if r < p - q => lg + 2,
+                        _ => lg,
+                    };
+                    assert_eq!(message_phases(pl), want, "P={p} rank {}", pl.rank);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn whole_vector_rd_falls_back_to_rd_for_other_collectives() {
+    let topo = Topology::uniform(12, 4);
+    for coll in collectives(12)
+        .into_iter()
+        .filter(|c| !matches!(c, Collective::AllReduce { .. }))
+    {
+        let ps = plans(coll, Algorithm::VectorRd, &topo);
+        let rd = plans(coll, Algorithm::Flat(LevelAlgo::Rd), &topo);
+        assert_eq!(ps, rd, "{coll:?}");
+    }
+}
+
+#[test]
+fn direct_all_to_all_is_correct_in_one_phase_up_to_33_ranks() {
+    for p in 1..=33usize {
+        let topo = Topology::uniform(p, 1);
+        let coll = Collective::AllToAll { direct: true };
+        check_all(coll, Algorithm::Flat(LevelAlgo::Ring), &topo);
+        for pl in plans(coll, Algorithm::Flat(LevelAlgo::Ring), &topo) {
+            assert_eq!(pl.phases.len(), 1, "P={p}");
+            assert_eq!(pl.sends(), p - 1, "P={p}");
         }
     }
 }

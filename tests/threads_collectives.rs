@@ -10,7 +10,7 @@ use pccl::plan::Algorithm;
 use pccl::{Communicator, Element, ErrorKind, ReduceOp};
 use std::time::Duration;
 
-const ALGOS: [Algorithm; 6] = Algorithm::ALL;
+const ALGOS: [Algorithm; 7] = Algorithm::ALL;
 
 fn cfg(m: usize, algo: Option<Algorithm>) -> Config {
     Config {
@@ -475,4 +475,97 @@ fn value_helper_is_exact_in_the_smallest_types() {
     let s: i64 = (0..16).map(|r| value::<i64>(r, 0, ReduceOp::Sum)).sum();
     assert!(s < 127);
     assert_eq!(reduced::<f16>(16, 0, ReduceOp::Sum).to_f32() as i64, s);
+}
+
+#[test]
+fn whole_vector_all_reduce_matches_the_reference_for_every_dtype_op_and_rank_count() {
+    for p in 1..=6usize {
+        let res = Communicator::run_threads(
+            p,
+            cfg(1, Some(Algorithm::VectorRd)),
+            |comm| -> Result<Vec<u8>, String> {
+                let mut digest = Vec::new();
+                for op in ReduceOp::ALL {
+                    for count in [0usize, 1, 7, 1001] {
+                        for inplace in [false, true] {
+                            digest.extend(all_dtypes(&comm, count, op, inplace)?);
+                        }
+                    }
+                }
+                Ok(digest)
+            },
+        )
+        .unwrap();
+        assert_all_ok_and_identical(res);
+    }
+}
+
+/// Runs an equal-block all-to-all of `count` elements per peer and checks it: rank `r`'s
+/// block `i` must be rank `i`'s block `r`.
+fn check_all_to_all<T: Element>(comm: &Communicator, count: usize) -> Result<(), String> {
+    let (r, p) = (comm.rank(), comm.size());
+    // Element `e` of the block rank `from` sends to rank `to`: distinct for small p, count.
+    let cell =
+        |from: usize, to: usize, e: usize| T::from_i64(((from * 7 + to * 3 + e) % 100) as i64);
+    let inp: Vec<T> = (0..p)
+        .flat_map(|to| (0..count).map(move |e| cell(r, to, e)))
+        .collect();
+    let want: Vec<T> = (0..p)
+        .flat_map(|from| (0..count).map(move |e| cell(from, r, e)))
+        .collect();
+    let mut out = vec![T::from_i64(-1); p * count];
+    comm.all_to_all(&inp, &mut out)
+        .map_err(|e| format!("all_to_all {} count={count} rank={r}/{p}: {e}", T::DTYPE))?;
+    if !same_bits(&out, &want) {
+        return Err(format!(
+            "all_to_all {} count={count} rank={r}/{p}: wrong result",
+            T::DTYPE
+        ));
+    }
+    Ok(())
+}
+
+#[test]
+fn all_to_all_is_exact_on_both_sides_of_the_direct_threshold() {
+    let over = pccl::plan::alltoall::DIRECT_MAX_BLOCK_BYTES / 8 + 1;
+    // The default limit, always pairwise (0), always direct.
+    for limit in [None, Some(0), Some(usize::MAX)] {
+        for p in 1..=6usize {
+            let mut c = cfg(1, None);
+            if let Some(l) = limit {
+                c.alltoall_direct_max = l;
+            }
+            let res = Communicator::run_threads(p, c, |comm| -> Result<(), String> {
+                for count in [0usize, 1, 7, 1001, over] {
+                    check_all_to_all::<u8>(&comm, count)?;
+                    check_all_to_all::<f16>(&comm, count)?;
+                    check_all_to_all::<f64>(&comm, count)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+            res.into_iter().for_each(|r| r.unwrap());
+        }
+    }
+}
+
+#[test]
+fn a_rank_missing_from_a_direct_all_to_all_ends_in_an_error_not_a_hang() {
+    let mut c = cfg(1, None);
+    c.timeout = Duration::from_millis(500);
+    let res = Communicator::run_threads(4, c, |comm| {
+        if comm.rank() == 2 {
+            return Ok(()); // this rank "dies"
+        }
+        let mut out = vec![0f32; 4 * 3];
+        comm.all_to_all(&[1.0; 12], &mut out)
+    })
+    .unwrap();
+    for (r, res) in res.iter().enumerate().filter(|(r, _)| *r != 2) {
+        let e = res.as_ref().unwrap_err();
+        assert!(
+            matches!(e.kind(), ErrorKind::Timeout | ErrorKind::Remote),
+            "rank {r}: {e}"
+        );
+    }
 }

@@ -32,7 +32,7 @@ struct Args {
     /// Collective: allgather, reducescatter, allreduce (or all).
     #[arg(long, default_value = "allgather")]
     coll: String,
-    /// Algorithm: auto, hier-rd, hier-ring, ring, rd (or hier-INTER-INTRA), any hierarchy
+    /// Algorithm: auto, hier-rd, hier-ring, ring, rd, rdv (all-reduce by whole-vector doubling) (or hier-INTER-INTRA), any hierarchy
     /// overlapped in K pieces as HIER-pipeK (hier-rd-pipe4).
     #[arg(long, default_value = "auto")]
     algo: String,

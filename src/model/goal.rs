@@ -117,7 +117,7 @@ fn coll_name(c: Collective) -> &'static str {
         Collective::Reduce { .. } => "reduce",
         Collective::Gather { .. } => "gather",
         Collective::Scatter { .. } => "scatter",
-        Collective::AllToAll => "alltoall",
+        Collective::AllToAll { .. } => "alltoall",
     }
 }
 

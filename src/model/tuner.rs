@@ -60,7 +60,11 @@ pub fn predict(
     block_bytes: f64,
     prof: &Profile,
 ) -> Result<f64> {
-    let engine = if topo.is_regular() {
+    // The phase engine times node 0's ranks and assumes every node acts alike; whole-vector
+    // doubling on a non-power of two is not node-symmetric (the top ranks only fold in and
+    // wait), so it is timed event by event.
+    let symmetric = algo != Algorithm::VectorRd || topo.nranks().is_power_of_two();
+    let engine = if topo.is_regular() && symmetric {
         Engine::Phases
     } else {
         Engine::Events
@@ -79,7 +83,12 @@ pub fn choose_with(
     prof: &Profile,
 ) -> Result<(Choice, Vec<(Algorithm, f64)>)> {
     let mut scored = Vec::new();
-    for a in candidates(topo) {
+    let mut cands = candidates(topo);
+    if matches!(coll, Collective::AllReduce { .. }) {
+        // Latency-optimal for small vectors; last, so ties keep the older choices.
+        cands.push(Algorithm::VectorRd);
+    }
+    for a in cands {
         scored.push((a, predict(coll, a, topo, block_bytes as f64, prof)?));
     }
     // Each hierarchy overlapped in the piece count the model likes best (one entry each).
@@ -256,6 +265,27 @@ mod tests {
             ),
             "{best}"
         );
+    }
+
+    #[test]
+    fn small_all_reduce_picks_whole_vector_doubling_and_large_does_not() {
+        let topo = Topology::uniform(8, 8);
+        let prof = Profile::default();
+        let ar = Collective::AllReduce { average: false };
+        let (small, _) = choose_with(ar, &topo, 8, &prof).unwrap();
+        assert_eq!(small.algo, Algorithm::VectorRd);
+        let (large, _) = choose_with(ar, &topo, 8 << 20, &prof).unwrap();
+        assert_ne!(large.algo, Algorithm::VectorRd);
+        // A non-power of two across nodes (timed event by event), at scale too.
+        let (c, _) = choose_with(ar, &Topology::uniform(24, 8), 8, &prof).unwrap();
+        assert_eq!(c.algo, Algorithm::VectorRd);
+        let t0 = std::time::Instant::now();
+        let (_, scored) = choose_with(ar, &Topology::uniform(1000, 8), 8, &prof).unwrap();
+        assert!(scored.iter().any(|(a, _)| *a == Algorithm::VectorRd));
+        assert!(t0.elapsed().as_secs_f64() < 5.0, "{:?}", t0.elapsed());
+        // Never offered to the collectives it does not implement.
+        let (_, scored) = choose_with(Collective::AllGather, &topo, 8, &prof).unwrap();
+        assert!(scored.iter().all(|(a, _)| *a != Algorithm::VectorRd));
     }
 
     #[test]

@@ -121,8 +121,8 @@ impl Layout {
             (Collective::Scatter { root }, Phys::In) => at_root(root, p),
             (Collective::Scatter { .. }, Phys::Out) => 1,
             (Collective::Scatter { .. }, Phys::Scr) => p,
-            (Collective::AllToAll, Phys::Scr) => 0,
-            (Collective::AllToAll, _) => p,
+            (Collective::AllToAll { .. }, Phys::Scr) => 0,
+            (Collective::AllToAll { .. }, _) => p,
             (Collective::Barrier, _) => 0,
             (Collective::Broadcast { .. }, _) => 1,
             (Collective::AllGather, Phys::In) => self.k,
@@ -141,7 +141,7 @@ impl Layout {
             Collective::Reduce { .. } => (0, rank),
             Collective::Gather { .. } => (rank, rank),
             Collective::Scatter { root } if rank == root => (idx, root),
-            Collective::AllToAll => (idx, rank),
+            Collective::AllToAll { .. } => (idx, rank),
             _ => return None,
         };
         Some(Content {
@@ -159,7 +159,7 @@ impl Layout {
             (Collective::ReduceScatter { .. }, Phys::Out) => Some((rank * self.k + idx) as u32),
             (Collective::Gather { .. }, Phys::Out | Phys::Scr) => Some(idx as u32),
             (Collective::Scatter { .. }, Phys::In | Phys::Scr) => Some(idx as u32),
-            (Collective::Scatter { .. }, Phys::Out) | (Collective::AllToAll, Phys::Out) => {
+            (Collective::Scatter { .. }, Phys::Out) | (Collective::AllToAll { .. }, Phys::Out) => {
                 Some(rank as u32)
             }
             (Collective::Reduce { .. }, _) => Some(0),
@@ -591,7 +591,7 @@ fn verify(sim: &Sim<'_>, coll: Collective, p: usize, k: usize) -> Result<(), Str
                 }
             }
             Collective::Scatter { root } => expect(0, r, RankSet::one(root), false)?,
-            Collective::AllToAll => {
+            Collective::AllToAll { .. } => {
                 for i in 0..p {
                     expect(i, r, RankSet::one(i), false)?;
                 }

@@ -22,6 +22,7 @@ pub mod overlap;
 pub mod recursive;
 pub mod ring;
 pub mod rooted;
+pub mod vector;
 
 use crate::error::{Error, Result};
 use crate::topology::Topology;
@@ -168,8 +169,13 @@ pub enum Collective {
         root: usize,
     },
     /// Every rank holds `P` blocks, block `j` for rank `j`; rank `i` ends with block `i` of
-    /// every rank, in rank order (pairwise exchange).
-    AllToAll,
+    /// every rank, in rank order.
+    AllToAll {
+        /// One phase posting every send and receive at once ([`alltoall::direct`], chosen
+        /// for latency-bound sizes by [`alltoall::use_direct`]) instead of `P - 1` pairwise
+        /// exchanges ([`alltoall::pairwise`]).
+        direct: bool,
+    },
 }
 
 impl Collective {
@@ -191,7 +197,7 @@ impl Collective {
             Collective::Reduce { .. }
                 | Collective::Gather { .. }
                 | Collective::Scatter { .. }
-                | Collective::AllToAll
+                | Collective::AllToAll { .. }
         )
     }
 }
@@ -218,6 +224,9 @@ pub enum Algorithm {
         /// Algorithm inside a node.
         intra: LevelAlgo,
     },
+    /// Whole-vector recursive doubling ([`vector`]): `ceil(lg P)` rounds exchanging the
+    /// whole vector, for latency-bound all-reduce. Other collectives run [`LevelAlgo::Rd`].
+    VectorRd,
     /// Two levels overlapped: every block cut into `pieces` pieces whose inter-node and
     /// intra-node steps run in the same phases, staggered (see [`overlap`]).
     Overlap {
@@ -243,6 +252,7 @@ impl Algorithm {
         };
         match self {
             Algorithm::Flat(l) => level(l),
+            Algorithm::VectorRd => 3,
             Algorithm::Hier { inter, intra } => 16 + 4 * level(inter) + level(intra),
             Algorithm::Overlap {
                 inter,
@@ -270,12 +280,13 @@ impl Algorithm {
                     pieces,
                 })
             }
-            Algorithm::Flat(_) => None,
+            Algorithm::Flat(_) | Algorithm::VectorRd => None,
         }
     }
 
-    /// Every algorithm: the two flat ones and the four two-level combinations.
-    pub const ALL: [Algorithm; 6] = [
+    /// Every algorithm: the two flat ones, the four two-level combinations and the
+    /// whole-vector all-reduce (last).
+    pub const ALL: [Algorithm; 7] = [
         Algorithm::Flat(LevelAlgo::Ring),
         Algorithm::Flat(LevelAlgo::Rd),
         Algorithm::Hier {
@@ -294,13 +305,25 @@ impl Algorithm {
             inter: LevelAlgo::Ring,
             intra: LevelAlgo::Rd,
         },
+        Algorithm::VectorRd,
     ];
+
+    /// The algorithm that runs `collective`: [`Algorithm::VectorRd`] is for all-reduce
+    /// only, the others run recursive doubling instead.
+    pub fn for_collective(self, collective: Collective) -> Algorithm {
+        match (self, collective) {
+            (Algorithm::VectorRd, Collective::AllReduce { .. }) => self,
+            (Algorithm::VectorRd, _) => Algorithm::Flat(LevelAlgo::Rd),
+            (a, _) => a,
+        }
+    }
 
     /// The name printed by `PCCL_DEBUG=INFO` and accepted by `PCCL_ALGO` / `--algo`.
     pub fn name(self) -> String {
         match self {
             Algorithm::Flat(LevelAlgo::Ring) => "ring".into(),
             Algorithm::Flat(LevelAlgo::Rd) => "rd".into(),
+            Algorithm::VectorRd => "rdv".into(),
             Algorithm::Hier {
                 inter: LevelAlgo::Rd,
                 intra: LevelAlgo::Ring,
@@ -359,6 +382,7 @@ impl FromStr for Algorithm {
         let parsed = match s {
             "ring" => Some(Algorithm::Flat(LevelAlgo::Ring)),
             "rd" => Some(Algorithm::Flat(LevelAlgo::Rd)),
+            "rdv" => Some(Algorithm::VectorRd),
             "hier-rd" => Some(Algorithm::Hier {
                 inter: LevelAlgo::Rd,
                 intra: LevelAlgo::Ring,
@@ -377,7 +401,7 @@ impl FromStr for Algorithm {
         };
         parsed.ok_or_else(|| {
             Error::invalid(format!(
-                "unknown algorithm '{s}': expected ring, rd, hier-rd, hier-ring or hier-INTER-INTRA \
+                "unknown algorithm '{s}': expected ring, rd, rdv, hier-rd, hier-ring or hier-INTER-INTRA \
                  with INTER, INTRA in {{ring, rd}}, optionally overlapped in K pieces as \
                  HIER-pipeK (hier-rd-pipe4)"
             ))
@@ -451,7 +475,7 @@ pub fn build(
             "rank {rank} is outside a communicator of {p} ranks"
         )));
     }
-    let algorithm = effective_algorithm(algorithm, topo);
+    let algorithm = effective_algorithm(algorithm, topo).for_collective(collective);
     if let Some(root) = collective.root() {
         if root >= p {
             return Err(Error::invalid(format!(
@@ -465,9 +489,11 @@ pub fn build(
         Collective::Reduce { root, average } => rooted::reduce(rank, p, root, average),
         Collective::Gather { root } => rooted::gather(rank, p, root),
         Collective::Scatter { root } => rooted::scatter(rank, p, root),
-        Collective::AllToAll => alltoall::pairwise(rank, p),
+        Collective::AllToAll { direct: false } => alltoall::pairwise(rank, p),
+        Collective::AllToAll { direct: true } => alltoall::direct(rank, p),
         Collective::AllGather => match algorithm {
             Algorithm::Flat(a) => flat_allgather(a, rank, p),
+            Algorithm::VectorRd => flat_allgather(LevelAlgo::Rd, rank, p),
             Algorithm::Hier { inter, intra } => hierarchical::allgather(topo, rank, inter, intra),
             Algorithm::Overlap {
                 inter,
@@ -478,6 +504,9 @@ pub fn build(
         Collective::ReduceScatter { average } => {
             let mut ph = match algorithm {
                 Algorithm::Flat(a) => flat_reduce_scatter(a, rank, p, Span::block(Buf::Output, 0)),
+                Algorithm::VectorRd => {
+                    flat_reduce_scatter(LevelAlgo::Rd, rank, p, Span::block(Buf::Output, 0))
+                }
                 Algorithm::Hier { inter, intra } => hierarchical::reduce_scatter(
                     topo,
                     rank,
@@ -498,10 +527,15 @@ pub fn build(
             }
             ph
         }
+        Collective::AllReduce { average } if algorithm == Algorithm::VectorRd => {
+            vector::allreduce(rank, p, average)
+        }
         Collective::AllReduce { average } => {
             let mine = Span::block(Buf::Output, rank);
             let mut ph = match algorithm {
                 Algorithm::Flat(a) => flat_reduce_scatter(a, rank, p, mine),
+                // Built by `vector::allreduce` above.
+                Algorithm::VectorRd => flat_reduce_scatter(LevelAlgo::Rd, rank, p, mine),
                 Algorithm::Hier { inter, intra } => {
                     hierarchical::reduce_scatter(topo, rank, inter, intra, mine)
                 }
@@ -517,6 +551,7 @@ pub fn build(
             }
             ph.extend(match algorithm {
                 Algorithm::Flat(a) => flat_allgather_in_output(a, rank, p),
+                Algorithm::VectorRd => flat_allgather_in_output(LevelAlgo::Rd, rank, p),
                 Algorithm::Hier { inter, intra } => {
                     hierarchical::allgather_in_output(topo, rank, inter, intra)
                 }

@@ -225,7 +225,8 @@ mod tests {
                 root: 1,
                 average: false,
             },
-            Collective::AllToAll,
+            Collective::AllToAll { direct: false },
+            Collective::AllToAll { direct: true },
         ] {
             let plan = build(
                 coll,

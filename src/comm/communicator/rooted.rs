@@ -465,7 +465,13 @@ impl Communicator {
         }
         let lay = uniform(count, self.size());
         Ok(Call {
-            coll: Collective::AllToAll,
+            coll: Collective::AllToAll {
+                direct: crate::plan::alltoall::use_direct(
+                    count * std::mem::size_of::<T>(),
+                    self.size(),
+                    self.inner.cfg.alltoall_direct_max,
+                ),
+            },
             op: ReduceOp::Sum,
             block_bytes: count * std::mem::size_of::<T>(),
             input: (inp, in_len, lay),

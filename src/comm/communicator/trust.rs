@@ -178,7 +178,7 @@ impl Inner {
             Collective::Reduce { root, .. } => (8, op, root as u64),
             Collective::Gather { root } => (9, 0, root as u64),
             Collective::Scatter { root } => (10, 0, root as u64),
-            Collective::AllToAll => (11, 0, 0),
+            Collective::AllToAll { .. } => (11, 0, 0),
         };
         let dtype = if kind == 0 { 0 } else { T::DTYPE as u32 + 1 };
         let algo = plan.algorithm.code();
