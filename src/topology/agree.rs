@@ -105,7 +105,7 @@ impl NicView {
 
     /// The topology and NIC map from every rank's gathered words (`WORDS` per rank, in rank
     /// order). Fails on every rank when any rank could not discover its topology. The map is
-    /// node 0's; [`agree`] also returns every node's map.
+    /// node 0's; [`Self::agree`] also returns every node's map.
     pub fn agree(&self, rank: usize, all: &[u64]) -> Result<(Topology, Vec<NicMap>, MapSource)> {
         let p = all.len() / WORDS;
         if let Some(bad) = (0..p).find(|&r| all[r * WORDS + 1] & FAILED != 0) {

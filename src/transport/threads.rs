@@ -139,7 +139,7 @@ impl Hub {
 }
 
 /// A set of `size` thread-ranks sharing a hub. Create one, then give each thread its
-/// [`ThreadWorld::transport`] (or use [`ThreadWorld::run`]).
+/// [`ThreadWorld::transport`].
 #[derive(Clone)]
 pub struct ThreadWorld {
     hub: Arc<Hub>,

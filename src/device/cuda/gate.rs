@@ -4,7 +4,7 @@ use super::*;
 pub use crate::device::api::GateReleaser;
 
 /// A counter in mapped, page-locked host memory that streams wait on: work queued after
-/// [`StreamGate::hold`] on a stream runs only once the host has [`StreamGate::release`]d that
+/// [`StreamGate::hold`] on a stream runs only once the host has [`GateReleaser::release`]d that
 /// ticket. This is how a collective whose middle runs on the host (the transport) stays
 /// ordered on the caller's stream without blocking the caller. Tickets are released in the
 /// order they were taken; the comparison is wrap-safe (`(i32)(value - ticket) >= 0`).

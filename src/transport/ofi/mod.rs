@@ -11,17 +11,17 @@
 //! board that the control plane fills.
 //!
 //! **Stamps as tags.** A message's 64-bit stamp is its libfabric tag; receives match the
-//! sequence number and flags and check the fingerprint and length on arrival ([`link`]).
+//! sequence number and flags and check the fingerprint and length on arrival (`link.rs`).
 //! Messages of a collective that failed on this rank are drained by receives kept posted for
-//! its sequence number ([`fabric::State::add_junk`]).
+//! its sequence number (`fabric::State::add_junk`).
 //!
 //! **Memory.** Buffers are registered where the provider asks (`FI_MR_LOCAL`), through a cache
-//! keyed by address and length ([`mr`]). `FI_HMEM` is detected and reported
+//! keyed by address and length (`mr.rs`). `FI_HMEM` is detected and reported
 //! ([`OfiTransport::caps`]); device pointers are not handed to the provider yet (device
 //! collectives stage through pinned host memory).
 //!
 //! The domain opened is `PCCL_OFI_DOMAIN` (or `FI_DOMAIN`), else the NIC map's choice (a hook
-//! in [`fabric::open_endpoint`]), else the provider's first.
+//! in `fabric::open_endpoint`), else the provider's first.
 
 mod fabric;
 mod link;
