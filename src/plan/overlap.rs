@@ -90,6 +90,106 @@ pub fn reduce_scatter(
     stagger(pieces, Align::SecondStartsWithNextFirst, true)
 }
 
+/// Overlapped all-reduce as one pipeline: piece `j` runs its reduce-scatter (intra-node, then
+/// inter-node), its average (when `average`) and its all-gather (inter-node, then intra-node)
+/// in four consecutive windows of `D` phases (`D` the longest level), and piece `j + 1` starts
+/// two windows after piece `j`. A window then holds one intra-node and one inter-node level:
+///
+/// ```text
+/// window     0        1        2        3        4        5     ...
+/// intra   RSa(0)            RSa(1)   AGa(0)   RSa(2)   AGa(1)
+/// inter            RSx(0)   AGx(0)   RSx(1)   AGx(1)   RSx(2)
+/// ```
+///
+/// so the reduce-scatter's drain and the all-gather's fill of the two-collective form (where
+/// only the inter-node level works, twice) become shared windows, and no window has two steps
+/// on one kind of link. Piece `j`'s average is a local step between its `RSx` and `AGx`: in a
+/// free slot of those windows, or a phase of its own.
+pub fn allreduce(
+    topo: &Topology,
+    rank: usize,
+    inter: LevelAlgo,
+    intra: LevelAlgo,
+    k: usize,
+    average: bool,
+) -> Vec<Phase> {
+    // Per piece: [RS intra, RS inter, AG inter, AG intra].
+    let pieces: Vec<[Vec<Phase>; 4]> = (0..k)
+        .map(|j| {
+            let out_j = Span::block(Buf::Output, rank * k + j);
+            let (rsa, rsx) = reduce_scatter_levels(topo, rank, inter, intra, out_j, &piece(k, j));
+            let (agx, aga) = allgather_levels(topo, rank, inter, intra, &piece(k, j));
+            [rsa, rsx, agx, aga]
+        })
+        .collect();
+    let d = pieces
+        .iter()
+        .flat_map(|p| p.iter().map(Vec::len))
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    // Where a level shorter than `D` sits in its window: against its partner's largest
+    // phases (halving shrinks: the start; doubling grows: the end). Partners: RSa with AGx
+    // (an all-gather: end), RSx with AGa (end), AGx with RSa (start), AGa with RSx (start).
+    let at_end = [true, true, false, false];
+    let windows = 2 * (k.saturating_sub(1)) + 4;
+    // slots[t] = (intra-node phase, inter-node phase, local steps) at time t.
+    let mut slots: Vec<(Option<Phase>, Option<Phase>, Vec<Step>)> =
+        vec![(None, None, Vec::new()); windows * d];
+    // Averages with no free slot: a phase of their own after slot t.
+    let mut own_phase_after: Vec<Vec<Step>> = vec![Vec::new(); windows * d];
+    for (j, levels) in pieces.into_iter().enumerate() {
+        let mut span = [(0usize, 0usize); 4];
+        for (w, level) in levels.into_iter().enumerate() {
+            let len = level.len();
+            let start = (2 * j + w) * d + if at_end[w] { d - len } else { 0 };
+            span[w] = (start, len);
+            for (i, ph) in level.into_iter().enumerate() {
+                let s = &mut slots[start + i];
+                let cell = if w == 0 || w == 3 { &mut s.0 } else { &mut s.1 };
+                debug_assert!(cell.is_none(), "two levels of one link kind share a slot");
+                *cell = Some(ph);
+            }
+        }
+        if average {
+            let avg = Step::Average {
+                dst: vec![Span::block(Buf::Output, rank * k + j)],
+            };
+            // After the last RSx phase (or its window start when empty), before the first AGx.
+            let after = span[1].0 + span[1].1; // first slot after RSx
+            let before = span[2].0; // first AGx slot
+            if after < before {
+                slots[after].2.push(avg);
+            } else {
+                own_phase_after[after.max(1) - 1].push(avg);
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(windows * d);
+    for ((x, y, local), own) in slots.into_iter().zip(own_phase_after) {
+        let mut phases: Vec<Phase> = match (x, y) {
+            (Some(x), Some(y)) if shares_a_pair(&x, &y) => vec![x, y],
+            (Some(mut x), Some(y)) => {
+                x.steps.extend(y.steps);
+                vec![x]
+            }
+            (Some(p), None) | (None, Some(p)) => vec![p],
+            (None, None) => vec![],
+        };
+        if !local.is_empty() {
+            match phases.last_mut() {
+                Some(p) => p.steps.extend(local),
+                None => phases.push(Phase::of(local)),
+            }
+        }
+        out.extend(phases);
+        if !own.is_empty() {
+            out.push(Phase::of(own));
+        }
+    }
+    out
+}
+
 /// Where a piece's second level sits inside the window it shares with the next first level.
 #[derive(Clone, Copy)]
 enum Align {
