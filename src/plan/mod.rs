@@ -530,19 +530,6 @@ pub fn build(
         Collective::AllReduce { average } if algorithm == Algorithm::VectorRd => {
             vector::allreduce(rank, p, average)
         }
-        Collective::AllReduce { average } if algorithm.pieces() > 1 => {
-            if let Algorithm::Overlap {
-                inter,
-                intra,
-                pieces,
-            } = algorithm
-            {
-                overlap::allreduce(topo, rank, inter, intra, pieces, average)
-            } else {
-                // Only an overlapped algorithm has pieces: never reached.
-                Vec::new()
-            }
-        }
         Collective::AllReduce { average } => {
             let mine = Span::block(Buf::Output, rank);
             let mut ph = match algorithm {
