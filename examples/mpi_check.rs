@@ -1,6 +1,7 @@
 //! Run under `mpiexec -n K`: checks every algorithm's collectives on the MPI transport
 //! against the reference, for several dtypes, ops and counts, in-place and not, plus
-//! broadcast, barrier, split and non-blocking requests. Exits non-zero on any failure.
+//! broadcast, barrier, split and non-blocking requests; the overlapped hierarchy
+//! (`hier-*-pipeK`, K in {2, 4, 7}) as well. Exits non-zero on any failure.
 //! `PCCL_RANKS_PER_NODE` sets the pretend node shape.
 //!
 //! It also checks the CUDA-awareness detection: rank 0 prints
@@ -11,7 +12,7 @@
 #[path = "../tests/common.rs"]
 mod common;
 
-use common::{input, reduced, same_bits};
+use common::{input, overlapped, reduced, same_bits};
 use half::bf16;
 use pccl::config::Config;
 use pccl::plan::Algorithm;
@@ -152,7 +153,10 @@ fn main() {
             failures += 1;
         }
         drop(probe);
-        for algo in ALGOS {
+        // The overlapped hierarchy too: K in {2, 4, 7}, three level pairs; the counts above
+        // are no multiple of P·K.
+        let pipes = [overlapped(0, 2), overlapped(1, 4), overlapped(2, 7)];
+        for algo in ALGOS.into_iter().chain(pipes) {
             let cfg = Config {
                 algo: Some(algo),
                 chunk_bytes: 64 * 1024,

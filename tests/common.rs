@@ -83,3 +83,47 @@ pub fn exact_on(comm: &pccl::Communicator, counts: &[usize]) -> Result<(), Strin
     }
     Ok(())
 }
+
+/// The overlapped hierarchy (`hier-INTER-INTRA-pipeK`) for the transport conformance loops:
+/// every pair of level algorithms in turn, by `i`.
+pub fn overlapped(i: usize, pieces: usize) -> pccl::plan::Algorithm {
+    use pccl::plan::LevelAlgo::{Rd, Ring};
+    let (inter, intra) = [(Rd, Ring), (Ring, Rd), (Rd, Rd), (Ring, Ring)][i % 4];
+    pccl::plan::Algorithm::Overlap {
+        inter,
+        intra,
+        pieces,
+    }
+}
+
+/// [`exact_on`], then reduce-scatter with a sum (i64) and all-reduce with an average (f64,
+/// not in place), bit for bit: every collective an overlapped plan cuts in pieces, both
+/// averages and both sums.
+pub fn exact_all_on(comm: &pccl::Communicator, counts: &[usize]) -> Result<(), String> {
+    exact_on(comm, counts)?;
+    let (r, p) = (comm.rank(), comm.size());
+    for &count in counts {
+        let full = input::<i64>(r, count * p, ReduceOp::Sum);
+        let mut o = vec![0i64; count];
+        comm.reduce_scatter(&full, &mut o, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+        let want: Vec<i64> = (r * count..(r + 1) * count)
+            .map(|i| reduced::<i64>(p, i, ReduceOp::Sum))
+            .collect();
+        if o != want {
+            return Err(format!("reduce_scatter sum count={count} wrong"));
+        }
+        let n = count * 3 + 1;
+        let mine = input::<f64>(r, n, ReduceOp::Avg);
+        let mut o = vec![0f64; n];
+        comm.all_reduce(&mine, &mut o, ReduceOp::Avg)
+            .map_err(|e| e.to_string())?;
+        let want: Vec<f64> = (0..n)
+            .map(|i| reduced::<f64>(p, i, ReduceOp::Avg))
+            .collect();
+        if !same_bits(&o, &want) {
+            return Err(format!("all_reduce avg count={n} wrong"));
+        }
+    }
+    Ok(())
+}

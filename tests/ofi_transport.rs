@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{exact_on, input, reduced, same_bits};
+use common::{exact_all_on, exact_on, input, overlapped, reduced, same_bits};
 use pccl::config::Config;
 use pccl::plan::{Algorithm, LevelAlgo};
 use pccl::transport::ofi::OfiTransport;
@@ -136,6 +136,41 @@ fn every_algorithm_is_exact_for_two_to_eight_ranks() {
         let t0 = Instant::now();
         let res = on_ofi(p, cfg(m, algo), |comm, _| {
             exact_on(&comm, &[0, 1, 7, 300_001])
+        });
+        for r in res {
+            r.unwrap_or_else(|e| panic!("P={p} M={m} {algo}: {e}"));
+        }
+        println!(
+            "@@ P={p} M={m} {algo}: exact in {} ms",
+            t0.elapsed().as_millis()
+        );
+    }
+}
+
+/// The overlapped hierarchy on 2…8 ranks with pretend nodes, K in {2, 4, 7}, every level
+/// pair, at counts that are no multiple of P·K.
+#[test]
+fn overlapped_plans_are_exact_for_two_to_eight_ranks() {
+    if !per_provider("overlapped_plans_are_exact_for_two_to_eight_ranks") || !usable() {
+        return;
+    }
+    for (i, (p, m, k)) in [
+        (2, 1, 2),
+        (3, 3, 4),
+        (4, 2, 7),
+        (5, 1, 4),
+        (6, 2, 2),
+        (6, 3, 7),
+        (8, 2, 4),
+        (8, 4, 7),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let algo = overlapped(i, k);
+        let t0 = Instant::now();
+        let res = on_ofi(p, cfg(m, algo), |comm, _| {
+            exact_all_on(&comm, &[0, 1, 13, 30_001])
         });
         for r in res {
             r.unwrap_or_else(|e| panic!("P={p} M={m} {algo}: {e}"));
@@ -355,13 +390,28 @@ fn after_mismatched_large_calls_twenty_more_collectives_are_exact() {
 #[test]
 
 fn a_killed_peer_ends_in_an_error_not_a_hang() {
-    let name = "a_killed_peer_ends_in_an_error_not_a_hang";
+    kill_job("a_killed_peer_ends_in_an_error_not_a_hang", 0);
+}
+
+/// A peer killed between overlapped all-reduces (`hier-rd-pipe4`, pretend nodes of 2): the
+/// survivors, mid-pipeline in the next one, fail promptly naming it, shrink, and all-reduce.
+#[test]
+fn a_killed_peer_during_an_overlapped_all_reduce_ends_in_an_error_not_a_hang() {
+    kill_job(
+        "a_killed_peer_during_an_overlapped_all_reduce_ends_in_an_error_not_a_hang",
+        4,
+    );
+}
+
+/// Runs test `name` as 4 rank processes per provider, rank [`VICTIM`] dying after three
+/// all-reduces (`hier-rd-pipe{pieces}` on nodes of 2, or the tuner's choice for 0).
+fn kill_job(name: &str, pieces: usize) {
     if let Ok(v) = std::env::var(CHILD) {
         if let Some((_, rest)) = v.split_once('|') {
             let f: Vec<&str> = rest.split('|').collect();
             let (rank, p): (usize, usize) = (f[0].parse().unwrap(), f[1].parse().unwrap());
             let id = UniqueId::from_bytes(&unhex(f[2])).unwrap();
-            return play_kill(rank, p, &id);
+            return play_kill(rank, p, &id, pieces);
         }
     }
     if !per_provider(name) || !usable() {
@@ -428,12 +478,17 @@ fn a_killed_peer_ends_in_an_error_not_a_hang() {
 
 const VICTIM: usize = 1;
 
-fn play_kill(rank: usize, p: usize, id: &UniqueId) {
+fn play_kill(rank: usize, p: usize, id: &UniqueId, pieces: usize) {
     let timeout = Duration::from_secs(30);
     let t = connect(id, p, rank, timeout);
     let c = Config {
         timeout,
-        ranks_per_node: Some(p),
+        ranks_per_node: Some(if pieces > 0 { 2 } else { p }),
+        algo: (pieces > 0).then_some(Algorithm::Overlap {
+            inter: LevelAlgo::Rd,
+            intra: LevelAlgo::Ring,
+            pieces,
+        }),
         ..Config::default()
     };
     let comm = Communicator::with_config(Arc::new(t), c).unwrap();

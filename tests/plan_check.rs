@@ -385,3 +385,34 @@ fn direct_all_to_all_is_correct_in_one_phase_up_to_33_ranks() {
         }
     }
 }
+
+#[test]
+fn overlapped_hierarchy_is_correct_for_every_piece_count_up_to_16() {
+    // Non-power-of-two node counts, one rank per node, one node, and uneven pieces (K not
+    // dividing anything): every K in 1..=16, every collective built from levels.
+    for (p, m) in [
+        (6, 1),
+        (1, 1),
+        (4, 4),
+        (6, 2),
+        (10, 2),
+        (15, 3),
+        (12, 4),
+        (24, 8),
+    ] {
+        let topo = Topology::uniform(p, m);
+        for k in 1..=16 {
+            for coll in [
+                Collective::AllGather,
+                Collective::ReduceScatter { average: false },
+                Collective::ReduceScatter { average: true },
+                Collective::AllReduce { average: false },
+                Collective::AllReduce { average: true },
+            ] {
+                for algo in overlapped(k) {
+                    check_all(coll, algo, &topo);
+                }
+            }
+        }
+    }
+}

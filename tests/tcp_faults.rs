@@ -10,6 +10,7 @@
 
 use pccl::config::Config;
 use pccl::fault::{Fault, FaultKind};
+use pccl::plan::{Algorithm, LevelAlgo};
 use pccl::transport::tcp::{TcpTransport, UniqueId};
 use pccl::{Communicator, ErrorKind, ReduceOp};
 use std::process::{Command, Stdio};
@@ -47,8 +48,10 @@ struct Scenario {
     coll: Coll,
     /// PCCL_TIMEOUT.
     timeout_s: u64,
-    /// Ranks per node of the topology (1 or p: flat or one node).
+    /// Ranks per node of the topology (1 or p: flat or one node; 2 with `pieces`).
     m: usize,
+    /// Pieces of the overlapped hierarchy `hier-rd-pipeK` it runs (0: the tuner's choice).
+    pieces: usize,
 }
 
 impl Scenario {
@@ -66,8 +69,8 @@ impl Scenario {
             Coll::SmallAllReduce => "ar-small",
         };
         format!(
-            "{},{},{},{},{kind},{coll},{},{}",
-            self.p, self.shm as u8, self.victim, self.at, self.timeout_s, self.m
+            "{},{},{},{},{kind},{coll},{},{},{}",
+            self.p, self.shm as u8, self.victim, self.at, self.timeout_s, self.m, self.pieces
         )
     }
 
@@ -88,6 +91,7 @@ impl Scenario {
             },
             timeout_s: f[6].parse().unwrap(),
             m: f[7].parse().unwrap(),
+            pieces: f[8].parse().unwrap(),
         }
     }
 }
@@ -152,6 +156,11 @@ fn play(sc: Scenario, rank: usize, id: &UniqueId) {
     let cfg = Config {
         timeout: Duration::from_secs(sc.timeout_s),
         ranks_per_node: Some(sc.m),
+        algo: (sc.pieces > 0).then_some(Algorithm::Overlap {
+            inter: LevelAlgo::Rd,
+            intra: LevelAlgo::Ring,
+            pieces: sc.pieces,
+        }),
         faults: vec![Fault {
             rank: sc.victim,
             seq: sc.at,
@@ -350,7 +359,37 @@ fn sc(p: usize, shm: bool, victim: usize, at: u32, kind: FaultKind, coll: Coll) 
         coll,
         timeout_s: 30,
         m: p,
+        pieces: 0,
     }
+}
+
+/// [`sc`] running `hier-rd-pipe{pieces}` on pretend nodes of 2 ranks.
+fn sc_overlapped(p: usize, shm: bool, victim: usize, kind: FaultKind, pieces: usize) -> Scenario {
+    Scenario {
+        m: 2,
+        pieces,
+        ..sc(p, shm, victim, 2, kind, Coll::AllReduce)
+    }
+}
+
+/// A rank killed while the others run an overlapped all-reduce (pieces of every stage in
+/// flight): every survivor fails promptly naming it, shrinks, and all-reduces exactly.
+#[test]
+fn kill_during_an_overlapped_all_reduce_fails_fast_and_shrinks() {
+    scenario(
+        "kill_during_an_overlapped_all_reduce_fails_fast_and_shrinks",
+        sc_overlapped(6, false, 3, FaultKind::Kill, 4),
+    );
+}
+
+/// Damaged messages in an overlapped all-reduce over shared memory: every rank fails that
+/// call naming the sender, and the next overlapped call is exact.
+#[test]
+fn corrupt_messages_in_an_overlapped_all_reduce_fail_fast_and_the_next_works() {
+    scenario(
+        "corrupt_messages_in_an_overlapped_all_reduce_fail_fast_and_the_next_works",
+        sc_overlapped(4, true, 1, FaultKind::Corrupt, 7),
+    );
 }
 
 #[test]

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::exact_on;
+use common::{exact_all_on, exact_on, overlapped};
 use pccl::config::Config;
 use pccl::plan::{Algorithm, LevelAlgo};
 use pccl::transport::tcp::{TcpTransport, UniqueId};
@@ -96,6 +96,33 @@ fn hierarchical_collectives_are_exact_over_tcp_and_shared_memory() {
     ] {
         let res = on_tcp_with(p, cfg(m, algo), shm, |comm| -> Result<(), String> {
             exact_on(&comm, &[0, 1, 7, 300_001])
+        });
+        for r in res {
+            r.unwrap_or_else(|e| panic!("P={p} M={m} {algo} shm={shm}: {e}"));
+        }
+    }
+}
+
+/// The overlapped hierarchy on 2…8 ranks with pretend nodes, K in {2, 4, 7}, every level
+/// pair, over sockets and shared memory, at counts that are no multiple of P·K.
+#[test]
+fn overlapped_plans_are_exact_over_tcp_and_shared_memory() {
+    for (i, (p, m, k, shm)) in [
+        (2, 1, 2, true),
+        (3, 3, 4, false),
+        (4, 2, 7, true),
+        (5, 1, 4, false),
+        (6, 2, 2, false),
+        (6, 3, 7, true),
+        (8, 2, 4, true),
+        (8, 4, 7, false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let algo = overlapped(i, k);
+        let res = on_tcp_with(p, cfg(m, algo), shm, |comm| -> Result<(), String> {
+            exact_all_on(&comm, &[0, 1, 13, 30_001])
         });
         for r in res {
             r.unwrap_or_else(|e| panic!("P={p} M={m} {algo} shm={shm}: {e}"));
