@@ -127,53 +127,8 @@ fn copy_tiers(llc: Option<usize>, reps: usize) -> (f64, CacheTier) {
         sweep.push((ws as f64, copy_rate(ws / 2, reps.max(7))));
         ws *= 2;
     }
-    let (w_last, r_last) = *sweep.last().expect("a sweep point");
     let quarter = llc.unwrap_or(4 << 20) as f64 / 4.0;
-    let cached = median(
-        sweep
-            .iter()
-            .filter(|(w, _)| *w <= quarter)
-            .map(|x| x.1)
-            .collect(),
-    );
-    if cached <= r_last * 1.1 {
-        return (r_last, CacheTier::default()); // no tier to speak of
-    }
-    // The cache size (on a grid of quarter-octaves) whose tier, with memory's rate corrected
-    // for what of the largest set still fits, matches the sweep best in log terms.
-    let model = |c: f64| {
-        let h = (c / w_last).min(0.99);
-        let mem = (1.0 - h) / (1.0 / r_last - h / cached).max(1e-12);
-        let p = Profile {
-            copy_gbps: mem,
-            cache: CacheTier {
-                bytes: c as usize,
-                copy_gbps: cached,
-            },
-            ..Profile::default()
-        };
-        let err: f64 = sweep
-            .iter()
-            .map(|(w, r)| (mem * p.cache_speedup(*w) / r).ln().powi(2))
-            .sum();
-        (err, mem)
-    };
-    let mut best = (f64::INFINITY, 0.0, r_last);
-    let mut c = sweep[0].0;
-    while c <= w_last {
-        let (err, mem) = model(c);
-        if err < best.0 {
-            best = (err, c, mem);
-        }
-        c *= 2f64.powf(0.25);
-    }
-    (
-        best.2,
-        CacheTier {
-            bytes: best.1 as usize,
-            copy_gbps: cached,
-        },
-    )
+    pccl::model::cache::fit(&sweep, quarter)
 }
 
 fn reduce_gbps<T: Element>(reps: usize, one: T) -> f64 {
