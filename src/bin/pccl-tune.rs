@@ -218,7 +218,11 @@ fn main() {
     if let Some(s) = args.cache_bytes.as_deref() {
         let b = pccl::config::parse_bytes(s)
             .unwrap_or_else(|e| fail(format!("--cache-bytes {s}: {e}")));
-        prof.cache.bytes = if prof.cache.copy_gbps > 0.0 { b } else { 0 };
+        if b == 0 || prof.cache.copy_gbps == 0.0 {
+            prof.cache = CacheTier::default(); // no tier
+        } else {
+            prof.cache.bytes = b;
+        }
     }
     prof.reduce_host_gbps.clear();
     prof.reduce_host_gbps
