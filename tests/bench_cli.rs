@@ -70,12 +70,63 @@ fn json_output_parses_and_names_every_size() {
 }
 
 #[test]
+fn an_algorithm_list_gives_a_checked_row_per_algorithm_and_size_with_its_median() {
+    let out = bench(&[
+        "--ranks",
+        "4",
+        "--ranks-per-node",
+        "2",
+        "--coll",
+        "allgather",
+        "-m",
+        "4K:8K",
+        "-i",
+        "6",
+        "--json",
+        "--check",
+        "--algo",
+        "auto,ring,rd,hier-rd",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    let rows = v["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 2 * 4, "{v}");
+    for (i, want) in ["auto", "ring", "rd", "hier-rd"].iter().enumerate() {
+        let r = &rows[i];
+        assert_eq!(r["bytes"], 4096);
+        assert_eq!(r["requested"], *want);
+        if *want != "auto" {
+            assert_eq!(r["algo"], *want, "{r}");
+        }
+        let (med, lo, hi) = (
+            r["median_us"].as_f64().unwrap(),
+            r["min_us"].as_f64().unwrap(),
+            r["max_us"].as_f64().unwrap(),
+        );
+        assert!(lo > 0.0 && lo <= med && med <= hi, "{r}");
+        assert_eq!(r["wrong"], 0);
+    }
+    // The single-algorithm output has no list fields.
+    let out = bench(&[
+        "--ranks", "2", "-m", "1K", "-i", "2", "--json", "--algo", "rd",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    assert!(v["results"][0].get("requested").is_none(), "{v}");
+}
+
+#[test]
 fn bad_arguments_exit_non_zero_with_a_message() {
     for args in [
         &["--algo", "fastest"][..],
         &["-m", "8:4"],
         &["--dtype", "f128"],
         &["--dtype", "i32", "--op", "avg"],
+        &["--algo", "ring,fastest"],
+        &["--algo", "ring,rd", "--floor"],
     ] {
         let out = bench(&[&["--ranks", "2", "-i", "1"], args].concat());
         assert!(!out.status.success(), "{args:?} should fail");

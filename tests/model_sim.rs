@@ -251,3 +251,45 @@ fn engines_agree_on_the_overlapped_hierarchy_with_the_presets() {
         }
     }
 }
+
+/// A host profile with every byte rate finite (copies, links, reductions) and no latency.
+fn host_rates(scale: f64) -> Profile {
+    let mut p = Profile {
+        copy_gbps: 10.0 * scale,
+        piece_bytes: 1 << 30,
+        ..Profile::default()
+    };
+    p.intra.alpha_us = 0.0;
+    p.intra.bandwidth_gbps = 5.0 * scale;
+    p.reduce_host_gbps.insert("f32".into(), 6.0 * scale);
+    p
+}
+
+#[test]
+fn the_cache_tier_speeds_up_every_host_rate_when_the_buffers_fit_and_fades_when_not() {
+    // 4 ranks on one node; cache 4× faster than memory and 1 MB large. At 1 KB blocks the
+    // footprint (4 ranks × (4 + 1) blocks = 20 KB) fits: every rate is 4× faster, so the
+    // time is that of a profile with all rates ×4. At 1 GB blocks almost nothing fits.
+    let topo = Topology::uniform(4, 4);
+    let mut cached = host_rates(1.0);
+    cached.cache.bytes = 1_000_000;
+    cached.cache.copy_gbps = 40.0;
+    for coll in [AG, RS] {
+        for algo in [RING, RD] {
+            let small = Job::new(coll, algo, 1e3);
+            let want = both(&topo, &host_rates(4.0), small);
+            close(both(&topo, &cached, small), want);
+            let big = Job::new(coll, algo, 1e9);
+            let plain = both(&topo, &host_rates(1.0), big);
+            let got = both(&topo, &cached, big);
+            assert!(got < plain && got > 0.999 * plain, "{got} vs {plain}");
+        }
+    }
+    // Device buffers do not use the host's cache.
+    let mut dev = Job::new(AG, RING, 1e3);
+    dev.device = pccl::model::profile::DeviceKind::Device;
+    close(
+        both(&topo, &cached, dev),
+        both(&topo, &host_rates(1.0), dev),
+    );
+}

@@ -33,7 +33,9 @@ struct Args {
     #[arg(long, default_value = "allgather")]
     coll: String,
     /// Algorithm: auto, hier-rd, hier-ring, ring, rd, rdv (all-reduce by whole-vector doubling) (or hier-INTER-INTRA), any hierarchy
-    /// overlapped in K pieces as HIER-pipeK (hier-rd-pipe4).
+    /// overlapped in K pieces as HIER-pipeK (hier-rd-pipe4). A comma-separated list
+    /// (`auto,ring,rd`) measures them interleaved in one run, a row per algorithm with its
+    /// median (host buffers).
     #[arg(long, default_value = "auto")]
     algo: String,
     /// Bytes per rank, MIN:MAX (doubling), with K/M/G suffixes.
@@ -142,6 +144,10 @@ struct Row {
     vendor_us: Option<f64>,
     floor_us: Option<f64>,
     wrong: u64,
+    /// The algorithm asked for, in a list run.
+    requested: Option<String>,
+    /// Median over rounds of the per-iteration time, in a list run.
+    median_us: Option<f64>,
 }
 
 fn fail(msg: impl std::fmt::Display) -> ! {
@@ -306,6 +312,8 @@ fn finish_row(comm: &Communicator, coll: Coll, op: ReduceOp, m: Measured) -> pcc
         vendor_us: None,
         floor_us: None,
         wrong: stats[4] as u64,
+        requested: None,
+        median_us: None,
     })
 }
 
@@ -429,6 +437,9 @@ fn bench_rank(comm: &Communicator, native: &Native<'_>, args: &Args) -> pccl::Re
     let op: ReduceOp = args.op.parse()?;
     dtype.check_op(op)?;
     let szs = sizes(&args.sizes).map_err(pccl::Error::invalid)?;
+    if let Some(names) = list::parse_list(&args.algo) {
+        return list::bench(comm, &names, &colls, dtype, op, &szs, args);
+    }
     let mpi = native_present(native);
     let mut notes = Vec::new();
     let mut gpu = GpuState::None;
@@ -653,6 +664,8 @@ fn resolve_device(kind: Device) -> Device {
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 #[path = "bench_gpu/mod.rs"]
 mod gpu;
+#[path = "bench_list/mod.rs"]
+mod list;
 
 /// Bytes per second read plus written by all ranks copying 64 MiB at the same time.
 fn machine_copy_bandwidth(comm: &Communicator) -> pccl::Result<f64> {
@@ -765,14 +778,19 @@ fn json(rows: &[Row], comm_desc: &serde_json::Value) -> String {
     let v: Vec<serde_json::Value> = rows
         .iter()
         .map(|r| {
-            serde_json::json!({
+            let mut v = serde_json::json!({
                 "coll": r.coll.name(), "bytes": r.bytes, "count": r.count,
                 "avg_us": r.avg_us, "min_us": r.min_us, "max_us": r.max_us, "iters": r.iters,
                 "algbw_gbs": r.algbw, "busbw_gbs": r.busbw, "algo": r.algo,
                 "mpi_avg_us": r.mpi_us, "ratio_vs_mpi": r.mpi_us.map(|m| r.avg_us / m),
                 "vendor_avg_us": r.vendor_us, "ratio_vs_vendor": r.vendor_us.map(|v| r.avg_us / v),
                 "floor_us": r.floor_us, "x_floor": r.floor_us.map(|f| r.avg_us / f), "wrong": r.wrong,
-            })
+            });
+            if let (Some(req), Some(med)) = (&r.requested, r.median_us) {
+                v["requested"] = req.as_str().into();
+                v["median_us"] = med.into();
+            }
+            v
         })
         .collect();
     serde_json::to_string_pretty(&serde_json::json!({ "comm": comm_desc, "results": v }))
@@ -807,7 +825,7 @@ fn config(args: &Args) -> Config {
         }
         cfg.ranks_per_node = Some(m);
     }
-    if args.algo != "auto" {
+    if args.algo != "auto" && list::parse_list(&args.algo).is_none() {
         cfg.algo = Some(args.algo.parse().unwrap_or_else(|e| fail(e)));
     }
     cfg

@@ -1,11 +1,18 @@
 //! `pccl-tune`: measures the model's parameters where it runs and writes a profile (TOML) the
 //! communicator's tuner loads (`PCCL_TUNE_FILE`, else `$XDG_CONFIG_HOME/pccl/tune.toml`).
 //!
-//! * copy rate: `memcpy` of 64 MiB;
+//! * copy rates and the cache tier: `memcpy` repeated over working sets (source +
+//!   destination) of 256 KiB … 4× the last-level cache (sysfs
+//!   `/sys/devices/system/cpu/cpu0/cache`, the highest level; 128 MiB at least). Memory's rate
+//!   is the largest set's, the cache's the median of the sets up to a quarter of the cache,
+//!   and the cache size the one that fits the model's tier ([`Profile::cache_speedup`]) to the
+//!   whole sweep best — the knee, which on a shared or virtual machine lies below what sysfs
+//!   says. `--cache-bytes` sets the size instead (`0`: no tier);
 //! * γ per dtype: the host reduction kernel (`a ⊕ b → c`, the executor's receive-reduce) on
 //!   16 MiB, in GB/s of output;
-//! * α, β: a 2-rank exchange (PCCL's all-gather, ring) at 1 KiB…16 MiB, least-squares fit of
-//!   `t = s/copy + α + s/β` (the plan: a local copy, then one message);
+//! * α, β: a 2-rank exchange (PCCL's all-gather, ring) at 1 KiB…64 MiB, least-squares fit of
+//!   `t = s/(copy·f) + α + s/(β·f)` (the plan: a local copy, then one message), `f` the cache
+//!   tier's speed-up for the exchange's footprint (2 ranks × 3 s), so β is memory's rate;
 //! * concurrent flows: the ring all-gather at `--ranks` ranks (default 4): when each of the P
 //!   simultaneous messages gets less than β, the node's shared bandwidth is `P ×` what each got.
 //!
@@ -16,7 +23,7 @@
 use clap::Parser;
 use half::{bf16, f16};
 use pccl::config::Config;
-use pccl::model::profile::Profile;
+use pccl::model::profile::{CacheTier, Profile};
 use pccl::{Algorithm, Communicator, Element, LevelAlgo, ReduceOp};
 use std::time::Instant;
 
@@ -38,6 +45,52 @@ struct Args {
     /// Transport: threads, or mpi (under mpiexec, built with --features mpi).
     #[arg(long, default_value = "threads")]
     transport: String,
+    /// Last-level cache size in bytes (K/M suffixes) instead of sysfs's; 0: no cache tier.
+    #[arg(long)]
+    cache_bytes: Option<String>,
+}
+
+/// The size of the highest cache level cpu 0 has (sysfs), in bytes.
+fn llc_bytes() -> Option<usize> {
+    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    let mut best: Option<(u32, usize)> = None;
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let read = |f: &str| std::fs::read_to_string(e.path().join(f)).ok();
+        let (Some(level), Some(kind), Some(size)) = (read("level"), read("type"), read("size"))
+        else {
+            continue;
+        };
+        if kind.trim() == "Instruction" {
+            continue;
+        }
+        let (Ok(level), Ok(bytes)) = (
+            level.trim().parse::<u32>(),
+            pccl::config::parse_bytes(size.trim()),
+        ) else {
+            continue;
+        };
+        if best.is_none_or(|(l, _)| level > l) {
+            best = Some((level, bytes));
+        }
+    }
+    best.map(|(_, b)| b)
+}
+
+/// Copy rate (GB/s, read + write) of `bytes` copied again and again: source and destination
+/// of `bytes` each.
+fn copy_rate(bytes: usize, reps: usize) -> f64 {
+    let n = (bytes / 4).max(1 << 14);
+    let src: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let mut dst = vec![0f32; n];
+    // Enough copies per sample to last ~2 ms.
+    let inner = ((8usize << 20) / (n * 4)).max(1);
+    let t = time(reps, || {
+        for _ in 0..inner {
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&mut dst);
+        }
+    });
+    (n * 4 * inner) as f64 / t / 1e9
 }
 
 fn fail(msg: impl std::fmt::Display) -> ! {
@@ -64,12 +117,18 @@ fn time(reps: usize, mut f: impl FnMut()) -> f64 {
     )
 }
 
-fn copy_gbps(reps: usize) -> f64 {
-    let n = 16 << 20; // 64 MiB of f32
-    let src: Vec<f32> = (0..n).map(|i| i as f32).collect();
-    let mut dst = vec![0f32; n];
-    let t = time(reps, || dst.copy_from_slice(std::hint::black_box(&src)));
-    (n * 4) as f64 / t / 1e9
+/// Memory's copy rate (GB/s) and the cache tier, from a `memcpy` sweep of working sets
+/// 256 KiB … 4× `llc` (at least 128 MiB).
+fn copy_tiers(llc: Option<usize>, reps: usize) -> (f64, CacheTier) {
+    let top = (4 * llc.unwrap_or(0)).max(128 << 20);
+    let mut sweep = Vec::new();
+    let mut ws = 256usize << 10;
+    while ws <= top {
+        sweep.push((ws as f64, copy_rate(ws / 2, reps.max(7))));
+        ws *= 2;
+    }
+    let quarter = llc.unwrap_or(4 << 20) as f64 / 4.0;
+    pccl::model::cache::fit(&sweep, quarter)
 }
 
 fn reduce_gbps<T: Element>(reps: usize, one: T) -> f64 {
@@ -148,13 +207,23 @@ fn main() {
         fail("--ranks must be 2…8");
     }
     let reps = if args.quick { 3 } else { 9 };
-    let sizes: Vec<usize> = (10..=24).step_by(2).map(|k| 1usize << k).collect();
-    let copy = copy_gbps(reps);
+    let sizes: Vec<usize> = (10..=26).step_by(2).map(|k| 1usize << k).collect();
+    let (copy, cache) = copy_tiers(llc_bytes(), reps);
     let mut prof = Profile {
         name: "measured".into(),
         copy_gbps: copy,
+        cache,
         ..Profile::default()
     };
+    if let Some(s) = args.cache_bytes.as_deref() {
+        let b = pccl::config::parse_bytes(s)
+            .unwrap_or_else(|e| fail(format!("--cache-bytes {s}: {e}")));
+        if b == 0 || prof.cache.copy_gbps == 0.0 {
+            prof.cache = CacheTier::default(); // no tier
+        } else {
+            prof.cache.bytes = b;
+        }
+    }
     prof.reduce_host_gbps.clear();
     prof.reduce_host_gbps
         .insert("f32".into(), reduce_gbps(reps, 1f32));
@@ -192,12 +261,15 @@ fn main() {
         }
         o => fail(format!("--transport {o}: expected threads or mpi")),
     };
-    // t = s/copy + α + s/β  →  t − s/copy = α + s·(1/β).
-    let x: Vec<f64> = sizes.iter().map(|&s| s as f64).collect();
+    // t = s/(copy·f) + α + s/(β·f)  →  t − s/(copy·f) = α + (s/f)·(1/β), with f the cache
+    // tier's speed-up for the exchange's footprint: 2 ranks × (input s + output 2s).
+    let tier = prof.clone();
+    let f = |s: f64, ranks: f64| tier.cache_speedup(ranks * (ranks + 1.0) * s);
+    let x: Vec<f64> = sizes.iter().map(|&s| s as f64 / f(s as f64, 2.0)).collect();
     let y: Vec<f64> = pair
         .iter()
-        .zip(&x)
-        .map(|(t, s)| t - s / (copy * 1e9))
+        .zip(&sizes)
+        .map(|(t, &s)| t - s as f64 / (copy * 1e9 * f(s as f64, 2.0)))
         .collect();
     // β from the large sizes (least squares over the upper half), α from the smallest size
     // (an unweighted fit over all sizes would let the largest times swamp the latency).
@@ -208,15 +280,23 @@ fn main() {
     prof.intra.alpha_us = alpha * 1e6;
     prof.intra.bandwidth_gbps = beta_gbps;
     prof.intra.pair_bandwidth_gbps = beta_gbps;
+    // The reductions ran on 3 × 16 MiB: memory's rate is what the cache did not speed up.
+    let sped = prof.cache_speedup(3.0 * (16u64 << 20) as f64);
+    for v in prof.reduce_host_gbps.values_mut() {
+        *v /= sped;
+    }
     let mut notes = format!(
-        "pccl-tune --transport {transport}: copy {copy:.2} GB/s; 2-rank exchange fit alpha {:.2} us, beta {beta_gbps:.2} GB/s",
+        "pccl-tune --transport {transport}: copy {copy:.2} GB/s, {:.2} GB/s in a {} KiB cache; 2-rank exchange fit alpha {:.2} us, beta {beta_gbps:.2} GB/s",
+        prof.cache.copy_gbps,
+        prof.cache.bytes >> 10,
         alpha * 1e6
     );
     if let Some((p, t)) = concurrent {
         let s = (4 << 20) as f64;
-        // Ring at P ranks: copy + (P−1)(α + s/rate).
-        let per_step = (t - s / (copy * 1e9)) / (p - 1) as f64 - alpha;
-        let rate = s / per_step.max(1e-9) / 1e9;
+        let fp = f(s, p as f64);
+        // Ring at P ranks: copy + (P−1)(α + s/rate), every rate sped up fp times.
+        let per_step = (t - s / (copy * 1e9 * fp)) / (p - 1) as f64 - alpha;
+        let rate = s / per_step.max(1e-9) / 1e9 / fp;
         if rate < 0.95 * beta_gbps {
             prof.intra.node_bandwidth_gbps = rate * p as f64;
         }

@@ -1,5 +1,6 @@
 //! The cost model, the simulator that replays plans on a modelled cluster, and the tuner.
 //!
+//! * [`cache`]: the cache tier's parameters fitted to a copy sweep (`pccl-tune`).
 //! * [`profile`]: machine parameters (TOML; `pccl-tune` writes them, `presets/` holds some).
 //! * [`traffic`]: what a plan asks of the machine, phase by phase.
 //! * [`contention`]: max-min fair sharing of links by the messages in flight.
@@ -9,6 +10,7 @@
 //! * [`goal`]: export of the plans as a GOAL schedule (LogGOPSim, ATLAHS).
 //! * [`cost`]: the older per-message α-β-γ estimate (kept for its callers).
 
+pub mod cache;
 pub mod contention;
 pub mod cost;
 pub mod goal;

@@ -68,6 +68,31 @@ impl Default for InterLevel {
     }
 }
 
+/// The host's last-level cache, for the cache tier of the copy and transfer rates.
+///
+/// A rank's bytes move at the memory rates of the profile (`copy_gbps`, the intra links, the
+/// node bus, the reduction rates) when the bytes the call touches on one host do not fit in
+/// the cache, and up to `copy_gbps / Profile::copy_gbps` times faster when they do
+/// ([`Profile::cache_speedup`]). Off (`bytes = 0`, the default) in presets and in profiles
+/// written before it existed: those behave exactly as without it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheTier {
+    /// Size of the last-level cache the ranks of one host share (bytes); `0` for no tier.
+    pub bytes: usize,
+    /// Local copy rate, read + write, when source and destination stay in that cache (GB/s).
+    pub copy_gbps: f64,
+}
+
+impl Default for CacheTier {
+    fn default() -> Self {
+        CacheTier {
+            bytes: 0,
+            copy_gbps: 0.0,
+        }
+    }
+}
+
 /// Where reductions run, for the reduction rates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceKind {
@@ -94,6 +119,8 @@ pub struct Profile {
     /// Local copy rate, read + write of the bytes copied (GB/s): the executor's `Copy` steps
     /// and the packing of strided messages.
     pub copy_gbps: f64,
+    /// The last-level cache tier (optional; off by default).
+    pub cache: CacheTier,
     /// Every "node" is on one host (thread-ranks, or `PCCL_RANKS_PER_NODE` pretending): all
     /// messages, between nodes too, share one memory bus (`intra.node_bandwidth_gbps`).
     pub one_host: bool,
@@ -133,6 +160,7 @@ impl Default for Profile {
             inter: InterLevel::default(),
             efficiency: 1.0,
             copy_gbps: 8.0,
+            cache: CacheTier::default(),
             one_host: false,
             ranks_per_node: 1,
             piece_bytes: 1 << 20,
@@ -186,6 +214,9 @@ impl Profile {
         positive("efficiency", self.efficiency)?;
         if self.efficiency > 1.0 {
             return Err(Error::invalid("profile: efficiency must be at most 1"));
+        }
+        if self.cache.bytes > 0 {
+            positive("cache.copy_gbps", self.cache.copy_gbps)?;
         }
         if self.intra.pair_size > 1 {
             positive("intra.pair_bandwidth_gbps", self.intra.pair_bandwidth_gbps)?;
@@ -272,6 +303,21 @@ impl Profile {
             * 1e9
     }
 
+    /// How many times faster than the memory rates a host moves bytes when a call touches
+    /// `working_set` bytes on it: a share `h = min(1, cache / working_set)` of the bytes is
+    /// served at the cache's copy rate, the rest at memory's (`copy_gbps`), so the time per
+    /// byte is `h / cache_rate + (1 − h) / memory_rate`. `1` without a cache tier, or when
+    /// the cache is no faster than memory.
+    pub fn cache_speedup(&self, working_set: f64) -> f64 {
+        let c = &self.cache;
+        if c.bytes == 0 || c.copy_gbps <= self.copy_gbps || working_set.is_nan() {
+            return 1.0;
+        }
+        let ratio = c.copy_gbps / self.copy_gbps;
+        let h = (c.bytes as f64 / working_set.max(1.0)).min(1.0);
+        1.0 / (h / ratio + (1.0 - h))
+    }
+
     /// Bandwidth in bytes per second between local ranks `a` and `b` of one node.
     pub fn intra_rate(&self, a: usize, b: usize) -> f64 {
         let ps = self.intra.pair_size;
@@ -330,6 +376,24 @@ mod tests {
             "{e}"
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn cache_tier_speeds_up_only_what_fits_and_is_off_by_default() {
+        let mut p = Profile::default();
+        assert_eq!(p.cache_speedup(1.0), 1.0);
+        assert_eq!(p.cache_speedup(1e12), 1.0);
+        p = Profile::from_toml("copy_gbps = 10\n[cache]\nbytes = 1000\ncopy_gbps = 40\n").unwrap();
+        assert_eq!(p.cache_speedup(500.0), 4.0);
+        assert_eq!(p.cache_speedup(1000.0), 4.0);
+        // Half of it fits: half the bytes at 40, half at 10 GB/s.
+        assert!((p.cache_speedup(2000.0) - 1.0 / (0.5 / 4.0 + 0.5)).abs() < 1e-12);
+        assert!(p.cache_speedup(1e9) < 1.001 && p.cache_speedup(1e9) >= 1.0);
+        // A cache slower than memory is no tier.
+        p.cache.copy_gbps = 5.0;
+        assert_eq!(p.cache_speedup(10.0), 1.0);
+        let e = Profile::from_toml("[cache]\nbytes = 1000\n").unwrap_err();
+        assert!(e.message().contains("cache.copy_gbps"), "{e}");
     }
 
     #[test]

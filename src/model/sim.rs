@@ -120,14 +120,41 @@ impl<'a> Cluster<'a> {
         self.prof.nccl_ring && job.algo == Algorithm::Flat(LevelAlgo::Ring)
     }
 
+    /// The cache tier's speed-up of every host byte rate for `job` ([`Profile::cache_speedup`]).
+    ///
+    /// The working set is the input and output buffers of every rank sharing one host's
+    /// last-level cache (all ranks on `one_host`: thread-ranks of one process, or MPI processes
+    /// of one machine; else the ranks of a node). Not one phase's traffic: collectives are
+    /// called again and again on the same buffers (a benchmark loop, a training step), and
+    /// between two touches of a byte of an input or output the call touches every other byte
+    /// of every local rank's buffers, so whether that byte is still cached depends on the
+    /// whole footprint. (A ring's forwarded block is re-read one phase after it arrived, but it
+    /// was written there first, and that write is what the footprint decides.) Transport
+    /// staging is piece-sized and left out. Device buffers get no cache tier.
+    fn speed(&self, job: &Job) -> f64 {
+        if self.prof.cache.bytes == 0 || job.device != DeviceKind::Host {
+            return 1.0;
+        }
+        let p = self.topo.nranks() as f64;
+        let local = if self.prof.one_host { p } else { self.m as f64 };
+        let b = job.block_bytes;
+        let per_rank = match job.coll {
+            Collective::AllGather | Collective::ReduceScatter { .. } => (p + 1.0) * b,
+            Collective::AllReduce { .. } | Collective::AllToAll { .. } => 2.0 * p * b,
+            _ => 2.0 * b,
+        };
+        self.prof.cache_speedup(local * per_rank)
+    }
+
     /// Resource table for `nodes` nodes: NIC send sides, NIC receive sides, the global
-    /// network, each node's shared intra-node bus, each node's `m × m` intra links.
-    fn caps(&self, nodes: usize, global_nodes: usize) -> Vec<f64> {
+    /// network, each node's shared intra-node bus, each node's `m × m` intra links; host
+    /// rates (intra links, the bus, the "NICs" of one host) sped up `speed` times by the cache.
+    fn caps(&self, nodes: usize, global_nodes: usize, speed: f64) -> Vec<f64> {
         let k = self.nics.nics();
-        let nic = self.prof.nic_rate();
+        let nic = self.prof.nic_rate() * if self.prof.one_host { speed } else { 1.0 };
         let mut c = vec![nic; 2 * nodes * k];
         c.push(self.prof.inter.taper * global_nodes as f64 * k as f64 * nic);
-        let bus = self.prof.intra.node_bandwidth_gbps * 1e9 * self.prof.efficiency;
+        let bus = self.prof.intra.node_bandwidth_gbps * 1e9 * self.prof.efficiency * speed;
         c.extend(std::iter::repeat_n(
             if bus > 0.0 { bus } else { f64::INFINITY },
             nodes,
@@ -135,7 +162,7 @@ impl<'a> Cluster<'a> {
         for _ in 0..nodes {
             for a in 0..self.m {
                 for b in 0..self.m {
-                    c.push(self.prof.intra_rate(a, b));
+                    c.push(self.prof.intra_rate(a, b) * speed);
                 }
             }
         }
@@ -196,8 +223,8 @@ impl<'a> Cluster<'a> {
     }
 
     /// Local time of a phase before its messages can move: packing, then copies.
-    fn local(&self, w: &PhaseWork, bb: f64) -> (f64, f64) {
-        let rate = self.prof.copy_gbps * 1e9;
+    fn local(&self, w: &PhaseWork, bb: f64, speed: f64) -> (f64, f64) {
+        let rate = self.prof.copy_gbps * 1e9 * speed;
         let pack = w.packed_blocks() as f64 * bb / rate;
         (pack, pack + w.copy_blocks as f64 * bb / rate)
     }
@@ -207,7 +234,7 @@ impl<'a> Cluster<'a> {
         if !reduce || bytes == 0.0 {
             return t1;
         }
-        let r = bytes / self.prof.reduce_rate(job.device, job.dtype);
+        let r = bytes / (self.prof.reduce_rate(job.device, job.dtype) * self.speed(job));
         let c = (self.prof.piece_bytes as f64 / bytes).min(1.0);
         (t1 + r * c).max(t0 + (t1 - t0) * c + r)
     }
@@ -240,7 +267,8 @@ impl<'a> Cluster<'a> {
         let msg_phases = work
             .first()
             .map_or(0, |w| w.iter().filter(|x| !x.sends.is_empty()).count());
-        let mut fluid = Fluid::new(self.caps(nodes, nodes));
+        let speed = self.speed(job);
+        let mut fluid = Fluid::new(self.caps(nodes, nodes, speed));
         let mut heap: BinaryHeap<Ev> = BinaryHeap::new();
         let mut st = vec![RankState::default(); p];
         // Per ordered pair: posted sends (ready time, blocks) and receives (ready, reduce).
@@ -265,7 +293,7 @@ impl<'a> Cluster<'a> {
                 }
                 let w = &work[r][s.phase];
                 s.phase += 1;
-                let (pack, local) = self.local(w, bb);
+                let (pack, local) = self.local(w, bb, speed);
                 s.pending = w.sends.len() + w.recvs.len() + 1;
                 heap.push(Ev {
                     t: now + local,
@@ -524,7 +552,8 @@ impl Summary {
             ..*job
         };
         let nccl = cl.nccl_ring(&job);
-        let caps = cl.caps(1, 1);
+        let speed = cl.speed(&job);
+        let caps = cl.caps(1, 1, speed);
         let bb = job.block_bytes / self.pieces as f64;
         let mut seconds = 0.0;
         let mut flows: Vec<(f64, f64, Vec<u32>)> = Vec::new();
@@ -536,7 +565,7 @@ impl Summary {
             let local: Vec<(f64, f64)> = sig
                 .iter()
                 .map(|l| {
-                    let rate = cl.prof.copy_gbps * 1e9;
+                    let rate = cl.prof.copy_gbps * 1e9 * speed;
                     let pack = l.packed as f64 * bb / rate;
                     (pack, pack + l.copy_blocks as f64 * bb / rate)
                 })

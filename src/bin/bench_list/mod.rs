@@ -1,0 +1,251 @@
+//! `pccl-bench --algo A,B,...`: several algorithms measured in one run, interleaved.
+//!
+//! Every algorithm gets its own communicator, split off the benchmark's over the same ranks
+//! (same transport, same topology) with that algorithm fixed, and all of them run on the
+//! same buffers. For each size the timed iterations are cut into rounds; each round times a
+//! batch of every algorithm in turn (the order rotating from round to round, the ranks
+//! lined up by a barrier before each batch), so a burst of load from elsewhere falls on all
+//! of them alike. A row per algorithm and size: the median over rounds of the per-iteration
+//! time (averaged over ranks), the mean, and the fastest and slowest round.
+
+use super::{count_wrong, input_of, iters_for, lens, Args, Coll, Row};
+use pccl::{Communicator, DType, Element, ReduceOp};
+use std::time::Instant;
+
+/// The algorithms of a comma-separated `--algo` list, in order; `None` when it names one.
+pub fn parse_list(spec: &str) -> Option<Vec<String>> {
+    spec.contains(',').then(|| {
+        spec.split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect()
+    })
+}
+
+/// Communicators over `comm`'s ranks, one per algorithm of `algos` (`auto`: the tuner's).
+pub fn split_per_algo(comm: &Communicator, algos: &[String]) -> pccl::Result<Vec<Communicator>> {
+    let mut out = Vec::new();
+    for a in algos {
+        let mut cfg = comm.config().clone();
+        cfg.algo = if a == "auto" {
+            None
+        } else {
+            Some(a.parse().map_err(|e: pccl::Error| {
+                pccl::Error::usage(format!("--algo {a}: {}", e.message()))
+            })?)
+        };
+        let sub = comm
+            .split_with_config(Some(0), comm.rank() as i32, cfg)?
+            .ok_or_else(|| pccl::Error::internal("a split with one colour left a rank out"))?;
+        out.push(sub);
+    }
+    Ok(out)
+}
+
+/// Median of a non-empty list.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// One size of `coll`, every algorithm of `subs` interleaved; a row per algorithm.
+pub fn run_size<T: Element>(
+    comm: &Communicator,
+    subs: &[Communicator],
+    names: &[String],
+    coll: Coll,
+    op: ReduceOp,
+    bytes: usize,
+    args: &Args,
+) -> pccl::Result<Vec<Row>> {
+    let (r, p) = (comm.rank(), comm.size());
+    let es = std::mem::size_of::<T>();
+    let count = (bytes / es).max(1);
+    let (in_len, out_len) = lens(coll, count, p);
+    let input: Vec<T> = input_of(r, in_len);
+    let mut output: Vec<T> = vec![T::from_i64(0); out_len];
+    let run_once = |c: &Communicator, out: &mut Vec<T>| -> pccl::Result<()> {
+        match coll {
+            Coll::AllGather => c.all_gather(&input, out),
+            Coll::ReduceScatter => c.reduce_scatter(&input, out, op),
+            Coll::AllReduce => c.all_reduce(&input, out, op),
+        }
+    };
+    let total_bytes = out_len.max(in_len) * es;
+    let iters = iters_for(args, total_bytes);
+    let rounds = iters.clamp(1, 15);
+    let batch = iters.div_ceil(rounds);
+    for c in subs {
+        for _ in 0..args.warmup {
+            run_once(c, &mut output)?;
+        }
+    }
+    let k = subs.len();
+    // samples[a * rounds + round]: this rank's seconds per iteration.
+    let mut samples = vec![0f64; k * rounds];
+    for round in 0..rounds {
+        for j in 0..k {
+            let a = (round + j) % k;
+            comm.barrier()?;
+            let t0 = Instant::now();
+            for _ in 0..batch {
+                run_once(&subs[a], &mut output)?;
+            }
+            samples[a * rounds + round] = t0.elapsed().as_secs_f64() / batch as f64;
+        }
+    }
+    let mut wrong = vec![0f64; k];
+    if args.check {
+        for (a, c) in subs.iter().enumerate() {
+            output.iter_mut().for_each(|x| *x = T::from_i64(0));
+            run_once(c, &mut output)?;
+            wrong[a] = count_wrong(coll, op, p, r, count, &output) as f64;
+        }
+    }
+    let mut sums = vec![0f64; k * rounds];
+    comm.all_reduce(&samples, &mut sums, ReduceOp::Sum)?;
+    let mut wrong_all = vec![0f64; k];
+    comm.all_reduce(&wrong, &mut wrong_all, ReduceOp::Sum)?;
+    let factor = match coll {
+        Coll::AllReduce => 2.0 * (p as f64 - 1.0) / p as f64,
+        _ => (p as f64 - 1.0) / p as f64,
+    };
+    let coll_key = match coll {
+        Coll::AllGather => pccl::plan::Collective::AllGather,
+        Coll::ReduceScatter => pccl::plan::Collective::ReduceScatter {
+            average: op == ReduceOp::Avg,
+        },
+        Coll::AllReduce => pccl::plan::Collective::AllReduce {
+            average: op == ReduceOp::Avg,
+        },
+    };
+    let block_bytes = match coll {
+        Coll::AllReduce => count.div_ceil(p) * es,
+        _ => count * es,
+    };
+    let mut rows = Vec::new();
+    for (a, c) in subs.iter().enumerate() {
+        let per_round: Vec<f64> = sums[a * rounds..(a + 1) * rounds]
+            .iter()
+            .map(|s| s / p as f64)
+            .collect();
+        let avg = per_round.iter().sum::<f64>() / rounds as f64;
+        let med = median(per_round.clone());
+        let algbw = total_bytes as f64 / avg / 1e9;
+        rows.push(Row {
+            coll,
+            bytes: count * es,
+            count,
+            avg_us: avg * 1e6,
+            min_us: per_round.iter().copied().fold(f64::INFINITY, f64::min) * 1e6,
+            max_us: per_round.iter().copied().fold(0.0, f64::max) * 1e6,
+            iters: rounds * batch,
+            algbw,
+            busbw: algbw * factor,
+            algo: c.algorithm_for(coll_key, block_bytes)?.name(),
+            mpi_us: None,
+            vendor_us: None,
+            floor_us: None,
+            wrong: wrong_all[a] as u64,
+            requested: Some(names[a].clone()),
+            median_us: Some(med * 1e6),
+        });
+    }
+    Ok(rows)
+}
+
+/// Every size of every collective with the algorithms of `names` interleaved.
+pub fn bench(
+    comm: &Communicator,
+    names: &[String],
+    colls: &[Coll],
+    dtype: DType,
+    op: ReduceOp,
+    szs: &[usize],
+    args: &Args,
+) -> pccl::Result<Vec<Row>> {
+    if args.device != super::Device::Host || args.floor {
+        return Err(pccl::Error::usage(
+            "--algo with a list measures host buffers without --floor",
+        ));
+    }
+    let subs = split_per_algo(comm, names)?;
+    let mut rows = Vec::new();
+    for &coll in colls {
+        if comm.rank() == 0 && !args.json {
+            println!(
+                "# {} of {} ranks over {} as {} nodes ({}), dtype {}, op {}: algorithms {} interleaved in one run",
+                coll.name(),
+                comm.size(),
+                comm.transport_name(),
+                comm.topology().nodes().len(),
+                comm.topology().describe(),
+                args.dtype,
+                args.op,
+                names.join(",")
+            );
+            let mut h = format!(
+                "# {:<12} {:<12} {:<14} {:>12} {:>12} {:>12} {:>12} {:>10} {:>12}",
+                "Size",
+                "algo",
+                "ran",
+                "Median(us)",
+                "Avg(us)",
+                "Min(us)",
+                "Max(us)",
+                "Iterations",
+                "busbw(GB/s)"
+            );
+            if args.check {
+                h.push_str(&format!(" {:>7}", "#wrong"));
+            }
+            println!("{h}");
+        }
+        for &b in szs {
+            macro_rules! go {
+                ($t:ty) => {
+                    run_size::<$t>(comm, &subs, names, coll, op, b, args)?
+                };
+            }
+            let got = match dtype {
+                DType::I8 => go!(i8),
+                DType::U8 => go!(u8),
+                DType::I32 => go!(i32),
+                DType::U32 => go!(u32),
+                DType::I64 => go!(i64),
+                DType::U64 => go!(u64),
+                DType::F16 => go!(half::f16),
+                DType::BF16 => go!(half::bf16),
+                DType::F32 => go!(f32),
+                DType::F64 => go!(f64),
+            };
+            if comm.rank() == 0 && !args.json {
+                for r in &got {
+                    let mut s = format!(
+                        "{:<14} {:<12} {:<14} {:>12.2} {:>12.2} {:>12.2} {:>12.2} {:>10} {:>12.3}",
+                        r.bytes,
+                        r.requested.as_deref().unwrap_or("-"),
+                        r.algo,
+                        r.median_us.unwrap_or(f64::NAN),
+                        r.avg_us,
+                        r.min_us,
+                        r.max_us,
+                        r.iters,
+                        r.busbw
+                    );
+                    if args.check {
+                        s.push_str(&format!(" {:>7}", r.wrong));
+                    }
+                    println!("{s}");
+                }
+            }
+            rows.extend(got);
+        }
+    }
+    Ok(rows)
+}
