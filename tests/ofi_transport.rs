@@ -177,7 +177,7 @@ fn split_builds_a_working_sub_endpoint() {
 /// (the default where the provider has one: rxm over tcp) and polling (`PCCL_OFI_WAIT=poll`)
 /// give exact results for sizes around rxm's protocol limits, and the transport reports the
 /// mode and eager limit it chose: rxm over tcp blocks and gets `FI_OFI_RXM_EAGER_LIMIT`
-/// raised to a piece where the user left it unset; shm always polls.
+/// raised to 256 KiB where the user left it unset; shm always polls.
 #[test]
 fn small_messages_are_exact_whether_waits_block_or_poll() {
     for wait in ["fd", "poll"] {
@@ -205,7 +205,7 @@ fn small_messages_are_exact_whether_waits_block_or_poll() {
             if provider.contains("ofi_rxm") {
                 assert_eq!(
                     std::env::var("FI_OFI_RXM_EAGER_LIMIT").as_deref(),
-                    Ok("1048576"),
+                    Ok("262144"),
                     "rxm over tcp without a user setting"
                 );
             }

@@ -172,14 +172,15 @@ impl Drop for InfoList {
 }
 
 /// Eager limit set for rxm over tcp where the user set none ([`tune_rxm`]).
-pub const RXM_EAGER: usize = 1 << 20;
+pub const RXM_EAGER: usize = 256 << 10;
 
 /// Sets `FI_OFI_RXM_EAGER_LIMIT` to [`RXM_EAGER`] when `FI_PROVIDER` asks for rxm over
 /// tcp and the user did not set it, once, before libfabric's first `fi_getinfo` (rxm reads
 /// it when it initialises). With rxm's default (16 KiB) every larger piece went through its
 /// segmentation or rendezvous protocol, whose extra round trips each wait for the peer to
-/// progress: 64 KiB all-reduces took 3–9× the TCP transport's time; eager messages of up
-/// to a piece cost one pass over the socket (docs/OFI.md, "Small messages"). rxm over tcp
+/// progress: 64 KiB all-reduces took 3–9× the TCP transport's time; an eager message costs
+/// one pass over the socket (docs/OFI.md, "Small messages"). Larger pieces keep the
+/// rendezvous, which places them without rxm's copy of an unexpected message. rxm over tcp
 /// allows an eager limit above its buffer size (over verbs it does not, so nothing is set
 /// unless `FI_PROVIDER` names tcp). Every rank of a job computes the same value (rxm's
 /// connections require equal limits).
