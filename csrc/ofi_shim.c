@@ -10,6 +10,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_tagged.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,8 +133,9 @@ void pccl_ofi_close(struct pccl_ofi_ep *e)
 }
 
 /* Opens fabric, domain, completion queue, address vector and endpoint of `info` (one entry,
- * not a list); on failure everything opened is closed again. */
-int pccl_ofi_open(struct fi_info *info, struct pccl_ofi_ep *e)
+ * not a list); on failure everything opened is closed again. With `want_fd` the completion
+ * queue gets a file-descriptor wait object where the provider has one (else none). */
+int pccl_ofi_open(struct fi_info *info, struct pccl_ofi_ep *e, int want_fd)
 {
 	struct fi_cq_attr cq_attr;
 	struct fi_av_attr av_attr;
@@ -148,9 +150,13 @@ int pccl_ofi_open(struct fi_info *info, struct pccl_ofi_ep *e)
 	if (ret)
 		goto fail;
 	cq_attr.format = FI_CQ_FORMAT_TAGGED;
-	cq_attr.wait_obj = FI_WAIT_NONE;
+	cq_attr.wait_obj = want_fd ? FI_WAIT_FD : FI_WAIT_NONE;
 	cq_attr.size = 0;
 	ret = fi_cq_open(e->domain, &cq_attr, &e->cq, NULL);
+	if (ret && want_fd) {
+		cq_attr.wait_obj = FI_WAIT_NONE;
+		ret = fi_cq_open(e->domain, &cq_attr, &e->cq, NULL);
+	}
 	if (ret)
 		goto fail;
 	av_attr.type = FI_AV_TABLE;
@@ -173,6 +179,30 @@ int pccl_ofi_open(struct fi_info *info, struct pccl_ofi_ep *e)
 fail:
 	pccl_ofi_close(e);
 	return ret;
+}
+
+/* The completion queue's file descriptor (FI_GETWAIT), or -1 where it has none. */
+int pccl_ofi_wait_fd(struct pccl_ofi_ep *e)
+{
+	int fd = -1;
+	if (!e->cq || fi_control(&e->cq->fid, FI_GETWAIT, &fd) != 0)
+		return -1;
+	return fd;
+}
+
+/* 0 when the caller may block on the wait fd (nothing to progress), else -FI_EAGAIN. */
+int pccl_ofi_trywait(struct pccl_ofi_ep *e)
+{
+	struct fid *f = &e->cq->fid;
+	return fi_trywait(e->fabric, &f, 1);
+}
+
+/* Blocks until `fd` is readable or `timeout_ms` passes (touches no libfabric object); poll's
+ * result (0: timed out). */
+int pccl_ofi_block(int fd, int timeout_ms)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	return poll(&p, 1, timeout_ms);
 }
 
 int pccl_ofi_getname(struct pccl_ofi_ep *e, void *addr, size_t *len)

@@ -23,6 +23,7 @@
 //! | `PCCL_OFI_DOMAIN` | libfabric domain the `ofi` transport opens (`FI_DOMAIN` too; `FI_PROVIDER` picks the provider) | NIC map's choice, else the provider's first |
 //! | `PCCL_OFI_MR` | `1`: the `ofi` transport registers every buffer (cached) even where the provider does not ask | only where asked |
 //! | `PCCL_OFI_CQ_DATA` | `0`: `ofi` messages do not carry their length as remote completion data | on where available |
+//! | `PCCL_OFI_WAIT` | idle `ofi` waits: `fd` (block on the completion queue's descriptor where the provider has one; not `shm`) or `poll` | `fd` |
 
 use crate::error::{Error, Result};
 use crate::model::cost::CostParams;

@@ -208,6 +208,68 @@ fn split_builds_a_working_sub_endpoint() {
     res.into_iter().for_each(|r| r.unwrap());
 }
 
+/// Small messages on both idle-wait modes: blocking on the completion queue's descriptor
+/// (the default where the provider has one: rxm over tcp) and polling (`PCCL_OFI_WAIT=poll`)
+/// give exact results for sizes around rxm's protocol limits, and the transport reports the
+/// mode and eager limit it chose: rxm over tcp blocks and gets `FI_OFI_RXM_EAGER_LIMIT`
+/// raised to 256 KiB where the user left it unset; shm always polls.
+#[test]
+fn small_messages_are_exact_whether_waits_block_or_poll() {
+    for wait in ["fd", "poll"] {
+        if !per_provider_with(
+            "small_messages_are_exact_whether_waits_block_or_poll",
+            &[("PCCL_OFI_WAIT", wait)],
+        ) {
+            continue;
+        }
+        if !usable() {
+            return;
+        }
+        let res = on_ofi(4, cfg(1, Algorithm::Flat(LevelAlgo::Rd)), |comm, t| {
+            let blocks = t.caps().wait_fd;
+            // Counts of f32 from just under 16 KiB to just over 256 KiB: both sides of rxm's
+            // default eager (16 KiB) and SAR (128 KiB) limits and of one piece (256 KiB here).
+            exact_on(&comm, &[4095, 4096, 16_385, 32_768, 65_537])
+                .map(|()| (blocks, t.caps().provider.clone()))
+        });
+        let wait = std::env::var("PCCL_OFI_WAIT").unwrap_or_default();
+        for r in res {
+            let (blocks, provider) = r.unwrap_or_else(|e| panic!("PCCL_OFI_WAIT={wait}: {e}"));
+            let want = wait == "fd" && provider.contains("ofi_rxm");
+            assert_eq!(blocks, want, "{provider}, PCCL_OFI_WAIT={wait}");
+            if provider.contains("ofi_rxm") {
+                assert_eq!(
+                    std::env::var("FI_OFI_RXM_EAGER_LIMIT").as_deref(),
+                    Ok("262144"),
+                    "rxm over tcp without a user setting"
+                );
+            }
+        }
+        println!(
+            "@@ PCCL_OFI_WAIT={wait}: exact, waits block: {}",
+            wait == "fd"
+        );
+        return;
+    }
+}
+
+/// A malformed `PCCL_OFI_WAIT` is an error naming the variable, not a silent default.
+#[test]
+fn a_bad_pccl_ofi_wait_is_an_error_naming_it() {
+    if !per_provider_with(
+        "a_bad_pccl_ofi_wait_is_an_error_naming_it",
+        &[("PCCL_OFI_WAIT", "sometimes")],
+    ) || !usable()
+    {
+        return;
+    }
+    let id = UniqueId::new(Duration::from_secs(10)).expect("rendezvous");
+    let e = OfiTransport::connect(&id, 1, 0, 256 * 1024, Duration::from_secs(10))
+        .err()
+        .expect("bad PCCL_OFI_WAIT accepted");
+    assert!(e.message().contains("PCCL_OFI_WAIT=sometimes"), "{e}");
+}
+
 /// Repeated collectives on the same buffers register them once (`PCCL_OFI_MR=1` forces
 /// registration where the provider would not ask for it).
 #[test]

@@ -41,6 +41,9 @@ pub struct Caps {
     pub register: bool,
     /// Remote completion data of 8 bytes is available (each message carries its length).
     pub cq_data: bool,
+    /// Idle waits block on the completion queue's file descriptor (woken by the provider's
+    /// traffic) instead of polling it on a timer (`PCCL_OFI_WAIT`).
+    pub wait_fd: bool,
 }
 
 /// A provider operation's context: `fi_context2` space the provider may use while the
@@ -86,6 +89,8 @@ pub struct State {
     /// Sends not yet taken by the provider (its queue was full), posted in order by whoever
     /// progresses the endpoint next, so a posted send never waits for its own wait.
     backlog: VecDeque<Pending>,
+    /// The completion queue's file descriptor, where idle waits block ([`State::may_block`]).
+    wait_fd: Option<i32>,
 }
 
 /// An operation in limbo: what must stay alive until its completion (never read).
@@ -166,7 +171,34 @@ impl Drop for InfoList {
     }
 }
 
+/// Eager limit set for rxm over tcp where the user set none ([`tune_rxm`]).
+pub const RXM_EAGER: usize = 256 << 10;
+
+/// Sets `FI_OFI_RXM_EAGER_LIMIT` to [`RXM_EAGER`] when `FI_PROVIDER` asks for rxm over
+/// tcp and the user did not set it, once, before libfabric's first `fi_getinfo` (rxm reads
+/// it when it initialises). With rxm's default (16 KiB) every larger piece went through its
+/// segmentation or rendezvous protocol, whose extra round trips each wait for the peer to
+/// progress: 64 KiB all-reduces took 3–9× the TCP transport's time; an eager message costs
+/// one pass over the socket (docs/OFI.md, "Small messages"). Larger pieces keep the
+/// rendezvous, which places them without rxm's copy of an unexpected message. rxm over tcp
+/// allows an eager limit above its buffer size (over verbs it does not, so nothing is set
+/// unless `FI_PROVIDER` names tcp). Every rank of a job computes the same value (rxm's
+/// connections require equal limits).
+fn tune_rxm() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let over_tcp = env("FI_PROVIDER").is_some_and(|p| {
+            let p = p.to_ascii_lowercase();
+            p.contains("rxm") && (p.contains("tcp") || p.contains("net"))
+        });
+        if over_tcp && env("FI_OFI_RXM_EAGER_LIMIT").is_none() {
+            std::env::set_var("FI_OFI_RXM_EAGER_LIMIT", RXM_EAGER.to_string());
+        }
+    });
+}
+
 fn getinfo(domain: Option<&str>, hmem: bool) -> std::result::Result<InfoList, i32> {
+    tune_rxm();
     let dom = domain.map(|d| CString::new(d).unwrap_or_default());
     let mut info = std::ptr::null_mut();
     // SAFETY: the strings are NUL-terminated and outlive the call; `info` receives a list.
@@ -256,10 +288,12 @@ impl Endpoint {
                 || d.mr_mode & sys::fi_mr_local() != 0
                 || d.mode & sys::fi_local_mr() != 0,
             cq_data: d.cq_data_size >= 8 && env("PCCL_OFI_CQ_DATA").as_deref() != Some("0"),
+            wait_fd: false,
         };
+        let want_fd = wants_wait_fd(&caps.provider)?;
         let mut raw = RawEp::default();
         // SAFETY: `entry` is a live fi_info of the list; `raw` receives the opened objects.
-        let ret = unsafe { sys::pccl_ofi_open(entry, &mut raw) };
+        let ret = unsafe { sys::pccl_ofi_open(entry, &mut raw, i32::from(want_fd)) };
         sys::check(
             &format!(
                 "opening provider {} domain {} (fi_fabric/fi_domain/fi_endpoint)",
@@ -271,6 +305,15 @@ impl Endpoint {
         let mut len = name.len();
         // SAFETY: `raw` is open; `name` has `len` writable bytes.
         let ret = unsafe { sys::pccl_ofi_getname(&mut raw, name.as_mut_ptr().cast(), &mut len) };
+        let fd = if want_fd && ret == 0 {
+            // SAFETY: `raw` is open (checked after pccl_ofi_open above).
+            unsafe { sys::pccl_ofi_wait_fd(&mut raw) }
+        } else {
+            -1
+        };
+        let wait_fd = (fd >= 0).then_some(fd);
+        let mut caps = caps;
+        caps.wait_fd = wait_fd.is_some();
         let cache = MrCache::new(caps.register);
         let registrations = cache.made.clone();
         let mut st = State {
@@ -286,6 +329,7 @@ impl Endpoint {
             limbo: HashMap::new(),
             scratch: Vec::new(),
             backlog: VecDeque::new(),
+            wait_fd,
         };
         if ret != 0 {
             st.close();
@@ -318,7 +362,41 @@ impl Endpoint {
     }
 }
 
+/// Whether idle waits should block on the completion queue's file descriptor:
+/// `PCCL_OFI_WAIT=fd` (default) or `poll`. On `shm` a peer's message does not signal the
+/// descriptor (no kernel object in its path), so shm always polls.
+fn wants_wait_fd(provider: &str) -> Result<bool> {
+    let fd = match env("PCCL_OFI_WAIT").as_deref() {
+        None | Some("fd") => true,
+        Some("poll") => false,
+        Some(v) => {
+            return Err(Error::invalid(format!(
+                "PCCL_OFI_WAIT={v}: expected fd (block on the completion queue's descriptor) \
+                 or poll (read it on a timer)"
+            )))
+        }
+    };
+    Ok(fd && provider != "shm")
+}
+
 impl State {
+    /// The descriptor to block on if the provider says nothing is left to progress now
+    /// (`fi_trywait`); `None` where waits poll, or when completions are pending. Block on it
+    /// only after releasing the lock, and only briefly: the failure board does not signal it.
+    pub fn may_block(&mut self) -> Option<i32> {
+        let fd = self.wait_fd?;
+        if self.is_closed() {
+            return None;
+        }
+        // SAFETY: `raw` is open (checked above), under the endpoint's lock.
+        (unsafe { sys::pccl_ofi_trywait(&mut self.raw) } == 0).then_some(fd)
+    }
+
+    /// Whether idle waits block on a descriptor ([`State::may_block`]).
+    pub fn blocks(&self) -> bool {
+        self.wait_fd.is_some()
+    }
+
     fn usable(&self) -> Result<()> {
         match &self.broken {
             None => Ok(()),
@@ -581,7 +659,8 @@ impl State {
         self.done.clear();
         self.backlog.clear();
         self.in_flight = 0;
-        // The provider let go of every operation: limbo's buffers and contexts may go.
+        self.wait_fd = None; // closed with the completion queue
+                             // The provider let go of every operation: limbo's buffers and contexts may go.
         self.limbo.clear();
     }
 

@@ -41,6 +41,8 @@ use std::time::{Duration, Instant};
 
 /// How long cancelled operations may take to end before the endpoint is closed.
 pub const CONFIRM: Duration = Duration::from_secs(2);
+/// Longest block on the completion queue's descriptor in one idle step of a wait (ms).
+const BLOCK_MS: i32 = 1;
 /// Pieces of one receive straight into its destination in flight at most.
 const INTO_WINDOW: usize = 16;
 /// Pieces of one receive through bounce buffers (handed to a consumer) in flight.
@@ -66,6 +68,7 @@ fn wait(
 ) -> Result<()> {
     let mut idle_since = Instant::now();
     let mut spins = 0u32;
+    let blocks = sh.ep.lock().blocks();
     loop {
         let s = {
             let mut st = sh.ep.lock();
@@ -90,7 +93,21 @@ fn wait(
             return Err(faults::timed_out(sh.rank, peer, what, true));
         }
         spins += 1;
-        if spins < 64 {
+        if blocks {
+            // Block until the provider's traffic signals the completion queue (a socket of
+            // rxm over tcp became readable), at most BLOCK: the failure board and the
+            // deadline are looked at between blocks. Polling on a timer instead made every
+            // protocol round of a small message (rxm's segments, acknowledgements) wait for
+            // a sleep or a yield, which on a loaded host is milliseconds.
+            if spins < 16 {
+                std::hint::spin_loop();
+            } else if let Some(fd) = sh.ep.lock().may_block() {
+                // SAFETY: a plain poll(2) on the descriptor, no libfabric call (none may run
+                // without the lock). Should another thread close the endpoint meanwhile, the
+                // poll ends at once (invalid descriptor) or within BLOCK_MS.
+                unsafe { super::sys::pccl_ofi_block(fd, BLOCK_MS) };
+            }
+        } else if spins < 64 {
             std::hint::spin_loop();
         } else if now.duration_since(idle_since) < Duration::from_millis(2) {
             std::thread::yield_now();

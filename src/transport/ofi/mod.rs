@@ -191,7 +191,7 @@ impl OfiTransport {
         if debug_info() {
             eprintln!(
                 "pccl: rank {rank}: ofi transport on provider {} (fabric {}, domain {}); {}; \
-                 registration {}; pieces of {} bytes",
+                 registration {}; pieces of {} bytes; idle waits {}; rxm eager limit {}",
                 ep.caps.provider,
                 ep.caps.fabric,
                 ep.caps.domain,
@@ -205,7 +205,13 @@ impl OfiTransport {
                 } else {
                     "not needed"
                 },
-                piece
+                piece,
+                if ep.caps.wait_fd {
+                    "block on the completion queue's descriptor"
+                } else {
+                    "poll"
+                },
+                std::env::var("FI_OFI_RXM_EAGER_LIMIT").unwrap_or_else(|_| "(default)".into())
             );
         }
         let sh = Arc::new(Shared {

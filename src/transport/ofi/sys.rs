@@ -93,7 +93,10 @@ extern "C" {
     ) -> c_int;
     pub fn pccl_ofi_freeinfo(info: *mut FiInfo);
     pub fn pccl_ofi_describe(info: *mut FiInfo, d: *mut Desc) -> *mut FiInfo;
-    pub fn pccl_ofi_open(info: *mut FiInfo, e: *mut RawEp) -> c_int;
+    pub fn pccl_ofi_open(info: *mut FiInfo, e: *mut RawEp, want_fd: c_int) -> c_int;
+    pub fn pccl_ofi_wait_fd(e: *mut RawEp) -> c_int;
+    pub fn pccl_ofi_trywait(e: *mut RawEp) -> c_int;
+    pub fn pccl_ofi_block(fd: c_int, timeout_ms: c_int) -> c_int;
     pub fn pccl_ofi_close(e: *mut RawEp);
     pub fn pccl_ofi_close_ep(e: *mut RawEp);
     pub fn pccl_ofi_getname(e: *mut RawEp, addr: *mut c_void, len: *mut usize) -> c_int;
