@@ -290,12 +290,12 @@ step() {
 }
 
 # shellcheck disable=SC2317  # the functions run through `bash -c` (exported)
-# A checked pccl-bench -d cuda run of every collective whose JSON goes to $LOG_DIR/NAME.json
+# A checked pccl-bench -d cuda run whose JSON goes to $LOG_DIR/NAME.json
 # (its notes and the check's verdict to NAME.log).
 bench() {
     local name=$1
     shift
-    "$BIN/pccl-bench" -d cuda --coll all --check --json "$@" >"$LOG_DIR/$name.json"
+    "$BIN/pccl-bench" -d cuda --check --json "$@" >"$LOG_DIR/$name.json"
 }
 
 # A torchrun of an example with pccl's libpccl.so.
@@ -327,9 +327,15 @@ step kernels-test  60 gpu "$BIN/cuda_kernels" --nocapture
 step kernels       60 gpu "$BIN/pccl-gpu-bench" kernels
 step staged        60 gpu "$BIN/pccl-gpu-bench" staged --size-mib 256 --ranks 2 --iters 9 --piece-mib 4
 step collectives   90 gpu "$BIN/cuda_collectives" --nocapture
-step bench-w1      60 gpu bench bench-w1 --ranks 1 -m 1K:256M
-step bench-staged  75 gpu env PCCL_NCCL=0 bash -c 'bench bench-staged --ranks 2 -m 1K:256M'
-step bench-level   75 gpu env PCCL_RANKS_PER_NODE=1 PCCL_NCCL=1 bash -c 'bench bench-level --ranks 2 -m 1K:256M'
+step bench-w1      60 gpu bench bench-w1 --coll all --ranks 1 -m 1K:256M
+step bench-staged  75 gpu env PCCL_NCCL=0 bash -c 'bench bench-staged --coll all --ranks 2 -m 1K:256M'
+step bench-level   75 gpu env PCCL_RANKS_PER_NODE=1 PCCL_NCCL=1 \
+    bash -c 'bench bench-level --coll all --ranks 2 -m 1K:256M'
+# docs/DEVICE.md, open questions: the 256 MiB reduce-scatter with the algorithm and piece fixed.
+step rs-staged-fixed 30 gpu env PCCL_NCCL=0 PCCL_ALGO=ring PCCL_CHUNK_SIZE=4M \
+    bash -c 'bench rs-staged-fixed --coll reducescatter --ranks 2 -m 256M:256M'
+step rs-level-fixed  30 gpu env PCCL_RANKS_PER_NODE=1 PCCL_NCCL=1 PCCL_ALGO=ring PCCL_CHUNK_SIZE=4M \
+    bash -c 'bench rs-level-fixed --coll reducescatter --ranks 2 -m 256M:256M'
 step lib           90 gpu "$BIN/lib_cuda" device:: comm::
 step torch        120 torch env PCCL_LIBRARY="$BIN/libpccl.so" PYTHONUNBUFFERED=1 \
     python3 -m pytest -q -s ffi/python/tests/test_cuda.py -p no:cacheprovider

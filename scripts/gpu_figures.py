@@ -53,7 +53,7 @@ def main() -> int:
     out = Path(sys.argv[2]) if len(sys.argv) > 2 else None
     fig: dict = {"missing": []}
     benches = {}
-    for name in ("bench-w1", "bench-staged", "bench-level"):
+    for name in ("bench-w1", "bench-staged", "bench-level", "rs-staged-fixed", "rs-level-fixed"):
         doc = load(d / f"{name}.json")
         if doc is None:
             fig["missing"].append(name)
@@ -94,6 +94,13 @@ def main() -> int:
             if x["bytes"] in (KIB, MIB, 16 * MIB, 256 * MIB):
                 print(f"  {x['coll']:<14} {size(x['bytes']):>8}: level {x['level_us']:10.1f} us, "
                       f"staged {x['staged_us']:10.1f} us = {x['level_over_staged']:.2f}x")
+    a = benches["rs-staged-fixed"].get(("reducescatter", 256 * MIB))
+    b = benches["rs-level-fixed"].get(("reducescatter", 256 * MIB))
+    if a and b:
+        fig["rs_256mib_ring_4mib_pieces"] = {"staged_us": a["avg_us"], "level_us": b["avg_us"],
+                                             "level_over_staged": b["avg_us"] / a["avg_us"]}
+        print(f"  reduce-scatter 256 MiB, PCCL_ALGO=ring PCCL_CHUNK_SIZE=4M: level "
+              f"{b['avg_us']:.1f} us, staged {a['avg_us']:.1f} us = {b['avg_us'] / a['avg_us']:.2f}x")
     lat = {}
     for coll in ("allgather", "reducescatter", "allreduce"):
         k = (coll, KIB)
