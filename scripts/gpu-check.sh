@@ -10,6 +10,8 @@
 #   scripts/gpu-check.sh --no-build        on the GPU machine: run the checks below with the
 #                                          binaries in out/gpu-check/
 #   scripts/gpu-check.sh                   build (when cargo is on PATH), then run
+#   ... -- ARGS                            ARGS go to `pccl-gpu-bench kernels` (e.g. -- --sweep);
+#                                          DEVICE_BENCH_ARGS replaces the staged step's arguments
 #   scripts/gpu-check.sh --rocm [--build-only]   the ROCm suite on an AMD GPU: see below
 #
 # The CUDA run, in order, each step with a time limit of its own and all of them within
@@ -54,12 +56,14 @@ BIN_DIR=out/gpu-check
 CARRY_LIMIT=$((64 * 1024 * 1024))
 mode=auto
 rocm=0
+bench_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --build-only) mode=build; shift ;;
         --rocm) rocm=1; shift ;;
         --no-build) mode=run; shift ;;
-        -h|--help) sed -n '2,47p' "$0"; exit 0 ;;
+        --) shift; bench_args=("$@"); break ;;
+        -h|--help) sed -n '2,50p' "$0"; exit 0 ;;
         *) echo "gpu-check: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -324,8 +328,9 @@ export BIN LOG_DIR
 export -f bench torchrun_example
 
 step kernels-test  60 gpu "$BIN/cuda_kernels" --nocapture
-step kernels       60 gpu "$BIN/pccl-gpu-bench" kernels
-step staged        60 gpu "$BIN/pccl-gpu-bench" staged --size-mib 256 --ranks 2 --iters 9 --piece-mib 4
+step kernels       60 gpu "$BIN/pccl-gpu-bench" kernels "${bench_args[@]}"
+# shellcheck disable=SC2086
+step staged        60 gpu "$BIN/pccl-gpu-bench" staged ${DEVICE_BENCH_ARGS:---size-mib 256 --ranks 2 --iters 9 --piece-mib 4}
 step collectives   90 gpu "$BIN/cuda_collectives" --nocapture
 step bench-w1      60 gpu bench bench-w1 --coll all --ranks 1 -m 1K:256M
 step bench-staged  75 gpu env PCCL_NCCL=0 bash -c 'bench bench-staged --coll all --ranks 2 -m 1K:256M'
