@@ -15,7 +15,8 @@
 //! ring of [`SLOTS`] pinned receive slots keeps several pieces in flight. Device work is
 //! stream-ordered on the [`Device`] handle's stream; the host waits only for a send piece's copy
 //! (before handing it to the transport), for a receive slot before reusing it, and for the
-//! stream at the end of the collective.
+//! stream at the end of the collective; every such wait polls under the collective's deadline
+//! ([`wait`]), so a device that never finishes fails the collective instead of hanging it.
 //!
 //! Phase semantics are the host executor's: post the sends (here: queue their copies and post
 //! each piece when ready), run the local copies, complete the receives, wait for the sends —
@@ -57,7 +58,8 @@ pub const SLOTS: usize = 4;
 pub struct DeviceExecOptions {
     /// Tag of this collective (its sequence number on the communicator).
     pub tag: Tag,
-    /// How long any single wait may take before it fails with a timeout error.
+    /// How long the whole collective may take (one deadline from its start, for the
+    /// transport's waits and the device's) before it fails with a timeout error.
     pub timeout: Duration,
     /// Reduction operator (ignored by plans without reductions).
     pub op: ReduceOp,
