@@ -350,7 +350,7 @@ step fsdp-w2       60 torch torchrun_example 2 ffi/python/examples/train_fsdp.py
     --compare --steps 10 --json-out "$LOG_DIR/fsdp-w2.json"
 step nccl-w2       40 torch torchrun_example 2 ffi/python/examples/train_fsdp.py --device cuda \
     --backend nccl --steps 3 --json-out "$LOG_DIR/nccl-w2.json"
-if python3 -c 'import deepspeed' 2>/dev/null; then
+if python3 -c 'import deepspeed' >/dev/null 2>&1; then
     step deepspeed-pccl 60 torch torchrun_example 1 ffi/python/examples/train_deepspeed.py \
         --device cuda --backend pccl --json-out "$LOG_DIR/deepspeed-pccl.json"
     step deepspeed-nccl 60 torch torchrun_example 1 ffi/python/examples/train_deepspeed.py \
@@ -359,6 +359,7 @@ else
     printf '%-13s %s\n' deepspeed "skipped (python3 cannot import deepspeed)" | tee -a "$SUMMARY"
 fi
 
+counts="$(grep -c ' passed ' "$SUMMARY") passed, $(grep -c ' skipped (' "$SUMMARY") skipped, $(grep -c -E ' (FAILED|TIMED OUT)' "$SUMMARY") failed"
 # The figures: every JSON above reduced to what the open issues ask (scripts/gpu_figures.py).
 {
     echo
@@ -371,7 +372,7 @@ fi
     echo "## pccl-gpu-bench staged (tail)"
     tail -n 15 "$LOG_DIR/staged.log"
     echo
-    echo "## gpu-check: $([ $status = 0 ] && echo all checks passed || echo SOME CHECKS FAILED) in $((SECONDS - T0))s"
+    echo "## gpu-check: $([ $status = 0 ] && echo "no check failed" || echo SOME CHECKS FAILED) ($counts) in $((SECONDS - T0))s"
 } >>"$SUMMARY" 2>&1
 if [ "$RESULTS" != "$LOG_DIR" ]; then
     cp "$SUMMARY" "$RESULTS/summary.txt"
