@@ -32,7 +32,8 @@
 #   fsdp-w1      train_fsdp.py --device cuda --compare at world size 1 (pccl vs nccl)
 #   fsdp-w2      the same with 2 processes sharing the GPU (the reference falls back to
 #                gloo: NCCL refuses two ranks on one GPU, which nccl-w2 records)
-#   nccl-w2      train_fsdp.py --backend nccl with 2 processes on the one GPU (does it run?)
+#   nccl-w2      train_fsdp.py --backend nccl with 2 processes on the one GPU: a probe (does
+#                it run?), recorded, never a failure
 #   deepspeed    train_deepspeed.py --device cuda, pccl and nccl (when deepspeed imports)
 # Results: with $OUT set (the `run` tool brings back at most 8 files), $OUT/summary.txt
 # (every step's outcome and time, the headline figures), $OUT/figures.json (every figure,
@@ -63,7 +64,7 @@ while [ $# -gt 0 ]; do
         --rocm) rocm=1; shift ;;
         --no-build) mode=run; shift ;;
         --) shift; bench_args=("$@"); break ;;
-        -h|--help) sed -n '2,50p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,51p' "$0"; exit 0 ;;
         *) echo "gpu-check: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -324,8 +325,17 @@ torchrun_example() {
     echo "budget: ${BUDGET}s"
 } 2>&1 | tee "$LOG_DIR/env.log"
 
+# Runs CMD for what it shows, not as a check: says whether it ran, and succeeds either way.
+# shellcheck disable=SC2317
+probe() {
+    "$@"
+    local rc=$?
+    echo "probe: exit $rc: $([ "$rc" = 0 ] && echo "it runs" || echo "it does not run")"
+    return 0
+}
+
 export BIN LOG_DIR
-export -f bench torchrun_example
+export -f bench torchrun_example probe
 
 step kernels-test  60 gpu "$BIN/cuda_kernels" --nocapture
 step kernels       60 gpu "$BIN/pccl-gpu-bench" kernels "${bench_args[@]}"
@@ -342,14 +352,14 @@ step rs-staged-fixed 30 gpu env PCCL_NCCL=0 PCCL_ALGO=ring PCCL_CHUNK_SIZE=4M \
 step rs-level-fixed  30 gpu env PCCL_RANKS_PER_NODE=1 PCCL_NCCL=1 PCCL_ALGO=ring PCCL_CHUNK_SIZE=4M \
     bash -c 'bench rs-level-fixed --coll reducescatter --ranks 2 -m 256M:256M'
 step lib           90 gpu "$BIN/lib_cuda" device:: comm::
-step torch        120 torch env PCCL_LIBRARY="$BIN/libpccl.so" PYTHONUNBUFFERED=1 \
+step torch        150 torch env PCCL_LIBRARY="$BIN/libpccl.so" PYTHONUNBUFFERED=1 \
     python3 -m pytest -q -s ffi/python/tests/test_cuda.py -p no:cacheprovider
 step fsdp-w1       60 torch torchrun_example 1 ffi/python/examples/train_fsdp.py --device cuda \
     --compare --steps 10 --json-out "$LOG_DIR/fsdp-w1.json"
 step fsdp-w2       60 torch torchrun_example 2 ffi/python/examples/train_fsdp.py --device cuda \
     --compare --steps 10 --json-out "$LOG_DIR/fsdp-w2.json"
-step nccl-w2       40 torch torchrun_example 2 ffi/python/examples/train_fsdp.py --device cuda \
-    --backend nccl --steps 3 --json-out "$LOG_DIR/nccl-w2.json"
+step nccl-w2       40 torch probe torchrun_example 2 ffi/python/examples/train_fsdp.py \
+    --device cuda --backend nccl --steps 3 --json-out "$LOG_DIR/nccl-w2.json"
 if python3 -c 'import deepspeed' >/dev/null 2>&1; then
     step deepspeed-pccl 60 torch torchrun_example 1 ffi/python/examples/train_deepspeed.py \
         --device cuda --backend pccl --json-out "$LOG_DIR/deepspeed-pccl.json"
@@ -365,6 +375,9 @@ counts="$(grep -c ' passed ' "$SUMMARY") passed, $(grep -c ' skipped (' "$SUMMAR
     echo
     echo "## figures (scripts/gpu_figures.py $LOG_DIR)"
     python3 scripts/gpu_figures.py "$LOG_DIR" "$LOG_DIR/figures.json" 2>&1 || echo "gpu_figures.py failed"
+    echo
+    echo "## torch's nccl with 2 processes on the one GPU (nccl-w2 probe)"
+    grep -E 'probe:|[Dd]uplicate GPU|ncclInvalidUsage' "$LOG_DIR/nccl-w2.log" | head -n 3
     echo
     echo "## pccl-gpu-bench kernels (tail)"
     tail -n 25 "$LOG_DIR/kernels.log"
