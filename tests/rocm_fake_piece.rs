@@ -151,7 +151,7 @@ fn assert_cut_at(sends: &[Vec<usize>], piece: usize) {
     for (r, s) in sends.iter().enumerate() {
         assert!(!s.is_empty(), "rank {r} sent nothing");
         assert!(s.iter().all(|&n| n <= piece), "rank {r}: {s:?}");
-        assert!(s.iter().any(|&n| n == piece), "rank {r}: {s:?}");
+        assert!(s.contains(&piece), "rank {r}: {s:?}");
     }
 }
 

@@ -21,7 +21,7 @@ const SPIN: Duration = Duration::from_micros(100);
 const NAP: Duration = Duration::from_micros(20);
 /// How long the final drain may run past the collective's deadline (a healthy device ends a
 /// copy queued before an error well within it; one that does not is stuck).
-pub(super) const DRAIN_GRACE: Duration = Duration::from_millis(500);
+pub(super) const DRAIN_GRACE: Duration = Duration::from_millis(250);
 
 /// The limits of one collective's device waits.
 pub(super) struct Watch<'a> {
