@@ -2,7 +2,7 @@
 # Installs what PCCL's build, tests and benchmarks need on a Debian machine with Rust:
 # MPICH (headers + mpiexec), libclang (rsmpi's bindgen), hwloc and udev headers.
 set -euo pipefail
-pkgs=(mpich libmpich-dev libclang-dev libhwloc-dev libudev-dev pkg-config valgrind fonts-dejavu-core libfabric-dev libfabric-bin)
+pkgs=(mpich libmpich-dev libclang-dev libhwloc-dev libudev-dev pkg-config valgrind fonts-dejavu-core libfabric-dev libfabric-bin shellcheck)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

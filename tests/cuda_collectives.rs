@@ -163,6 +163,7 @@ mod gpu {
             ranks_per_node: Some(m),
             algo: algo.map(|a| a.parse::<Algorithm>().unwrap()),
             chunk_bytes: chunk,
+            chunk_explicit: true,
             nccl,
             ..Config::default()
         };
@@ -217,6 +218,7 @@ mod gpu {
             ranks_per_node: Some(m),
             algo: Some(algo.parse::<Algorithm>().unwrap()),
             chunk_bytes: chunk,
+            chunk_explicit: true,
             nccl: NcclMode::Off,
             device_direct: true,
             timeout: std::time::Duration::from_secs(120),

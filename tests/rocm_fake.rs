@@ -156,7 +156,9 @@ fn run_world_with(p: usize, algo: &str, setup: Setup, gpu: impl Fn(usize) -> usi
             Some(algo.parse().unwrap())
         },
         device_direct: direct,
+        // Many pieces per message, whatever the tuner would cut.
         chunk_bytes: 256,
+        chunk_explicit: true,
         timeout: std::time::Duration::from_secs(60),
         ..Config::default()
     };

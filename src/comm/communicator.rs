@@ -560,6 +560,15 @@ impl Communicator {
         self.inner.plan(coll, block_bytes)
     }
 
+    /// The piece size of a call of `coll` with blocks of `block_bytes`, as the host path
+    /// cuts it: an explicit `PCCL_CHUNK_SIZE`, else the tuner's choice for the call (after
+    /// [`Communicator::plan_of`] tuned it), else `PCCL_CHUNK_SIZE`'s default.
+    pub(crate) fn piece_bytes_of(&self, coll: Collective, block_bytes: usize) -> usize {
+        self.inner
+            .piece_of(coll, block_bytes)
+            .unwrap_or(self.inner.cfg.chunk_bytes)
+    }
+
     /// Another handle on this communicator (for a job of the progress worker).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn handle(&self) -> Communicator {

@@ -5,8 +5,9 @@
 //! device addresses in [`Communicator::raw_collective_device`]). They run the plans of the
 //! host path (same tags, same tuner choice and plan cache, so host and device collectives
 //! interleave on one communicator) on the device executor ([`crate::exec::device`]), which
-//! stages messages through pinned host memory and reduces on the device. Every rank must use
-//! the same `chunk_bytes` setting (the piece size of the staged messages).
+//! stages messages through pinned host memory and reduces on the device. Staged messages are
+//! cut as the host path cuts them (an explicit `PCCL_CHUNK_SIZE`, else the tuner's piece for
+//! the call), so every rank must use the same `PCCL_CHUNK_SIZE` setting and tuning profile.
 //!
 //! The calls are blocking: they return once the collective's device work is done, ordered
 //! after the work already queued on the handle's stream.

@@ -213,7 +213,7 @@ impl Communicator {
         let job = Box::new(move || {
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 // Read when the job starts: a set_timeout made meanwhile applies.
-                wait_event(&*own, &ready, comm.timeout())?;
+                wait_event(&*own, &ready, comm.timeout(), comm.rank())?;
                 // SAFETY: the caller keeps the buffers valid until its stream passed the
                 // gate, which is released only below, after the collective finished.
                 unsafe { comm.run_device::<T, D>(&own, &call, tag) }
@@ -326,8 +326,8 @@ impl Communicator {
     }
 }
 
-/// Waits, polling, until `ev` completed; a timeout error after `timeout`.
-fn wait_event<D: Device>(dev: &D, ev: &D::Event, timeout: Duration) -> Result<()> {
+/// Waits, polling, until `ev` completed; a timeout error naming `rank` after `timeout`.
+fn wait_event<D: Device>(dev: &D, ev: &D::Event, timeout: Duration, rank: usize) -> Result<()> {
     let t0 = Instant::now();
     let mut spins = 0u32;
     loop {
@@ -336,8 +336,10 @@ fn wait_event<D: Device>(dev: &D, ev: &D::Event, timeout: Duration) -> Result<()
         }
         if t0.elapsed() > timeout {
             return Err(Error::timeout(format!(
-                "the work queued before a device collective did not finish within {timeout:?} \
-                 (PCCL_TIMEOUT or set_timeout sets the limit)"
+                "rank {rank}: the work queued on the caller's {} stream before a device \
+                 collective did not finish within {timeout:?} (PCCL_TIMEOUT or set_timeout sets \
+                 the limit)",
+                D::VENDOR
             )));
         }
         spins += 1;

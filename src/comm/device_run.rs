@@ -213,7 +213,8 @@ impl Communicator {
             tag: stamps::stamp(tag, fp),
             timeout: self.timeout(),
             op,
-            piece_bytes: self.config().chunk_bytes,
+            // The host path's rule: explicit PCCL_CHUNK_SIZE, else the tuner's piece.
+            piece_bytes: self.piece_bytes_of(c, block_bytes),
             direct: self.config().device_direct,
         };
         execute_device::<T, D>(&plan, tr, dev, &mem, st, &opt)

@@ -7,7 +7,11 @@
  *
  * Environment: FAKE_HIP_DEVICES (default 2) devices, each with a distinct UUID;
  * FAKE_HIP_FAIL_LAUNCH_AFTER=N makes every kernel launch after the N-th fail with
- * hipErrorLaunchFailure (719), to check that runtime errors surface as errors. */
+ * hipErrorLaunchFailure (719), to check that runtime errors surface as errors;
+ * FAKE_HIP_STALL_STREAM=N makes every copy or kernel queued on a stream after the N-th one
+ * never complete (a hung kernel), until the test hook fake_hip_release_stalls() is called
+ * (fake_hip_stall_device_from_now(d) does the same from the call on, for device d or, with
+ * d = -1, every device). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -267,8 +271,36 @@ static int copy_run(void* p) {
     if (a->set >= 0) memset(a->d, a->set, a->n); else memmove(a->d, a->s, a->n);
     return 0;
 }
+/* ---- stalls: a stream operation that never completes until released ---------------------
+ * A stalled copy or kernel is preceded on its stream by an operation that waits for the next
+ * release, so everything queued behind it on that stream waits too (as behind a hung kernel). */
+static int stall_dev = -2; /* -2: no stall; -1: every device; else that device */
+static long stall_ops, release_gen;
+void fake_hip_stall_device_from_now(int d) { __atomic_store_n(&stall_dev, d, __ATOMIC_SEQ_CST); }
+void fake_hip_release_stalls(void) {
+    __atomic_store_n(&stall_dev, -2, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&release_gen, 1, __ATOMIC_SEQ_CST);
+}
+static int stall_run(void* p) {
+    long gen = *(long*)p;
+    while (__atomic_load_n(&release_gen, __ATOMIC_SEQ_CST) == gen) nap();
+    return 0;
+}
+/* Queues a stall in front of the next operation on st when a stall is on for its device. */
+static void maybe_stall(void* st) {
+    if (!st) return; /* the null stream runs operations on the caller's thread: never stalled */
+    const char* after = getenv("FAKE_HIP_STALL_STREAM");
+    long seen = __atomic_add_fetch(&stall_ops, 1, __ATOMIC_SEQ_CST);
+    int d = __atomic_load_n(&stall_dev, __ATOMIC_SEQ_CST);
+    int env = after && *after && seen > atol(after) && __atomic_load_n(&release_gen, __ATOMIC_SEQ_CST) == 0;
+    if (!env && !(d == -1 || d == ((Stream*)st)->dev)) return;
+    long* gen = malloc(sizeof *gen);
+    *gen = __atomic_load_n(&release_gen, __ATOMIC_SEQ_CST);
+    enqueue(st, stall_run, gen);
+}
 E hipMemcpyAsync(void* d, const void* s, size_t n, int k, void* st) {
     if (k < 1 || k > 3) return 1;
+    maybe_stall(st);
     CopyArg* a = malloc(sizeof *a);
     a->d = d; a->s = s; a->n = n; a->set = -1;
     return enqueue(st, copy_run, a);
@@ -404,6 +436,7 @@ E hipModuleLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
     }
     Launch* q = malloc(sizeof *q);
     *q = l;
+    maybe_stall(st);
     return enqueue(st, launch_run, q);
 }
 

@@ -11,18 +11,13 @@ pub(super) fn execute_direct<T: Element, D: Device>(
     mem: &DeviceMemory,
     st: &mut DeviceStaging<D>,
     opt: &DeviceExecOptions,
+    w: &Watch<'_>,
 ) -> Result<()> {
-    let mut r = Ok(());
-    for phase in &plan.phases {
-        r = run_phase_direct::<T, D>(phase, plan.nranks, tr, dev, mem, st, opt);
-        if r.is_err() {
-            break;
-        }
-    }
-    // Nothing queued on the stream may use the caller's buffers or the temporaries after
-    // return (after an error too).
-    let s = dev.synchronize();
-    r.and(s)
+    // The caller's final wait drains the stream: nothing queued may use the caller's
+    // buffers or the temporaries after return (after an error too).
+    plan.phases.iter().enumerate().try_for_each(|(i, phase)| {
+        run_phase_direct::<T, D>(phase, i, plan.nranks, tr, dev, mem, st, opt, w)
+    })
 }
 
 /// A send of the direct path: its device address (in place, or packed) and length in
@@ -52,19 +47,20 @@ struct DirectRecv {
     landing: DirectLanding,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_phase_direct<T: Element, D: Device>(
     phase: &Phase,
+    index: usize,
     nranks: usize,
     tr: &dyn Transport,
     dev: &D,
     mem: &DeviceMemory,
     st: &mut DeviceStaging<D>,
     opt: &DeviceExecOptions,
+    w: &Watch<'_>,
 ) -> Result<()> {
     let es = std::mem::size_of::<T>();
-    // One deadline for the whole collective.
-    let end = Instant::now() + opt.timeout;
-    let deadline = || end;
+    let deadline = || w.deadline;
     let seg_addr = |s: &Seg| mem.addr(s.buf, s.off, s.len);
 
     // ---- lay out the messages: which need the pack / landing temporaries ---------------
@@ -180,7 +176,13 @@ fn run_phase_direct<T: Element, D: Device>(
     }
     // The transport works outside the stream: the data earlier work (and the packing above)
     // wrote must be in device memory, and nothing queued may still use what it will write.
-    dev.synchronize()?;
+    w.streams(
+        dev,
+        st,
+        false,
+        true,
+        &format!("the device work before phase {index}"),
+    )?;
 
     let mut first_err: Option<Error> = None;
     let mut ops: Vec<Box<dyn SendOp>> = Vec::with_capacity(sends.len());
@@ -220,11 +222,7 @@ fn run_phase_direct<T: Element, D: Device>(
         }
     }
     match first_err {
-        Some(e) => {
-            // No queued work may outlive the call's buffers or the temporaries.
-            let _ = dev.synchronize();
-            Err(e)
-        }
+        Some(e) => Err(e),
         None => Ok(()),
     }
 }

@@ -15,7 +15,8 @@
 //! ring of [`SLOTS`] pinned receive slots keeps several pieces in flight. Device work is
 //! stream-ordered on the [`Device`] handle's stream; the host waits only for a send piece's copy
 //! (before handing it to the transport), for a receive slot before reusing it, and for the
-//! stream at the end of the collective.
+//! stream at the end of the collective; every such wait polls under the collective's deadline
+//! ([`wait`]), so a device that never finishes fails the collective instead of hanging it.
 //!
 //! Phase semantics are the host executor's: post the sends (here: queue their copies and post
 //! each piece when ready), run the local copies, complete the receives, wait for the sends —
@@ -35,6 +36,7 @@
 
 mod direct;
 mod staged;
+mod wait;
 
 use super::local::{local_steps, LocalTarget};
 use super::memory::BlockLayout;
@@ -46,6 +48,7 @@ use crate::plan::{Buf, Phase, Plan, Span, Step};
 use crate::transport::{SendOp, Tag, Transport};
 use std::ops::Range;
 use std::time::{Duration, Instant};
+use wait::Watch;
 
 /// Pinned receive slots in flight per rank.
 pub const SLOTS: usize = 4;
@@ -55,7 +58,8 @@ pub const SLOTS: usize = 4;
 pub struct DeviceExecOptions {
     /// Tag of this collective (its sequence number on the communicator).
     pub tag: Tag,
-    /// How long any single wait may take before it fails with a timeout error.
+    /// How long the whole collective may take (one deadline from its start, for the
+    /// transport's waits and the device's) before it fails with a timeout error.
     pub timeout: Duration,
     /// Reduction operator (ignored by plans without reductions).
     pub op: ReduceOp,
@@ -173,6 +177,27 @@ pub struct DeviceStaging<D: Device> {
     direct_send: Option<D::Memory>,
     /// Direct path: landing area of a phase's reduced and strided receives.
     direct_recv: Option<D::Memory>,
+    /// Events marking the end of the work queued on the handle's stream and on `d2h`, for
+    /// the polled waits ([`wait::Watch::streams`]).
+    marks: (D::Event, D::Event),
+    /// Why device work of an earlier collective may still be running on this staging and on
+    /// its caller's buffers (its final wait ran out of time): later collectives are refused,
+    /// and the buffers are leaked rather than freed under that work.
+    stuck: Option<String>,
+}
+
+impl<D: Device> Drop for DeviceStaging<D> {
+    fn drop(&mut self) {
+        if self.stuck.is_some() {
+            // Freeing device or page-locked memory waits for (or races with) the work still
+            // queued on it: a hung kernel would hang the drop. Leak it instead.
+            std::mem::forget(self.send.take());
+            std::mem::forget(std::mem::take(&mut self.slots));
+            std::mem::forget(self.scratch.take());
+            std::mem::forget(self.direct_send.take());
+            std::mem::forget(self.direct_recv.take());
+        }
+    }
 }
 
 /// A device buffer of at least `bytes` bytes in `buf` (grown as needed, stream-ordered on
@@ -201,7 +226,15 @@ impl<D: Device> DeviceStaging<D> {
             scratch: None,
             direct_send: None,
             direct_recv: None,
+            marks: (dev.new_event()?, dev.new_event()?),
+            stuck: None,
         })
+    }
+
+    /// Why this staging is unusable (an earlier collective's device work never finished), if
+    /// it is.
+    pub fn stuck(&self) -> Option<&str> {
+        self.stuck.as_deref()
     }
 
     /// True when this staging was made for `dev`'s device (its buffers belong to it; the
@@ -216,12 +249,17 @@ impl<D: Device> DeviceStaging<D> {
         grow(dev, &mut self.scratch, bytes)
     }
 
-    fn ensure_slots(&mut self, dev: &D, piece_bytes: usize) -> Result<()> {
-        if self.piece_bytes == piece_bytes && self.slots.len() == SLOTS {
+    /// Receive slots of at least `piece_bytes` bytes (grown only: the tuner's piece varies
+    /// from call to call, and page-locked allocations are slow).
+    fn ensure_slots(&mut self, dev: &D, piece_bytes: usize, w: &Watch<'_>) -> Result<()> {
+        if self.piece_bytes >= piece_bytes && self.slots.len() == SLOTS {
             return Ok(());
         }
         for s in &self.slots {
-            dev.sync_event(&s.event)?;
+            // Idle after every collective's final wait; checked rather than assumed.
+            w.event(dev, &s.event, w.deadline, false, || {
+                "the last work of a receive slot before it is resized".to_string()
+            })?;
         }
         self.slots.clear();
         for _ in 0..SLOTS {
@@ -254,7 +292,10 @@ impl<D: Device> DeviceStaging<D> {
 
 /// Runs `plan` on `tr` over the device buffers `mem`, with elements of type `T`, on `dev`'s
 /// stream. Every rank of the communicator must run its own plan of the same collective with
-/// the same tag and piece size. Returns after the device work of the collective finished.
+/// the same tag and piece size. Returns after the device work of the collective finished, or
+/// with an error once a wait ran past the collective's deadline (`opt.timeout` from the
+/// start; every device wait is polled, see [`wait`]). On failure the collective is abandoned
+/// on the transport, so every peer's waits for it end too.
 pub fn execute_device<T: Element, D: Device>(
     plan: &Plan,
     tr: &dyn Transport,
@@ -271,31 +312,72 @@ pub fn execute_device<T: Element, D: Device>(
             dev.ordinal()
         )));
     }
+    if let Some(why) = &st.stuck {
+        let e = Error::usage(format!(
+            "rank {}: an earlier device collective of this communicator never finished on {} \
+             device {} ({why}); its device work may still use the staging buffers: destroy \
+             the communicator (and reset the device if it is hung)",
+            tr.rank(),
+            D::VENDOR,
+            st.ordinal
+        ));
+        crate::exec::abandon(tr, opt.tag, &e);
+        return Err(e);
+    }
     if mem.pieces != plan.pieces {
         return Err(Error::internal(format!(
             "a plan of {} pieces per block run on device memory addressed in {}",
             plan.pieces, mem.pieces
         )));
     }
-    dev.bind()?;
-    if opt.direct && D::TRANSPORT_MOVES && tr.moves_device_memory() {
-        return direct::execute_direct::<T, D>(plan, tr, dev, mem, st, opt);
-    }
-    let es = std::mem::size_of::<T>();
-    let piece_elems = (opt.piece_bytes / es).max(1);
-    st.ensure_slots(dev, piece_elems * es)?;
-    let mut r = Ok(());
-    for phase in &plan.phases {
-        r = staged::run_phase::<T, D>(phase, plan.nranks, tr, dev, mem, st, opt, piece_elems);
-        if r.is_err() {
-            break;
+    // One deadline for the whole collective, as on the host path.
+    let w = Watch {
+        tr,
+        tag: opt.tag,
+        deadline: Instant::now() + opt.timeout,
+        timeout: opt.timeout,
+    };
+    let direct = opt.direct && D::TRANSPORT_MOVES && tr.moves_device_memory();
+    let r = dev.bind().and_then(|()| {
+        if direct {
+            direct::execute_direct::<T, D>(plan, tr, dev, mem, st, opt, &w)
+        } else {
+            let es = std::mem::size_of::<T>();
+            let piece_elems = (opt.piece_bytes / es).max(1);
+            st.ensure_slots(dev, piece_elems * es, &w)?;
+            plan.phases.iter().try_for_each(|phase| {
+                staged::run_phase::<T, D>(
+                    phase,
+                    plan.nranks,
+                    tr,
+                    dev,
+                    mem,
+                    st,
+                    opt,
+                    piece_elems,
+                    &w,
+                )
+            })
         }
+    });
+    if let Err(e) = &r {
+        // The peers stop waiting for this rank now, not after the drain below.
+        crate::exec::abandon(tr, opt.tag, e);
     }
     // The pinned slots and the caller's buffers must not be used by the device after return
     // (the copy stream is idle after a successful phase; after an early error it may not be).
-    let s = dev.sync_stream(&st.d2h).and(dev.synchronize());
+    let what = "the device work of the collective before returning";
+    let s = w.streams(dev, st, !direct, false, what);
     for slot in &mut st.slots {
         slot.busy = false;
+    }
+    if let Err(e) = &s {
+        if e.kind() == crate::error::ErrorKind::Timeout {
+            st.stuck = Some(e.message().to_string());
+            if r.is_ok() {
+                crate::exec::abandon(tr, opt.tag, e);
+            }
+        }
     }
     r.and(s)
 }

@@ -33,11 +33,10 @@ pub(super) fn run_phase<T: Element, D: Device>(
     st: &mut DeviceStaging<D>,
     opt: &DeviceExecOptions,
     pe: usize,
+    w: &Watch<'_>,
 ) -> Result<()> {
     let es = std::mem::size_of::<T>();
-    // One deadline for the whole collective.
-    let end = Instant::now() + opt.timeout;
-    let deadline = || end;
+    let deadline = || w.deadline;
 
     // ---- sends: queue every piece's device -> host copy on the copy stream -----------------
     let mut msgs = Vec::new();
@@ -107,8 +106,13 @@ pub(super) fn run_phase<T: Element, D: Device>(
             if k > upto && !dev.event_done(ev)? {
                 break;
             }
-            dev.sync_event(ev)?;
             let m = &msgs[i];
+            w.event(dev, ev, w.deadline, true, || {
+                format!(
+                    "the device-to-host copy of piece {k} of its message to rank {}",
+                    m.peer
+                )
+            })?;
             let (lo, hi) = (k * pe, ((k + 1) * pe).min(m.elems));
             let base = st
                 .send
@@ -183,7 +187,7 @@ pub(super) fn run_phase<T: Element, D: Device>(
             let r = post(k, &mut sends, st).and_then(|()| {
                 let slot_i = next_slot % SLOTS;
                 next_slot += 1;
-                recv_piece::<T, D>(tr, dev, mem, st, slot_i, m, k, pe, opt, deadline())
+                recv_piece::<T, D>(tr, dev, mem, st, slot_i, m, k, pe, opt, w)
             });
             if let Err(e) = r {
                 first_err = Some(e);
@@ -202,12 +206,10 @@ pub(super) fn run_phase<T: Element, D: Device>(
             first_err.get_or_insert(e);
         }
     }
+    // After an error, copies may still be queued out of the staging: the caller's final
+    // wait (execute_device) drains them before anything reuses it.
     match first_err {
-        Some(e) => {
-            // Let queued copies out of the staging finish before anything reuses it.
-            let _ = dev.sync_stream(&st.d2h);
-            Err(e)
-        }
+        Some(e) => Err(e),
         None => Ok(()),
     }
 }
@@ -223,21 +225,23 @@ fn recv_piece<T: Element, D: Device>(
     k: usize,
     pe: usize,
     opt: &DeviceExecOptions,
-    deadline: Instant,
+    w: &Watch<'_>,
 ) -> Result<()> {
     let es = std::mem::size_of::<T>();
     let (lo, hi) = (k * pe, ((k + 1) * pe).min(m.elems));
     let n = hi.max(lo) - lo;
     let slot = &mut st.slots[slot_i];
     if slot.busy {
-        dev.sync_event(&slot.event)?;
+        w.event(dev, &slot.event, w.deadline, true, || {
+            format!("the host-to-device copy (and reduction) of an earlier piece in receive slot {slot_i}")
+        })?;
         slot.busy = false;
     }
     tr.recv_into(
         m.peer,
         opt.tag,
         &mut slot.host.as_mut_slice()[..n * es],
-        deadline,
+        w.deadline,
     )?;
     if n == 0 {
         return Ok(());
