@@ -42,7 +42,9 @@ fn ring(c: &Communicator, n: usize) -> pccl::Result<()> {
         let got = g.wait()?;
         s.wait()?;
         assert!(
-            got.iter().enumerate().all(|(i, &x)| x == val(left, r, k, i)),
+            got.iter()
+                .enumerate()
+                .all(|(i, &x)| x == val(left, r, k, i)),
             "P={p} n={n} round {k} rank {r}: wrong data from rank {left}"
         );
     }
@@ -106,7 +108,12 @@ fn on_tcp<R: Send>(p: usize, timeout: f64, f: impl Fn(Communicator) -> R + Sync)
 #[test]
 fn a_ring_of_separate_async_sends_and_receives_completes_over_tcp() {
     // 8 MiB messages: more than the socket buffers and the transport's queues hold.
-    for (p, n) in [(2usize, 1usize), (3, 2 * 1024 * 1024), (4, 1000), (5, 2 * 1024 * 1024)] {
+    for (p, n) in [
+        (2usize, 1usize),
+        (3, 2 * 1024 * 1024),
+        (4, 1000),
+        (5, 2 * 1024 * 1024),
+    ] {
         let res = on_tcp(p, 30.0, |c| ring(&c, n));
         for (r, x) in res.into_iter().enumerate() {
             x.unwrap_or_else(|e| panic!("tcp P={p} n={n} rank {r}: {e}"));
@@ -137,7 +144,10 @@ fn a_send_nobody_receives_times_out_and_later_calls_work() {
     let (e, took) = res[0].as_ref().unwrap().clone().unwrap();
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
     assert!(e.message().contains("send to rank 1"), "{e}");
-    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(3), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
     res[1].as_ref().unwrap();
 }
 
