@@ -85,7 +85,7 @@ struct Inner {
     /// collectives wait for them (they read the same per-pair message order).
     recvs: Outstanding,
     /// Threads that finish non-blocking point-to-point requests (see `p2p`).
-    p2p_pool: Pool,
+    p2p_pool: Arc<Pool>,
 }
 
 /// This rank's NIC view: discovery (cached per process) with the configured map and file.
@@ -180,7 +180,7 @@ impl Communicator {
                 p2p: Mutex::new(p2p::P2pSeq::default()),
                 p2p_turn: Condvar::new(),
                 recvs: Outstanding::default(),
-                p2p_pool: Pool::new(format!("pccl-p2p-{rank}")),
+                p2p_pool: Arc::new(Pool::new(format!("pccl-p2p-{rank}"))),
             }),
         }
     }

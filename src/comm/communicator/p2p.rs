@@ -207,7 +207,11 @@ impl Communicator {
             if receives {
                 me.recvs.add();
             }
-            let inner = me.clone();
+            // The finishing thread holds the communicator; this one lets go of it before
+            // the request can complete (the last reference must not go on this thread
+            // after the application finalised MPI).
+            let pool = me.p2p_pool.clone();
+            let inner = me;
             let finish = Box::new(move || {
                 // SAFETY: as above.
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
@@ -222,7 +226,7 @@ impl Communicator {
                 drop(inner);
                 done.complete(r);
             });
-            if let Err(finish) = me.p2p_pool.submit(finish) {
+            if let Err(finish) = pool.submit(finish) {
                 finish(); // no thread to be had: finish it here, in order, as a blocking call
             }
         });
