@@ -808,8 +808,11 @@ pcclResult_t pcclRecv(void *recvbuff,
 
 /**
  * Non-blocking `pcclSend` on host memory: stores a request in `*request` to finish with
- * `pcclWait` (or poll with `pcclTest`); `sendbuff` must stay valid until then. Queued behind
- * this rank's earlier non-blocking calls on `comm`. Not allowed inside a group.
+ * `pcclWait` (or poll with `pcclTest`); `sendbuff` must stay valid until then. Posted in
+ * issue order after this rank's earlier non-blocking calls on `comm`, then it progresses on
+ * its own: separate `pcclIsend`/`pcclIrecv` requests (a ring, posted in any order, of any
+ * size) complete together; sends to a peer match its receives in issue order. Not allowed
+ * inside a group.
  *
  * # Safety
  * `sendbuff` must be readable for `count` elements until the request completes; `request`

@@ -1,6 +1,6 @@
 //! [`Communicator`]: ranks, topology, the tuner's choices, scratch space and progress.
 
-use super::progress::{Outstanding, Worker};
+use super::progress::{Outstanding, Pool, Worker};
 use super::request::{lost, pair, Request};
 use crate::config::{Config, DebugLevel};
 use crate::dtype::{Element, ReduceOp};
@@ -15,7 +15,7 @@ use crate::transport::threads::ThreadWorld;
 use crate::transport::{fnv1a, Transport};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 mod calls;
@@ -79,6 +79,13 @@ struct Inner {
     device: Mutex<Option<Box<dyn std::any::Any + Send>>>,
     /// Point-to-point message counters per pair.
     p2p: Mutex<p2p::P2pSeq>,
+    /// Signalled when a point-to-point receive took its turn (see `p2p`).
+    p2p_turn: Condvar,
+    /// Non-blocking point-to-point requests whose receives have not all been taken yet:
+    /// collectives wait for them (they read the same per-pair message order).
+    recvs: Outstanding,
+    /// Threads that finish non-blocking point-to-point requests (see `p2p`).
+    p2p_pool: Arc<Pool>,
 }
 
 /// This rank's NIC view: discovery (cached per process) with the configured map and file.
@@ -154,6 +161,7 @@ impl Communicator {
     }
 
     fn build(transport: Arc<dyn Transport>, topo: Topology, cfg: Config) -> Self {
+        let rank = transport.rank();
         Communicator {
             inner: Arc::new(Inner {
                 transport,
@@ -170,6 +178,9 @@ impl Communicator {
                 plans: Mutex::new(HashMap::new()),
                 device: Mutex::new(None),
                 p2p: Mutex::new(p2p::P2pSeq::default()),
+                p2p_turn: Condvar::new(),
+                recvs: Outstanding::default(),
+                p2p_pool: Arc::new(Pool::new(format!("pccl-p2p-{rank}"))),
             }),
         }
     }
@@ -579,11 +590,23 @@ impl Communicator {
 
     /// Queues `job` on the progress worker behind the collectives already queued; it counts
     /// as outstanding (blocking collectives wait for it) until it returns.
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
     pub(crate) fn submit_job(&self, job: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
+        self.queue_job(job, true)
+    }
+
+    /// [`Communicator::submit_job`]; `after_recvs`: the job first waits for earlier
+    /// point-to-point receives (every job but a point-to-point one, which keeps the per-pair
+    /// order itself).
+    fn queue_job(&self, job: Box<dyn FnOnce() + Send + 'static>, after_recvs: bool) -> Result<()> {
         let inner = self.inner.clone();
         inner.outstanding.add();
         let me = inner.clone();
         let wrapped = Box::new(move || {
+            if after_recvs {
+                // Earlier point-to-point receives take their messages first (per-pair order).
+                me.recvs.wait_idle();
+            }
             // A panicking job must not leave blocking callers waiting for it forever.
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
             me.outstanding.done();
@@ -610,7 +633,7 @@ impl Communicator {
     /// take no plan from [`Communicator::next_collective`] keep issue order this way).
     #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
     pub(crate) fn wait_idle(&self) {
-        self.inner.outstanding.wait_idle();
+        self.inner.quiesce();
     }
 
     /// The transport, and the device front end's working space (locked for one collective).
@@ -631,6 +654,14 @@ fn duration_ns(d: Duration) -> u64 {
 }
 
 impl Inner {
+    /// Waits until this rank's earlier calls have taken their place in the per-pair message
+    /// order: queued non-blocking calls started (collectives finished, point-to-point sends
+    /// posted) and point-to-point receives done. A blocking call runs after this.
+    fn quiesce(&self) {
+        self.outstanding.wait_idle();
+        self.recvs.wait_idle();
+    }
+
     fn timeout(&self) -> Duration {
         Duration::from_nanos(self.timeout_ns.load(Ordering::SeqCst))
     }
@@ -727,7 +758,7 @@ impl Inner {
         let plan = self
             .plan(call.coll, call.block_bytes)
             .map_err(|e| self.refuse(seq, "planning", e))?;
-        self.outstanding.wait_idle();
+        self.quiesce();
         self.execute(&plan, call, seq)
     }
 
@@ -790,6 +821,8 @@ impl Inner {
     /// Runs `call` as collective `seq`: the stamp, the fault board, injected faults, then the
     /// plan under one deadline. Any failure is made known to every peer.
     fn execute<T: Element>(&self, plan: &Plan, call: Call<T>, seq: u32) -> Result<()> {
+        // Earlier point-to-point receives take their messages first (per-pair order).
+        self.recvs.wait_idle();
         let tag = self.stamp_of(plan, &call, seq);
         let tr = self.transport.as_ref();
         let r = (|| {

@@ -339,6 +339,15 @@ impl ThreadTransport {
                     }
                     continue;
                 }
+                if head.tag != tag
+                    && faults::is_p2p(head.tag)
+                    && *lock(&head.state.state) == REVOKED
+                {
+                    // A point-to-point send its sender gave up (nobody received it in time):
+                    // it holds no later message back.
+                    q.pop_front();
+                    continue;
+                }
                 if head.tag != tag {
                     // The board usually explains it (the peer gave up this collective).
                     self.faults.check(tag, peer)?;

@@ -317,30 +317,30 @@ static void test_p2p(struct rank_ctx *R, pcclComm_t comm, pcclDataType_t dt, siz
             }
         }
     }
-    /* pcclIsend/pcclIrecv between pairs (r, r^1): a rank's non-blocking calls run in order
-     * and a send completes when its receiver takes it, so the even rank sends first. */
-    if (p > 1 && (r ^ 1) < p) {
-        int peer = r ^ 1;
+    /* A ring of separate pcclIsend/pcclIrecv (no group): separate non-blocking point-to-point
+     * requests progress together, so every rank may post in either order (even ranks send
+     * first, odd ranks receive first) with messages larger than any buffering. */
+    if (p > 1) {
         if (count) memset(recv, 0x5a, count * dtype_size(dt));
         pcclRequest_t rs = NULL, rr = NULL;
         int a, b;
         if (r % 2 == 0) {
-            a = CALL(R, comm, pcclIsend(send, count, dt, peer, comm, &rs));
-            b = CALL(R, comm, pcclIrecv(recv, count, dt, peer, comm, &rr));
+            a = CALL(R, comm, pcclIsend(send, count, dt, right, comm, &rs));
+            b = CALL(R, comm, pcclIrecv(recv, count, dt, left, comm, &rr));
         } else {
-            b = CALL(R, comm, pcclIrecv(recv, count, dt, peer, comm, &rr));
-            a = CALL(R, comm, pcclIsend(send, count, dt, peer, comm, &rs));
+            b = CALL(R, comm, pcclIrecv(recv, count, dt, left, comm, &rr));
+            a = CALL(R, comm, pcclIsend(send, count, dt, right, comm, &rs));
         }
         int done = 0;
         if (b) CALL(R, comm, pcclTest(rr, &done));
+        int d = b && CALL(R, comm, pcclWait(rr)); /* the receive first: the send may need it */
         int c = a && CALL(R, comm, pcclWait(rs));
-        int d = b && CALL(R, comm, pcclWait(rr));
         if (c && d) {
             R->checks++;
             for (size_t k = 0; k < count; k++)
-                if (get_elem(recv, dt, k) != a2a_value(peer, (peer + 1) % p, k)) {
-                    fail(R, "isend/irecv %s count=%zu: element %zu is %g", dtype_name(dt), count,
-                         k, get_elem(recv, dt, k));
+                if (get_elem(recv, dt, k) != a2a_value(left, r, k)) {
+                    fail(R, "isend/irecv ring %s count=%zu: element %zu is %g", dtype_name(dt),
+                         count, k, get_elem(recv, dt, k));
                     break;
                 }
         }
@@ -401,6 +401,7 @@ static void test_ops(struct rank_ctx *R, pcclComm_t comm) {
         test_scatter(R, comm, pcclFloat64, 20000, R->nranks - 1, 1);
         test_all_to_all(R, comm, pcclInt32, 30000);
         test_p2p(R, comm, pcclUint8, 200000);
+        test_p2p(R, comm, pcclUint8, 8 << 20); /* 8 MiB: more than any buffering */
     }
 }
 

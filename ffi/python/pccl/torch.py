@@ -408,7 +408,11 @@ class PcclWork(dist._Work):
             except BaseException as e:
                 fut.set_exception(e)
 
-        if op.finished:
+        try:
+            done = op.finished or op.test()
+        except BaseException:  # noqa: BLE001 (finish() reports it)
+            done = True
+        if done:  # already over: complete now (is_completed through torch's wrapper asks this)
             run()
         else:
             threading.Thread(target=run, name="pccl-future", daemon=True).start()
@@ -430,6 +434,7 @@ class _P2PWork(dist._Work):
         self._event = threading.Event()
         self._error = None
         self._op = None  # the posted batch, when posted without blocking (see _flush_p2p)
+        self._future = None
 
     def _complete(self, err):
         self._error = err
@@ -484,12 +489,24 @@ class _P2PWork(dist._Work):
         return self._seq
 
     def get_future(self):
+        """A future completed when the send or receive is (at once when it already is, else
+        by a helper thread that waits for it); torch's wrapper asks it for ``is_completed``."""
+        if self._future is not None:
+            return self._future
         fut = torch.futures.Future()
-        try:
-            self.wait()
-            fut.set_result(self._result)
-        except BaseException as e:  # noqa: BLE001
-            fut.set_exception(e)
+        self._future = fut
+
+        def run():
+            try:
+                self.wait()
+                fut.set_result(self._result)
+            except BaseException as e:  # noqa: BLE001
+                fut.set_exception(e)
+
+        if self.is_completed():
+            run()
+        else:
+            threading.Thread(target=run, name="pccl-p2p-future", daemon=True).start()
         return fut
 
 
@@ -538,11 +555,14 @@ class PcclBackend(_BASE):
         self._p2p_pending = []  # queued sends/receives (see _flush_p2p)
         self._p2p_lock = threading.Lock()
         self._p2p_flush_lock = threading.RLock()
-        # torch >= 2.12 coalesces batch_isend_irecv (start/end_coalescing): a batch is posted
-        # at its end, a send or receive outside one at once, both without blocking
-        # (pcclGroupEndAsync). torch <= 2.11 (no coalescing for Python groups) queues them
-        # until a Work is waited for or another call is made, then posts them as one group.
-        self._async_p2p = _BASE is C10DBackend and _lib.has("pcclGroupEndAsync")
+        # Sends and receives are posted without blocking (pcclGroupEndAsync), a send or
+        # receive outside a batch at once: separate non-blocking requests progress together
+        # in the library, so a ring of separate isend/irecv completes in any order. torch >=
+        # 2.12 coalesces batch_isend_irecv (start/end_coalescing): a batch is posted at its
+        # end; torch <= 2.11 (no coalescing for Python groups) posts each call of the batch
+        # at once. An older libpccl (no pcclGroupEndAsync): queued until a Work is waited for
+        # or another call is made, then posted as one blocking group.
+        self._async_p2p = _lib.has("pcclGroupEndAsync")
         self._coalescing = False
         self._splits = {}  # (group name, ranks) -> child backend or None (see split)
         self._split_count = 0
@@ -723,7 +743,7 @@ class PcclBackend(_BASE):
 
     @property
     def supports_coalescing(self):
-        return self._async_p2p
+        return self._async_p2p and _BASE is C10DBackend
 
     def start_coalescing(self):
         """torch's coalescing manager (batch_isend_irecv): sends and receives are queued
@@ -1574,6 +1594,45 @@ def _wrap_split_group() -> None:
         dist.split_group = split_group
 
 
+def _forward_work_queries() -> None:
+    """Newer torch (2.12+) hands the caller a C++ ``PyWorkHolder`` around the Work a Python
+    backend returns; it forwards ``wait()`` and ``get_future()`` to it, but answers
+    ``is_completed()`` from a flag of its own that only C++ sets, and ``result()`` not at all.
+    So ``Work.is_completed`` and ``Work.result`` are extended, for every Work, with what the
+    forwarded future says when torch's own answer is "not completed" / an error: a completed
+    Work of another backend answers as before (torch's answer comes first), and any error of
+    the fallback leaves torch's answer (or its exception) unchanged. Idempotent."""
+    work_cls = getattr(torch._C._distributed_c10d, "Work", None)
+    if work_cls is None or getattr(work_cls.is_completed, "_pccl", False):
+        return
+    orig_completed, orig_result = work_cls.is_completed, work_cls.result
+
+    def is_completed(self):
+        if orig_completed(self):
+            return True
+        try:
+            return bool(self.get_future().done())
+        except Exception:  # noqa: BLE001 (a Work without a future: torch's answer stands)
+            return False
+
+    def result(self):
+        try:
+            return orig_result(self)
+        except Exception as e:  # noqa: BLE001
+            try:
+                fut = self.get_future()
+            except Exception:  # noqa: BLE001
+                raise e from None
+            self.wait()
+            return fut.value()
+
+    is_completed.__doc__ = orig_completed.__doc__
+    is_completed._pccl = True
+    result.__doc__ = orig_result.__doc__
+    work_cls.is_completed = is_completed
+    work_cls.result = result
+
+
 def register() -> None:
     """Registers the backend "pccl" (done on import; calling again is harmless)."""
     if getattr(dist.Backend, BACKEND_NAME.upper(), None) is not None:
@@ -1581,6 +1640,8 @@ def register() -> None:
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True,
                                   devices=["cpu", "cuda"])
     _wrap_split_group()
+    if _BASE is C10DBackend:  # torch <= 2.11 hands out our Work itself
+        _forward_work_queries()
 
 
 register()

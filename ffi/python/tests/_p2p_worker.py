@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -144,6 +145,39 @@ def main(rank, world, init, outdir):
                 eq("lone isend (16 MiB) before a gloo barrier", got, big)
             else:
                 dist.barrier(group=gloo)
+        # A ring of separate isend/irecv outside any batch, in either order (even ranks send
+        # first, odd ranks receive first), 4 B to 16 MiB (more than any buffering): separate
+        # requests progress together. is_completed(), get_future() and result() through
+        # what torch hands out (its C++ wrapper on torch >= 2.12).
+        if be._async_p2p:
+            for n in (1, 1000, 4 << 20):
+                x = torch.arange(n, dtype=torch.float32) + 1000 * rank
+                r = torch.zeros(n)
+                if rank % 2 == 0:
+                    ws = [dist.isend(x, right), dist.irecv(r, left)]
+                else:
+                    ws = [dist.irecv(r, left), dist.isend(x, right)]
+                deadline = time.monotonic() + 60
+                while not all(w.is_completed() for w in ws):
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"isend/irecv ring n={n}: is_completed never True")
+                    time.sleep(0.001)
+                for w in ws:
+                    w.wait()
+                    if not w.get_future().done():
+                        fails.append(f"isend/irecv ring n={n}: future not done after wait")
+                eq(f"separate isend/irecv ring n={n}", r,
+                   torch.arange(n, dtype=torch.float32) + 1000 * left)
+        # Async collective Works through torch's wrapper: is_completed() turns True by
+        # itself, result() gives the outputs.
+        t = torch.ones(5)
+        w = dist.all_reduce(t, async_op=True)
+        deadline = time.monotonic() + 60
+        while not w.is_completed():
+            if time.monotonic() > deadline:
+                raise TimeoutError("all_reduce: is_completed() never True")
+            time.sleep(0.001)
+        eq("async all_reduce result()", w.result()[0], torch.full((5,), float(world)))
         t = torch.ones(3)
         dist.all_reduce(t)
         eq("all_reduce after p2p", t, torch.full((3,), float(world)))

@@ -49,6 +49,9 @@ pub struct P2pOp {
 pub(super) struct P2pSeq {
     sent: Vec<u32>,
     received: Vec<u32>,
+    /// Per sender, the number of the receive whose turn it is to take the next message
+    /// (receives of separate requests finish on separate threads, in this order).
+    taken: Vec<u32>,
 }
 
 /// Sends and receives posted together ([`Communicator::group_start`]); nothing moves until
@@ -160,7 +163,9 @@ impl Communicator {
 
     /// Runs a batch of sends and receives on raw memory: every send posted, then every
     /// receive completed in order, then every send waited for. Arguments are checked for the
-    /// whole batch before anything moves.
+    /// whole batch before anything moves. Runs after this rank's earlier non-blocking calls
+    /// have taken their place in each pair's message order (not after they completed: an
+    /// earlier `send_async` still waiting for its receiver does not hold this call back).
     ///
     /// # Safety
     /// Every op's buffer must be valid for its count (readable for a send, writable and
@@ -170,11 +175,18 @@ impl Communicator {
         self.inner.check_p2p(what, ops)?;
         self.inner.outstanding.wait_idle();
         // SAFETY: forwarded from the caller.
-        unsafe { self.inner.run_p2p(ops) }
+        unsafe {
+            let posted = self.inner.post_p2p(ops);
+            self.inner.finish_p2p(ops, posted)
+        }
     }
 
-    /// Queues a batch of sends and receives (as [`Communicator::raw_p2p`]) on the progress
-    /// worker; the request yields `keep`.
+    /// Queues a batch of sends and receives (as [`Communicator::raw_p2p`]); the request
+    /// yields `keep`. The progress worker posts the sends and takes the receives' places in
+    /// issue order, then hands the rest (receiving, waiting for the sends) to a thread of its
+    /// own, so separate requests progress together: a ring of separate `send_async` /
+    /// `recv_async` completes whatever their order and sizes. Sends to and receives from one
+    /// peer still match in issue order, and collectives issued later wait for the receives.
     ///
     /// # Safety
     /// As for [`Communicator::raw_p2p`], until the request completes.
@@ -190,17 +202,47 @@ impl Communicator {
         let me = self.inner.clone();
         let job = Box::new(move || {
             // SAFETY: the caller keeps the buffers valid until the request completes.
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
-                me.run_p2p(&ops)
-            }))
-            .unwrap_or_else(|_| Err(Error::internal("a point-to-point call panicked")))
-            .map(|()| keep);
-            drop(me);
-            done.complete(r);
+            let posted = unsafe { me.post_p2p(&ops) };
+            let receives = posted.receives;
+            if receives {
+                me.recvs.add();
+            }
+            // The finishing thread holds the communicator; this one lets go of it before
+            // the request can complete (the last reference must not go on this thread
+            // after the application finalised MPI).
+            let pool = me.p2p_pool.clone();
+            let inner = me;
+            let finish = Box::new(move || {
+                // SAFETY: as above.
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+                    inner.finish_p2p(&ops, posted)
+                }))
+                .unwrap_or_else(|_| Err(Error::internal("a point-to-point call panicked")))
+                .map(|()| keep);
+                if receives {
+                    inner.recvs.done();
+                }
+                // The last reference must not go on this thread after the request completes.
+                drop(inner);
+                done.complete(r);
+            });
+            if let Err(finish) = pool.submit(finish) {
+                finish(); // no thread to be had: finish it here, in order, as a blocking call
+            }
         });
-        self.submit_job(job)?;
+        self.queue_job(job, false)?;
         Ok(req)
     }
+}
+
+/// What [`Inner::post_p2p`] did: the stamps given, the sends posted, the first error.
+pub(super) struct Posted {
+    tags: Vec<(Tag, u32)>,
+    sends: Vec<(usize, Box<dyn SendOp>)>,
+    first: Option<Error>,
+    deadline: Instant,
+    /// Whether the batch receives from another rank.
+    receives: bool,
 }
 
 impl Inner {
@@ -258,11 +300,13 @@ impl Inner {
         stamp(seq, call | stamps::P2P)
     }
 
-    /// Runs a checked batch; see [`Communicator::raw_p2p`].
+    /// Gives a checked batch its stamps (per-pair message numbers, in issue order), copies
+    /// its messages to itself and posts its sends; never blocks. Every receive's turn taken
+    /// here must be given back by [`Inner::finish_p2p`].
     ///
     /// # Safety
-    /// As for [`Communicator::raw_p2p`].
-    unsafe fn run_p2p(&self, ops: &[P2pOp]) -> Result<()> {
+    /// As for [`Communicator::raw_p2p`], until `finish_p2p` has returned.
+    pub(super) unsafe fn post_p2p(&self, ops: &[P2pOp]) -> Posted {
         let tr = self.transport.as_ref();
         let (p, me) = (tr.size(), tr.rank());
         let deadline = Instant::now() + self.timeout();
@@ -272,6 +316,7 @@ impl Inner {
             if s.sent.len() != p {
                 s.sent = vec![0; p];
                 s.received = vec![0; p];
+                s.taken = vec![0; p];
             }
             ops.iter()
                 .map(|op| {
@@ -285,22 +330,13 @@ impl Inner {
                 })
                 .collect()
         };
-        let ctx = |op: &P2pOp, seq: u32, e: Error| {
-            let way = match op.dir {
-                Dir::Send => "send to",
-                Dir::Recv => "receive from",
-            };
-            Error::new(
-                e.kind(),
-                format!(
-                    "rank {me}: {way} rank {} (point-to-point message #{seq} of that pair, {} \
-                     elements of {}): {}",
-                    op.peer,
-                    op.count,
-                    op.dtype,
-                    e.message()
-                ),
-            )
+        let receives = ops.iter().any(|o| o.dir == Dir::Recv && o.peer != me);
+        let mut posted = Posted {
+            tags,
+            sends: Vec::new(),
+            first: None,
+            deadline,
+            receives,
         };
         // Messages to itself: the k-th send to itself goes to the k-th receive from itself.
         let selfs: Vec<&P2pOp> = ops
@@ -312,20 +348,22 @@ impl Inner {
             .filter(|o| o.peer == me && o.dir == Dir::Recv)
             .collect();
         if selfs.len() != selfr.len() {
-            return Err(Error::invalid(format!(
+            posted.first = Some(Error::invalid(format!(
                 "rank {me}: {} sends to itself but {} receives from itself in one call or group; \
                  they must pair up",
                 selfs.len(),
                 selfr.len()
             )));
+            return posted;
         }
         for (s, r) in selfs.iter().zip(&selfr) {
             let (sb, rb) = (s.count * s.dtype.size(), r.count * r.dtype.size());
             if sb != rb || s.dtype != r.dtype {
-                return Err(Error::invalid(format!(
+                posted.first = Some(Error::invalid(format!(
                     "rank {me}: a send to itself of {} {} meets a receive of {} {}",
                     s.count, s.dtype, r.count, r.dtype
                 )));
+                return posted;
             }
             if sb > 0 {
                 // SAFETY: both buffers are valid for their (equal) byte counts (caller's
@@ -333,8 +371,6 @@ impl Inner {
                 unsafe { std::ptr::copy(s.addr as *const u8, r.addr as *mut u8, sb) };
             }
         }
-        let mut sends: Vec<(usize, Box<dyn SendOp>)> = Vec::new();
-        let mut first: Option<Error> = None;
         for (i, op) in ops.iter().enumerate() {
             if op.dir != Dir::Send || op.peer == me {
                 continue;
@@ -347,19 +383,40 @@ impl Inner {
             };
             // SAFETY: the buffer stays valid and unmodified until the wait below (caller's
             // promise), on every path.
-            match unsafe { tr.isend(op.peer, tags[i].0, ptr, bytes) } {
-                Ok(s) => sends.push((i, s)),
+            match unsafe { tr.isend(op.peer, posted.tags[i].0, ptr, bytes) } {
+                Ok(s) => posted.sends.push((i, s)),
                 Err(e) => {
-                    first = Some(ctx(op, tags[i].1, e));
+                    posted.first = Some(p2p_context(me, op, posted.tags[i].1, e));
                     break;
                 }
             }
         }
-        if first.is_none() {
-            for (i, op) in ops.iter().enumerate() {
-                if op.dir != Dir::Recv || op.peer == me {
-                    continue;
-                }
+        posted
+    }
+
+    /// Completes a batch [`Inner::post_p2p`] posted: its receives in order, each after the
+    /// earlier receives from the same peer (its turn), then the waits for its sends; the
+    /// first error wins. Every receive's turn is given back, on every path.
+    ///
+    /// # Safety
+    /// As for [`Communicator::raw_p2p`].
+    pub(super) unsafe fn finish_p2p(&self, ops: &[P2pOp], posted: Posted) -> Result<()> {
+        let tr = self.transport.as_ref();
+        let me = tr.rank();
+        let Posted {
+            tags,
+            sends,
+            mut first,
+            deadline,
+            ..
+        } = posted;
+        for (i, op) in ops.iter().enumerate() {
+            if op.dir != Dir::Recv || op.peer == me {
+                continue;
+            }
+            let seq = tags[i].1;
+            self.wait_turn(op.peer, seq);
+            if first.is_none() {
                 let bytes = op.count * op.dtype.size();
                 let r = if bytes > 0 {
                     // SAFETY: the receive buffer is valid, writable and exclusive for its
@@ -370,14 +427,14 @@ impl Inner {
                     tr.recv_into(op.peer, tags[i].0, &mut [], deadline)
                 };
                 if let Err(e) = r {
-                    first = Some(ctx(op, tags[i].1, e));
-                    break;
+                    first = Some(p2p_context(me, op, seq, e));
                 }
             }
+            self.end_turn(op.peer);
         }
         for (i, s) in sends {
             if let Err(e) = s.wait(deadline) {
-                first.get_or_insert_with(|| ctx(&ops[i], tags[i].1, e));
+                first.get_or_insert_with(|| p2p_context(me, &ops[i], tags[i].1, e));
             }
         }
         match first {
@@ -385,4 +442,41 @@ impl Inner {
             None => Ok(()),
         }
     }
+
+    /// Blocks until receive `seq` from `peer` is the next one to take that pair's message
+    /// (every earlier one ends: by its message, an error or its deadline).
+    fn wait_turn(&self, peer: usize, seq: u32) {
+        let mut s = lock(&self.p2p);
+        while s.taken.get(peer).is_some_and(|&t| t != seq) {
+            s = self.p2p_turn.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Lets the next receive from `peer` go.
+    fn end_turn(&self, peer: usize) {
+        let mut s = lock(&self.p2p);
+        if let Some(t) = s.taken.get_mut(peer) {
+            *t = t.wrapping_add(1);
+        }
+        self.p2p_turn.notify_all();
+    }
+}
+
+/// `e` with the point-to-point operation it happened in.
+fn p2p_context(me: usize, op: &P2pOp, seq: u32, e: Error) -> Error {
+    let way = match op.dir {
+        Dir::Send => "send to",
+        Dir::Recv => "receive from",
+    };
+    Error::new(
+        e.kind(),
+        format!(
+            "rank {me}: {way} rank {} (point-to-point message #{seq} of that pair, {} \
+             elements of {}): {}",
+            op.peer,
+            op.count,
+            op.dtype,
+            e.message()
+        ),
+    )
 }

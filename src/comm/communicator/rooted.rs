@@ -494,7 +494,7 @@ impl Communicator {
         let _one = self.inner.enter(what)?;
         let seq = self.inner.next_seq();
         let ex = check().map_err(|e| self.inner.refuse(seq, what, e))?;
-        self.inner.outstanding.wait_idle();
+        self.inner.quiesce();
         // SAFETY: forwarded from the caller.
         unsafe { self.inner.exchange(&ex, seq) }
     }
