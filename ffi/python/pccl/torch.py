@@ -1594,14 +1594,25 @@ def _wrap_split_group() -> None:
         dist.split_group = split_group
 
 
+def _holds_device_tensors(value) -> bool:
+    """Whether a future's value holds a tensor that is not on the CPU (lists searched)."""
+    if isinstance(value, torch.Tensor):
+        return value.device.type != "cpu"
+    if isinstance(value, (list, tuple)):
+        return any(_holds_device_tensors(v) for v in value)
+    return False
+
+
 def _forward_work_queries() -> None:
     """Newer torch (2.12+) hands the caller a C++ ``PyWorkHolder`` around the Work a Python
     backend returns; it forwards ``wait()`` and ``get_future()`` to it, but answers
     ``is_completed()`` from a flag of its own that only C++ sets, and ``result()`` not at all.
     So ``Work.is_completed`` and ``Work.result`` are extended, for every Work, with what the
     forwarded future says when torch's own answer is "not completed" / an error: a completed
-    Work of another backend answers as before (torch's answer comes first), and any error of
-    the fallback leaves torch's answer (or its exception) unchanged. Idempotent."""
+    Work of another backend answers as before (torch's answer comes first), a future holding
+    device tensors is not trusted (nccl completes its future when the work is enqueued, so
+    an unfinished nccl Work stays "not completed"; pccl's async device Works do too), and
+    any error of the fallback leaves torch's answer (or its exception) unchanged. Idempotent."""
     work_cls = getattr(torch._C._distributed_c10d, "Work", None)
     if work_cls is None or getattr(work_cls.is_completed, "_pccl", False):
         return
@@ -1611,9 +1622,18 @@ def _forward_work_queries() -> None:
         if orig_completed(self):
             return True
         try:
-            return bool(self.get_future().done())
+            fut = self.get_future()
+            if not fut.done():
+                return False
         except Exception:  # noqa: BLE001 (a Work without a future: torch's answer stands)
             return False
+        try:
+            value = fut.value()
+        except Exception:  # noqa: BLE001 (completed with an error)
+            return True
+        # A future of device tensors may be "done" when the work is only enqueued (nccl
+        # completes its future at enqueue; the stream finishes later): torch's answer stands.
+        return not _holds_device_tensors(value)
 
     def result(self):
         try:
