@@ -165,9 +165,14 @@ fn mismatch_piece(c: &Communicator) -> Result<String, String> {
         .map_err(|e| e.to_string())?;
     let mut buf = vec![0u8; len];
     let got = t.recv_into_pieces(prev, tag, &mut buf, piece(r), deadline);
-    op.wait(deadline).map_err(|e| format!("send to rank {next}: {e}"))?;
+    op.wait(deadline)
+        .map_err(|e| format!("send to rank {next}: {e}"))?;
     let msg = if r + 1 == p || prev + 1 == p {
-        let words = ["pieces of 65536", "pieces of 1048576", &format!("rank {prev}")];
+        let words = [
+            "pieces of 65536",
+            "pieces of 1048576",
+            &format!("rank {prev}"),
+        ];
         expect(got, ErrorKind::Remote, &words)?
     } else {
         got.map_err(|e| format!("receive from rank {prev}: {e}"))?;

@@ -206,29 +206,35 @@ impl Core {
         let mut reqs: VecDeque<Req> = VecDeque::with_capacity(ahead);
         let mut matched = 0;
         for k in 0..n {
-            let res = self.spin(tag, peer, deadline, "waited in vain for a message from", || {
-                while matched < n.min(k + ahead) {
-                    let Some((msg, st)) = self.probe(peer as i32, t) else {
-                        break;
-                    };
-                    let (_, m) = piece(len, chunk, matched);
-                    let got = count_of(&st);
-                    if got != m {
-                        self.take_probed(msg, &st);
-                        return Err(Error::remote(format!(
-                            "rank {} expected piece {matched} of {m} bytes from rank {peer} \
+            let res = self.spin(
+                tag,
+                peer,
+                deadline,
+                "waited in vain for a message from",
+                || {
+                    while matched < n.min(k + ahead) {
+                        let Some((msg, st)) = self.probe(peer as i32, t) else {
+                            break;
+                        };
+                        let (_, m) = piece(len, chunk, matched);
+                        let got = count_of(&st);
+                        if got != m {
+                            self.take_probed(msg, &st);
+                            return Err(Error::remote(format!(
+                                "rank {} expected piece {matched} of {m} bytes from rank {peer} \
                              but got {got}: do all ranks pass the same count and dtype?",
-                            self.rank
-                        )));
+                                self.rank
+                            )));
+                        }
+                        reqs.push_back(self.imrecv(msg, dest.slot(matched, m), m)?);
+                        matched += 1;
                     }
-                    reqs.push_back(self.imrecv(msg, dest.slot(matched, m), m)?);
-                    matched += 1;
-                }
-                let Some(r) = reqs.front_mut() else {
-                    return Ok(None);
-                };
-                Ok(self.test_ok(r)?.then_some(()))
-            });
+                    let Some(r) = reqs.front_mut() else {
+                        return Ok(None);
+                    };
+                    Ok(self.test_ok(r)?.then_some(()))
+                },
+            );
             if let Err(e) = res {
                 let mut rs: Vec<Req> = reqs.into_iter().collect();
                 self.retire_pieces(&mut rs, dest, peer);
