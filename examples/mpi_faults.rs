@@ -1,7 +1,15 @@
 //! Run under `mpiexec -n K`: the MPI transport under faults. `mpi_faults SCENARIO`:
 //!
-//! * `mismatch` (K=2): rank 0 all-gathers 64 floats while rank 1 all-reduces 128; both fail
-//!   with a remote error naming both calls; the next all-reduce is correct.
+//! * `mismatch` (K>=2): rank 0 all-gathers 64 floats while the others all-reduce 128; every
+//!   rank fails with a remote error naming both calls (and the others rank 0); the next
+//!   all-reduces (1000 floats, 3 MiB) are correct. No message is ever truncated (an MPI abort).
+//! * `mismatch-count`: the last rank all-reduces 3 MiB, the others 4000 bytes; the others'
+//!   errors name the last rank.
+//! * `mismatch-rs-a2a`: the last rank reduce-scatters, the others all-to-all; every error names
+//!   both calls.
+//! * `mismatch-piece`: a ring of 4 MiB messages on one transport, cut in 64 KiB pieces by the
+//!   last rank and 1 MiB elsewhere: the two receives involved fail naming both piece sizes;
+//!   then a communicator on the same transport all-reduces correctly.
 //! * `refuse` (K>=2): rank 0 passes a wrong output length (4 MiB messages, so the peers'
 //!   sends to it are rendezvous ones that only its later waits drain); every other rank fails
 //!   with a remote error naming rank 0; the next all-reduce is correct.
@@ -84,17 +92,98 @@ fn sync(cfg: &Config) {
     let _ = world(cfg).barrier();
 }
 
-fn mismatch(c: &Communicator) -> Result<String, String> {
-    let r = c.rank();
-    let res = if r == 0 {
-        let mut out = vec![0f32; 64 * c.size()];
-        c.all_gather(&[1f32; 64], &mut out)
+/// The odd rank of a `mismatch` scenario: rank 0 for `ag-ar`, the last rank otherwise.
+fn odd_rank(how: &str, size: usize) -> usize {
+    if how == "ag-ar" {
+        0
     } else {
-        let mut out = vec![0f32; 128];
-        c.all_reduce(&[1f32; 128], &mut out, ReduceOp::Sum)
+        size - 1
+    }
+}
+
+/// One rank calls something else than the others (see the module documentation); every rank
+/// must fail with a remote error naming the odd call (or the odd rank), then all-reduce.
+fn mismatch(c: &Communicator, how: &str) -> Result<String, String> {
+    let (r, p) = (c.rank(), c.size());
+    let odd = odd_rank(how, p);
+    let all_reduce = |n: usize| {
+        let mut out = vec![0f32; n];
+        c.all_reduce(&vec![1f32; n], &mut out, ReduceOp::Sum)
     };
-    let msg = expect(res, ErrorKind::Remote, &["all-gather", "all-reduce"])?;
+    let (res, words): (_, Vec<String>) = match (how, r == odd) {
+        ("ag-ar", true) => {
+            let mut out = vec![0f32; 64 * p];
+            (c.all_gather(&[1f32; 64], &mut out), vec![])
+        }
+        ("ag-ar", false) => (all_reduce(128), vec![]),
+        // 3 MiB (three 1 MiB pieces, rendezvous) against 4000 bytes.
+        ("count", true) => (all_reduce(3 << 18), vec![]),
+        ("count", false) => (all_reduce(1000), vec![]),
+        ("rs-a2a", true) => {
+            let mut out = vec![0f32; 256];
+            let res = c.reduce_scatter(&vec![1f32; 256 * p], &mut out, ReduceOp::Sum);
+            (res, vec!["reduce-scatter".into(), "all-to-all".into()])
+        }
+        ("rs-a2a", false) => {
+            let mut out = vec![0f32; 512 * p];
+            let res = c.all_to_all(&vec![1f32; 512 * p], &mut out);
+            (res, vec!["reduce-scatter".into(), "all-to-all".into()])
+        }
+        _ => return Err(format!("unknown mismatch '{how}'")),
+    };
+    let mut words = words;
+    if how == "ag-ar" {
+        words = vec!["all-gather".into(), "all-reduce".into()];
+    }
+    if r != odd {
+        // Every other rank hears of the odd rank, directly or through a refusal.
+        words.push(format!("rank {odd}"));
+    }
+    let w: Vec<&str> = words.iter().map(String::as_str).collect();
+    let msg = expect(res, ErrorKind::Remote, &w)?;
     good_all_reduce(c, 1000)?;
+    good_all_reduce(c, 3 << 18)?;
+    Ok(msg)
+}
+
+/// A ring of 4 MiB messages on one MPI transport, cut in 64 KiB pieces by the last rank and
+/// in 1 MiB ones elsewhere: the last rank's receive and its successor's fail naming both
+/// piece sizes, the others' succeed; then a communicator on the same transport all-reduces.
+fn mismatch_piece(c: &Communicator) -> Result<String, String> {
+    let t = Arc::new(MpiTransport::world(1 << 20).map_err(|e| e.to_string())?);
+    let (r, p) = (t.rank(), t.size());
+    let piece = |q: usize| Some(if q + 1 == p { 64 << 10 } else { 1 << 20 });
+    let (next, prev) = ((r + 1) % p, (r + p - 1) % p);
+    // Sequence number u32::MAX: the new communicator's collectives (#0 on) come after it, so
+    // their success settles the failure (and MPI_Finalize is called).
+    let tag = stamp(u32::MAX, 0x5678);
+    let len = 4 << 20;
+    let data: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // SAFETY: `data` outlives the wait below.
+    let op = unsafe { t.isend_pieces(next, tag, data.as_ptr(), len, piece(r)) }
+        .map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; len];
+    let got = t.recv_into_pieces(prev, tag, &mut buf, piece(r), deadline);
+    op.wait(deadline)
+        .map_err(|e| format!("send to rank {next}: {e}"))?;
+    let msg = if r + 1 == p || prev + 1 == p {
+        let words = [
+            "pieces of 65536",
+            "pieces of 1048576",
+            &format!("rank {prev}"),
+        ];
+        expect(got, ErrorKind::Remote, &words)?
+    } else {
+        got.map_err(|e| format!("receive from rank {prev}: {e}"))?;
+        if buf != data {
+            return Err(format!("wrong bytes from rank {prev}"));
+        }
+        "received intact".to_string()
+    };
+    let after = Communicator::with_config(t, c.config().clone())
+        .map_err(|e| format!("a communicator on the same transport: {e}"))?;
+    good_all_reduce(&after, 3 << 18)?;
     Ok(msg)
 }
 
@@ -238,7 +327,9 @@ fn main() {
         let c = world(&cfg);
         let rank = c.rank();
         let r = match scenario.as_str() {
-            "mismatch" => mismatch(&c),
+            "mismatch" => mismatch(&c, "ag-ar"),
+            "mismatch-piece" => mismatch_piece(&c),
+            m if m.starts_with("mismatch-") => mismatch(&c, &m["mismatch-".len()..]),
             "refuse" => refuse(&c),
             "corrupt" => corrupt(&c),
             "stall" => stall(&c),

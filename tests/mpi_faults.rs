@@ -106,10 +106,49 @@ fn all_ok_and_finalized(r: &Run, k: usize, scenario: &str) {
 
 const LIMIT: Duration = Duration::from_secs(15);
 
+/// Runs a mismatch scenario on 2, 3, 4 and 8 processes: every rank fails naming the other
+/// call or rank, then all-reduces correctly; no MPI abort (a truncated receive), no hang.
+fn mismatch_on_every_size(scenario: &str, env: &[(&str, &str)]) {
+    for k in [2, 3, 4, 8] {
+        let r = run(k, scenario, env, LIMIT);
+        assert!(
+            !r.out.contains("Abort(") && !r.out.contains("truncated"),
+            "{scenario} on {k}: MPI aborted:\n{}",
+            r.out
+        );
+        all_ok_and_finalized(&r, k, scenario);
+    }
+}
+
 #[test]
 fn mismatched_calls_fail_on_both_ranks_naming_both_and_the_next_call_works() {
     let r = run(2, "mismatch", &[], LIMIT);
     all_ok_and_finalized(&r, 2, "mismatch");
+}
+
+#[test]
+fn all_gather_against_all_reduce_fails_every_rank_on_any_size_without_an_mpi_abort() {
+    mismatch_on_every_size("mismatch", &[]);
+}
+
+#[test]
+fn all_gather_against_all_reduce_with_the_ring_fails_every_rank_without_an_mpi_abort() {
+    mismatch_on_every_size("mismatch", &[("PCCL_ALGO", "ring")]);
+}
+
+#[test]
+fn a_larger_count_on_one_rank_fails_every_rank_naming_it_without_an_mpi_abort() {
+    mismatch_on_every_size("mismatch-count", &[]);
+}
+
+#[test]
+fn reduce_scatter_against_all_to_all_fails_every_rank_naming_both_calls() {
+    mismatch_on_every_size("mismatch-rs-a2a", &[]);
+}
+
+#[test]
+fn different_piece_sizes_fail_both_receives_naming_both_sizes_and_the_transport_works_on() {
+    mismatch_on_every_size("mismatch-piece", &[]);
 }
 
 #[test]

@@ -139,6 +139,9 @@ impl Communicator {
                 // single-node topology.
                 let provisional =
                     Communicator::build(transport.clone(), Topology::uniform(p, p), cfg.clone());
+                // Its collective is #u32::MAX, not #0: the real communicator's #0 may start on
+                // a rank (and fail) while others are still here, and must not be taken for it.
+                provisional.inner.seq.store(u32::MAX, Ordering::Relaxed);
                 let mut all = vec![0u64; p * agree::WORDS];
                 provisional.all_gather(&view.words(transport.node_key()), &mut all)?;
                 let (topo, _, source) = view.agree(transport.rank(), &all)?;

@@ -144,8 +144,8 @@ pub trait Transport: Send + Sync {
 
     /// [`Transport::isend`] with the message cut in pieces of `piece` bytes (the tuner's
     /// per-call choice) instead of the transport's creation-time `PCCL_CHUNK_SIZE`; `None`
-    /// keeps that one. Where the wire format depends on the cut (MPI: the receiver posts its
-    /// pieces before the header arrives) the receiver must pass the same `piece` to
+    /// keeps that one. Where the wire format depends on the cut (MPI: the receiver refuses a
+    /// header with another piece size) the receiver must pass the same `piece` to
     /// [`Transport::recv_pieces`]. Transports that do not cut messages on the send side
     /// (threads, TCP: one self-describing frame) or negotiate one size at creation (ofi)
     /// ignore it.

@@ -3,12 +3,16 @@
 //! **Framing.** A message is a 24-byte header (its full 64-bit stamp, its length, the sender's
 //! piece size) followed by its pieces. The MPI tag holds only the collective's sequence number
 //! (headers on `1 + 2·(seq mod W)`, pieces on the next tag, `W = (MPI_TAG_UB - 1) / 2`), so
-//! MPI never matches one collective's data with another's receive. The receiver posts the
-//! header receive together with the first pieces' receives (no round trip is added), then
-//! checks the header: the exact stamp, length and piece size, or the message is refused (a
-//! different call of the same collective: [`faults::mismatch`]) or dropped (a stale message of
-//! a sequence number `W` collectives back). The pieces of a refused or dropped message are
-//! received and thrown away (the sender's requests complete), never left to match later.
+//! MPI never matches one collective's data with another's receive. The receiver pre-posts
+//! only the header receive (every header is 24 bytes), then checks the header: the exact
+//! stamp, length and piece size, or the message is refused (a different call of the same
+//! collective: [`faults::mismatch`]) or dropped (a stale message of a sequence number `W`
+//! collectives back). The pieces are matched with `MPI_Improbe` and received at their probed
+//! size with `MPI_Imrecv` (no round trip is added: the sender posts them with the header), so
+//! no receive is ever truncated — MPICH 4.0 reports a truncation in `MPI_Test` on
+//! `MPI_COMM_WORLD`'s fatal handler, whatever our communicator's handler, aborting the job.
+//! The pieces of a refused or dropped message are received at their own size and thrown away
+//! (the sender's requests complete), never left to match later.
 //!
 //! **Notices and the board.** Notices ([`Notice`]) travel on tag 0 of the same communicator;
 //! every wait polls them (`MPI_Improbe` from any source) every millisecond, records them on
@@ -139,6 +143,9 @@ struct Req(ffi::MPI_Request);
 // SAFETY: a request handle may be tested or cancelled from any thread (calls serialised by
 // `call` when MPI is not MPI_THREAD_MULTIPLE).
 unsafe impl Send for Req {}
+
+/// A message matched by `MPI_Improbe`, not yet received.
+struct Probed(ffi::MPI_Message);
 
 impl Req {
     fn live(&self) -> bool {
@@ -405,6 +412,14 @@ impl Core {
 
     /// Receives one unmatched message of `tag` from `src` (or any source), if there is one.
     fn take(&self, src: i32, tag: i32) -> Option<(usize, i32, Vec<u8>)> {
+        let (msg, status) = self.probe(src, tag)?;
+        let (status, buf) = self.take_probed(msg, &status);
+        Some((status.MPI_SOURCE.max(0) as usize, status.MPI_TAG, buf))
+    }
+
+    /// Matches (without receiving) one message of `tag` from `src` that no receive matched,
+    /// if there is one: the message is then ours alone, its size known before it is received.
+    fn probe(&self, src: i32, tag: i32) -> Option<(Probed, ffi::MPI_Status)> {
         let mut flag = 0;
         let mut status = zero_status();
         // SAFETY: a message handle is written by MPI_Improbe before use.
@@ -413,24 +428,43 @@ impl Core {
         let rc = call(|| unsafe {
             ffi::MPI_Improbe(src, tag, self.comm, &mut flag, &mut msg, &mut status)
         });
-        if rc != 0 || flag == 0 {
-            return None;
-        }
-        let mut n = 0i32;
-        // SAFETY: `status` came from a successful probe.
-        call(|| unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut n) });
-        let mut buf = vec![0u8; n.max(0) as usize];
+        (rc == 0 && flag != 0).then_some((Probed(msg), status))
+    }
+
+    /// Receives the probed message (of the size `status` gives) into a buffer of its own.
+    fn take_probed(&self, mut msg: Probed, status: &ffi::MPI_Status) -> (ffi::MPI_Status, Vec<u8>) {
+        let n = count_of(status);
+        let mut buf = vec![0u8; n];
+        let mut st = zero_status();
         // SAFETY: `buf` holds the probed message's `n` bytes; `msg` is ours to receive.
         call(|| unsafe {
             ffi::MPI_Mrecv(
                 buf.as_mut_ptr() as *mut _,
-                n.max(0),
+                n as i32,
                 ffi::RSMPI_UINT8_T,
-                &mut msg,
-                &mut status,
+                &mut msg.0,
+                &mut st,
             )
         });
-        Some((status.MPI_SOURCE.max(0) as usize, status.MPI_TAG, buf))
+        (st, buf)
+    }
+
+    /// Starts receiving the probed message into the `len` bytes at `ptr` (exactly its size).
+    fn imrecv(&self, mut msg: Probed, ptr: *mut u8, len: usize) -> Result<Req> {
+        let mut req = Req(null_req());
+        // SAFETY: the caller keeps `len` bytes at `ptr` valid until the request ends; `msg`
+        // is a matched message of `len` bytes, ours to receive.
+        let rc = call(|| unsafe {
+            ffi::MPI_Imrecv(
+                ptr as *mut _,
+                len as i32,
+                ffi::RSMPI_UINT8_T,
+                &mut msg.0,
+                &mut req.0,
+            )
+        });
+        check(rc, "MPI_Imrecv")?;
+        Ok(req)
     }
 
     // ---- leftovers ------------------------------------------------------------------------
@@ -505,6 +539,16 @@ impl Core {
         flag != 0 || (rc != 0 && !req.live())
     }
 
+    /// Tests the live request `req` once: `Ok(true)` (released by MPI) when it has ended.
+    fn test_ok(&self, req: &mut Req) -> Result<bool> {
+        let mut flag = 0;
+        let mut status = zero_status();
+        // SAFETY: `req` is a live request we posted.
+        let rc = call(|| unsafe { ffi::MPI_Test(&mut req.0, &mut flag, &mut status) });
+        check(rc, "MPI_Test")?;
+        Ok(flag != 0)
+    }
+
     /// Waits for `req`, polling notices and the board; `Err` (the request still live) on a
     /// failure on the board, the deadline, or an MPI error.
     fn poll(
@@ -515,18 +559,33 @@ impl Core {
         deadline: Instant,
         what: &str,
     ) -> Result<ffi::MPI_Status> {
-        let mut status = zero_status();
-        let mut next = Instant::now() + SERVICE;
-        let mut spins = 0u32;
-        loop {
+        self.spin(tag, peer, deadline, what, || {
             let mut flag = 0;
+            let mut status = zero_status();
             // SAFETY: `req` is a live request we posted.
             let rc = call(|| unsafe { ffi::MPI_Test(&mut req.0, &mut flag, &mut status) });
             if rc != 0 {
                 check(rc, what)?;
             }
-            if flag != 0 {
-                return Ok(status);
+            Ok((flag != 0).then_some(status))
+        })
+    }
+
+    /// Calls `step` until it yields a value, taking notices and checking the board every
+    /// [`SERVICE`]; `Err` on a failure on the board, the deadline, or `step`'s error.
+    fn spin<T>(
+        &self,
+        tag: Tag,
+        peer: usize,
+        deadline: Instant,
+        what: &str,
+        mut step: impl FnMut() -> Result<Option<T>>,
+    ) -> Result<T> {
+        let mut next = Instant::now() + SERVICE;
+        let mut spins = 0u32;
+        loop {
+            if let Some(v) = step()? {
+                return Ok(v);
             }
             spins = spins.wrapping_add(1);
             if spins % 16 == 0 {

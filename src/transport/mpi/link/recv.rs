@@ -1,7 +1,7 @@
 //! The receive side of the MPI link: the header and the first pieces posted at once, the
 //! header checked, the pieces taken in order (or thrown away when the header does not fit).
 
-use super::{count_of, null_req, piece, pieces, Core, Req, DEPTH, HEADER};
+use super::{count_of, piece, pieces, Core, Req, DEPTH, HEADER};
 use crate::error::{Error, Result};
 use crate::transport::faults::{self, Tag};
 use std::collections::VecDeque;
@@ -123,50 +123,37 @@ impl Core {
         deadline: Instant,
         dest: &mut dyn Dest,
     ) -> Result<()> {
-        let n = pieces(len, chunk);
-        let ahead = dest.depth().clamp(1, n);
         let h = self.header_tag(faults::seq_of(tag));
         let waiting = "waited in vain for a message from";
         loop {
+            // Every header is HEADER bytes, so its pre-posted receive cannot be truncated.
             let mut header = Box::new([0u64; 3]);
             let mut hreq = [self.irecv(header.as_mut_ptr() as *mut u8, HEADER, peer, h)?];
-            let mut reqs: VecDeque<Req> = VecDeque::with_capacity(ahead);
-            for k in 0..ahead {
-                let (_, m) = piece(len, chunk, k);
-                match self.irecv(dest.slot(k, m), m, peer, h + 1) {
-                    Ok(r) => reqs.push_back(r),
-                    Err(e) => {
-                        self.abandon_recv(&mut hreq, header, &mut reqs, dest, peer);
-                        return Err(e);
-                    }
-                }
-            }
             let st = match self.poll(&mut hreq[0], tag, peer, deadline, waiting) {
                 Ok(s) => s,
                 Err(e) => {
-                    self.abandon_recv(&mut hreq, header, &mut reqs, dest, peer);
+                    let (_, live) = self.retire(&mut hreq);
+                    self.give_up(live, header);
                     return Err(e);
                 }
             };
             let got = count_of(&st);
             let [stamp, hlen, hchunk] = header.map(u64::from_le);
             if got == HEADER && stamp == tag && hlen == len as u64 && hchunk == chunk as u64 {
-                return self.take_pieces(peer, tag, len, chunk, deadline, dest, reqs, ahead);
+                return self.take_pieces(peer, tag, len, chunk, deadline, dest);
             }
-            // Not the message this receive expects: take back our piece receives, then throw
-            // away the rest of the sender's pieces.
+            // Not the message this receive expects: no piece receive was posted, so its
+            // pieces are still unmatched; throw them away (each received at its own size).
             let sent = match (usize::try_from(hlen), usize::try_from(hchunk)) {
                 (Ok(l), Ok(c)) if got == HEADER && (1..=i32::MAX as usize).contains(&c) => {
                     pieces(l, c)
                 }
                 _ => 0,
             };
-            let mut rs: Vec<Req> = reqs.into_iter().collect();
-            let matched = self.retire_pieces(&mut rs, dest, peer);
             // Pieces already posted by the sender are here at once; later ones the janitor takes.
             let until = Instant::now() + Duration::from_millis(200);
-            self.drain(peer, h + 1, sent.saturating_sub(matched), until);
-            if got == HEADER && faults::is_stale(stamp, tag) && matched <= sent {
+            self.drain(peer, h + 1, sent, until);
+            if got == HEADER && faults::is_stale(stamp, tag) {
                 // A leftover of a collective `window` sequence numbers back: dropped.
                 self.add_junk(faults::seq_of(stamp));
                 continue;
@@ -197,7 +184,13 @@ impl Core {
     }
 
     /// Takes the pieces of a message whose header checked out.
-    #[allow(clippy::too_many_arguments)]
+    ///
+    /// Pieces are matched with `MPI_Improbe` and received with `MPI_Imrecv` into a slot of
+    /// exactly the probed size, never with a receive posted before the size is known: a
+    /// receive smaller than its message is an error that MPICH 4.0 raises on
+    /// `MPI_COMM_WORLD`'s handler (fatal) whatever our communicator's handler, so it must
+    /// never happen. A piece of the wrong size is taken into a scratch buffer and reported.
+    /// Up to `dest.depth()` pieces are matched ahead, so large messages stay pipelined.
     fn take_pieces(
         &self,
         peer: usize,
@@ -206,51 +199,52 @@ impl Core {
         chunk: usize,
         deadline: Instant,
         dest: &mut dyn Dest,
-        mut reqs: VecDeque<Req>,
-        ahead: usize,
     ) -> Result<()> {
         let n = pieces(len, chunk);
-        let h = self.header_tag(faults::seq_of(tag));
+        let ahead = dest.depth().clamp(1, n);
+        let t = self.header_tag(faults::seq_of(tag)) + 1;
+        let mut reqs: VecDeque<Req> = VecDeque::with_capacity(ahead);
+        let mut matched = 0;
         for k in 0..n {
-            let (off, m) = piece(len, chunk, k);
-            let mut r = reqs.pop_front().unwrap_or(Req(null_req()));
-            let res = self
-                .poll(
-                    &mut r,
-                    tag,
-                    peer,
-                    deadline,
-                    "waited in vain for a message from",
-                )
-                .and_then(|st| {
-                    let got = count_of(&st);
-                    if got == m {
-                        Ok(())
-                    } else {
-                        Err(Error::remote(format!(
-                            "rank {} expected a piece of {m} bytes from rank {peer} but got \
-                             {got}: do all ranks pass the same count and dtype?",
-                            self.rank
-                        )))
+            let res = self.spin(
+                tag,
+                peer,
+                deadline,
+                "waited in vain for a message from",
+                || {
+                    while matched < n.min(k + ahead) {
+                        let Some((msg, st)) = self.probe(peer as i32, t) else {
+                            break;
+                        };
+                        let (_, m) = piece(len, chunk, matched);
+                        let got = count_of(&st);
+                        if got != m {
+                            self.take_probed(msg, &st);
+                            return Err(Error::remote(format!(
+                                "rank {} expected piece {matched} of {m} bytes from rank {peer} \
+                             but got {got}: do all ranks pass the same count and dtype?",
+                                self.rank
+                            )));
+                        }
+                        reqs.push_back(self.imrecv(msg, dest.slot(matched, m), m)?);
+                        matched += 1;
                     }
-                });
+                    let Some(r) = reqs.front_mut() else {
+                        return Ok(None);
+                    };
+                    Ok(self.test_ok(r)?.then_some(()))
+                },
+            );
             if let Err(e) = res {
-                let mut rs: Vec<Req> = std::iter::once(r).chain(reqs).collect();
+                let mut rs: Vec<Req> = reqs.into_iter().collect();
                 self.retire_pieces(&mut rs, dest, peer);
+                // The sender's pieces not matched yet are the janitor's.
+                self.add_junk(faults::seq_of(tag));
                 return Err(e);
             }
+            reqs.pop_front();
+            let (off, m) = piece(len, chunk, k);
             dest.arrived(k, off, m);
-            if k + ahead < n {
-                let (_, m2) = piece(len, chunk, k + ahead);
-                match self.irecv(dest.slot(k + ahead, m2), m2, peer, h + 1) {
-                    Ok(r) => reqs.push_back(r),
-                    Err(e) => {
-                        let mut rs: Vec<Req> = reqs.into_iter().collect();
-                        self.retire_pieces(&mut rs, dest, peer);
-                        return Err(e);
-                    }
-                }
-            }
         }
         Ok(())
     }
@@ -268,20 +262,5 @@ impl Core {
             }
         }
         matched
-    }
-
-    /// Takes back a receive's header and piece requests after a failure.
-    fn abandon_recv(
-        &self,
-        hreq: &mut [Req; 1],
-        header: Box<[u64; 3]>,
-        reqs: &mut VecDeque<Req>,
-        dest: &mut dyn Dest,
-        peer: usize,
-    ) {
-        let (_, live) = self.retire(hreq);
-        self.give_up(live, header);
-        let mut rs: Vec<Req> = reqs.drain(..).collect();
-        self.retire_pieces(&mut rs, dest, peer);
     }
 }
