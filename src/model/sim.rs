@@ -82,6 +82,8 @@ pub struct Cluster<'a> {
     prof: &'a Profile,
     nics: NicMap,
     m: usize,
+    /// Extra latency of every message from ranks outnumbering a host's cores (seconds).
+    oversub: f64,
 }
 
 impl<'a> Cluster<'a> {
@@ -93,11 +95,14 @@ impl<'a> Cluster<'a> {
             .nic_map()
             .cloned()
             .unwrap_or_else(|| NicMap::even(m, prof.inter.nics));
+        // The ranks of one host: all of them when the "nodes" are pretend ones on one host.
+        let local = if prof.one_host { topo.nranks() } else { m };
         Cluster {
             topo,
             prof,
             nics,
             m,
+            oversub: prof.oversub_seconds(local),
         }
     }
 
@@ -219,7 +224,7 @@ impl<'a> Cluster<'a> {
             self.prof.intra.alpha_us
         };
         let pieces = (bytes / self.prof.piece_bytes as f64).ceil().max(1.0);
-        (a + (pieces - 1.0) * self.prof.piece_overhead_us) * 1e-6
+        (a + (pieces - 1.0) * self.prof.piece_overhead_us) * 1e-6 + self.oversub
     }
 
     /// Local time of a phase before its messages can move: packing, then copies.
