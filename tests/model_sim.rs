@@ -317,7 +317,10 @@ fn ranks_outnumbering_a_hosts_cores_pay_the_scheduling_cost_per_message() {
             .unwrap()
             .seconds;
         let per_core = ranks as f64 / 2.0;
-        close(t - t0, (ranks - 1) as f64 * 3e-6 * (per_core - 1.0).max(0.0));
+        close(
+            t - t0,
+            (ranks - 1) as f64 * 3e-6 * (per_core - 1.0).max(0.0),
+        );
     }
     // Separate hosts (not one_host): only the ranks of one node share its cores, so 8 nodes
     // of 2 ranks on 2 cores each pay nothing, 8 nodes of 4 ranks do.

@@ -464,13 +464,21 @@ mod tests {
         let p = Profile::from_toml("[oversub]\ncores = 2\nper_message_us = 30\n").unwrap();
         assert_eq!(p.oversub_seconds(1), 0.0);
         assert_eq!(p.oversub_seconds(2), 0.0, "as many ranks as cores");
-        assert!((p.oversub_seconds(4) - 30e-6).abs() < 1e-12, "two ranks per core");
-        assert!((p.oversub_seconds(8) - 90e-6).abs() < 1e-12, "four ranks per core");
+        assert!(
+            (p.oversub_seconds(4) - 30e-6).abs() < 1e-12,
+            "two ranks per core"
+        );
+        assert!(
+            (p.oversub_seconds(8) - 90e-6).abs() < 1e-12,
+            "four ranks per core"
+        );
         assert!((p.oversub_seconds(3) - 15e-6).abs() < 1e-12);
         // Off by default and in files without the section.
         assert_eq!(Profile::default().oversub_seconds(64), 0.0);
         assert_eq!(
-            Profile::from_toml("copy_gbps = 5\n").unwrap().oversub_seconds(64),
+            Profile::from_toml("copy_gbps = 5\n")
+                .unwrap()
+                .oversub_seconds(64),
             0.0
         );
         let e = Profile::from_toml("[oversub]\ncores = 2\nper_message_us = -1\n").unwrap_err();
