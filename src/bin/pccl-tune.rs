@@ -20,7 +20,11 @@
 //!   all-gather at 2 × cores ranks (at most 16) against the 2-rank exchange's 1 KiB time per
 //!   message: the growth per extra rank per core is `oversub.per_message_us`. Threads: in the
 //!   same run. MPI (whose world is fixed): a second run `mpiexec -n 2×cores pccl-tune
-//!   --transport mpi --oversub-of FILE -o FILE` adds the term to the 2-rank profile FILE.
+//!   --transport mpi --oversub-of FILE -o FILE` adds the term to the 2-rank profile FILE, and
+//!   `oversub.rate_share` (busy-polling ranks take core time from the copies): the share
+//!   with which the model's 4 MiB ring at those ranks takes the measured time. Threads sleep
+//!   while they wait (no share; their node-bus measurement at 4 ranks already ran
+//!   oversubscribed).
 //!
 //! Threads transport here (ranks are threads of one host: the inter-node level gets the same
 //! figures, one "NIC"); with `--features mpi` under `mpiexec -n 2` the MPI transport
@@ -238,10 +242,44 @@ fn set_oversub(prof: &mut Profile, cores: usize, p: usize, t: f64, base_msg: f64
     }
 }
 
+/// The `oversub.rate_share` (0 … 1) with which the model's ring all-gather of `s` bytes per
+/// rank at `p` ranks on one host takes `t` seconds (bisection: the time grows with it); 0
+/// when even no share predicts it slower, 1 at most.
+#[cfg(feature = "mpi")]
+fn rate_share(prof: &Profile, p: usize, s: f64, t: f64) -> f64 {
+    use pccl::model::sim::{Cluster, Engine, Job};
+    use pccl::plan::Collective;
+    let topo = pccl::topology::Topology::uniform(p, p);
+    let job = Job::new(Collective::AllGather, Algorithm::Flat(LevelAlgo::Ring), s);
+    let at = |share: f64| {
+        let mut q = prof.clone();
+        q.oversub.rate_share = share;
+        Cluster::new(&topo, &q)
+            .simulate(&job, Engine::Events)
+            .map_or(f64::NAN, |o| o.seconds)
+    };
+    let (mut lo, mut hi) = (0.0, 1.0);
+    if at(lo).is_nan() || at(lo) >= t {
+        return 0.0;
+    }
+    if at(hi) <= t {
+        return 1.0;
+    }
+    for _ in 0..30 {
+        let mid = 0.5 * (lo + hi);
+        if at(mid) < t {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    0.5 * (lo + hi)
+}
+
 #[cfg(feature = "mpi")]
 fn mpi_oversub_only(args: &Args, base: &str) {
     let mut prof = Profile::load(std::path::Path::new(base)).unwrap_or_else(|e| fail(e));
-    let sizes = [1usize << 10];
+    let sizes = [1usize << 10, 4 << 20];
     let q = args.quick;
     let (t, p, root) = on_mpi(|c| ag_times(c, &sizes, q));
     let n = cores();
@@ -258,6 +296,13 @@ fn mpi_oversub_only(args: &Args, base: &str) {
         + s / (prof.copy_gbps * 1e9);
     let note = set_oversub(&mut prof, n, p, t[0], base);
     prof.source.push_str(&note);
+    let share = rate_share(&prof, p, sizes[1] as f64, t[1]);
+    prof.oversub.rate_share = share;
+    prof.source.push_str(&format!(
+        "; {} KiB ring at {p} ranks {:.0} us: rate share {share:.2}",
+        sizes[1] >> 10,
+        t[1] * 1e6
+    ));
     if root {
         write_profile(args, &prof);
     }

@@ -109,6 +109,10 @@ pub struct Oversub {
     /// Extra latency of each message per extra rank sharing a core (µs), see
     /// [`Profile::oversub_seconds`].
     pub per_message_us: f64,
+    /// Share of a core's time each extra rank per core takes from the copies and transfers
+    /// of the others (0 … 1), see [`Profile::oversub_slowdown`]: about 1 for busy-polling
+    /// ranks (MPICH), which spin for their whole time slice, 0 for ranks that sleep.
+    pub rate_share: f64,
 }
 
 impl Default for Oversub {
@@ -116,6 +120,7 @@ impl Default for Oversub {
         Oversub {
             cores: 0,
             per_message_us: 0.0,
+            rate_share: 0.0,
         }
     }
 }
@@ -253,6 +258,11 @@ impl Profile {
                 "profile: oversub.per_message_us must be finite and ≥ 0",
             ));
         }
+        if !(0.0..=1.0).contains(&self.oversub.rate_share) {
+            return Err(Error::invalid(
+                "profile: oversub.rate_share must be in 0 … 1",
+            ));
+        }
         if self.intra.pair_size > 1 {
             positive("intra.pair_bandwidth_gbps", self.intra.pair_bandwidth_gbps)?;
         }
@@ -371,6 +381,19 @@ impl Profile {
         o.per_message_us * (local_ranks as f64 / o.cores as f64 - 1.0) * 1e-6
     }
 
+    /// How many times slower every host byte rate (copies, transfers, reductions) runs when
+    /// `local_ranks` ranks share one host's cores: `1 + rate_share × (k − 1)` with `k` ranks
+    /// per core, `1` when they do not outnumber the cores. A rank copying shares its core
+    /// with `k − 1` others; each that spins instead of sleeping takes its slice of the core,
+    /// so with `rate_share = 1` a copy gets `1/k` of the core's time.
+    pub fn oversub_slowdown(&self, local_ranks: usize) -> f64 {
+        let o = &self.oversub;
+        if o.cores == 0 || local_ranks <= o.cores {
+            return 1.0;
+        }
+        1.0 + o.rate_share * (local_ranks as f64 / o.cores as f64 - 1.0)
+    }
+
     /// Bandwidth in bytes per second between local ranks `a` and `b` of one node.
     pub fn intra_rate(&self, a: usize, b: usize) -> f64 {
         let ps = self.intra.pair_size;
@@ -484,5 +507,12 @@ mod tests {
         let e = Profile::from_toml("[oversub]\ncores = 2\nper_message_us = -1\n").unwrap_err();
         assert!(e.message().contains("oversub.per_message_us"), "{e}");
         assert!(Profile::from_toml("[oversub]\nslice_us = 1\n").is_err());
+        // The rate share: copies slow down with the spinning ranks per core.
+        let q = Profile::from_toml("[oversub]\ncores = 2\nrate_share = 0.5\n").unwrap();
+        assert_eq!(q.oversub_slowdown(2), 1.0);
+        assert_eq!(q.oversub_slowdown(4), 1.5);
+        assert_eq!(q.oversub_slowdown(8), 2.5);
+        assert_eq!(p.oversub_slowdown(8), 1.0, "sleeping ranks take no share");
+        assert!(Profile::from_toml("[oversub]\nrate_share = 1.5\n").is_err());
     }
 }

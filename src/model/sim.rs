@@ -84,6 +84,8 @@ pub struct Cluster<'a> {
     m: usize,
     /// Extra latency of every message from ranks outnumbering a host's cores (seconds).
     oversub: f64,
+    /// How many times slower host byte rates run from ranks outnumbering a host's cores.
+    slowdown: f64,
 }
 
 impl<'a> Cluster<'a> {
@@ -103,6 +105,7 @@ impl<'a> Cluster<'a> {
             nics,
             m,
             oversub: prof.oversub_seconds(local),
+            slowdown: prof.oversub_slowdown(local),
         }
     }
 
@@ -136,9 +139,16 @@ impl<'a> Cluster<'a> {
     /// whole footprint. (A ring's forwarded block is re-read one phase after it arrived, but it
     /// was written there first, and that write is what the footprint decides.) Transport
     /// staging is piece-sized and left out. Device buffers get no cache tier.
+    ///
+    /// Ranks outnumbering the host's cores slow all of it down by
+    /// [`Profile::oversub_slowdown`] (host buffers only: device copies are the device's).
     fn speed(&self, job: &Job) -> f64 {
-        if self.prof.cache.bytes == 0 || job.device != DeviceKind::Host {
+        if job.device != DeviceKind::Host {
             return 1.0;
+        }
+        let slow = self.slowdown;
+        if self.prof.cache.bytes == 0 {
+            return 1.0 / slow;
         }
         let p = self.topo.nranks() as f64;
         let local = if self.prof.one_host { p } else { self.m as f64 };
@@ -148,7 +158,7 @@ impl<'a> Cluster<'a> {
             Collective::AllReduce { .. } | Collective::AllToAll { .. } => 2.0 * p * b,
             _ => 2.0 * b,
         };
-        self.prof.cache_speedup(local * per_rank)
+        self.prof.cache_speedup(local * per_rank) / slow
     }
 
     /// Resource table for `nodes` nodes: NIC send sides, NIC receive sides, the global
