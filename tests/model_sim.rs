@@ -337,3 +337,27 @@ fn ranks_outnumbering_a_hosts_cores_pay_the_scheduling_cost_per_message() {
         close(t - t0, 4.0 * extra);
     }
 }
+
+#[test]
+fn spinning_ranks_past_the_cores_slow_every_host_byte_rate_by_their_share() {
+    // 4 ranks on one host of 2 cores (two per core), every spinning rank taking its whole
+    // share: each byte moves at half the rate; latency unchanged (no per-message term).
+    let mut p = net_only(1);
+    p.one_host = true;
+    p.oversub.cores = 2;
+    p.oversub.rate_share = 1.0;
+    let s = 1e6;
+    let topo = Topology::uniform(4, 1);
+    let t = Cluster::new(&topo, &p)
+        .simulate(&Job::new(AG, RING, s), Engine::Events)
+        .unwrap()
+        .seconds;
+    close(t, 3.0 * (5e-6 + s / 5e9));
+    // The same ranks on 4 cores: no share taken.
+    p.oversub.cores = 4;
+    let t = Cluster::new(&topo, &p)
+        .simulate(&Job::new(AG, RING, s), Engine::Events)
+        .unwrap()
+        .seconds;
+    close(t, 3.0 * (5e-6 + s / 10e9));
+}
