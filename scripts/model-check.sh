@@ -13,7 +13,8 @@
 # MAX (largest size per rank, default 64M), RANKS (default "2 4 8"), MPI_MAX (default 4M:
 # oversubscribed MPI ranks on a small host are slow), MPI_RANKS (default "2 4"), COLLS
 # (default "allgather reducescatter"), TUNE / TUNE_MPI (reuse a profile instead of
-# measuring one), KEEP (a directory to keep the raw JSON in).
+# measuring one; the MPI one gets its oversubscription term from a second run at 2 × cores
+# ranks), KEEP (a directory to keep the raw JSON in).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MAX=${MAX:-64M}
@@ -43,7 +44,13 @@ for t in $TRANSPORTS; do
       ranks=$RANKS max=$MAX launch=() ;;
     mpi)
       tune=${TUNE_MPI:-$WORK/tune-mpi.toml}
-      [ -n "${TUNE_MPI:-}" ] || mpiexec -n 2 "$BIN/pccl-tune" --transport mpi -o "$tune"
+      if [ -z "${TUNE_MPI:-}" ]; then
+        mpiexec -n 2 "$BIN/pccl-tune" --transport mpi -o "$tune"
+        # The oversubscription term: 2 × cores MPI ranks (when that is at most 16).
+        over=$((2 * $(nproc)))
+        [ "$over" -le 16 ] && mpiexec -n "$over" "$BIN/pccl-tune" --transport mpi \
+          --oversub-of "$tune" -o "$tune"
+      fi
       ranks=$MPI_RANKS max=$MPI_MAX ;;
     *) echo "TRANSPORTS: $t is not threads or mpi" >&2; exit 2 ;;
   esac

@@ -293,3 +293,71 @@ fn the_cache_tier_speeds_up_every_host_rate_when_the_buffers_fit_and_fades_when_
         both(&topo, &host_rates(1.0), dev),
     );
 }
+
+#[test]
+fn ranks_outnumbering_a_hosts_cores_pay_the_scheduling_cost_per_message() {
+    // A ring of P ranks on one host of 2 cores, 3 µs of extra latency per message per extra
+    // rank per core: P − 1 messages each pay 3 µs × (P/2 − 1).
+    let mut p = net_only(1);
+    p.one_host = true;
+    p.oversub.cores = 2;
+    p.oversub.per_message_us = 3.0;
+    let s = 1e3;
+    for ranks in [2usize, 4, 8] {
+        let topo = Topology::uniform(ranks, 1);
+        let job = Job::new(AG, RING, s);
+        let t = Cluster::new(&topo, &p)
+            .simulate(&job, Engine::Events)
+            .unwrap()
+            .seconds;
+        let mut plain = p.clone();
+        plain.oversub.cores = 0;
+        let t0 = Cluster::new(&topo, &plain)
+            .simulate(&job, Engine::Events)
+            .unwrap()
+            .seconds;
+        let per_core = ranks as f64 / 2.0;
+        close(
+            t - t0,
+            (ranks - 1) as f64 * 3e-6 * (per_core - 1.0).max(0.0),
+        );
+    }
+    // Separate hosts (not one_host): only the ranks of one node share its cores, so 8 nodes
+    // of 2 ranks on 2 cores each pay nothing, 8 nodes of 4 ranks do.
+    let mut q = net_only(1);
+    q.oversub.cores = 2;
+    q.oversub.per_message_us = 3.0;
+    let job = Job::new(AG, RD, s);
+    let plain = net_only(1);
+    for (m, extra) in [(2usize, 0.0), (4, 3e-6)] {
+        let topo = Topology::uniform(16, m);
+        let t = both(&topo, &q, job);
+        let t0 = both(&topo, &plain, job);
+        // Recursive doubling: lg 16 = 4 messages per rank, each paying the extra latency.
+        close(t - t0, 4.0 * extra);
+    }
+}
+
+#[test]
+fn spinning_ranks_past_the_cores_slow_every_host_byte_rate_by_their_share() {
+    // 4 ranks on one host of 2 cores (two per core), every spinning rank taking its whole
+    // share: each byte moves at half the rate; latency unchanged (no per-message term).
+    let mut p = net_only(1);
+    p.one_host = true;
+    p.oversub.cores = 2;
+    p.oversub.rate_share = 1.0;
+    let s = 1e6;
+    let topo = Topology::uniform(4, 1);
+    let t = Cluster::new(&topo, &p)
+        .simulate(&Job::new(AG, RING, s), Engine::Events)
+        .unwrap()
+        .seconds;
+    close(t, 3.0 * (5e-6 + s / 5e9));
+    // The same ranks on 4 cores: no share taken.
+    p.oversub.cores = 4;
+    let t = Cluster::new(&topo, &p)
+        .simulate(&Job::new(AG, RING, s), Engine::Events)
+        .unwrap()
+        .seconds;
+    close(t, 3.0 * (5e-6 + s / 10e9));
+}

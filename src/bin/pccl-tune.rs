@@ -16,6 +16,16 @@
 //! * concurrent flows: the ring all-gather at `--ranks` ranks (default 4): when each of the P
 //!   simultaneous messages gets less than β, the node's shared bandwidth is `P ×` what each got.
 //!
+//! * oversubscription: the host's cores (`available_parallelism`) and the 1 KiB ring
+//!   all-gather at 2 × cores ranks (at most 16) against the 2-rank exchange's 1 KiB time per
+//!   message: the growth per extra rank per core is `oversub.per_message_us`. Threads: in the
+//!   same run. MPI (whose world is fixed): a second run `mpiexec -n 2×cores pccl-tune
+//!   --transport mpi --oversub-of FILE -o FILE` adds the term to the 2-rank profile FILE, and
+//!   `oversub.rate_share` (busy-polling ranks take core time from the copies): the share
+//!   with which the model's 4 MiB ring at those ranks takes the measured time. Threads sleep
+//!   while they wait (no share; their node-bus measurement at 4 ranks already ran
+//!   oversubscribed).
+//!
 //! Threads transport here (ranks are threads of one host: the inter-node level gets the same
 //! figures, one "NIC"); with `--features mpi` under `mpiexec -n 2` the MPI transport
 //! (`--transport mpi`), α and β from the MPI world's exchange.
@@ -48,6 +58,20 @@ struct Args {
     /// Last-level cache size in bytes (K/M suffixes) instead of sysfs's; 0: no cache tier.
     #[arg(long)]
     cache_bytes: Option<String>,
+    /// Only measure the oversubscription term at this MPI world's size (more ranks than
+    /// cores) and add it to this profile (from a 2-rank run), written to `-o`.
+    #[arg(long)]
+    oversub_of: Option<String>,
+}
+
+/// Cores this process may run on.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Ranks for the oversubscribed measurement: 2 × cores, if that is a size we can run.
+fn oversub_ranks(cores: usize) -> Option<usize> {
+    (2 * cores <= 16).then_some(2 * cores)
 }
 
 /// The size of the highest cache level cpu 0 has (sysfs), in bytes.
@@ -201,8 +225,105 @@ fn on_mpi<R>(f: impl Fn(&Communicator) -> pccl::Result<R>) -> (R, usize, bool) {
     (r, comm.size(), comm.rank() == 0)
 }
 
+/// Adds the oversubscription term from the 1 KiB ring at `p` ranks (`t` seconds), against
+/// `base_msg` seconds per message at 2 ranks; returns a note for the profile's source.
+fn set_oversub(prof: &mut Profile, cores: usize, p: usize, t: f64, base_msg: f64) -> String {
+    prof.oversub.cores = cores;
+    match pccl::model::oversub::per_message_us(t, p, base_msg, 2, cores) {
+        Some(us) => {
+            prof.oversub.per_message_us = us;
+            format!(
+                "; {p} ranks on {cores} cores: {:.1} us per 1 KiB message vs {:.1} at 2 ranks, +{us:.1} us per extra rank per core",
+                t / (p - 1) as f64 * 1e6,
+                base_msg * 1e6
+            )
+        }
+        None => format!("; {cores} cores, oversubscription not measured"),
+    }
+}
+
+/// The `oversub.rate_share` (0 … 1) with which the model's ring all-gather of `s` bytes per
+/// rank at `p` ranks on one host takes `t` seconds (bisection: the time grows with it); 0
+/// when even no share predicts it slower, 1 at most.
+#[cfg(feature = "mpi")]
+fn rate_share(prof: &Profile, p: usize, s: f64, t: f64) -> f64 {
+    use pccl::model::sim::{Cluster, Engine, Job};
+    use pccl::plan::Collective;
+    let topo = pccl::topology::Topology::uniform(p, p);
+    let job = Job::new(Collective::AllGather, Algorithm::Flat(LevelAlgo::Ring), s);
+    let at = |share: f64| {
+        let mut q = prof.clone();
+        q.oversub.rate_share = share;
+        Cluster::new(&topo, &q)
+            .simulate(&job, Engine::Events)
+            .map_or(f64::NAN, |o| o.seconds)
+    };
+    let (mut lo, mut hi) = (0.0, 1.0);
+    if at(lo).is_nan() || at(lo) >= t {
+        return 0.0;
+    }
+    if at(hi) <= t {
+        return 1.0;
+    }
+    for _ in 0..30 {
+        let mid = 0.5 * (lo + hi);
+        if at(mid) < t {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    0.5 * (lo + hi)
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_oversub_only(args: &Args, base: &str) {
+    let mut prof = Profile::load(std::path::Path::new(base)).unwrap_or_else(|e| fail(e));
+    let sizes = [1usize << 10, 4 << 20];
+    let q = args.quick;
+    let (t, p, root) = on_mpi(|c| ag_times(c, &sizes, q));
+    let n = cores();
+    if p <= n {
+        fail(format!(
+            "--oversub-of: run under mpiexec -n {} (more ranks than the {n} cores)",
+            2 * n
+        ));
+    }
+    // The 2-rank profile's time of one 1 KiB message: latency, the transfer and the copy.
+    let s = 1024.0;
+    let base = prof.intra.alpha_us * 1e-6
+        + s / (prof.intra.bandwidth_gbps * 1e9)
+        + s / (prof.copy_gbps * 1e9);
+    let note = set_oversub(&mut prof, n, p, t[0], base);
+    prof.source.push_str(&note);
+    let share = rate_share(&prof, p, sizes[1] as f64, t[1]);
+    prof.oversub.rate_share = share;
+    prof.source.push_str(&format!(
+        "; {} KiB ring at {p} ranks {:.0} us: rate share {share:.2}",
+        sizes[1] >> 10,
+        t[1] * 1e6
+    ));
+    if root {
+        write_profile(args, &prof);
+    }
+}
+
 fn main() {
     let args = Args::parse();
+    if let Some(base) = args.oversub_of.as_deref() {
+        #[cfg(feature = "mpi")]
+        {
+            if args.transport != "mpi" {
+                fail("--oversub-of is for --transport mpi (threads measure it in one run)");
+            }
+            mpi_oversub_only(&args, base);
+            return;
+        }
+        #[cfg(not(feature = "mpi"))]
+        fail(format!(
+            "--oversub-of {base}: this pccl-tune was built without the `mpi` feature"
+        ));
+    }
     if !(2..=8).contains(&args.ranks) {
         fail("--ranks must be 2…8");
     }
@@ -238,12 +359,18 @@ fn main() {
     prof.reduce_host_gbps
         .insert("default".into(), prof.reduce_host_gbps["f32"]);
 
+    let ncores = cores();
+    let mut over = None;
     let (pair, concurrent, transport, is_root) = match args.transport.as_str() {
         "threads" => {
             let q = args.quick;
             let pair = on_threads(2, |c| ag_times(&c, &sizes, q));
             let big = [4usize << 20];
             let conc = on_threads(args.ranks, |c| ag_times(&c, &big, q));
+            if let Some(p) = oversub_ranks(ncores) {
+                let small = [1usize << 10];
+                over = Some((p, on_threads(p, |c| ag_times(&c, &small, q))[0]));
+            }
             (pair, Some((args.ranks, conc[0])), "threads", true)
         }
         "mpi" => {
@@ -305,6 +432,13 @@ fn main() {
             prof.intra.node_bandwidth_gbps
         ));
     }
+    if let Some((p, t)) = over {
+        // sizes[0] is 1 KiB: the 2-rank exchange is one message.
+        let note = set_oversub(&mut prof, ncores, p, t, pair[0]);
+        notes.push_str(&note);
+    } else {
+        prof.oversub.cores = ncores;
+    }
     // One host: the "inter-node" level of pretend nodes is the same memory.
     prof.inter.alpha_us = prof.intra.alpha_us;
     prof.inter.nic_bandwidth_gbps = beta_gbps;
@@ -312,9 +446,13 @@ fn main() {
     prof.one_host = true;
     prof.source = notes;
     prof.validate().unwrap_or_else(|e| fail(e));
-    if !is_root {
-        return;
+    if is_root {
+        write_profile(&args, &prof);
     }
+}
+
+/// Writes `prof` where `-o` says (or the default path).
+fn write_profile(args: &Args, prof: &Profile) {
     let text = format!(
         "# PCCL tuning profile written by pccl-tune (see src/model/profile.rs for every field).\n\
          # Units: microseconds, GB/s (1e9 B/s). Load: PCCL_TUNE_FILE=this-file, or put it at\n\

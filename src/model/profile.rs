@@ -93,6 +93,38 @@ impl Default for CacheTier {
     }
 }
 
+/// The host's cores and what a message costs when ranks outnumber them (oversubscription).
+///
+/// With more ranks on a host than cores, a rank that waits for a message must be scheduled
+/// again before it can take it, behind the other runnable ranks of its core: threads and TCP
+/// ranks sleep on futexes and pay a wake-up and a context switch, MPICH's ranks busy-poll and
+/// pay up to a time slice. `pccl-tune` measures the cost per message of one extra rank per
+/// core. Off (`cores = 0`, the default) in presets and in profiles written before it existed:
+/// those behave exactly as without it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Oversub {
+    /// Cores of one host the ranks may run on; `0` for unknown (no term).
+    pub cores: usize,
+    /// Extra latency of each message per extra rank sharing a core (µs), see
+    /// [`Profile::oversub_seconds`].
+    pub per_message_us: f64,
+    /// Share of a core's time each extra rank per core takes from the copies and transfers
+    /// of the others (0 … 1), see [`Profile::oversub_slowdown`]: about 1 for busy-polling
+    /// ranks (MPICH), which spin for their whole time slice, 0 for ranks that sleep.
+    pub rate_share: f64,
+}
+
+impl Default for Oversub {
+    fn default() -> Self {
+        Oversub {
+            cores: 0,
+            per_message_us: 0.0,
+            rate_share: 0.0,
+        }
+    }
+}
+
 /// Where reductions run, for the reduction rates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceKind {
@@ -121,6 +153,8 @@ pub struct Profile {
     pub copy_gbps: f64,
     /// The last-level cache tier (optional; off by default).
     pub cache: CacheTier,
+    /// Oversubscription of the host's cores (optional; off by default).
+    pub oversub: Oversub,
     /// Every "node" is on one host (thread-ranks, or `PCCL_RANKS_PER_NODE` pretending): all
     /// messages, between nodes too, share one memory bus (`intra.node_bandwidth_gbps`).
     pub one_host: bool,
@@ -161,6 +195,7 @@ impl Default for Profile {
             efficiency: 1.0,
             copy_gbps: 8.0,
             cache: CacheTier::default(),
+            oversub: Oversub::default(),
             one_host: false,
             ranks_per_node: 1,
             piece_bytes: 1 << 20,
@@ -217,6 +252,16 @@ impl Profile {
         }
         if self.cache.bytes > 0 {
             positive("cache.copy_gbps", self.cache.copy_gbps)?;
+        }
+        if self.oversub.per_message_us < 0.0 || !self.oversub.per_message_us.is_finite() {
+            return Err(Error::invalid(
+                "profile: oversub.per_message_us must be finite and ≥ 0",
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.oversub.rate_share) {
+            return Err(Error::invalid(
+                "profile: oversub.rate_share must be in 0 … 1",
+            ));
         }
         if self.intra.pair_size > 1 {
             positive("intra.pair_bandwidth_gbps", self.intra.pair_bandwidth_gbps)?;
@@ -318,6 +363,37 @@ impl Profile {
         1.0 / (h / ratio + (1.0 - h))
     }
 
+    /// Extra latency (seconds) of every message when `local_ranks` ranks share one host's
+    /// `oversub.cores` cores: `per_message_us × (local_ranks / cores − 1)`, nothing when they
+    /// do not outnumber the cores or the profile has no term.
+    ///
+    /// Why this form: with `k = local_ranks / cores` ranks per core, a rank whose message has
+    /// arrived waits, on average, for the other `k − 1` runnable ranks of its core to give it
+    /// up (a wake-up and a switch each for sleeping ranks, a time slice each for busy-polling
+    /// ones), and each of those switches happens once per message, since every phase of a
+    /// collective blocks every rank on a receive. Linear in `k − 1`, zero at `k ≤ 1`; the
+    /// slope is what `pccl-tune` measures at `k = 2`.
+    pub fn oversub_seconds(&self, local_ranks: usize) -> f64 {
+        let o = &self.oversub;
+        if o.cores == 0 || local_ranks <= o.cores {
+            return 0.0;
+        }
+        o.per_message_us * (local_ranks as f64 / o.cores as f64 - 1.0) * 1e-6
+    }
+
+    /// How many times slower every host byte rate (copies, transfers, reductions) runs when
+    /// `local_ranks` ranks share one host's cores: `1 + rate_share × (k − 1)` with `k` ranks
+    /// per core, `1` when they do not outnumber the cores. A rank copying shares its core
+    /// with `k − 1` others; each that spins instead of sleeping takes its slice of the core,
+    /// so with `rate_share = 1` a copy gets `1/k` of the core's time.
+    pub fn oversub_slowdown(&self, local_ranks: usize) -> f64 {
+        let o = &self.oversub;
+        if o.cores == 0 || local_ranks <= o.cores {
+            return 1.0;
+        }
+        1.0 + o.rate_share * (local_ranks as f64 / o.cores as f64 - 1.0)
+    }
+
     /// Bandwidth in bytes per second between local ranks `a` and `b` of one node.
     pub fn intra_rate(&self, a: usize, b: usize) -> f64 {
         let ps = self.intra.pair_size;
@@ -404,5 +480,39 @@ mod tests {
         .unwrap();
         assert_eq!(p.intra_rate(0, 1), 200e9);
         assert_eq!(p.intra_rate(1, 2), 50e9);
+    }
+
+    #[test]
+    fn oversubscription_costs_only_past_the_cores_and_grows_with_ranks_per_core() {
+        let p = Profile::from_toml("[oversub]\ncores = 2\nper_message_us = 30\n").unwrap();
+        assert_eq!(p.oversub_seconds(1), 0.0);
+        assert_eq!(p.oversub_seconds(2), 0.0, "as many ranks as cores");
+        assert!(
+            (p.oversub_seconds(4) - 30e-6).abs() < 1e-12,
+            "two ranks per core"
+        );
+        assert!(
+            (p.oversub_seconds(8) - 90e-6).abs() < 1e-12,
+            "four ranks per core"
+        );
+        assert!((p.oversub_seconds(3) - 15e-6).abs() < 1e-12);
+        // Off by default and in files without the section.
+        assert_eq!(Profile::default().oversub_seconds(64), 0.0);
+        assert_eq!(
+            Profile::from_toml("copy_gbps = 5\n")
+                .unwrap()
+                .oversub_seconds(64),
+            0.0
+        );
+        let e = Profile::from_toml("[oversub]\ncores = 2\nper_message_us = -1\n").unwrap_err();
+        assert!(e.message().contains("oversub.per_message_us"), "{e}");
+        assert!(Profile::from_toml("[oversub]\nslice_us = 1\n").is_err());
+        // The rate share: copies slow down with the spinning ranks per core.
+        let q = Profile::from_toml("[oversub]\ncores = 2\nrate_share = 0.5\n").unwrap();
+        assert_eq!(q.oversub_slowdown(2), 1.0);
+        assert_eq!(q.oversub_slowdown(4), 1.5);
+        assert_eq!(q.oversub_slowdown(8), 2.5);
+        assert_eq!(p.oversub_slowdown(8), 1.0, "sleeping ranks take no share");
+        assert!(Profile::from_toml("[oversub]\nrate_share = 1.5\n").is_err());
     }
 }

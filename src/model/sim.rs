@@ -82,6 +82,10 @@ pub struct Cluster<'a> {
     prof: &'a Profile,
     nics: NicMap,
     m: usize,
+    /// Extra latency of every message from ranks outnumbering a host's cores (seconds).
+    oversub: f64,
+    /// How many times slower host byte rates run from ranks outnumbering a host's cores.
+    slowdown: f64,
 }
 
 impl<'a> Cluster<'a> {
@@ -93,11 +97,15 @@ impl<'a> Cluster<'a> {
             .nic_map()
             .cloned()
             .unwrap_or_else(|| NicMap::even(m, prof.inter.nics));
+        // The ranks of one host: all of them when the "nodes" are pretend ones on one host.
+        let local = if prof.one_host { topo.nranks() } else { m };
         Cluster {
             topo,
             prof,
             nics,
             m,
+            oversub: prof.oversub_seconds(local),
+            slowdown: prof.oversub_slowdown(local),
         }
     }
 
@@ -131,9 +139,16 @@ impl<'a> Cluster<'a> {
     /// whole footprint. (A ring's forwarded block is re-read one phase after it arrived, but it
     /// was written there first, and that write is what the footprint decides.) Transport
     /// staging is piece-sized and left out. Device buffers get no cache tier.
+    ///
+    /// Ranks outnumbering the host's cores slow all of it down by
+    /// [`Profile::oversub_slowdown`] (host buffers only: device copies are the device's).
     fn speed(&self, job: &Job) -> f64 {
-        if self.prof.cache.bytes == 0 || job.device != DeviceKind::Host {
+        if job.device != DeviceKind::Host {
             return 1.0;
+        }
+        let slow = self.slowdown;
+        if self.prof.cache.bytes == 0 {
+            return 1.0 / slow;
         }
         let p = self.topo.nranks() as f64;
         let local = if self.prof.one_host { p } else { self.m as f64 };
@@ -143,7 +158,7 @@ impl<'a> Cluster<'a> {
             Collective::AllReduce { .. } | Collective::AllToAll { .. } => 2.0 * p * b,
             _ => 2.0 * b,
         };
-        self.prof.cache_speedup(local * per_rank)
+        self.prof.cache_speedup(local * per_rank) / slow
     }
 
     /// Resource table for `nodes` nodes: NIC send sides, NIC receive sides, the global
@@ -219,7 +234,7 @@ impl<'a> Cluster<'a> {
             self.prof.intra.alpha_us
         };
         let pieces = (bytes / self.prof.piece_bytes as f64).ceil().max(1.0);
-        (a + (pieces - 1.0) * self.prof.piece_overhead_us) * 1e-6
+        (a + (pieces - 1.0) * self.prof.piece_overhead_us) * 1e-6 + self.oversub
     }
 
     /// Local time of a phase before its messages can move: packing, then copies.
