@@ -577,6 +577,7 @@ impl Communicator {
     /// The piece size of a call of `coll` with blocks of `block_bytes`, as the host path
     /// cuts it: an explicit `PCCL_CHUNK_SIZE`, else the tuner's choice for the call (after
     /// [`Communicator::plan_of`] tuned it), else `PCCL_CHUNK_SIZE`'s default.
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
     pub(crate) fn piece_bytes_of(&self, coll: Collective, block_bytes: usize) -> usize {
         self.inner
             .piece_of(coll, block_bytes)
