@@ -8,86 +8,21 @@
 
 #[path = "fake_rocm/harness.rs"]
 mod harness;
+mod recorder;
 
 use harness::{is_child, with_fake_runtime};
 use pccl::config::{Config, NcclMode};
 use pccl::device::hip::HipDevice;
 use pccl::model::profile::Profile;
-use pccl::transport::{Faults, Notice, SendOp, Tag, Transport};
-use pccl::{Communicator, RawCollective, ReduceOp, Result, ThreadWorld};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use pccl::{Communicator, RawCollective, ReduceOp, ThreadWorld};
+use recorder::Recorder;
+use std::time::Duration;
 
 /// The only piece the test profile lets the tuner choose.
 const TUNED: usize = 16 * 1024;
 /// f32 elements per all-reduce: blocks of 200 kB on 4 ranks, many tuned pieces each, and
 /// whole messages under `PCCL_CHUNK_SIZE`'s 1 MiB default.
 const COUNT: usize = 200_000;
-
-/// A transport that records the length of every message sent, and forwards everything.
-struct Recorder {
-    inner: Arc<dyn Transport>,
-    sends: Mutex<Vec<usize>>,
-}
-
-impl Transport for Recorder {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn size(&self) -> usize {
-        self.inner.size()
-    }
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    fn node_key(&self) -> u64 {
-        self.inner.node_key()
-    }
-    fn faults(&self) -> &Faults {
-        self.inner.faults()
-    }
-    fn notify(&self, notice: &Notice) {
-        self.inner.notify(notice)
-    }
-    unsafe fn isend(
-        &self,
-        peer: usize,
-        tag: Tag,
-        ptr: *const u8,
-        len: usize,
-    ) -> Result<Box<dyn SendOp>> {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.isend_pieces(peer, tag, ptr, len, None) }
-    }
-    unsafe fn isend_pieces(
-        &self,
-        peer: usize,
-        tag: Tag,
-        ptr: *const u8,
-        len: usize,
-        piece: Option<usize>,
-    ) -> Result<Box<dyn SendOp>> {
-        self.sends.lock().unwrap().push(len);
-        // SAFETY: forwarded from the caller.
-        unsafe { self.inner.isend_pieces(peer, tag, ptr, len, piece) }
-    }
-    fn recv(
-        &self,
-        peer: usize,
-        tag: Tag,
-        len: usize,
-        deadline: Instant,
-        sink: &mut dyn FnMut(usize, &[u8]),
-    ) -> Result<()> {
-        self.inner.recv(peer, tag, len, deadline, sink)
-    }
-    fn recv_into(&self, peer: usize, tag: Tag, dst: &mut [u8], deadline: Instant) -> Result<()> {
-        self.inner.recv_into(peer, tag, dst, deadline)
-    }
-    fn subset(&self, members: &[usize], ctx: u64) -> Result<Arc<dyn Transport>> {
-        self.inner.subset(members, ctx)
-    }
-}
 
 /// Runs one device all-reduce of [`COUNT`] f32 on 4 thread ranks (2 nodes of 2) with `cfg`,
 /// checks it against the host's, and returns the lengths every rank's device collective sent.
@@ -100,10 +35,7 @@ fn device_sends(cfg: Config) -> Vec<Vec<usize>> {
                 let t = world.transport(r).unwrap();
                 let cfg = cfg.clone();
                 s.spawn(move || {
-                    let rec = Arc::new(Recorder {
-                        inner: t,
-                        sends: Mutex::new(Vec::new()),
-                    });
+                    let rec = Recorder::new(t);
                     let c = Communicator::with_config(rec.clone(), cfg).unwrap();
                     let dev = HipDevice::open(r % 2).unwrap();
                     let x: Vec<f32> = (0..COUNT).map(|i| ((i * 7 + r) % 13) as f32).collect();
@@ -111,7 +43,7 @@ fn device_sends(cfg: Config) -> Vec<Vec<usize>> {
                     c.all_reduce(&x, &mut want, ReduceOp::Sum).unwrap();
                     let sb = dev.upload(&x).unwrap();
                     let o = dev.alloc_zeroed(COUNT * 4).unwrap();
-                    rec.sends.lock().unwrap().clear();
+                    rec.take_sends();
                     // SAFETY: both buffers hold COUNT f32 and live until the call returns.
                     unsafe {
                         c.collective_on::<f32, HipDevice>(
@@ -124,8 +56,7 @@ fn device_sends(cfg: Config) -> Vec<Vec<usize>> {
                     }
                     .unwrap();
                     assert_eq!(dev.download::<f32>(&o).unwrap(), want, "rank {r}");
-                    let sent = std::mem::take(&mut *rec.sends.lock().unwrap());
-                    sent
+                    rec.take_sends().iter().map(|s| s.len).collect::<Vec<_>>()
                 })
             })
             .collect();

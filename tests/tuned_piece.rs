@@ -3,15 +3,16 @@
 //! was given and of the pieces each receive handed over.
 
 mod common;
+mod recorder;
 
 use common::exact_on;
 use pccl::config::Config;
 use pccl::model::profile::Profile;
 use pccl::transport::tcp::{TcpTransport, UniqueId};
-use pccl::transport::{Faults, Notice, SendOp, Tag, Transport};
-use pccl::{Communicator, Result};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use pccl::Communicator;
+use recorder::{Recorder, Recv};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// The transports' creation-time piece size in these tests (their `PCCL_CHUNK_SIZE`).
 const CREATED: usize = 256 * 1024;
@@ -19,121 +20,6 @@ const CREATED: usize = 256 * 1024;
 const TUNED: usize = 16 * 1024;
 /// Elements per block: f64 blocks of 400 kB, 25 tuned pieces, 2 creation-time ones.
 const COUNT: usize = 50_000;
-
-/// One receive as the recorder saw it.
-#[derive(Clone, Copy, Debug)]
-struct Recv {
-    len: usize,
-    piece: Option<usize>,
-    /// Pieces the transport handed to the sink (`None`: received straight into memory).
-    handed: Option<usize>,
-}
-
-/// A transport that records what the executor asked of it, and forwards everything.
-struct Recorder {
-    inner: Arc<dyn Transport>,
-    sends: Mutex<Vec<Option<usize>>>,
-    recvs: Mutex<Vec<Recv>>,
-}
-
-impl Transport for Recorder {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn size(&self) -> usize {
-        self.inner.size()
-    }
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    fn node_key(&self) -> u64 {
-        self.inner.node_key()
-    }
-    fn faults(&self) -> &Faults {
-        self.inner.faults()
-    }
-    fn notify(&self, notice: &Notice) {
-        self.inner.notify(notice)
-    }
-    unsafe fn isend(
-        &self,
-        peer: usize,
-        tag: Tag,
-        ptr: *const u8,
-        len: usize,
-    ) -> Result<Box<dyn SendOp>> {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.isend_pieces(peer, tag, ptr, len, None) }
-    }
-    unsafe fn isend_pieces(
-        &self,
-        peer: usize,
-        tag: Tag,
-        ptr: *const u8,
-        len: usize,
-        piece: Option<usize>,
-    ) -> Result<Box<dyn SendOp>> {
-        self.sends.lock().unwrap().push(piece);
-        // SAFETY: forwarded from the caller.
-        unsafe { self.inner.isend_pieces(peer, tag, ptr, len, piece) }
-    }
-    fn recv(
-        &self,
-        peer: usize,
-        tag: Tag,
-        len: usize,
-        deadline: Instant,
-        sink: &mut dyn FnMut(usize, &[u8]),
-    ) -> Result<()> {
-        self.recv_pieces(peer, tag, len, None, deadline, sink)
-    }
-    fn recv_pieces(
-        &self,
-        peer: usize,
-        tag: Tag,
-        len: usize,
-        piece: Option<usize>,
-        deadline: Instant,
-        sink: &mut dyn FnMut(usize, &[u8]),
-    ) -> Result<()> {
-        let mut handed = 0;
-        let r = self
-            .inner
-            .recv_pieces(peer, tag, len, piece, deadline, &mut |off, b| {
-                handed += 1;
-                sink(off, b)
-            });
-        self.recvs.lock().unwrap().push(Recv {
-            len,
-            piece,
-            handed: Some(handed),
-        });
-        r
-    }
-    fn recv_into(&self, peer: usize, tag: Tag, dst: &mut [u8], deadline: Instant) -> Result<()> {
-        self.recv_into_pieces(peer, tag, dst, None, deadline)
-    }
-    fn recv_into_pieces(
-        &self,
-        peer: usize,
-        tag: Tag,
-        dst: &mut [u8],
-        piece: Option<usize>,
-        deadline: Instant,
-    ) -> Result<()> {
-        let len = dst.len();
-        let r = self.inner.recv_into_pieces(peer, tag, dst, piece, deadline);
-        self.recvs.lock().unwrap().push(Recv {
-            len,
-            piece,
-            handed: None,
-        });
-        r
-    }
-    fn subset(&self, members: &[usize], ctx: u64) -> Result<Arc<dyn Transport>> {
-        self.inner.subset(members, ctx)
-    }
-}
 
 /// What one rank recorded.
 struct Seen {
@@ -154,16 +40,12 @@ fn run(p: usize, cfg: impl Fn(usize) -> Config + Sync) -> Vec<Seen> {
                     let id = UniqueId::from_bytes(&bytes).expect("id parses");
                     let t = TcpTransport::connect_with(&id, p, r, CREATED, cfg.timeout, false)
                         .expect("connect");
-                    let rec = Arc::new(Recorder {
-                        inner: Arc::new(t),
-                        sends: Mutex::new(Vec::new()),
-                        recvs: Mutex::new(Vec::new()),
-                    });
+                    let rec = Recorder::new(Arc::new(t));
                     let comm = Communicator::with_config(rec.clone(), cfg).expect("communicator");
                     exact_on(&comm, &[COUNT]).unwrap_or_else(|e| panic!("rank {r}: {e}"));
                     drop(comm);
-                    let sends = std::mem::take(&mut *rec.sends.lock().unwrap());
-                    let recvs = std::mem::take(&mut *rec.recvs.lock().unwrap());
+                    let sends = rec.take_sends().iter().map(|s| s.piece).collect();
+                    let recvs = rec.take_recvs();
                     Seen { sends, recvs }
                 })
             })
