@@ -125,6 +125,30 @@ impl Coll {
             Coll::AllReduce => "Allreduce",
         }
     }
+    /// nccl-tests' bus-bandwidth factor on `p` ranks: (p−1)/p, twice that for all-reduce.
+    fn busbw_factor(self, p: usize) -> f64 {
+        let f = (p as f64 - 1.0) / p as f64;
+        match self {
+            Coll::AllReduce => 2.0 * f,
+            _ => f,
+        }
+    }
+    /// The planner's collective (the tuner's key) for this collective with `op`.
+    fn plan_key(self, op: ReduceOp) -> pccl::plan::Collective {
+        let average = op == ReduceOp::Avg;
+        match self {
+            Coll::AllGather => pccl::plan::Collective::AllGather,
+            Coll::ReduceScatter => pccl::plan::Collective::ReduceScatter { average },
+            Coll::AllReduce => pccl::plan::Collective::AllReduce { average },
+        }
+    }
+    /// Bytes of one block of a call of `count` elements of `es` bytes on `p` ranks.
+    fn block_bytes(self, count: usize, p: usize, es: usize) -> usize {
+        match self {
+            Coll::AllReduce => count.div_ceil(p) * es,
+            _ => count * es,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -280,23 +304,9 @@ fn finish_row(comm: &Communicator, coll: Coll, op: ReduceOp, m: Measured) -> pcc
     // nccl-tests conventions: size = the whole buffer; busbw factor (n-1)/n, 2(n-1)/n for all-reduce.
     let size = total_bytes as f64;
     let algbw = size / avg / 1e9;
-    let factor = match coll {
-        Coll::AllReduce => 2.0 * (p as f64 - 1.0) / p as f64,
-        _ => (p as f64 - 1.0) / p as f64,
-    };
-    let coll_key = match coll {
-        Coll::AllGather => pccl::plan::Collective::AllGather,
-        Coll::ReduceScatter => pccl::plan::Collective::ReduceScatter {
-            average: op == ReduceOp::Avg,
-        },
-        Coll::AllReduce => pccl::plan::Collective::AllReduce {
-            average: op == ReduceOp::Avg,
-        },
-    };
-    let block_bytes = match coll {
-        Coll::AllReduce => count.div_ceil(p) * es,
-        _ => count * es,
-    };
+    let factor = coll.busbw_factor(p);
+    let coll_key = coll.plan_key(op);
+    let block_bytes = coll.block_bytes(count, p, es);
     Ok(Row {
         coll,
         bytes: count * es,

@@ -111,23 +111,9 @@ pub fn run_size<T: Element>(
     comm.all_reduce(&samples, &mut sums, ReduceOp::Sum)?;
     let mut wrong_all = vec![0f64; k];
     comm.all_reduce(&wrong, &mut wrong_all, ReduceOp::Sum)?;
-    let factor = match coll {
-        Coll::AllReduce => 2.0 * (p as f64 - 1.0) / p as f64,
-        _ => (p as f64 - 1.0) / p as f64,
-    };
-    let coll_key = match coll {
-        Coll::AllGather => pccl::plan::Collective::AllGather,
-        Coll::ReduceScatter => pccl::plan::Collective::ReduceScatter {
-            average: op == ReduceOp::Avg,
-        },
-        Coll::AllReduce => pccl::plan::Collective::AllReduce {
-            average: op == ReduceOp::Avg,
-        },
-    };
-    let block_bytes = match coll {
-        Coll::AllReduce => count.div_ceil(p) * es,
-        _ => count * es,
-    };
+    let factor = coll.busbw_factor(p);
+    let coll_key = coll.plan_key(op);
+    let block_bytes = coll.block_bytes(count, p, es);
     let mut rows = Vec::new();
     for (a, c) in subs.iter().enumerate() {
         let per_round: Vec<f64> = sums[a * rounds..(a + 1) * rounds]
