@@ -9,7 +9,7 @@
 #[path = "fake_rocm/harness.rs"]
 mod harness;
 
-use harness::{is_child, real_runtime, with_fake_runtime};
+use harness::{fake_hook, is_child, real_runtime, with_fake_runtime};
 use pccl::capi::*;
 use pccl::config::{Config, NcclMode};
 use pccl::device::api::Device;
@@ -18,23 +18,6 @@ use pccl::{Communicator, ErrorKind, RawCollective, ReduceOp, ThreadWorld};
 use std::time::{Duration, Instant};
 
 const N: usize = 64;
-
-/// Calls a test hook of the fake runtime (a `void f(...)` exported by fake_rocm.c).
-fn fake_hook(name: &str, arg: Option<i32>) {
-    let path = std::env::var("PCCL_HIP_LIBRARY").expect("the child runs on the fake runtime");
-    // SAFETY: the fake runtime is already loaded by PCCL (this only takes another reference);
-    // the hooks have the C signatures named below.
-    unsafe {
-        let lib = libloading::Library::new(&path).unwrap();
-        match arg {
-            None => lib.get::<unsafe extern "C" fn()>(name.as_bytes()).unwrap()(),
-            Some(a) => lib
-                .get::<unsafe extern "C" fn(i32)>(name.as_bytes())
-                .unwrap()(a),
-        }
-        std::mem::forget(lib);
-    }
-}
 
 /// What one rank saw: the sum it read back, whether its stream was still held when the call
 /// returned, how long the call took, and the outcome of the call after a fault (if any).

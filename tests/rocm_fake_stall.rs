@@ -13,7 +13,7 @@
 #[path = "fake_rocm/harness.rs"]
 mod harness;
 
-use harness::{is_child, with_fake_runtime};
+use harness::{fake_hook, is_child, with_fake_runtime};
 use pccl::config::{Config, NcclMode};
 use pccl::device::api::Device;
 use pccl::device::hip::HipDevice;
@@ -22,23 +22,6 @@ use std::time::{Duration, Instant};
 
 const N: usize = 4096;
 const TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Calls a test hook of the fake runtime (a `void f(...)` exported by fake_rocm.c).
-fn fake_hook(name: &str, arg: Option<i32>) {
-    let path = std::env::var("PCCL_HIP_LIBRARY").expect("the child runs on the fake runtime");
-    // SAFETY: the fake runtime is already loaded by PCCL (this only takes another reference);
-    // the hooks have the C signatures named below.
-    unsafe {
-        let lib = libloading::Library::new(&path).unwrap();
-        match arg {
-            None => lib.get::<unsafe extern "C" fn()>(name.as_bytes()).unwrap()(),
-            Some(a) => lib
-                .get::<unsafe extern "C" fn(i32)>(name.as_bytes())
-                .unwrap()(a),
-        }
-        std::mem::forget(lib);
-    }
-}
 
 /// One device all-reduce of `N` f32 on `dev`; the outcome and how long it took.
 fn all_reduce(c: &Communicator, dev: &HipDevice, s: u64, o: u64) -> (pccl::Result<()>, Duration) {

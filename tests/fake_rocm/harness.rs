@@ -88,3 +88,20 @@ pub fn with_fake_runtime(child: &str, extra: &[(&str, &str)]) -> bool {
 pub fn is_child() -> bool {
     std::env::var_os(CHILD_ENV).is_some()
 }
+
+/// Calls a test hook of the fake runtime (a `void f(...)` exported by fake_rocm.c).
+pub fn fake_hook(name: &str, arg: Option<i32>) {
+    let path = std::env::var("PCCL_HIP_LIBRARY").expect("the child runs on the fake runtime");
+    // SAFETY: the fake runtime is already loaded by PCCL (this only takes another reference);
+    // the hooks have the C signatures of the two arms below.
+    unsafe {
+        let lib = libloading::Library::new(&path).unwrap();
+        match arg {
+            None => lib.get::<unsafe extern "C" fn()>(name.as_bytes()).unwrap()(),
+            Some(a) => lib
+                .get::<unsafe extern "C" fn(i32)>(name.as_bytes())
+                .unwrap()(a),
+        }
+        std::mem::forget(lib);
+    }
+}
