@@ -127,3 +127,39 @@ pub fn exact_all_on(comm: &pccl::Communicator, counts: &[usize]) -> Result<(), S
     }
     Ok(())
 }
+
+/// Runs `f` on `p` thread-ranks of this process joined by the TCP transport over loopback
+/// (a fresh unique-id rendezvous; messages cut at `chunk` bytes; same-host shared-memory
+/// rings when `shm`; connecting within `connect`), each with a communicator made with `cfg`;
+/// returns every rank's result in rank order.
+pub fn on_tcp_ranks<R: Send>(
+    p: usize,
+    chunk: usize,
+    connect: std::time::Duration,
+    shm: bool,
+    cfg: &pccl::config::Config,
+    f: impl Fn(pccl::Communicator) -> R + Sync,
+) -> Vec<R> {
+    use pccl::transport::tcp::{TcpTransport, UniqueId};
+    let id = UniqueId::new(std::time::Duration::from_secs(30)).expect("rendezvous");
+    let bytes = id.to_bytes();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..p)
+            .map(|r| {
+                let cfg = cfg.clone();
+                let f = &f;
+                s.spawn(move || {
+                    let id = UniqueId::from_bytes(&bytes).expect("id parses");
+                    let t = TcpTransport::connect_with(&id, p, r, chunk, connect, shm)
+                        .expect("connect");
+                    let comm = pccl::Communicator::with_config(std::sync::Arc::new(t), cfg)
+                        .expect("communicator");
+                    f(comm)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
+}

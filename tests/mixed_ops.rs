@@ -7,7 +7,6 @@ mod common;
 use common::{input, reduced, same_bits};
 use half::{bf16, f16};
 use pccl::config::Config;
-use pccl::transport::tcp::{TcpTransport, UniqueId};
 use pccl::{Communicator, Element, ErrorKind, ReduceOp};
 use std::sync::Arc;
 use std::time::Duration;
@@ -355,31 +354,7 @@ fn send_recv_count_mismatch_is_an_error_on_both_sides() {
 }
 
 fn on_tcp<R: Send>(p: usize, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
-    let id = UniqueId::new(Duration::from_secs(30)).expect("rendezvous");
-    let bytes = id.to_bytes();
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..p)
-            .map(|r| {
-                let f = &f;
-                s.spawn(move || {
-                    let id = UniqueId::from_bytes(&bytes).expect("id parses");
-                    let t = TcpTransport::connect_with(
-                        &id,
-                        p,
-                        r,
-                        64 * 1024,
-                        Duration::from_secs(30),
-                        false,
-                    )
-                    .expect("connect");
-                    f(Communicator::with_config(Arc::new(t), cfg(1)).expect("comm"))
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("rank thread"))
-            .collect()
-    })
+    common::on_tcp_ranks(p, 64 * 1024, Duration::from_secs(30), false, &cfg(1), f)
 }
 
 #[test]

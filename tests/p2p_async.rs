@@ -4,11 +4,12 @@
 //! calls; a receiver that never posts its receive costs the sender one deadline; a dead peer
 //! fails the requests that wait on it.
 
+mod common;
+
 use pccl::config::Config;
 use pccl::fault::{Fault, FaultKind};
-use pccl::transport::tcp::{TcpTransport, UniqueId};
 use pccl::{Communicator, ErrorKind, ReduceOp};
-use std::sync::{Arc, Barrier};
+use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 fn cfg(timeout: f64) -> Config {
@@ -78,31 +79,14 @@ fn a_ring_of_separate_async_sends_and_receives_completes_on_threads() {
 }
 
 fn on_tcp<R: Send>(p: usize, timeout: f64, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
-    let id = UniqueId::new(Duration::from_secs(30)).expect("rendezvous");
-    let bytes = id.to_bytes();
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..p)
-            .map(|r| {
-                let f = &f;
-                s.spawn(move || {
-                    let id = UniqueId::from_bytes(&bytes).expect("id parses");
-                    let t = TcpTransport::connect_with(
-                        &id,
-                        p,
-                        r,
-                        64 * 1024,
-                        Duration::from_secs(30),
-                        false,
-                    )
-                    .expect("connect");
-                    f(Communicator::with_config(Arc::new(t), cfg(timeout)).expect("comm"))
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("rank thread"))
-            .collect()
-    })
+    common::on_tcp_ranks(
+        p,
+        64 * 1024,
+        Duration::from_secs(30),
+        false,
+        &cfg(timeout),
+        f,
+    )
 }
 
 #[test]

@@ -6,9 +6,8 @@ mod common;
 use common::{exact_all_on, exact_on, overlapped};
 use pccl::config::Config;
 use pccl::plan::{Algorithm, LevelAlgo};
-use pccl::transport::tcp::{TcpTransport, UniqueId};
+use pccl::transport::tcp::UniqueId;
 use pccl::{Communicator, ErrorKind, ReduceOp};
-use std::sync::Arc;
 use std::time::Duration;
 
 fn on_tcp<R: Send>(p: usize, cfg: Config, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
@@ -21,25 +20,7 @@ fn on_tcp_with<R: Send>(
     shm: bool,
     f: impl Fn(Communicator) -> R + Sync,
 ) -> Vec<R> {
-    let id = UniqueId::new(Duration::from_secs(30)).expect("rendezvous");
-    let bytes = id.to_bytes();
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..p)
-            .map(|r| {
-                let cfg = cfg.clone();
-                let f = &f;
-                s.spawn(move || {
-                    let id = UniqueId::from_bytes(&bytes).expect("id parses");
-                    let t = TcpTransport::connect_with(&id, p, r, 256 * 1024, cfg.timeout, shm)
-                        .expect("connect");
-                    f(Communicator::with_config(Arc::new(t), cfg).expect("communicator"))
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("rank thread"))
-            .collect()
-    })
+    common::on_tcp_ranks(p, 256 * 1024, cfg.timeout, shm, &cfg, f)
 }
 
 fn cfg(m: usize, algo: Algorithm) -> Config {
