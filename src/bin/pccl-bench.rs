@@ -103,6 +103,25 @@ impl Device {
     }
 }
 
+/// `$go!(T)` for the element type `T` of `$dtype` (a `DType`); `$go` is a macro of the
+/// caller's, so each call site keeps its own arguments.
+macro_rules! by_dtype {
+    ($dtype:expr, $go:ident) => {
+        match $dtype {
+            DType::I8 => $go!(i8),
+            DType::U8 => $go!(u8),
+            DType::I32 => $go!(i32),
+            DType::U32 => $go!(u32),
+            DType::I64 => $go!(i64),
+            DType::U64 => $go!(u64),
+            DType::F16 => $go!(half::f16),
+            DType::BF16 => $go!(half::bf16),
+            DType::F32 => $go!(f32),
+            DType::F64 => $go!(f64),
+        }
+    };
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Coll {
     AllGather,
@@ -494,18 +513,7 @@ fn bench_rank(comm: &Communicator, native: &Native<'_>, args: &Args) -> pccl::Re
                     run_one::<$t>(comm, native, &mut gpu, coll, op, b, args)?
                 };
             }
-            let mut row = match dtype {
-                DType::I8 => go!(i8),
-                DType::U8 => go!(u8),
-                DType::I32 => go!(i32),
-                DType::U32 => go!(u32),
-                DType::I64 => go!(i64),
-                DType::U64 => go!(u64),
-                DType::F16 => go!(half::f16),
-                DType::BF16 => go!(half::bf16),
-                DType::F32 => go!(f32),
-                DType::F64 => go!(f64),
-            };
+            let mut row = by_dtype!(dtype, go);
             if let (Some(bw), Coll::AllGather) = (copy_bw, coll) {
                 // All P ranks each read and write P·size bytes of output at least once.
                 let p = comm.size() as f64;

@@ -198,18 +198,7 @@ pub fn bench(
                     run_size::<$t>(comm, &subs, names, coll, op, b, args)?
                 };
             }
-            let got = match dtype {
-                DType::I8 => go!(i8),
-                DType::U8 => go!(u8),
-                DType::I32 => go!(i32),
-                DType::U32 => go!(u32),
-                DType::I64 => go!(i64),
-                DType::U64 => go!(u64),
-                DType::F16 => go!(half::f16),
-                DType::BF16 => go!(half::bf16),
-                DType::F32 => go!(f32),
-                DType::F64 => go!(f64),
-            };
+            let got = by_dtype!(dtype, go);
             if comm.rank() == 0 && !args.json {
                 for r in &got {
                     let mut s = format!(
