@@ -87,6 +87,8 @@ fn child_hung_device() {
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
+    let mut hung_msgs = Vec::new();
+    let mut laters = Vec::new();
     for (r, ((hung, took), (later, _))) in seen.into_iter().enumerate() {
         let e = hung.expect_err("a collective over a hung device must fail");
         println!("rank {r} after {took:?}: {e}");
@@ -95,10 +97,27 @@ fn child_hung_device() {
             "rank {r} took {took:?}"
         );
         assert_eq!(e.kind(), ErrorKind::Timeout, "rank {r}: {e}");
-        assert!(e.message().contains("rank 0"), "rank {r}: {e}");
         if r == 0 {
+            // Whether its own device wait or a peer's report ended it first, the hung rank
+            // names its device.
             assert!(e.message().contains("HIP device 0"), "{e}");
         }
+        hung_msgs.push(e.message().to_string());
+        laters.push(later);
+    }
+    // Every other rank's error leads to rank 0: it names rank 0, or a rank (a ring neighbour
+    // whose deadline passed a little later under load) whose own error names rank 0.
+    for (r, m) in hung_msgs.iter().enumerate().skip(1) {
+        let leads = m.contains("rank 0")
+            || (1..p).any(|q| {
+                q != r && m.contains(&format!("rank {q}")) && hung_msgs[q].contains("rank 0")
+            });
+        assert!(
+            leads,
+            "rank {r}'s error does not lead to rank 0: {m}\nall: {hung_msgs:#?}"
+        );
+    }
+    for (r, later) in laters.into_iter().enumerate() {
         let e = later.expect_err("the hung rank refuses later device collectives");
         println!("rank {r} later: {e}");
         assert!(e.message().contains("never finished"), "rank {r}: {e}");

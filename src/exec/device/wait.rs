@@ -45,6 +45,23 @@ impl Watch<'_> {
         ))
     }
 
+    /// A peer's failure `e` that ended a wait for `what` still unfinished on `dev` after
+    /// `waited`: the same kind, and the message also names this rank's unfinished device
+    /// work, which is often why the peer gave up (it timed out waiting for this rank).
+    fn peer_gave_up<D: Device>(&self, dev: &D, e: Error, what: &str, waited: Duration) -> Error {
+        Error::new(
+            e.kind(),
+            format!(
+                "{}; meanwhile rank {}'s {} device {} had not finished {what} after {waited:?} \
+                 (a hung kernel or copy would make peers give up on this rank)",
+                e.message(),
+                self.tr.rank(),
+                D::VENDOR,
+                dev.ordinal()
+            ),
+        )
+    }
+
     /// Waits, polling, until `ev` completed. With `board`, a failure the communicator's board
     /// records for this collective (a peer's refusal or death, an abort) ends the wait at once
     /// with that error; `until` is the deadline.
@@ -62,7 +79,9 @@ impl Watch<'_> {
                 return Ok(());
             }
             if board {
-                self.tr.faults().check(self.tag, self.tr.rank())?;
+                if let Err(e) = self.tr.faults().check(self.tag, self.tr.rank()) {
+                    return Err(self.peer_gave_up(dev, e, &what(), t0.elapsed()));
+                }
             }
             let now = Instant::now();
             if now >= until {
