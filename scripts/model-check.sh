@@ -14,7 +14,9 @@
 # oversubscribed MPI ranks on a small host are slow), MPI_RANKS (default "2 4"), COLLS
 # (default "allgather reducescatter"), TUNE / TUNE_MPI (reuse a profile instead of
 # measuring one; the MPI one gets its oversubscription term from a second run at 2 × cores
-# ranks), KEEP (a directory to keep the raw JSON in).
+# ranks), KEEP (a directory to keep the raw JSON in), REUSE=1 (with KEEP: measurements
+# already in KEEP are not run again, only the predictions: another profile or model judged
+# on the same measurements, e.g. `REUSE=1 KEEP=d TUNE=other.toml TUNE_MPI=other-mpi.toml`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MAX=${MAX:-64M}
@@ -65,8 +67,11 @@ for t in $TRANSPORTS; do
       launch=("$BIN/pccl-bench" --ranks "$p" --transport threads)
       [ "$t" = mpi ] && launch=(mpiexec -n "$p" "$BIN/pccl-bench" --transport mpi --no-mpi-compare)
       for c in $COLLS; do
-        "${launch[@]}" --ranks-per-node "$m" --coll "$c" --algo "${algos// /,}" \
-          -m "1K:$max" --json >"$WORK/bench-$t-$p-$m-$c.json"
+        out="$WORK/bench-$t-$p-$m-$c.json"
+        if [ -z "${REUSE:-}" ] || [ ! -s "$out" ]; then
+          "${launch[@]}" --ranks-per-node "$m" --coll "$c" --algo "${algos// /,}" \
+            -m "1K:$max" --json >"$out"
+        fi
         for a in $algos; do
           "$BIN/pccl-sim" --preset-file "$tune" --on host --engine events --ranks "$p" \
             --ranks-per-node "$m" --coll "$c" --algo "$a" --size "1K:$max" --json \

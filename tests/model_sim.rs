@@ -295,6 +295,57 @@ fn the_cache_tier_speeds_up_every_host_rate_when_the_buffers_fit_and_fades_when_
 }
 
 #[test]
+fn transfers_get_only_their_share_of_the_cache_gain_copies_get_all_of_it() {
+    // With link_share = 0 the messages move at memory's rate while copies and reductions
+    // still run 4× faster: the time is that of a profile whose copies and reductions are ×4
+    // and whose links are not. With share 1 (the default) everything is ×4, as before.
+    let topo = Topology::uniform(4, 4);
+    let mut cached = host_rates(1.0);
+    cached.cache.bytes = 1_000_000;
+    cached.cache.copy_gbps = 40.0;
+    let mut none = cached.clone();
+    none.cache.link_share = 0.0;
+    let mut want = host_rates(4.0);
+    want.intra.bandwidth_gbps = 5.0;
+    for coll in [AG, RS] {
+        for algo in [RING, RD] {
+            let small = Job::new(coll, algo, 1e3);
+            close(both(&topo, &none, small), both(&topo, &want, small));
+            close(
+                both(&topo, &cached, small),
+                both(&topo, &host_rates(4.0), small),
+            );
+        }
+    }
+}
+
+#[test]
+fn messages_above_the_eager_limit_pay_the_rendezvous_once_each() {
+    // A ring of 4 ranks: 3 messages; a step of 10 µs above 4 KB. Blocks of 4 KB pay
+    // nothing; blocks of 8 KB pay 3 × 10 µs. On 2 cores (2 ranks per core) the handshake is
+    // one more message: 3 × (10 + 3) µs more.
+    let mut p = net_only(1);
+    p.one_host = true;
+    p.protocol.eager_bytes = 4000;
+    p.protocol.rendezvous_us = 10.0;
+    let topo = Topology::uniform(4, 1);
+    let time = |prof: &Profile, s: f64| {
+        Cluster::new(&topo, prof)
+            .simulate(&Job::new(AG, RING, s), Engine::Events)
+            .unwrap()
+            .seconds
+    };
+    let mut plain = p.clone();
+    plain.protocol = Default::default();
+    close(time(&p, 4000.0), time(&plain, 4000.0));
+    close(time(&p, 8000.0) - time(&plain, 8000.0), 3.0 * 10e-6);
+    p.oversub.cores = 2;
+    p.oversub.per_message_us = 3.0;
+    plain.oversub = p.oversub.clone();
+    close(time(&p, 8000.0) - time(&plain, 8000.0), 3.0 * 13e-6);
+}
+
+#[test]
 fn ranks_outnumbering_a_hosts_cores_pay_the_scheduling_cost_per_message() {
     // A ring of P ranks on one host of 2 cores, 3 µs of extra latency per message per extra
     // rank per core: P − 1 messages each pay 3 µs × (P/2 − 1).

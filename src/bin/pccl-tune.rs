@@ -10,9 +10,11 @@
 //!   says. `--cache-bytes` sets the size instead (`0`: no tier);
 //! * γ per dtype: the host reduction kernel (`a ⊕ b → c`, the executor's receive-reduce) on
 //!   16 MiB, in GB/s of output;
-//! * α, β: a 2-rank exchange (PCCL's all-gather, ring) at 1 KiB…64 MiB, least-squares fit of
-//!   `t = s/(copy·f) + α + s/(β·f)` (the plan: a local copy, then one message), `f` the cache
-//!   tier's speed-up for the exchange's footprint (2 ranks × 3 s), so β is memory's rate;
+//! * α, β, the transfers' share of the cache's gain and the eager/rendezvous step: a 2-rank
+//!   exchange (PCCL's all-gather, ring) at 1 KiB…64 MiB in 2× steps, less its local copy
+//!   (`s/(copy·f)`, `f` the cache tier's speed-up for the exchange's footprint, 2 ranks × 3 s),
+//!   fitted by [`pccl::model::link_fit`] (relative least squares, a step kept only where it
+//!   explains a jump: MPICH's shared-memory eager limit shows as +12 µs above 8–16 KiB);
 //! * concurrent flows: the ring all-gather at `--ranks` ranks (default 4): when each of the P
 //!   simultaneous messages gets less than β, the node's shared bandwidth is `P ×` what each got.
 //!
@@ -33,7 +35,8 @@
 use clap::Parser;
 use half::{bf16, f16};
 use pccl::config::Config;
-use pccl::model::profile::{CacheTier, Profile};
+use pccl::model::link_fit::{self, Sample};
+use pccl::model::profile::{CacheTier, Profile, Protocol};
 use pccl::{Algorithm, Communicator, Element, LevelAlgo, ReduceOp};
 use std::time::Instant;
 
@@ -58,6 +61,13 @@ struct Args {
     /// Last-level cache size in bytes (K/M suffixes) instead of sysfs's; 0: no cache tier.
     #[arg(long)]
     cache_bytes: Option<String>,
+    /// Calls per timed batch of the exchange (1: each call alone after a barrier). Batches
+    /// time calls back to back, as a training loop or pccl-bench runs them.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Print the exchange's measured and fitted time per size.
+    #[arg(short, long)]
+    verbose: bool,
     /// Only measure the oversubscription term at this MPI world's size (more ranks than
     /// cores) and add it to this profile (from a 2-rank run), written to `-o`.
     #[arg(long)]
@@ -166,39 +176,40 @@ fn reduce_gbps<T: Element>(reps: usize, one: T) -> f64 {
     (n * std::mem::size_of::<T>()) as f64 / t / 1e9
 }
 
-/// Seconds per all-gather of `s` bytes per rank on `comm` (ring), every size in `sizes`.
-fn ag_times(comm: &Communicator, sizes: &[usize], quick: bool) -> pccl::Result<Vec<f64>> {
+/// How the exchange is timed: each call alone after a barrier, or in batches of calls.
+#[derive(Clone, Copy, Debug)]
+struct Timing {
+    quick: bool,
+    /// Calls per timed batch (1: each call alone).
+    batch: usize,
+}
+
+/// Seconds per all-gather of `s` bytes per rank on `comm` (ring), every size in `sizes`: the
+/// median over samples, each a batch of `how.batch` calls after a barrier, per call.
+fn ag_times(comm: &Communicator, sizes: &[usize], how: Timing) -> pccl::Result<Vec<f64>> {
     let p = comm.size();
     let mut out = Vec::new();
     for &s in sizes {
         let n = (s / 4).max(1);
         let input = vec![1f32; n];
         let mut output = vec![0f32; n * p];
-        let iters = ((64 << 20) / (s * p).max(1)).clamp(3, if quick { 20 } else { 200 });
+        let iters = ((64 << 20) / (s * p).max(1)).clamp(3, if how.quick { 20 } else { 200 });
         for _ in 0..2 {
             comm.all_gather(&input, &mut output)?;
         }
+        let batch = how.batch.clamp(1, iters);
         let mut v = Vec::new();
-        for _ in 0..iters {
+        for _ in 0..iters.div_ceil(batch).max(3) {
             comm.barrier()?;
             let t = Instant::now();
-            comm.all_gather(&input, &mut output)?;
-            v.push(t.elapsed().as_secs_f64());
+            for _ in 0..batch {
+                comm.all_gather(&input, &mut output)?;
+            }
+            v.push(t.elapsed().as_secs_f64() / batch as f64);
         }
         out.push(median(v));
     }
     Ok(out)
-}
-
-/// Least squares `y = a + b x`.
-fn fit(x: &[f64], y: &[f64]) -> (f64, f64) {
-    let n = x.len() as f64;
-    let mx = x.iter().sum::<f64>() / n;
-    let my = y.iter().sum::<f64>() / n;
-    let sxy: f64 = x.iter().zip(y).map(|(a, b)| (a - mx) * (b - my)).sum();
-    let sxx: f64 = x.iter().map(|a| (a - mx) * (a - mx)).sum();
-    let b = sxy / sxx;
-    (my - b * mx, b)
 }
 
 fn ring_cfg() -> Config {
@@ -280,8 +291,11 @@ fn rate_share(prof: &Profile, p: usize, s: f64, t: f64) -> f64 {
 fn mpi_oversub_only(args: &Args, base: &str) {
     let mut prof = Profile::load(std::path::Path::new(base)).unwrap_or_else(|e| fail(e));
     let sizes = [1usize << 10, 4 << 20];
-    let q = args.quick;
-    let (t, p, root) = on_mpi(|c| ag_times(c, &sizes, q));
+    let how = Timing {
+        quick: args.quick,
+        batch: args.batch,
+    };
+    let (t, p, root) = on_mpi(|c| ag_times(c, &sizes, how));
     let n = cores();
     if p <= n {
         fail(format!(
@@ -292,6 +306,7 @@ fn mpi_oversub_only(args: &Args, base: &str) {
     // The 2-rank profile's time of one 1 KiB message: latency, the transfer and the copy.
     let s = 1024.0;
     let base = prof.intra.alpha_us * 1e-6
+        + prof.rendezvous_seconds(s)
         + s / (prof.intra.bandwidth_gbps * 1e9)
         + s / (prof.copy_gbps * 1e9);
     let note = set_oversub(&mut prof, n, p, t[0], base);
@@ -328,7 +343,7 @@ fn main() {
         fail("--ranks must be 2…8");
     }
     let reps = if args.quick { 3 } else { 9 };
-    let sizes: Vec<usize> = (10..=26).step_by(2).map(|k| 1usize << k).collect();
+    let sizes: Vec<usize> = (10..=26).map(|k| 1usize << k).collect();
     let (copy, cache) = copy_tiers(llc_bytes(), reps);
     let mut prof = Profile {
         name: "measured".into(),
@@ -363,21 +378,27 @@ fn main() {
     let mut over = None;
     let (pair, concurrent, transport, is_root) = match args.transport.as_str() {
         "threads" => {
-            let q = args.quick;
-            let pair = on_threads(2, |c| ag_times(&c, &sizes, q));
+            let how = Timing {
+                quick: args.quick,
+                batch: args.batch,
+            };
+            let pair = on_threads(2, |c| ag_times(&c, &sizes, how));
             let big = [4usize << 20];
-            let conc = on_threads(args.ranks, |c| ag_times(&c, &big, q));
+            let conc = on_threads(args.ranks, |c| ag_times(&c, &big, how));
             if let Some(p) = oversub_ranks(ncores) {
                 let small = [1usize << 10];
-                over = Some((p, on_threads(p, |c| ag_times(&c, &small, q))[0]));
+                over = Some((p, on_threads(p, |c| ag_times(&c, &small, how))[0]));
             }
             (pair, Some((args.ranks, conc[0])), "threads", true)
         }
         "mpi" => {
             #[cfg(feature = "mpi")]
             {
-                let q = args.quick;
-                let (pair, p, root) = on_mpi(|c| ag_times(c, &sizes, q));
+                let how = Timing {
+                    quick: args.quick,
+                    batch: args.batch,
+                };
+                let (pair, p, root) = on_mpi(|c| ag_times(c, &sizes, how));
                 if p != 2 {
                     fail("the MPI measurement runs under mpiexec -n 2");
                 }
@@ -388,42 +409,100 @@ fn main() {
         }
         o => fail(format!("--transport {o}: expected threads or mpi")),
     };
-    // t = s/(copy·f) + α + s/(β·f)  →  t − s/(copy·f) = α + (s/f)·(1/β), with f the cache
-    // tier's speed-up for the exchange's footprint: 2 ranks × (input s + output 2s).
+    // The exchange is a local copy and one message: t = s/(copy·f) + link(s), f the cache
+    // tier's speed-up for its footprint (2 ranks × (input s + output 2s)). The message's
+    // part is fitted to α, β, the transfers' share of the cache's gain and an
+    // eager/rendezvous step (pccl::model::link_fit).
     let tier = prof.clone();
     let f = |s: f64, ranks: f64| tier.cache_speedup(ranks * (ranks + 1.0) * s);
-    let x: Vec<f64> = sizes.iter().map(|&s| s as f64 / f(s as f64, 2.0)).collect();
-    let y: Vec<f64> = pair
+    let hit = |ws: f64| {
+        if tier.cache.bytes == 0 {
+            0.0
+        } else {
+            (tier.cache.bytes as f64 / ws).min(1.0)
+        }
+    };
+    let samples: Vec<Sample> = pair
         .iter()
         .zip(&sizes)
-        .map(|(t, &s)| t - s as f64 / (copy * 1e9 * f(s as f64, 2.0)))
+        .map(|(t, &s)| {
+            let s = s as f64;
+            Sample {
+                bytes: s,
+                seconds: t - s / (copy * 1e9 * f(s, 2.0)),
+                hit: hit(6.0 * s),
+            }
+        })
         .collect();
-    // β from the large sizes (least squares over the upper half), α from the smallest size
-    // (an unweighted fit over all sizes would let the largest times swamp the latency).
-    let h = x.len() / 2;
-    let (_, slope) = fit(&x[h..], &y[h..]);
-    let beta_gbps = if slope > 0.0 { 1e-9 / slope } else { copy };
-    let alpha = (y[0] - x[0] * slope.max(0.0)).max(0.1e-6);
+    let ratio = if tier.cache.bytes == 0 {
+        1.0
+    } else {
+        tier.cache.copy_gbps / copy
+    };
+    let (alpha, beta_gbps) = match link_fit::fit(&samples, ratio) {
+        Some(lf) => {
+            prof.cache.link_share = lf.link_share;
+            prof.protocol = Protocol {
+                eager_bytes: lf.eager_bytes,
+                rendezvous_us: lf.rendezvous * 1e6,
+            };
+            (lf.alpha, lf.beta / 1e9)
+        }
+        None => fail(format!(
+            "the 2-rank exchange's times do not fit a latency and a bandwidth: {:?}",
+            pair.iter()
+                .zip(&sizes)
+                .map(|(t, s)| format!("{s} B {:.1} us", t * 1e6))
+                .collect::<Vec<_>>()
+        )),
+    };
     prof.intra.alpha_us = alpha * 1e6;
     prof.intra.bandwidth_gbps = beta_gbps;
     prof.intra.pair_bandwidth_gbps = beta_gbps;
+    if args.verbose && is_root {
+        eprintln!("pccl-tune: 2-rank exchange, measured vs fitted (us):");
+        for (t, &s) in pair.iter().zip(&sizes) {
+            let s = s as f64;
+            let ws = 6.0 * s;
+            let fit = s / (copy * 1e9 * prof.cache_speedup(ws))
+                + alpha
+                + prof.rendezvous_seconds(s)
+                + s / (beta_gbps * 1e9 * prof.link_speedup(ws));
+            eprintln!(
+                "  {:>9} B {:>10.1} {:>10.1}  x{:.2}",
+                s,
+                t * 1e6,
+                fit * 1e6,
+                t / fit
+            );
+        }
+    }
     // The reductions ran on 3 × 16 MiB: memory's rate is what the cache did not speed up.
     let sped = prof.cache_speedup(3.0 * (16u64 << 20) as f64);
     for v in prof.reduce_host_gbps.values_mut() {
         *v /= sped;
     }
     let mut notes = format!(
-        "pccl-tune --transport {transport}: copy {copy:.2} GB/s, {:.2} GB/s in a {} KiB cache; 2-rank exchange fit alpha {:.2} us, beta {beta_gbps:.2} GB/s",
+        "pccl-tune --transport {transport}: copy {copy:.2} GB/s, {:.2} GB/s in a {} KiB cache; 2-rank exchange fit alpha {:.2} us, beta {beta_gbps:.2} GB/s, transfers get {:.0}% of the cache's gain",
         prof.cache.copy_gbps,
         prof.cache.bytes >> 10,
-        alpha * 1e6
+        alpha * 1e6,
+        prof.cache.link_share * 100.0
     );
+    if prof.protocol.eager_bytes > 0 {
+        notes.push_str(&format!(
+            ", +{:.1} us above {} B (rendezvous)",
+            prof.protocol.rendezvous_us, prof.protocol.eager_bytes
+        ));
+    }
     if let Some((p, t)) = concurrent {
         let s = (4 << 20) as f64;
-        let fp = f(s, p as f64);
-        // Ring at P ranks: copy + (P−1)(α + s/rate), every rate sped up fp times.
-        let per_step = (t - s / (copy * 1e9 * fp)) / (p - 1) as f64 - alpha;
-        let rate = s / per_step.max(1e-9) / 1e9 / fp;
+        let ws = p as f64 * (p as f64 + 1.0) * s;
+        let (fp, fl) = (prof.cache_speedup(ws), prof.link_speedup(ws));
+        // Ring at P ranks: copy + (P−1)(α + s/rate), copies sped up fp times, transfers fl.
+        let per_step =
+            (t - s / (copy * 1e9 * fp)) / (p - 1) as f64 - alpha - prof.rendezvous_seconds(s);
+        let rate = s / per_step.max(1e-9) / 1e9 / fl;
         if rate < 0.95 * beta_gbps {
             prof.intra.node_bandwidth_gbps = rate * p as f64;
         }

@@ -41,6 +41,7 @@ pub fn fit(sweep: &[(f64, f64)], quarter: f64) -> (f64, CacheTier) {
             cache: CacheTier {
                 bytes: c as usize,
                 copy_gbps: cached,
+                ..CacheTier::default()
             },
             ..Profile::default()
         };
@@ -64,6 +65,7 @@ pub fn fit(sweep: &[(f64, f64)], quarter: f64) -> (f64, CacheTier) {
         CacheTier {
             bytes: best.1 as usize,
             copy_gbps: cached,
+            ..CacheTier::default()
         },
     )
 }
@@ -78,6 +80,7 @@ mod tests {
             cache: CacheTier {
                 bytes,
                 copy_gbps: cached,
+                ..CacheTier::default()
             },
             ..Profile::default()
         };

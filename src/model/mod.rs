@@ -1,6 +1,7 @@
 //! The cost model, the simulator that replays plans on a modelled cluster, and the tuner.
 //!
 //! * [`cache`]: the cache tier's parameters fitted to a copy sweep (`pccl-tune`).
+//! * [`link_fit`]: a transport's message curve fitted to the link terms (`pccl-tune`).
 //! * [`oversub`]: the per-message cost of ranks outnumbering cores, from two timings.
 //! * [`profile`]: machine parameters (TOML; `pccl-tune` writes them, `presets/` holds some).
 //! * [`traffic`]: what a plan asks of the machine, phase by phase.
@@ -15,6 +16,7 @@ pub mod cache;
 pub mod contention;
 pub mod cost;
 pub mod goal;
+pub mod link_fit;
 pub mod oversub;
 pub mod presets;
 pub mod profile;

@@ -82,6 +82,11 @@ pub struct CacheTier {
     pub bytes: usize,
     /// Local copy rate, read + write, when source and destination stay in that cache (GB/s).
     pub copy_gbps: f64,
+    /// Share of the cache's speed-up that transfers between ranks get (0 … 1; default 1, as
+    /// copies): a transport that moves bytes through buffers of its own (MPICH's shared-memory
+    /// cells) gains less from the caller's bytes being in cache than a `memcpy` does.
+    /// `pccl-tune` fits it to the exchange's curve ([`crate::model::link_fit`]).
+    pub link_share: f64,
 }
 
 impl Default for CacheTier {
@@ -89,8 +94,25 @@ impl Default for CacheTier {
         CacheTier {
             bytes: 0,
             copy_gbps: 0.0,
+            link_share: 1.0,
         }
     }
+}
+
+/// The transport's switch from eager sends to a rendezvous (a handshake before the bytes).
+///
+/// MPI libraries (and libfabric's rxm) send a message up to an eager limit at once; a larger
+/// one first asks the receiver for its buffer, one more round through both ranks' progress.
+/// `pccl-tune` finds the step in the exchange's curve ([`crate::model::link_fit`]). Off
+/// (`eager_bytes = 0`, the default) in presets and in profiles written before it existed.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Protocol {
+    /// Messages (pieces) above this many bytes pay the handshake; `0` for no step.
+    pub eager_bytes: usize,
+    /// Extra latency of such a message (µs); on an oversubscribed host it also pays
+    /// [`Profile::oversub_seconds`] once more (the handshake is one more message).
+    pub rendezvous_us: f64,
 }
 
 /// The host's cores and what a message costs when ranks outnumber them (oversubscription).
@@ -155,6 +177,8 @@ pub struct Profile {
     pub cache: CacheTier,
     /// Oversubscription of the host's cores (optional; off by default).
     pub oversub: Oversub,
+    /// The eager/rendezvous step of the transport's messages (optional; off by default).
+    pub protocol: Protocol,
     /// Every "node" is on one host (thread-ranks, or `PCCL_RANKS_PER_NODE` pretending): all
     /// messages, between nodes too, share one memory bus (`intra.node_bandwidth_gbps`).
     pub one_host: bool,
@@ -196,6 +220,7 @@ impl Default for Profile {
             copy_gbps: 8.0,
             cache: CacheTier::default(),
             oversub: Oversub::default(),
+            protocol: Protocol::default(),
             one_host: false,
             ranks_per_node: 1,
             piece_bytes: 1 << 20,
@@ -252,6 +277,14 @@ impl Profile {
         }
         if self.cache.bytes > 0 {
             positive("cache.copy_gbps", self.cache.copy_gbps)?;
+        }
+        if !(0.0..=1.0).contains(&self.cache.link_share) {
+            return Err(Error::invalid("profile: cache.link_share must be in 0 … 1"));
+        }
+        if self.protocol.rendezvous_us < 0.0 || !self.protocol.rendezvous_us.is_finite() {
+            return Err(Error::invalid(
+                "profile: protocol.rendezvous_us must be finite and ≥ 0",
+            ));
         }
         if self.oversub.per_message_us < 0.0 || !self.oversub.per_message_us.is_finite() {
             return Err(Error::invalid(
@@ -363,6 +396,23 @@ impl Profile {
         1.0 / (h / ratio + (1.0 - h))
     }
 
+    /// The cache's speed-up of transfers between ranks for `working_set` bytes: the share
+    /// `cache.link_share` of [`Self::cache_speedup`]'s gain, `1 + share × (speed-up − 1)`.
+    pub fn link_speedup(&self, working_set: f64) -> f64 {
+        1.0 + self.cache.link_share * (self.cache_speedup(working_set) - 1.0)
+    }
+
+    /// Extra latency (seconds) of a message whose first piece holds `piece` bytes, from the
+    /// transport's rendezvous ([`Protocol`]), beyond the oversubscription term (the caller
+    /// adds that once more when this is not zero).
+    pub fn rendezvous_seconds(&self, piece: f64) -> f64 {
+        let p = &self.protocol;
+        if p.eager_bytes == 0 || piece <= p.eager_bytes as f64 {
+            return 0.0;
+        }
+        p.rendezvous_us * 1e-6
+    }
+
     /// Extra latency (seconds) of every message when `local_ranks` ranks share one host's
     /// `oversub.cores` cores: `per_message_us × (local_ranks / cores − 1)`, nothing when they
     /// do not outnumber the cores or the profile has no term.
@@ -470,6 +520,27 @@ mod tests {
         assert_eq!(p.cache_speedup(10.0), 1.0);
         let e = Profile::from_toml("[cache]\nbytes = 1000\n").unwrap_err();
         assert!(e.message().contains("cache.copy_gbps"), "{e}");
+    }
+
+    #[test]
+    fn link_share_and_rendezvous_step_parse_check_and_default_to_off() {
+        let p = Profile::from_toml(
+            "copy_gbps = 10\n[cache]\nbytes = 1000\ncopy_gbps = 40\nlink_share = 0.5\n\
+             [protocol]\neager_bytes = 16384\nrendezvous_us = 12\n",
+        )
+        .unwrap();
+        assert_eq!(p.link_speedup(500.0), 2.5, "half of the 4× gain");
+        assert_eq!(p.rendezvous_seconds(16384.0), 0.0);
+        assert!((p.rendezvous_seconds(16385.0) - 12e-6).abs() < 1e-15);
+        assert_eq!(Profile::from_toml(&p.to_toml()).unwrap(), p);
+        // Files without the fields: transfers get the whole gain, no step.
+        let q =
+            Profile::from_toml("copy_gbps = 10\n[cache]\nbytes = 1000\ncopy_gbps = 40\n").unwrap();
+        assert_eq!(q.link_speedup(500.0), 4.0);
+        assert_eq!(q.rendezvous_seconds(1e12), 0.0);
+        assert!(Profile::from_toml("[cache]\nlink_share = 2\n").is_err());
+        let e = Profile::from_toml("[protocol]\nrendezvous_us = -1\n").unwrap_err();
+        assert!(e.message().contains("protocol.rendezvous_us"), "{e}");
     }
 
     #[test]

@@ -143,12 +143,18 @@ impl<'a> Cluster<'a> {
     /// Ranks outnumbering the host's cores slow all of it down by
     /// [`Profile::oversub_slowdown`] (host buffers only: device copies are the device's).
     fn speed(&self, job: &Job) -> f64 {
+        self.speeds(job).0
+    }
+
+    /// [`Self::speed`] for copies and reductions, and the transfers' own speed-up
+    /// ([`Profile::link_speedup`]: the share of the cache's gain a transport's messages get).
+    fn speeds(&self, job: &Job) -> (f64, f64) {
         if job.device != DeviceKind::Host {
-            return 1.0;
+            return (1.0, 1.0);
         }
         let slow = self.slowdown;
         if self.prof.cache.bytes == 0 {
-            return 1.0 / slow;
+            return (1.0 / slow, 1.0 / slow);
         }
         let p = self.topo.nranks() as f64;
         let local = if self.prof.one_host { p } else { self.m as f64 };
@@ -158,12 +164,17 @@ impl<'a> Cluster<'a> {
             Collective::AllReduce { .. } | Collective::AllToAll { .. } => 2.0 * p * b,
             _ => 2.0 * b,
         };
-        self.prof.cache_speedup(local * per_rank) / slow
+        let ws = local * per_rank;
+        (
+            self.prof.cache_speedup(ws) / slow,
+            self.prof.link_speedup(ws) / slow,
+        )
     }
 
     /// Resource table for `nodes` nodes: NIC send sides, NIC receive sides, the global
     /// network, each node's shared intra-node bus, each node's `m × m` intra links; host
-    /// rates (intra links, the bus, the "NICs" of one host) sped up `speed` times by the cache.
+    /// rates (intra links, the bus, the "NICs" of one host) sped up `speed` times by the cache
+    /// (the transfers' share of it, [`Self::speeds`]).
     fn caps(&self, nodes: usize, global_nodes: usize, speed: f64) -> Vec<f64> {
         let k = self.nics.nics();
         let nic = self.prof.nic_rate() * if self.prof.one_host { speed } else { 1.0 };
@@ -234,7 +245,12 @@ impl<'a> Cluster<'a> {
             self.prof.intra.alpha_us
         };
         let pieces = (bytes / self.prof.piece_bytes as f64).ceil().max(1.0);
-        (a + (pieces - 1.0) * self.prof.piece_overhead_us) * 1e-6 + self.oversub
+        // A rendezvous handshake is one more message through both ranks' progress.
+        let rdv = self
+            .prof
+            .rendezvous_seconds(bytes.min(self.prof.piece_bytes as f64));
+        let handshake = if rdv > 0.0 { rdv + self.oversub } else { 0.0 };
+        (a + (pieces - 1.0) * self.prof.piece_overhead_us) * 1e-6 + self.oversub + handshake
     }
 
     /// Local time of a phase before its messages can move: packing, then copies.
@@ -282,8 +298,8 @@ impl<'a> Cluster<'a> {
         let msg_phases = work
             .first()
             .map_or(0, |w| w.iter().filter(|x| !x.sends.is_empty()).count());
-        let speed = self.speed(job);
-        let mut fluid = Fluid::new(self.caps(nodes, nodes, speed));
+        let (speed, link_speed) = self.speeds(job);
+        let mut fluid = Fluid::new(self.caps(nodes, nodes, link_speed));
         let mut heap: BinaryHeap<Ev> = BinaryHeap::new();
         let mut st = vec![RankState::default(); p];
         // Per ordered pair: posted sends (ready time, blocks) and receives (ready, reduce).
@@ -567,8 +583,8 @@ impl Summary {
             ..*job
         };
         let nccl = cl.nccl_ring(&job);
-        let speed = cl.speed(&job);
-        let caps = cl.caps(1, 1, speed);
+        let (speed, link_speed) = cl.speeds(&job);
+        let caps = cl.caps(1, 1, link_speed);
         let bb = job.block_bytes / self.pieces as f64;
         let mut seconds = 0.0;
         let mut flows: Vec<(f64, f64, Vec<u32>)> = Vec::new();

@@ -1,0 +1,294 @@
+//! A transport's message curve fitted to the model's link terms (what `pccl-tune` does with
+//! its 2-rank exchange): the latency α, memory's transfer rate β, the share of the cache's
+//! gain that transfers get ([`CacheTier::link_share`](super::profile::CacheTier)), and an
+//! eager/rendezvous step ([`Protocol`](super::profile::Protocol)).
+//!
+//! The model of one message of `s` bytes, `h` of them served from the cache:
+//!
+//! ```text
+//! t(s) = α + [s > E]·r + s·(h / (1 + σ·(c − 1)) + 1 − h) / β
+//! ```
+//!
+//! with `c` the cache's copy speed-up over memory and σ the transfers' share of it. For each σ
+//! on a grid and each step E between two measured sizes (or none), (α, r, 1/β) are linear: a
+//! least-squares fit of the *relative* error (every size counts alike, as the model is judged
+//! by ratios); the fit kept is the one with the smallest squared log error. A step is kept
+//! only when it cuts that error by [`STEP_GAIN`]: noise alone rarely does.
+
+/// One size of the exchange.
+#[derive(Clone, Copy, Debug)]
+pub struct Sample {
+    /// Bytes of the message.
+    pub bytes: f64,
+    /// Seconds of the transfer (the exchange's time less its local copy).
+    pub seconds: f64,
+    /// Share of those bytes served from the cache (0 … 1).
+    pub hit: f64,
+}
+
+/// The fitted link terms.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LinkFit {
+    /// Latency of a message (seconds).
+    pub alpha: f64,
+    /// Transfer rate out of memory (bytes per second).
+    pub beta: f64,
+    /// Share of the cache's speed-up the transfers get (0 … 1).
+    pub link_share: f64,
+    /// Messages above this many bytes pay [`Self::rendezvous`]; 0 for no step.
+    pub eager_bytes: usize,
+    /// Extra latency above the step (seconds).
+    pub rendezvous: f64,
+    /// Median of |log(model / measured)| over the samples.
+    pub typical_error: f64,
+}
+
+/// A step is kept only when it cuts the squared log error by this factor or more.
+pub const STEP_GAIN: f64 = 0.7;
+
+/// Solves the small dense system `m x = v` (Gaussian elimination, partial pivoting); `None`
+/// when it is singular.
+fn solve<const N: usize>(mut m: [[f64; N]; N], mut v: [f64; N]) -> Option<[f64; N]> {
+    for c in 0..N {
+        let piv = (c..N).max_by(|&a, &b| m[a][c].abs().total_cmp(&m[b][c].abs()))?;
+        if m[piv][c].abs() < 1e-300 {
+            return None;
+        }
+        m.swap(c, piv);
+        v.swap(c, piv);
+        for r in c + 1..N {
+            let f = m[r][c] / m[c][c];
+            for k in c..N {
+                m[r][k] -= f * m[c][k];
+            }
+            v[r] -= f * v[c];
+        }
+    }
+    let mut x = [0.0; N];
+    for c in (0..N).rev() {
+        let s: f64 = (c + 1..N).map(|k| m[c][k] * x[k]).sum();
+        x[c] = (v[c] - s) / m[c][c];
+    }
+    x.iter().all(|v| v.is_finite()).then_some(x)
+}
+
+/// Least squares of `Σ (row·x / y − 1)²` over `rows` (each with its `y`).
+fn weighted<const N: usize>(rows: &[([f64; N], f64)]) -> Option<[f64; N]> {
+    let mut m = [[0.0; N]; N];
+    let mut v = [0.0; N];
+    for (row, y) in rows {
+        let a: Vec<f64> = row.iter().map(|x| x / y).collect();
+        for i in 0..N {
+            for j in 0..N {
+                m[i][j] += a[i] * a[j];
+            }
+            v[i] += a[i];
+        }
+    }
+    solve(m, v)
+}
+
+/// One candidate: the terms for share `sigma` and step `step` (index of the last sample
+/// below it), with its squared log error; `None` where the fit is not physical.
+fn candidate(s: &[Sample], ratio: f64, sigma: f64, step: Option<usize>) -> Option<(f64, LinkFit)> {
+    let rl = 1.0 + sigma * (ratio - 1.0);
+    let per_byte = |x: &Sample| x.bytes * (x.hit / rl + 1.0 - x.hit);
+    let (alpha, inv_beta, rdv) = match step {
+        None => {
+            let rows: Vec<([f64; 2], f64)> =
+                s.iter().map(|x| ([1.0, per_byte(x)], x.seconds)).collect();
+            let [a, b] = weighted(&rows)?;
+            (a, b, 0.0)
+        }
+        Some(k) => {
+            let rows: Vec<([f64; 3], f64)> = s
+                .iter()
+                .enumerate()
+                .map(|(i, x)| ([1.0, per_byte(x), f64::from(u8::from(i > k))], x.seconds))
+                .collect();
+            let [a, b, r] = weighted(&rows)?;
+            (a, b, r)
+        }
+    };
+    if alpha <= 0.0 || inv_beta <= 0.0 || rdv < 0.0 {
+        return None;
+    }
+    let eager = step.map_or(0, |k| s[k].bytes as usize);
+    let mut logs: Vec<f64> = s
+        .iter()
+        .enumerate()
+        .map(|(i, x)| {
+            let above = step.is_some_and(|k| i > k);
+            let t = alpha + per_byte(x) * inv_beta + if above { rdv } else { 0.0 };
+            (t / x.seconds).ln()
+        })
+        .collect();
+    let err: f64 = logs.iter().map(|l| l * l).sum();
+    logs.iter_mut().for_each(|l| *l = l.abs());
+    logs.sort_by(f64::total_cmp);
+    Some((
+        err,
+        LinkFit {
+            alpha,
+            beta: 1.0 / inv_beta,
+            link_share: sigma,
+            eager_bytes: eager,
+            rendezvous: rdv,
+            typical_error: logs[logs.len() / 2],
+        },
+    ))
+}
+
+/// Fits the link terms to `samples` (increasing sizes, at least 4 with positive times);
+/// `cache_ratio` is the cache's copy rate over memory's (≤ 1: no tier, the share is moot and
+/// reported as 1). `None` when no candidate fits with positive α and β.
+pub fn fit(samples: &[Sample], cache_ratio: f64) -> Option<LinkFit> {
+    let s: Vec<Sample> = samples
+        .iter()
+        .copied()
+        .filter(|x| x.seconds > 0.0 && x.bytes > 0.0 && x.seconds.is_finite())
+        .collect();
+    if s.len() < 4 {
+        return None;
+    }
+    let cached = cache_ratio > 1.0 && s.iter().any(|x| x.hit > 0.0);
+    let sigmas: Vec<f64> = if cached {
+        (0..=20).map(|i| f64::from(i) / 20.0).collect()
+    } else {
+        vec![1.0]
+    };
+    let best_of = |steps: &mut dyn Iterator<Item = Option<usize>>| {
+        let steps: Vec<Option<usize>> = steps.collect();
+        let mut best: Option<(f64, LinkFit)> = None;
+        for &sigma in &sigmas {
+            for &k in &steps {
+                if let Some(c) = candidate(&s, cache_ratio.max(1.0), sigma, k) {
+                    if best.as_ref().is_none_or(|b| c.0 < b.0) {
+                        best = Some(c);
+                    }
+                }
+            }
+        }
+        best
+    };
+    // A step needs two sizes on each side.
+    let n = s.len();
+    let flat = best_of(&mut std::iter::once(None));
+    let stepped = best_of(&mut (1..n.saturating_sub(2)).map(Some));
+    match (flat, stepped) {
+        (Some(f), Some(st)) if st.0 <= STEP_GAIN * f.0 => Some(st.1),
+        (None, Some(st)) => Some(st.1),
+        (f, _) => f.map(|f| f.1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RATIO: f64 = 3.7;
+    const CACHE: f64 = 8.0 * 1048576.0;
+
+    /// The exchange's samples 1 KiB … 64 MiB (2× steps) as the model gives them, each time
+    /// multiplied by `noise(i)`.
+    fn curve(f: &LinkFit, noise: impl Fn(usize) -> f64) -> Vec<Sample> {
+        (10..=26)
+            .enumerate()
+            .map(|(i, k)| {
+                let bytes = (1u64 << k) as f64;
+                let hit = (CACHE / (6.0 * bytes)).min(1.0);
+                let rl = 1.0 + f.link_share * (RATIO - 1.0);
+                let step = if f.eager_bytes > 0 && bytes > f.eager_bytes as f64 {
+                    f.rendezvous
+                } else {
+                    0.0
+                };
+                let t = f.alpha + step + bytes * (hit / rl + 1.0 - hit) / f.beta;
+                Sample {
+                    bytes,
+                    seconds: t * noise(i),
+                    hit,
+                }
+            })
+            .collect()
+    }
+
+    fn mpi_like() -> LinkFit {
+        LinkFit {
+            alpha: 5.4e-6,
+            beta: 6.4e9,
+            link_share: 0.1,
+            eager_bytes: 8192,
+            rendezvous: 12e-6,
+            typical_error: 0.0,
+        }
+    }
+
+    fn close(a: f64, b: f64, tol: f64) -> bool {
+        (a / b - 1.0).abs() <= tol
+    }
+
+    #[test]
+    fn a_curve_of_the_model_gives_its_terms_back_step_included() {
+        let want = mpi_like();
+        let got = fit(&curve(&want, |_| 1.0), RATIO).unwrap();
+        assert_eq!(got.eager_bytes, 8192, "{got:?}");
+        assert!(close(got.alpha, want.alpha, 0.01), "{got:?}");
+        assert!(close(got.beta, want.beta, 0.01), "{got:?}");
+        assert!(close(got.rendezvous, want.rendezvous, 0.01), "{got:?}");
+        assert!((got.link_share - 0.1).abs() < 1e-9, "{got:?}");
+        assert!(got.typical_error < 1e-6, "{got:?}");
+    }
+
+    #[test]
+    fn a_curve_without_a_step_gets_none_even_with_noise() {
+        let want = LinkFit {
+            eager_bytes: 0,
+            rendezvous: 0.0,
+            link_share: 0.6,
+            ..mpi_like()
+        };
+        // ±8% alternating, the jitter of a quiet host.
+        let got = fit(
+            &curve(&want, |i| if i % 2 == 0 { 1.08 } else { 0.92 }),
+            RATIO,
+        )
+        .unwrap();
+        assert_eq!(got.eager_bytes, 0, "{got:?}");
+        assert!(close(got.alpha, want.alpha, 0.15), "{got:?}");
+        assert!(close(got.beta, want.beta, 0.15), "{got:?}");
+    }
+
+    #[test]
+    fn the_step_survives_noise_and_no_cache_tier_leaves_the_share_moot() {
+        let want = mpi_like();
+        let got = fit(
+            &curve(&want, |i| if i % 3 == 0 { 1.1 } else { 0.95 }),
+            RATIO,
+        )
+        .unwrap();
+        assert_eq!(got.eager_bytes, 8192, "{got:?}");
+        let flat: Vec<Sample> = curve(&want, |_| 1.0)
+            .into_iter()
+            .map(|x| Sample { hit: 0.0, ..x })
+            .collect();
+        let got = fit(&flat, 1.0).unwrap();
+        assert_eq!(got.link_share, 1.0);
+    }
+
+    #[test]
+    fn too_few_or_unphysical_samples_give_no_fit() {
+        let s = curve(&mpi_like(), |_| 1.0);
+        assert!(fit(&s[..3], RATIO).is_none());
+        // Times that fall with size: no positive β.
+        let falling: Vec<Sample> = s
+            .iter()
+            .enumerate()
+            .map(|(i, x)| Sample {
+                seconds: 1.0 / (i + 1) as f64,
+                ..*x
+            })
+            .collect();
+        assert!(fit(&falling, RATIO).is_none());
+    }
+}
