@@ -56,10 +56,11 @@ fn solve<const N: usize>(mut m: [[f64; N]; N], mut v: [f64; N]) -> Option<[f64; 
         }
         m.swap(c, piv);
         v.swap(c, piv);
+        let pivot_row = m[c];
         for r in c + 1..N {
-            let f = m[r][c] / m[c][c];
-            for k in c..N {
-                m[r][k] -= f * m[c][k];
+            let f = m[r][c] / pivot_row[c];
+            for (x, p) in m[r].iter_mut().zip(pivot_row.iter()).skip(c) {
+                *x -= f * p;
             }
             v[r] -= f * v[c];
         }
