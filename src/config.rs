@@ -24,6 +24,7 @@
 //! | `PCCL_OFI_MR` | `1`: the `ofi` transport registers every buffer (cached) even where the provider does not ask | only where asked |
 //! | `PCCL_OFI_CQ_DATA` | `0`: `ofi` messages do not carry their length as remote completion data | on where available |
 //! | `PCCL_OFI_WAIT` | idle `ofi` waits: `fd` (block on the completion queue's descriptor where the provider has one; not `shm`) or `poll` | `fd` |
+//! | `PCCL_STAGING_POOL` | bytes of idle host staging buffers (packed sends, staged MPI receives) kept for reuse per process; `0` keeps none | `128M` |
 
 use crate::error::{Error, Result};
 use crate::model::cost::CostParams;
@@ -207,6 +208,10 @@ impl Config {
             }
             c.chunk_bytes = b & !63;
             c.chunk_explicit = true;
+        }
+        if let Some(v) = var("PCCL_STAGING_POOL") {
+            parse_bytes(&v)
+                .map_err(|e| Error::invalid(format!("PCCL_STAGING_POOL: {}", e.message())))?;
         }
         if let Some(v) = var("PCCL_ALLTOALL_DIRECT") {
             c.alltoall_direct_max = parse_bytes(&v)

@@ -10,6 +10,7 @@ use super::segments::{segments, total, zip_segments, Seg};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::plan::{Phase, Plan, Span, Step};
+use crate::transport::staging::Staging;
 use crate::transport::{SendOp, Tag, Transport};
 use std::time::Instant;
 
@@ -119,7 +120,7 @@ fn run_phase<T: Element>(
     } else {
         opt.tag
     };
-    let mut staging: Vec<Vec<T>> = Vec::new();
+    let mut staging: Vec<Staging> = Vec::new();
     let mut sends: Vec<Box<dyn SendOp>> = Vec::new();
     let mut first_err: Option<Error> = None;
 
@@ -135,12 +136,16 @@ fn run_phase<T: Element>(
                 // and the plan never writes it during this phase; we wait for the send below.
                 unsafe { tr.isend_pieces(*peer, send_tag, ptr as *const u8, len * es, opt.piece) }
             } else {
-                let mut packed = Vec::with_capacity(total(&segs));
+                let len = total(&segs);
+                let mut packed = Staging::take(len * es);
+                let dst = packed.elems_mut::<T>(len);
+                let mut at = 0;
                 for s in &segs {
                     // SAFETY: send sources are only read during the phase.
-                    packed.extend_from_slice(unsafe { mem.slice(s.buf, s.off, s.len) });
+                    dst[at..at + s.len].copy_from_slice(unsafe { mem.slice(s.buf, s.off, s.len) });
+                    at += s.len;
                 }
-                let (ptr, len) = (packed.as_ptr(), packed.len());
+                let ptr = dst.as_ptr();
                 staging.push(packed);
                 // SAFETY: `packed` lives in `staging` (its heap block never moves) until the
                 // sends are waited for at the end of this function.

@@ -11,6 +11,7 @@ mod rendezvous;
 mod secret;
 pub mod select;
 pub mod shm;
+pub mod staging;
 pub mod tcp;
 pub mod threads;
 

@@ -4,6 +4,7 @@
 use super::{count_of, piece, pieces, Core, Req, DEPTH, HEADER};
 use crate::error::{Error, Result};
 use crate::transport::faults::{self, Tag};
+use crate::transport::staging::Staging;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -22,7 +23,7 @@ pub trait Dest {
 
 /// A receive into staging buffers of PCCL's own, handed to a sink piece by piece.
 pub struct Staged<'a> {
-    bufs: Vec<Vec<u64>>,
+    bufs: Vec<Staging>,
     sink: &'a mut dyn FnMut(usize, &[u8]),
 }
 
@@ -30,10 +31,11 @@ impl<'a> Staged<'a> {
     /// Staging for a `len`-byte message in `chunk`-byte pieces.
     pub fn new(len: usize, chunk: usize, sink: &'a mut dyn FnMut(usize, &[u8])) -> Self {
         let depth = DEPTH.min(pieces(len, chunk));
-        // u64 words keep every dtype aligned for the reduction kernels.
-        let words = chunk.min(len).div_ceil(8).max(1);
+        // Reused buffers (faulted in once, not per call), of u64 words: every dtype is
+        // aligned in them for the reduction kernels.
+        let bytes = chunk.min(len).max(1);
         Staged {
-            bufs: (0..depth).map(|_| vec![0u64; words]).collect(),
+            bufs: (0..depth).map(|_| Staging::take(bytes)).collect(),
             sink,
         }
     }
@@ -45,16 +47,15 @@ impl Dest for Staged<'_> {
     }
     fn slot(&mut self, k: usize, _m: usize) -> *mut u8 {
         let n = self.bufs.len();
-        self.bufs[k % n].as_mut_ptr() as *mut u8
+        self.bufs[k % n].bytes_mut().as_mut_ptr()
     }
     fn arrived(&mut self, k: usize, off: usize, m: usize) {
         let n = self.bufs.len();
-        let bytes: &[u8] = bytemuck::cast_slice(&self.bufs[k % n]);
-        (self.sink)(off, &bytes[..m]);
+        (self.sink)(off, &self.bufs[k % n].bytes()[..m]);
     }
     fn leak(&mut self) -> bool {
         for b in std::mem::take(&mut self.bufs) {
-            std::mem::forget(b);
+            b.leak();
         }
         true
     }
