@@ -439,7 +439,7 @@ fn main() {
     } else {
         tier.cache.copy_gbps / copy
     };
-    let (alpha, beta_gbps) = match link_fit::fit(&samples, ratio) {
+    let (alpha, beta_gbps) = match link_fit::fit(&samples, ratio, transport == "mpi") {
         Some(lf) => {
             prof.cache.link_share = lf.link_share;
             prof.protocol = Protocol {

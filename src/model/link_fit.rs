@@ -142,8 +142,10 @@ fn candidate(s: &[Sample], ratio: f64, sigma: f64, step: Option<usize>) -> Optio
 
 /// Fits the link terms to `samples` (increasing sizes, at least 4 with positive times);
 /// `cache_ratio` is the cache's copy rate over memory's (≤ 1: no tier, the share is moot and
-/// reported as 1). `None` when no candidate fits with positive α and β.
-pub fn fit(samples: &[Sample], cache_ratio: f64) -> Option<LinkFit> {
+/// reported as 1); `step`: whether the transport has an eager/rendezvous protocol to look
+/// for (MPI; not PCCL's own threads and TCP transports, whose curve's bumps are the host's
+/// `memcpy` quirks, not a protocol). `None` when no candidate fits with positive α and β.
+pub fn fit(samples: &[Sample], cache_ratio: f64, step: bool) -> Option<LinkFit> {
     let s: Vec<Sample> = samples
         .iter()
         .copied()
@@ -175,7 +177,8 @@ pub fn fit(samples: &[Sample], cache_ratio: f64) -> Option<LinkFit> {
     // A step needs two sizes on each side.
     let n = s.len();
     let flat = best_of(&mut std::iter::once(None));
-    let stepped = best_of(&mut (1..n.saturating_sub(2)).map(Some));
+    let last = if step { n.saturating_sub(2) } else { 1 };
+    let stepped = best_of(&mut (1..last).map(Some));
     match (flat, stepped) {
         (Some(f), Some(st)) if st.0 <= STEP_GAIN * f.0 => Some(st.1),
         (None, Some(st)) => Some(st.1),
@@ -232,7 +235,7 @@ mod tests {
     #[test]
     fn a_curve_of_the_model_gives_its_terms_back_step_included() {
         let want = mpi_like();
-        let got = fit(&curve(&want, |_| 1.0), RATIO).unwrap();
+        let got = fit(&curve(&want, |_| 1.0), RATIO, true).unwrap();
         assert_eq!(got.eager_bytes, 8192, "{got:?}");
         assert!(close(got.alpha, want.alpha, 0.01), "{got:?}");
         assert!(close(got.beta, want.beta, 0.01), "{got:?}");
@@ -253,6 +256,7 @@ mod tests {
         let got = fit(
             &curve(&want, |i| if i % 2 == 0 { 1.08 } else { 0.92 }),
             RATIO,
+            true,
         )
         .unwrap();
         assert_eq!(got.eager_bytes, 0, "{got:?}");
@@ -266,6 +270,7 @@ mod tests {
         let got = fit(
             &curve(&want, |i| if i % 3 == 0 { 1.1 } else { 0.95 }),
             RATIO,
+            true,
         )
         .unwrap();
         assert_eq!(got.eager_bytes, 8192, "{got:?}");
@@ -273,14 +278,17 @@ mod tests {
             .into_iter()
             .map(|x| Sample { hit: 0.0, ..x })
             .collect();
-        let got = fit(&flat, 1.0).unwrap();
+        let got = fit(&flat, 1.0, true).unwrap();
         assert_eq!(got.link_share, 1.0);
+        // A transport without a protocol gets no step, even from a curve with one.
+        let got = fit(&curve(&want, |_| 1.0), RATIO, false).unwrap();
+        assert_eq!(got.eager_bytes, 0, "{got:?}");
     }
 
     #[test]
     fn too_few_or_unphysical_samples_give_no_fit() {
         let s = curve(&mpi_like(), |_| 1.0);
-        assert!(fit(&s[..3], RATIO).is_none());
+        assert!(fit(&s[..3], RATIO, true).is_none());
         // Times that fall with size: no positive β.
         let falling: Vec<Sample> = s
             .iter()
@@ -290,6 +298,6 @@ mod tests {
                 ..*x
             })
             .collect();
-        assert!(fit(&falling, RATIO).is_none());
+        assert!(fit(&falling, RATIO, true).is_none());
     }
 }
