@@ -118,7 +118,7 @@ fn wait(
             } else if idle_for < sh.spin.window() {
                 // Yield between reads, never just spin: the runnable thread this hands the
                 // core to may be the peer this wait needs (`spin.rs`).
-                std::thread::yield_now();
+                sh.spin.pause();
             } else if let Some(fd) = sh.ep.lock().may_block() {
                 // SAFETY: a plain poll(2) on the descriptor, no libfabric call (none may run
                 // without the lock). Should another thread close the endpoint meanwhile, the

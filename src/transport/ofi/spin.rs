@@ -18,13 +18,18 @@
 
 use super::fabric::env;
 use crate::error::{Error, Result};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// Longest window where every rank of the host has a core (µs).
 const MAX_US: u32 = 500;
 /// Longest window where ranks outnumber cores (µs).
 const OVERSUBSCRIBED_MAX_US: u32 = 200;
+/// A yield that kept the waiter off its core this long handed the core to another process
+/// for a time slice: the host is busier than its ranks (µs).
+const SLOW_YIELD_US: u64 = 250;
+/// How long waits block at once after a slow yield, before they read on again (ms).
+const CONTENDED_MS: u64 = 50;
 
 /// `PCCL_OFI_SPIN_US`: `None` for `auto` (the default), else the longest window in µs
 /// (`0`: no spin, block at once as before; a number: that longest window, still adaptive).
@@ -51,6 +56,9 @@ pub struct Spin {
     max: u32,
     /// The current window (µs).
     window: AtomicU32,
+    /// Until when (µs after `epoch`) waits block at once: a yield was slow.
+    contended_until: AtomicU64,
+    epoch: Instant,
 }
 
 impl Spin {
@@ -59,6 +67,8 @@ impl Spin {
         Spin {
             max: max_us,
             window: AtomicU32::new(max_us),
+            contended_until: AtomicU64::new(0),
+            epoch: Instant::now(),
         }
     }
 
@@ -71,9 +81,37 @@ impl Spin {
         Spin::new(setting.unwrap_or(auto))
     }
 
-    /// How long an idle wait reads the completion queue before it blocks now.
+    /// How long an idle wait reads the completion queue before it blocks now (zero for a
+    /// while after a slow yield).
     pub fn window(&self) -> Duration {
+        if self.since_epoch_us() < self.contended_until.load(Ordering::Relaxed) {
+            return Duration::ZERO;
+        }
         Duration::from_micros(u64::from(self.window.load(Ordering::Relaxed)))
+    }
+
+    /// Yields the core between two reads of the completion queue. A yield that kept this
+    /// thread off its core for long gave it to another process (the host runs more threads
+    /// than it has cores): then waits block at once for a while, since a woken waiter gets
+    /// the core back sooner than a yielding one (measured: docs/OFI.md).
+    pub fn pause(&self) {
+        let t = Instant::now();
+        std::thread::yield_now();
+        self.yielded(t.elapsed());
+    }
+
+    /// Learns from a yield that kept this thread off its core for `took`.
+    fn yielded(&self, took: Duration) {
+        if took > Duration::from_micros(SLOW_YIELD_US) {
+            self.contended_until.store(
+                self.since_epoch_us() + CONTENDED_MS * 1000,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    fn since_epoch_us(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
     /// The longest window (µs).
@@ -138,5 +176,16 @@ mod tests {
         assert_eq!(s.window(), Duration::from_micros(12));
         s.record(Duration::from_micros(60));
         assert_eq!(s.window(), Duration::from_micros(120));
+    }
+
+    #[test]
+    fn a_slow_yield_closes_the_window_for_a_while() {
+        let s = Spin::new(200);
+        s.yielded(Duration::from_micros(20)); // the peer ran briefly: read on
+        assert_eq!(s.window(), Duration::from_micros(200));
+        s.yielded(Duration::from_millis(3)); // another process took a time slice
+        assert_eq!(s.window(), Duration::ZERO);
+        std::thread::sleep(Duration::from_millis(CONTENDED_MS + 10));
+        assert_eq!(s.window(), Duration::from_micros(200));
     }
 }
