@@ -263,7 +263,7 @@ fn small_messages_are_exact_whether_waits_block_or_poll() {
             }
         }
         println!(
-            "@@ PCCL_OFI_WAIT={wait} PCCL_OFI_SPIN_US={spin:?}: exact, waits block: {}",
+            "\n@@ PCCL_OFI_WAIT={wait} PCCL_OFI_SPIN_US={spin:?}: exact, waits block: {}",
             wait == "fd"
         );
         return;
@@ -288,8 +288,7 @@ fn process_cpu() -> Duration {
 /// while it waits (a waiter reading on for the whole sleep would use about one core).
 #[test]
 fn a_slow_peer_makes_progress_and_its_waiter_does_not_burn_a_core() {
-    if !per_provider("a_slow_peer_makes_progress_and_its_waiter_does_not_burn_a_core")
-        || !usable()
+    if !per_provider("a_slow_peer_makes_progress_and_its_waiter_does_not_burn_a_core") || !usable()
     {
         return;
     }
@@ -322,8 +321,11 @@ fn a_slow_peer_makes_progress_and_its_waiter_does_not_burn_a_core() {
     }
     let (cpu0, t0, cpu1, t1, blocks) = spans[0];
     let (cpu, wall) = (cpu1 - cpu0, t1 - t0);
-    assert!(wall >= NAP * CALLS as u32, "rank 0 did not wait for its slow peer");
-    println!("@@ slow peer: {wall:?} of waiting used {cpu:?} of CPU (waits block: {blocks})");
+    assert!(
+        wall >= NAP * CALLS as u32,
+        "rank 0 did not wait for its slow peer"
+    );
+    println!("\n@@ slow peer: {wall:?} of waiting used {cpu:?} of CPU (waits block: {blocks})");
     if blocks {
         assert!(
             cpu < wall / 2,
