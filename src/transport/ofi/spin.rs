@@ -14,7 +14,9 @@
 //! with more runnable threads than cores a spinning rank takes the core from the very peer
 //! it waits for (pure spinning was 1.2–2× slower than blocking at once on the 2-core test
 //! host, docs/OFI.md), a yielding one hands it over and costs a system call where nobody
-//! else wants the core. Where ranks outnumber cores the longest window is shorter.
+//! else wants the core. Waits block at once by default where the ranks of the host outnumber
+//! its cores, and while its 1-minute load average exceeds twice its cores (other processes
+//! want them: yielding waiters lost to blocking ones there).
 
 use super::fabric::env;
 use crate::error::{Error, Result};
@@ -23,13 +25,16 @@ use std::time::{Duration, Instant};
 
 /// Longest window where every rank of the host has a core (µs).
 const MAX_US: u32 = 500;
-/// Longest window where ranks outnumber cores (µs).
-const OVERSUBSCRIBED_MAX_US: u32 = 200;
+/// Longest window where ranks outnumber cores (µs): none, they block at once. Reading on
+/// there won 0.64–0.84× at light load and lost 2.1–2.6× at load 14–29 (docs/OFI.md).
+const OVERSUBSCRIBED_MAX_US: u32 = 0;
 /// A yield that kept the waiter off its core this long handed the core to another process
 /// for a time slice: the host is busier than its ranks (µs).
 const SLOW_YIELD_US: u64 = 250;
 /// How long waits block at once after a slow yield, before they read on again (ms).
 const CONTENDED_MS: u64 = 50;
+/// How often the host's load average is looked at (ms).
+const LOAD_EVERY_MS: u64 = 100;
 
 /// `PCCL_OFI_SPIN_US`: `None` for `auto` (the default), else the longest window in µs
 /// (`0`: no spin, block at once as before; a number: that longest window, still adaptive).
@@ -59,6 +64,12 @@ pub struct Spin {
     /// Until when (µs after `epoch`) waits block at once: a yield was slow.
     contended_until: AtomicU64,
     epoch: Instant,
+    /// This host's cores; waits block at once while its 1-minute load average exceeds
+    /// twice that (0: never looked at).
+    cores: usize,
+    /// When the load average was last looked at (µs after `epoch`), and what it said.
+    load_at: AtomicU64,
+    loaded: std::sync::atomic::AtomicBool,
 }
 
 impl Spin {
@@ -69,25 +80,57 @@ impl Spin {
             window: AtomicU32::new(max_us),
             contended_until: AtomicU64::new(0),
             epoch: Instant::now(),
+            cores: 0,
+            load_at: AtomicU64::new(0),
+            loaded: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
     /// The window for a host with `local` ranks and `cores` cores under `setting`
-    /// ([`setting`]: `None` for auto): at most 500 µs, or 200 µs when ranks outnumber
-    /// cores; a setting replaces the longest window (0: block at once).
+    /// ([`setting`]: `None` for auto): at most 500 µs, or none (block at once) when ranks
+    /// outnumber cores; a setting replaces the longest window (0: block at once).
     pub fn for_host(setting: Option<u32>, local: usize, cores: usize) -> Self {
         let over = local > cores;
         let auto = if over { OVERSUBSCRIBED_MAX_US } else { MAX_US };
-        Spin::new(setting.unwrap_or(auto))
+        Spin {
+            cores,
+            ..Spin::new(setting.unwrap_or(auto))
+        }
     }
 
     /// How long an idle wait reads the completion queue before it blocks now (zero for a
     /// while after a slow yield).
     pub fn window(&self) -> Duration {
-        if self.since_epoch_us() < self.contended_until.load(Ordering::Relaxed) {
+        let now = self.since_epoch_us();
+        if now < self.contended_until.load(Ordering::Relaxed) || self.host_loaded(now) {
             return Duration::ZERO;
         }
+        self.learned()
+    }
+
+    /// The window learned from completions, whatever the host's load.
+    fn learned(&self) -> Duration {
         Duration::from_micros(u64::from(self.window.load(Ordering::Relaxed)))
+    }
+
+    /// Whether the host's 1-minute load average exceeds twice its cores (looked at every
+    /// [`LOAD_EVERY_MS`]): other processes want the cores, and yielding waiters lost to
+    /// blocking ones there (docs/OFI.md).
+    fn host_loaded(&self, now: u64) -> bool {
+        if self.cores == 0 {
+            return false;
+        }
+        let at = self.load_at.load(Ordering::Relaxed);
+        if at == 0 || now.saturating_sub(at) > LOAD_EVERY_MS * 1000 {
+            self.load_at.store(now.max(1), Ordering::Relaxed);
+            let load = std::fs::read_to_string("/proc/loadavg")
+                .ok()
+                .and_then(|t| t.split_whitespace().next()?.parse::<f64>().ok())
+                .unwrap_or(0.0);
+            self.loaded
+                .store(load > 2.0 * self.cores as f64, Ordering::Relaxed);
+        }
+        self.loaded.load(Ordering::Relaxed)
     }
 
     /// Yields the core between two reads of the completion queue. A yield that kept this
