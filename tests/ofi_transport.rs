@@ -208,18 +208,22 @@ fn split_builds_a_working_sub_endpoint() {
     res.into_iter().for_each(|r| r.unwrap());
 }
 
-/// Small messages on both idle-wait modes: blocking on the completion queue's descriptor
-/// (the default where the provider has one: rxm over tcp) and polling (`PCCL_OFI_WAIT=poll`)
-/// give exact results for sizes around rxm's protocol limits, and the transport reports the
-/// mode and eager limit it chose: rxm over tcp blocks and gets `FI_OFI_RXM_EAGER_LIMIT`
+/// Small messages on every idle-wait mode: reading the completion queue for an adaptive
+/// window, then blocking on its descriptor (the default where the provider has one: rxm over
+/// tcp); blocking at once (`PCCL_OFI_SPIN_US=0`); polling (`PCCL_OFI_WAIT=poll`). Each gives
+/// exact results for sizes around rxm's protocol limits, and the transport reports the mode,
+/// window and eager limit it chose: rxm over tcp blocks and gets `FI_OFI_RXM_EAGER_LIMIT`
 /// raised to 256 KiB where the user left it unset; shm always polls.
 #[test]
 fn small_messages_are_exact_whether_waits_block_or_poll() {
-    for wait in ["fd", "poll"] {
-        if !per_provider_with(
-            "small_messages_are_exact_whether_waits_block_or_poll",
-            &[("PCCL_OFI_WAIT", wait)],
-        ) {
+    let modes: [&[(&str, &str)]; 4] = [
+        &[("PCCL_OFI_WAIT", "fd")],
+        &[("PCCL_OFI_WAIT", "fd"), ("PCCL_OFI_SPIN_US", "0")],
+        &[("PCCL_OFI_WAIT", "fd"), ("PCCL_OFI_SPIN_US", "300")],
+        &[("PCCL_OFI_WAIT", "poll")],
+    ];
+    for envs in modes {
+        if !per_provider_with("small_messages_are_exact_whether_waits_block_or_poll", envs) {
             continue;
         }
         if !usable() {
@@ -230,13 +234,30 @@ fn small_messages_are_exact_whether_waits_block_or_poll() {
             // Counts of f32 from just under 16 KiB to just over 256 KiB: both sides of rxm's
             // default eager (16 KiB) and SAR (128 KiB) limits and of one piece (256 KiB here).
             exact_on(&comm, &[4095, 4096, 16_385, 32_768, 65_537])
-                .map(|()| (blocks, t.caps().provider.clone()))
+                .map(|()| (blocks, t.spin_max_us(), t.caps().provider.clone()))
         });
         let wait = std::env::var("PCCL_OFI_WAIT").unwrap_or_default();
+        let spin = std::env::var("PCCL_OFI_SPIN_US").ok();
+        let mut any_blocks = false;
         for r in res {
-            let (blocks, provider) = r.unwrap_or_else(|e| panic!("PCCL_OFI_WAIT={wait}: {e}"));
+            let (blocks, max_us, provider) =
+                r.unwrap_or_else(|e| panic!("PCCL_OFI_WAIT={wait} PCCL_OFI_SPIN_US={spin:?}: {e}"));
             let want = wait == "fd" && provider.contains("ofi_rxm");
             assert_eq!(blocks, want, "{provider}, PCCL_OFI_WAIT={wait}");
+            any_blocks |= blocks;
+            match spin.as_deref() {
+                // auto: a window where the 4 thread-ranks have a core each, none where they
+                // outnumber the cores.
+                None => {
+                    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                    if cores < 4 {
+                        assert_eq!(max_us, 0, "4 ranks on {cores} cores");
+                    } else {
+                        assert!(max_us > 0 && max_us <= 500, "auto window {max_us} µs");
+                    }
+                }
+                Some(v) => assert_eq!(max_us.to_string(), v, "PCCL_OFI_SPIN_US={v}"),
+            }
             if provider.contains("ofi_rxm") {
                 assert_eq!(
                     std::env::var("FI_OFI_RXM_EAGER_LIMIT").as_deref(),
@@ -246,11 +267,92 @@ fn small_messages_are_exact_whether_waits_block_or_poll() {
             }
         }
         println!(
-            "@@ PCCL_OFI_WAIT={wait}: exact, waits block: {}",
-            wait == "fd"
+            "\n@@ PCCL_OFI_WAIT={wait} PCCL_OFI_SPIN_US={spin:?}: exact, waits block: \
+             {any_blocks}"
         );
         return;
     }
+}
+
+/// CPU time of this whole process so far.
+fn process_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant Linux knows.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// A peer that sleeps 40 ms before each of its calls: every collective still completes
+/// exactly, and where waits block (rxm over tcp) the waiting rank's adaptive window closes
+/// instead of reading the queue through the sleep: the process uses well under one core
+/// while it waits (a waiter reading on for the whole sleep would use about one core).
+#[test]
+fn a_slow_peer_makes_progress_and_its_waiter_does_not_burn_a_core() {
+    if !per_provider("a_slow_peer_makes_progress_and_its_waiter_does_not_burn_a_core") || !usable()
+    {
+        return;
+    }
+    const CALLS: usize = 12;
+    const NAP: Duration = Duration::from_millis(40);
+    let res = on_ofi(2, cfg(1, Algorithm::Flat(LevelAlgo::Rd)), |comm, t| {
+        let r = comm.rank();
+        comm.barrier().map_err(|e| e.to_string())?;
+        let (cpu0, t0) = (process_cpu(), Instant::now());
+        for i in 0..CALLS {
+            if r == 1 {
+                std::thread::sleep(NAP);
+            }
+            let count = 1024 << (i % 4); // 4 KiB to 32 KiB
+            let mut v = input::<f32>(r, count, ReduceOp::Sum);
+            comm.all_reduce_in_place(&mut v, ReduceOp::Sum)
+                .map_err(|e| format!("rank {r}, call {i}: {e}"))?;
+            let want: Vec<f32> = (0..count)
+                .map(|j| reduced::<f32>(2, j, ReduceOp::Sum))
+                .collect();
+            if !same_bits(&v, &want) {
+                return Err(format!("rank {r}, call {i}: wrong sum"));
+            }
+        }
+        Ok((cpu0, t0, process_cpu(), Instant::now(), t.caps().wait_fd))
+    });
+    let mut spans = Vec::new();
+    for r in res {
+        spans.push(r.unwrap_or_else(|e| panic!("{e}")));
+    }
+    let (cpu0, t0, cpu1, t1, blocks) = spans[0];
+    let (cpu, wall) = (cpu1 - cpu0, t1 - t0);
+    assert!(
+        wall >= NAP * CALLS as u32,
+        "rank 0 did not wait for its slow peer"
+    );
+    println!("\n@@ slow peer: {wall:?} of waiting used {cpu:?} of CPU (waits block: {blocks})");
+    if blocks {
+        assert!(
+            cpu < wall / 2,
+            "waiting {wall:?} for a slow peer used {cpu:?} of CPU: the wait kept reading"
+        );
+    }
+}
+
+/// A malformed `PCCL_OFI_SPIN_US` is an error naming the variable, not a silent default.
+#[test]
+fn a_bad_pccl_ofi_spin_us_is_an_error_naming_it() {
+    if !per_provider_with(
+        "a_bad_pccl_ofi_spin_us_is_an_error_naming_it",
+        &[("PCCL_OFI_SPIN_US", "forever")],
+    ) || !usable()
+    {
+        return;
+    }
+    let id = UniqueId::new(Duration::from_secs(10)).expect("rendezvous");
+    let e = OfiTransport::connect(&id, 1, 0, 256 * 1024, Duration::from_secs(10))
+        .err()
+        .expect("bad PCCL_OFI_SPIN_US accepted");
+    assert!(e.message().contains("PCCL_OFI_SPIN_US=forever"), "{e}");
 }
 
 /// A malformed `PCCL_OFI_WAIT` is an error naming the variable, not a silent default.

@@ -128,7 +128,7 @@ pub struct Endpoint {
     pub registrations: Arc<AtomicU64>,
 }
 
-fn env(name: &str) -> Option<String> {
+pub(super) fn env(name: &str) -> Option<String> {
     std::env::var(name)
         .ok()
         .map(|v| v.trim().to_string())

@@ -67,6 +67,9 @@ fn wait(
     mut step: impl FnMut(&mut State) -> Result<Step>,
 ) -> Result<()> {
     let mut idle_since = Instant::now();
+    // When this wait last found nothing to do after doing something (what the spin window
+    // learns from: how soon the completion came).
+    let mut idle_start: Option<Instant> = None;
     let mut spins = 0u32;
     let blocks = sh.ep.lock().blocks();
     loop {
@@ -78,6 +81,13 @@ fn wait(
             // consequence (say, the endpoint closed because of the death).
             step(&mut st).map_err(|e| sh.ctl.faults().check(tag, peer).err().unwrap_or(e))?
         };
+        if s != Step::Idle {
+            if let Some(t) = idle_start.take() {
+                if blocks {
+                    sh.spin.record(t.elapsed());
+                }
+            }
+        }
         match s {
             Step::Done => return Ok(()),
             Step::Moved => {
@@ -92,15 +102,23 @@ fn wait(
         if now >= deadline {
             return Err(faults::timed_out(sh.rank, peer, what, true));
         }
+        let idle_for = now.duration_since(*idle_start.get_or_insert(now));
         spins += 1;
         if blocks {
-            // Block until the provider's traffic signals the completion queue (a socket of
-            // rxm over tcp became readable), at most BLOCK: the failure board and the
-            // deadline are looked at between blocks. Polling on a timer instead made every
-            // protocol round of a small message (rxm's segments, acknowledgements) wait for
-            // a sleep or a yield, which on a loaded host is milliseconds.
+            // Read the completion queue again, yielding between reads, for the endpoint's
+            // adaptive window (`spin.rs`): below 16 KiB the completion usually comes within microseconds, and
+            // a block costs a wake-up per protocol round. Then block until the provider's
+            // traffic signals the completion queue (a socket of rxm over tcp became
+            // readable), at most BLOCK: the failure board and the deadline are looked at
+            // between blocks. Polling on a timer instead made every protocol round of a
+            // small message (rxm's segments, acknowledgements) wait for a sleep or a yield,
+            // which on a loaded host is milliseconds.
             if spins < 16 {
                 std::hint::spin_loop();
+            } else if idle_for < sh.spin.window() {
+                // Yield between reads, never just spin: the runnable thread this hands the
+                // core to may be the peer this wait needs (`spin.rs`).
+                sh.spin.pause();
             } else if let Some(fd) = sh.ep.lock().may_block() {
                 // SAFETY: a plain poll(2) on the descriptor, no libfabric call (none may run
                 // without the lock). Should another thread close the endpoint meanwhile, the

@@ -26,6 +26,7 @@
 mod fabric;
 mod link;
 mod mr;
+mod spin;
 mod sys;
 
 pub use fabric::{providers, Caps};
@@ -41,7 +42,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Bootstrap record: magic, piece size, address length, address, provider/fabric.
+/// Bootstrap record: magic, piece size, address length, address, provider/fabric, and in
+/// its last 8 bytes the node key (to count the ranks sharing this host).
 const RECORD: usize = 512;
 const MAGIC: u64 = 0x5043_434c_4f46_4931;
 const NAME_MAX: usize = 256;
@@ -58,6 +60,8 @@ pub(crate) struct Shared {
     piece: usize,
     timeout: Duration,
     bounce: Mutex<Vec<Vec<u8>>>,
+    /// How long idle waits spin before they block (`spin.rs`).
+    spin: spin::Spin,
 }
 
 impl Shared {
@@ -110,6 +114,7 @@ impl OfiTransport {
 
     /// Opens this rank's endpoint and exchanges addresses over the control plane `ctl`.
     fn over(ctl: Arc<dyn Transport>, chunk: usize, timeout: Duration) -> Result<Self> {
+        let spin_setting = spin::setting()?;
         let ep = fabric::open_endpoint()?;
         let (rank, p) = (ctl.rank(), ctl.size());
         if ep.name.len() > NAME_MAX {
@@ -126,9 +131,12 @@ impl OfiTransport {
         mine[24..24 + ep.name.len()].copy_from_slice(&ep.name);
         let label = format!("{} / {}", ep.caps.provider, ep.caps.fabric);
         let lb = label.as_bytes();
-        let lcap = RECORD - 24 - NAME_MAX;
+        let lcap = RECORD - 24 - NAME_MAX - 8;
         mine[24 + NAME_MAX..24 + NAME_MAX + lb.len().min(lcap)]
             .copy_from_slice(&lb[..lb.len().min(lcap)]);
+        let node = ctl.node_key();
+        mine[RECORD - 8..].copy_from_slice(&node.to_le_bytes());
+        let mut local = 1;
         let tag = faults::stamp(0, faults::CONTROL | 0x0f1f_0001);
         let deadline = Instant::now() + timeout;
         let mut sends = Vec::new();
@@ -157,7 +165,7 @@ impl OfiTransport {
                     break;
                 }
                 let word = |i: usize| u64::from_le_bytes(rec[i..i + 8].try_into().unwrap());
-                let theirs = String::from_utf8_lossy(&rec[24 + NAME_MAX..])
+                let theirs = String::from_utf8_lossy(&rec[24 + NAME_MAX..RECORD - 8])
                     .trim_end_matches('\0')
                     .to_string();
                 if word(0) != MAGIC || theirs != label {
@@ -173,6 +181,7 @@ impl OfiTransport {
                 if j == 0 {
                     piece = (word(8) as usize).max(MIN_PIECE);
                 }
+                local += usize::from(word(RECORD - 8) == node);
             }
         }
         for s in sends {
@@ -188,10 +197,13 @@ impl OfiTransport {
             faults::stamp(0, faults::CONTROL | 0x0f1f_0002),
             deadline,
         )?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let spin = spin::Spin::for_host(spin_setting, local, cores);
         if debug_info() {
             eprintln!(
                 "pccl: rank {rank}: ofi transport on provider {} (fabric {}, domain {}); {}; \
-                 registration {}; pieces of {} bytes; idle waits {}; rxm eager limit {}",
+                 registration {}; pieces of {} bytes; idle waits {}; rxm eager limit {}; {} ranks on \
+                 this host, {} cores: idle waits read on for at most {} µs before blocking",
                 ep.caps.provider,
                 ep.caps.fabric,
                 ep.caps.domain,
@@ -211,10 +223,14 @@ impl OfiTransport {
                 } else {
                     "poll"
                 },
-                std::env::var("FI_OFI_RXM_EAGER_LIMIT").unwrap_or_else(|_| "(default)".into())
+                std::env::var("FI_OFI_RXM_EAGER_LIMIT").unwrap_or_else(|_| "(default)".into()),
+                local,
+                cores,
+                spin.max_us(),
             );
         }
         let sh = Arc::new(Shared {
+            spin,
             ep,
             ctl,
             addrs,
@@ -242,6 +258,13 @@ impl OfiTransport {
     /// buffers do not add any (0 where the provider needs none).
     pub fn registrations(&self) -> u64 {
         self.sh.ep.registrations.load(Ordering::Relaxed)
+    }
+
+    /// The longest an idle wait reads the completion queue (yielding between reads) before
+    /// it blocks on the queue's descriptor, in µs (`PCCL_OFI_SPIN_US`; 0: blocks at once;
+    /// shorter where ranks outnumber this host's cores). Unused where waits poll.
+    pub fn spin_max_us(&self) -> u32 {
+        self.sh.spin.max_us()
     }
 
     /// The piece size all ranks agreed on.
