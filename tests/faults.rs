@@ -382,10 +382,7 @@ fn fault_case(
                 // A survivor that finished before the victim entered the collective learns
                 // of the death by detection, not from its own call: give that a second.
                 let t1 = Instant::now();
-                while e.is_none()
-                    && comm.dead_ranks().is_empty()
-                    && t1.elapsed() < prompt(SECOND)
-                {
+                while e.is_none() && comm.dead_ranks().is_empty() && t1.elapsed() < prompt(SECOND) {
                     std::thread::sleep(Duration::from_millis(5));
                 }
                 assert_eq!(comm.dead_ranks(), vec![victim]);
