@@ -163,3 +163,35 @@ pub fn on_tcp_ranks<R: Send>(
             .collect()
     })
 }
+
+/// The most [`load_stretch`] stretches a bound: a prompt failure stays far from the 30 s
+/// timeouts that a hang or a missed report would cost.
+pub const MAX_STRETCH: f64 = 4.0;
+
+/// How much longer than on an idle machine this process's threads may take now to be
+/// scheduled through a chain of hand-offs: the 1-minute load average per core, at least 1
+/// and at most [`MAX_STRETCH`] (1 where `/proc/loadavg` is missing). On a CI machine of 2
+/// cores running a test binary whose tests run side by side, each wake-up of a rank thread
+/// waits behind the other runnable threads, and a failure that travels through several
+/// ranks pays that several times: a bound of "within a second" on an idle machine is
+/// "within a few seconds" there, and still far from any timeout.
+pub fn load_stretch() -> f64 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    (load / cores).clamp(1.0, MAX_STRETCH)
+}
+
+/// `base` (the bound on an idle machine) stretched by [`load_stretch`].
+pub fn prompt(base: std::time::Duration) -> std::time::Duration {
+    base.mul_f64(load_stretch())
+}
+
+/// The bound for a call that must end at its collective's single deadline `timeout`: later
+/// only by scheduling ([`prompt`] of half a second), and never by a second deadline (the
+/// slack stays below `timeout`, so waiting two deadlines out always fails).
+pub fn one_deadline(timeout: std::time::Duration) -> std::time::Duration {
+    timeout + prompt(std::time::Duration::from_millis(500)).min(timeout.mul_f64(0.9))
+}
