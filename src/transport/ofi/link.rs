@@ -117,6 +117,11 @@ fn wait(
     }
 }
 
+/// Whether any rank is known dead (the communicator can only shrink then).
+fn any_death_at_all(sh: &Shared) -> bool {
+    !sh.ctl.faults().dead_ranks().is_empty()
+}
+
 /// Whether `peer` is known dead.
 fn is_dead(sh: &Shared, peer: usize) -> bool {
     sh.ctl.faults().dead_ranks().iter().any(|(r, _)| *r == peer)
@@ -187,21 +192,28 @@ fn settle(
                     }
                 );
             }
+            // A retired or closed endpoint (with every rank alive): every rank moves to a
+            // fresh one at its next collective (`epoch.rs`).
+            let mut ask = None;
             match otherwise {
                 Otherwise::Park => left.into_iter().for_each(|c| st.park(c, None)),
                 Otherwise::CloseSends if dead || any_death => {
                     left.into_iter().for_each(|c| st.park(c, None))
                 }
                 Otherwise::CloseSends => {
-                    st.retire(format!(
+                    let why = format!(
                         "rank {}: {n} send(s) to rank {peer} were not taken within {} ms after \
                          a failed collective, and provider {} would hold later messages to it \
-                         behind them; create a new communicator",
+                         behind them",
                         sh.rank,
                         bound.as_millis(),
                         sh.ep.caps.provider
+                    );
+                    st.retire(format!(
+                        "{why}; every rank moves to a fresh endpoint at its next collective"
                     ));
                     left.into_iter().for_each(|c| st.park(c, None));
+                    ask = Some(why);
                 }
                 // After a death the communicator can only shrink (onto a fresh endpoint), so
                 // closing this one costs nothing more.
@@ -209,13 +221,23 @@ fn settle(
                     "rank {peer} died while rank {} was receiving from it",
                     sh.rank
                 )),
-                Otherwise::Close => st.close_with(format!(
-                    "rank {}: {n} receive(s) from rank {peer} into the caller's memory did not \
-                     end within {} ms of being cancelled after a failed collective (the \
-                     provider could still write that memory); create a new communicator",
-                    sh.rank,
-                    bound.as_millis()
-                )),
+                Otherwise::Close => {
+                    let why = format!(
+                        "rank {}: {n} receive(s) from rank {peer} into the caller's memory did \
+                         not end within {} ms of being cancelled after a failed collective (the \
+                         provider could still write that memory)",
+                        sh.rank,
+                        bound.as_millis()
+                    );
+                    st.close_with(format!(
+                        "{why}; every rank moves to a fresh endpoint at its next collective"
+                    ));
+                    ask = (!any_death_at_all(sh)).then_some(why);
+                }
+            }
+            drop(st);
+            if let Some(why) = ask {
+                super::epoch::request(sh, &why);
             }
             return n;
         }
