@@ -76,7 +76,10 @@ fn wait(
             st.drain_refused(sh.ctl.faults(), sh.piece);
             // The board's cause (a death, a refusal) explains a failure better than its
             // consequence (say, the endpoint closed because of the death).
-            step(&mut st).map_err(|e| sh.ctl.faults().check(tag, peer).err().unwrap_or(e))?
+            step(&mut st).map_err(|e| {
+                let cause = sh.ctl.faults().check(tag, peer);
+                cause.and_then(|()| epoch_check(sh, tag)).err().unwrap_or(e)
+            })?
         };
         match s {
             Step::Done => return Ok(()),
@@ -88,6 +91,7 @@ fn wait(
             Step::Idle => {}
         }
         sh.ctl.faults().check(tag, peer)?;
+        epoch_check(sh, tag)?;
         let now = Instant::now();
         if now >= deadline {
             return Err(faults::timed_out(sh.rank, peer, what, true));
@@ -114,6 +118,21 @@ fn wait(
         } else {
             std::thread::sleep(Duration::from_micros(50));
         }
+    }
+}
+
+/// Fails a wait of a collective on an endpoint some rank asked every rank to move past
+/// (`epoch.rs`): its peers may be waiting at the gate of their next collective, posting
+/// nothing of this one.
+fn epoch_check(sh: &Shared, tag: Tag) -> Result<()> {
+    if faults::is_control(tag) || faults::is_p2p(tag) {
+        return Ok(());
+    }
+    match sh.ctl.faults().wanted_epoch() {
+        Some((e, r, why)) if e > sh.epoch => {
+            Err(faults::epoch_error(faults::seq_of(tag), e, r, &why))
+        }
+        _ => Ok(()),
     }
 }
 
