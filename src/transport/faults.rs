@@ -285,6 +285,14 @@ impl Faults {
         b.epoch_wanted.clone().filter(|w| w.0 > b.epoch_now)
     }
 
+    /// The newest epoch asked for, reached or not: (epoch, asking rank, why).
+    pub fn latest_epoch(&self) -> Option<(u32, usize, String)> {
+        if !self.any() {
+            return None;
+        }
+        lock(&self.board).epoch_wanted.clone()
+    }
+
     /// Whether anything was ever recorded (cheap).
     pub fn any(&self) -> bool {
         self.generation.load(Ordering::Relaxed) != 0

@@ -27,7 +27,7 @@
 //! progressed until the transport drops (closing a shm endpoint under a live peer crashed
 //! that peer); their leftovers are drained there.
 
-use super::{connect_all, debug_info, exchange, fabric, ready, OfiTransport, Shared};
+use super::{connect_all, debug_info, exchange, fabric, ready, Epochs, OfiTransport, Shared};
 use crate::error::{Error, Result};
 use crate::transport::faults::{self, Tag};
 use crate::transport::{Notice, Transport};
@@ -35,7 +35,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-/// Marks [`OfiTransport::last`] as holding a sequence number.
+/// Marks [`Epochs::last`] as holding a sequence number.
 pub(super) const POSTED: u64 = 1 << 32;
 
 /// What the gate remembers.
@@ -45,6 +45,10 @@ pub(super) struct Gate {
     seq: Option<u32>,
     /// Where the last switch put the first collective of the new epoch.
     skip: Option<Skip>,
+    /// The epoch of the switch under way (this rank's record sent, the round not ended).
+    running: Option<u32>,
+    /// Why a switch failed (every later collective fails with it: a rank died or hung).
+    failed: Option<Error>,
 }
 
 /// The outcome of a switch: collectives before `from` fail here.
@@ -84,10 +88,131 @@ pub(super) fn request(sh: &Shared, why: &str) {
     }
 }
 
+impl Epochs {
+    /// Starts the round of a switch asked for on the board, if none runs: called by the
+    /// progress thread (so a rank between collectives takes part at once) and by the gate.
+    /// `next`: the first collective this rank has not posted anything of (and will not
+    /// before the round ends).
+    fn start_switch(self: &Arc<Self>, g: &mut Gate, next: Option<u32>) {
+        if g.running.is_some() || g.failed.is_some() {
+            return;
+        }
+        let cur = self.current();
+        let Some((wanted, by, why)) = cur.ctl.faults().wanted_epoch() else {
+            return;
+        };
+        let epoch = cur.epoch + 1;
+        if wanted < epoch {
+            return;
+        }
+        let next = next.unwrap_or_else(|| {
+            let l = self.last.load(Ordering::Relaxed);
+            if l & POSTED == 0 {
+                0
+            } else {
+                (l as u32).wrapping_add(1)
+            }
+        });
+        g.running = Some(epoch);
+        let eps = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("pccl-ofi-switch".into())
+            .spawn(move || eps.run_switch(&cur, epoch, next, by, &why));
+        if let Err(e) = spawned {
+            g.running = None;
+            g.failed = Some(Error::system(format!(
+                "cannot start the libfabric endpoint switch: {e}"
+            )));
+        }
+    }
+
+    /// The round (module documentation): a fresh endpoint, addresses and next collectives
+    /// exchanged with every rank, a barrier, connections; then the gate opens.
+    fn run_switch(&self, cur: &Shared, epoch: u32, next: u32, by: usize, why: &str) {
+        let t0 = Instant::now();
+        let deadline = t0 + self.timeout;
+        let ctl = cur.ctl.as_ref();
+        let rank = cur.rank;
+        let failed = |e: Error| {
+            Error::new(
+                e.kind(),
+                format!(
+                    "rank {rank}: moving every rank to a fresh libfabric endpoint (epoch \
+                     {epoch}, asked for by rank {by}: {why}) failed: {}",
+                    e.message()
+                ),
+            )
+        };
+        let result = (|| {
+            let ep = fabric::open_endpoint()?;
+            let tag = faults::stamp(epoch, faults::CONTROL | 0x0f1f_0010);
+            let step = exchange(ctl, &ep, u64::from(next), tag, deadline).and_then(|(n, xs)| {
+                let addrs = ep.lock().insert(&n)?;
+                ready(ctl, faults::stamp(epoch, faults::CONTROL | 0x0f1f_0011), deadline)?;
+                Ok((addrs, xs))
+            });
+            let (addrs, xs) = match step {
+                Ok(v) => v,
+                Err(e) => {
+                    // Peers may know its address: it stays open until the transport drops.
+                    lock(&self.spare).push(ep);
+                    return Err(e);
+                }
+            };
+            let sh = Arc::new(Shared {
+                ep,
+                ctl: cur.ctl.clone(),
+                addrs,
+                rank,
+                piece: cur.piece,
+                bounce: Mutex::new(Vec::new()),
+                epoch,
+            });
+            // Connections first, as at bootstrap (every rank is past the barrier).
+            let r = connect_all(&sh, deadline);
+            lock(&self.list).push(sh);
+            r?;
+            let (mut k, mut from) = (rank, next);
+            for (j, &x) in xs.iter().enumerate() {
+                if before(from, x as u32) {
+                    (k, from) = (j, x as u32);
+                }
+            }
+            Ok((k, from))
+        })();
+        let mut g = lock(&self.gate);
+        g.running = None;
+        match result {
+            Ok((k, from)) => {
+                cur.ctl.faults().set_epoch(epoch);
+                g.skip = Some(Skip { from, epoch, by: k });
+                if debug_info() {
+                    eprintln!(
+                        "pccl: rank {rank}: moved to libfabric endpoint epoch {epoch} in {} ms \
+                         (asked for by rank {by}); collectives from #{from} on run on it",
+                        t0.elapsed().as_millis()
+                    );
+                }
+            }
+            Err(e) => g.failed = Some(failed(e)),
+        }
+        self.opened.notify_all();
+    }
+
+    /// Starts a switch asked for on the board (the progress thread's check; cheap while
+    /// nothing failed).
+    pub(super) fn poll_switch(self: &Arc<Self>, faults: &faults::Faults) {
+        if faults.any() && faults.wanted_epoch().is_some() {
+            let mut g = lock(&self.gate);
+            self.start_switch(&mut g, None);
+        }
+    }
+}
+
 impl OfiTransport {
     /// The endpoint an operation stamped `tag` runs on: the current one, after the gate
     /// (see the module documentation) for a collective's operations once anything failed.
-    /// `deadline` bounds a switch.
+    /// `deadline` bounds the wait for a switch under way.
     pub(super) fn shared_for(&self, tag: Tag, deadline: Instant) -> Result<Arc<Shared>> {
         if faults::is_control(tag) || faults::is_p2p(tag) {
             return Ok(self.eps.current());
@@ -95,26 +220,48 @@ impl OfiTransport {
         let seq = faults::seq_of(tag);
         let mark = u64::from(seq) | POSTED;
         if !self.faults().any() {
-            self.last.store(mark, Ordering::Relaxed);
+            self.eps.last.store(mark, Ordering::Relaxed);
             return Ok(self.eps.current());
         }
-        let mut g = lock(&self.gate);
+        let mut g = lock(&self.eps.gate);
         // New: no operation of it was posted yet (on the fast path either).
-        let new = self.last.swap(mark, Ordering::Relaxed) != mark && g.seq != Some(seq);
+        let new = self.eps.last.swap(mark, Ordering::Relaxed) != mark && g.seq != Some(seq);
         g.seq = Some(seq);
-        if let Some((epoch, by, why)) = self.faults().wanted_epoch() {
-            if !new {
-                // Under way: some of it may be posted on the old endpoint, and peers at the
-                // gate post none of it.
-                return Err(faults::epoch_error(seq, epoch, by, &why));
+        self.eps
+            .start_switch(&mut g, Some(if new { seq } else { seq.wrapping_add(1) }));
+        if !new {
+            if let Some((epoch, by, why)) = self.faults().latest_epoch() {
+                if epoch > self.eps.current().epoch || g.running.is_some() {
+                    // Under way: some of it may be posted on the old endpoint, and peers
+                    // post none of it there.
+                    return Err(faults::epoch_error(seq, epoch, by, &why));
+                }
             }
-            // A dead or aborting rank cannot join the round: that error instead.
+        }
+        while g.running.is_some() {
+            // Nothing of this collective is posted: wait for the round to end.
             let f = self.faults();
             f.check(faults::stamp(0, faults::CONTROL), self.rank)?;
             if !f.dead_ranks().is_empty() {
                 f.check(tag, self.rank)?;
             }
-            self.switch(seq, &mut g, by, &why, deadline)?;
+            if Instant::now() >= deadline {
+                return Err(Error::timeout(format!(
+                    "rank {}: collective #{seq} waited in vain for every rank to move to a \
+                     fresh libfabric endpoint; a rank may be stuck outside PCCL (raise \
+                     PCCL_TIMEOUT if it is only slow)",
+                    self.rank
+                )));
+            }
+            g = self
+                .eps
+                .opened
+                .wait_timeout(g, faults::POLL)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        if let Some(e) = &g.failed {
+            return Err(e.clone());
         }
         if let Some(s) = g.skip.as_ref().filter(|s| before(seq, s.from)) {
             // Peers may have sent some of it on an old endpoint before hearing of the switch.
@@ -129,82 +276,6 @@ impl OfiTransport {
             )));
         }
         Ok(self.eps.current())
-    }
-
-    /// The round at the gate of collective `seq` (nothing of it posted): a fresh endpoint,
-    /// addresses and sequence numbers exchanged with every rank, a barrier. `by`/`why`: who
-    /// asked and why (for messages).
-    fn switch(
-        &self,
-        seq: u32,
-        g: &mut Gate,
-        by: usize,
-        why: &str,
-        deadline: Instant,
-    ) -> Result<()> {
-        let t0 = Instant::now();
-        let epoch = self.eps.current().epoch + 1;
-        let ctl = self.ctl.as_ref();
-        let failed = |e: Error| {
-            Error::new(
-                e.kind(),
-                format!(
-                    "rank {}: moving to a fresh libfabric endpoint (epoch {epoch}, asked for by \
-                     rank {by}: {why}) failed at collective #{seq}: {}",
-                    self.rank,
-                    e.message()
-                ),
-            )
-        };
-        let ep = fabric::open_endpoint().map_err(failed)?;
-        let tag = faults::stamp(epoch, faults::CONTROL | 0x0f1f_0010);
-        let step = exchange(ctl, &ep, u64::from(seq), tag, deadline).and_then(|(names, xs)| {
-            let addrs = ep.lock().insert(&names)?;
-            let tag = faults::stamp(epoch, faults::CONTROL | 0x0f1f_0011);
-            ready(ctl, tag, deadline)?;
-            Ok((addrs, xs))
-        });
-        let (addrs, xs) = match step {
-            Ok(v) => v,
-            Err(e) => {
-                // Peers may know its address already: it stays open until the transport drops.
-                lock(&self.eps.spare).push(ep);
-                return Err(failed(e));
-            }
-        };
-        let sh = Arc::new(Shared {
-            ep,
-            ctl: self.ctl.clone(),
-            addrs,
-            rank: self.rank,
-            piece: self.piece,
-            bounce: Mutex::new(Vec::new()),
-            epoch,
-        });
-        lock(&self.eps.list).push(sh.clone());
-        self.faults().set_epoch(epoch);
-        let (mut by_rank, mut from) = (self.rank, seq);
-        for (j, &x) in xs.iter().enumerate() {
-            if before(from, x as u32) {
-                (by_rank, from) = (j, x as u32);
-            }
-        }
-        g.skip = Some(Skip {
-            from,
-            epoch,
-            by: by_rank,
-        });
-        // Connections first, as at bootstrap (every rank is past the barrier).
-        connect_all(&sh, deadline).map_err(failed)?;
-        if debug_info() {
-            eprintln!(
-                "pccl: rank {}: moved to libfabric endpoint epoch {epoch} at collective #{seq} \
-                 in {} ms; collectives from #{from} on run on it",
-                self.rank,
-                t0.elapsed().as_millis()
-            );
-        }
-        Ok(())
     }
 
     /// Retires this rank's current endpoint because of `why`, as a send that a live peer

@@ -128,7 +128,7 @@ fn epoch_check(sh: &Shared, tag: Tag) -> Result<()> {
     if faults::is_control(tag) || faults::is_p2p(tag) {
         return Ok(());
     }
-    match sh.ctl.faults().wanted_epoch() {
+    match sh.ctl.faults().latest_epoch() {
         Some((e, r, why)) if e > sh.epoch => {
             Err(faults::epoch_error(faults::seq_of(tag), e, r, &why))
         }

@@ -38,7 +38,7 @@ use super::tcp::{TcpTransport, UniqueId};
 use super::{Notice, SendOp, Tag, Transport};
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -82,11 +82,18 @@ impl Shared {
 /// The endpoints of every epoch, the current one last. Old ones stay open and progressed
 /// until the transport drops: a peer may still write to them (closing a shm endpoint under a
 /// live peer crashed that peer), and their limbo still drains.
-#[derive(Default)]
 pub(crate) struct Epochs {
     list: Mutex<Vec<Arc<Shared>>>,
     /// Endpoints of switches that failed half-way (peers may know their addresses).
     spare: Mutex<Vec<Endpoint>>,
+    /// Where collectives move to a fresh endpoint (`epoch.rs`), and its signal.
+    gate: Mutex<epoch::Gate>,
+    opened: Condvar,
+    /// The sequence number of the last collective that posted an operation (with
+    /// [`epoch::POSTED`] set), kept on the fast path too.
+    last: AtomicU64,
+    /// Bounds a switch's round.
+    timeout: Duration,
 }
 
 impl Epochs {
@@ -108,11 +115,6 @@ pub struct OfiTransport {
     size: usize,
     piece: usize,
     timeout: Duration,
-    /// Where collectives move to a fresh endpoint (`epoch.rs`).
-    gate: Mutex<epoch::Gate>,
-    /// The sequence number of the last collective that posted an operation (with
-    /// [`epoch::POSTED`] set), kept on the fast path too.
-    last: AtomicU64,
     stop: Arc<AtomicBool>,
     service: Option<JoinHandle<()>>,
 }
@@ -199,8 +201,14 @@ impl OfiTransport {
             epoch: 0,
         });
         connect_all(&sh, deadline)?;
-        let eps = Arc::new(Epochs::default());
-        eps.list.lock().unwrap_or_else(|e| e.into_inner()).push(sh);
+        let eps = Arc::new(Epochs {
+            list: Mutex::new(vec![sh]),
+            spare: Mutex::new(Vec::new()),
+            gate: Mutex::new(epoch::Gate::default()),
+            opened: Condvar::new(),
+            last: AtomicU64::new(0),
+            timeout,
+        });
         let stop = Arc::new(AtomicBool::new(false));
         let service = spawn_service(Arc::downgrade(&eps), stop.clone())?;
         Ok(OfiTransport {
@@ -210,8 +218,6 @@ impl OfiTransport {
             size: p,
             piece,
             timeout,
-            gate: Mutex::new(epoch::Gate::default()),
-            last: AtomicU64::new(0),
             stop,
             service: Some(service),
         })
@@ -402,6 +408,7 @@ fn spawn_service(eps: Weak<Epochs>, stop: Arc<AtomicBool>) -> Result<JoinHandle<
         .spawn(move || {
             while !stop.load(Ordering::Acquire) {
                 let Some(eps) = eps.upgrade() else { return };
+                eps.poll_switch(eps.current().ctl.faults());
                 for sh in eps.all() {
                     if let Some(mut st) = sh.ep.try_lock() {
                         st.progress();
