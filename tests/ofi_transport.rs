@@ -130,8 +130,7 @@ impl Quiesce {
     fn settle(&self, t: &OfiTransport) {
         self.barrier.wait();
         let asked = t.faults().wanted_epoch().map_or(0, |w| w.0);
-        self.epoch
-            .fetch_max(asked.max(t.epoch()), Ordering::SeqCst);
+        self.epoch.fetch_max(asked.max(t.epoch()), Ordering::SeqCst);
         self.barrier.wait();
         let want = self.epoch.load(Ordering::SeqCst);
         let give_up = Instant::now() + Duration::from_secs(10);
@@ -516,7 +515,10 @@ fn after_a_retired_endpoint_every_rank_switches_and_the_next_collectives_are_exa
             };
             comm.broadcast(&mut b, 0)
                 .unwrap_or_else(|e| panic!("P={p} rank {r}: broadcast: {e}"));
-            assert!(same_bits(&b, &input::<f32>(0, k, ReduceOp::Sum)), "rank {r}");
+            assert!(
+                same_bits(&b, &input::<f32>(0, k, ReduceOp::Sum)),
+                "rank {r}"
+            );
             let x = input::<i64>(r, k, ReduceOp::Max);
             let mut y = vec![0i64; k];
             comm.reduce(&x, &mut y, ReduceOp::Max, p - 1)

@@ -503,13 +503,19 @@ mod tests {
         let g = Faults::default();
         assert!(g.want_epoch(1, 3, "stuck send"));
         assert!(!g.want_epoch(1, 2, "again"));
-        assert!(g.check(stamp(9, 5), 0).is_ok(), "the next collective reaches the transport");
+        assert!(
+            g.check(stamp(9, 5), 0).is_ok(),
+            "the next collective reaches the transport"
+        );
         let (e, r, why) = g.wanted_epoch().expect("asked for");
         let e = epoch_error(9, e, r, &why);
         assert!(e.message().contains("rank 3 retired") && e.message().contains("epoch 1"));
         g.set_epoch(1);
         assert!(g.wanted_epoch().is_none(), "epoch reached");
-        assert!(!g.want_epoch(1, 0, "stale"), "an epoch reached is not asked again");
+        assert!(
+            !g.want_epoch(1, 0, "stale"),
+            "an epoch reached is not asked again"
+        );
         f.abort("by the test");
         assert_eq!(
             f.check(stamp(2, CONTROL), 2).unwrap_err().kind(),

@@ -148,7 +148,11 @@ impl Epochs {
             let tag = faults::stamp(epoch, faults::CONTROL | 0x0f1f_0010);
             let step = exchange(ctl, &ep, u64::from(next), tag, deadline).and_then(|(n, xs)| {
                 let addrs = ep.lock().insert(&n)?;
-                ready(ctl, faults::stamp(epoch, faults::CONTROL | 0x0f1f_0011), deadline)?;
+                ready(
+                    ctl,
+                    faults::stamp(epoch, faults::CONTROL | 0x0f1f_0011),
+                    deadline,
+                )?;
                 Ok((addrs, xs))
             });
             let (addrs, xs) = match step {
