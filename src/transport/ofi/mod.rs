@@ -15,6 +15,10 @@
 //! Messages of a collective that failed on this rank are drained by receives kept posted for
 //! its sequence number (`fabric::State::add_junk`).
 //!
+//! **Epochs.** A rank that retires its endpoint (shm, after a failed collective) asks every
+//! rank to move to a fresh one; they agree on the collective to switch at over the control
+//! plane (`epoch.rs`). Operations capture their epoch's endpoint; old ones stay open.
+//!
 //! **Memory.** Buffers are registered where the provider asks (`FI_MR_LOCAL`), through a cache
 //! keyed by address and length (`mr.rs`). `FI_HMEM` is detected and reported
 //! ([`OfiTransport::caps`]); device pointers are not handed to the provider yet (device
