@@ -749,8 +749,13 @@ fn play_kill(rank: usize, p: usize, id: &UniqueId, pieces: usize, kill: Kill) {
     }
     match kill {
         Kill::Plain | Kill::BeforeSwitch if rank == VICTIM => std::process::abort(), // no goodbye
-        Kill::BeforeSwitch if rank == 3 => t.retire_endpoint("retired by the test"),
+        // After the peers' last all-reduce (a request reaching them inside it would fail it).
+        Kill::BeforeSwitch if rank == 3 => {
+            std::thread::sleep(Duration::from_millis(200));
+            t.retire_endpoint("retired by the test")
+        }
         Kill::DuringSwitch if rank == VICTIM => {
+            std::thread::sleep(Duration::from_millis(200));
             t.retire_endpoint("retired by the test");
             std::thread::spawn(|| {
                 std::thread::sleep(Duration::from_millis(20));

@@ -38,6 +38,12 @@ use std::time::Instant;
 /// Marks [`Epochs::last`] as holding a sequence number.
 pub(super) const POSTED: u64 = 1 << 32;
 
+/// Sequence number of a switch's control messages, plus the epoch: half the sequence space
+/// away from every other control message, so that a round's leftovers (a round that failed
+/// half-way when a rank died) count as stale for any later control receive (shrink, goodbye,
+/// a later round) and are dropped instead of mismatching it.
+const ROUND_SEQ: u32 = 0x8000_0000;
+
 /// What the gate remembers.
 #[derive(Default)]
 pub(super) struct Gate {
@@ -145,7 +151,7 @@ impl Epochs {
         };
         let result = (|| {
             let ep = fabric::open_endpoint()?;
-            let tag = faults::stamp(epoch, faults::CONTROL | 0x0f1f_0010);
+            let tag = faults::stamp(ROUND_SEQ.wrapping_add(epoch), faults::CONTROL | 0x0f1f_0010);
             let step = exchange(ctl, &ep, u64::from(next), tag, deadline).and_then(|(n, xs)| {
                 let addrs = ep.lock().insert(&n)?;
                 ready(
