@@ -12,9 +12,11 @@ use pccl::config::Config;
 use pccl::plan::{Algorithm, LevelAlgo};
 use pccl::transport::ofi::OfiTransport;
 use pccl::transport::tcp::UniqueId;
+use pccl::transport::Transport;
 use pccl::{Communicator, ErrorKind, ReduceOp};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 /// Set in a child: `<provider>` (thread tests) or `<provider>|<rank>|<p>|<id hex>` (ranks as
@@ -107,6 +109,37 @@ fn on_ofi<R: Send>(
             .map(|h| h.join().expect("rank thread"))
             .collect()
     })
+}
+
+/// Thread-ranks meeting outside PCCL after failed calls, so that the next collective starts
+/// only once every rank is on the endpoint some rank asked for, if any (a request that
+/// reaches a rank inside a collective fails that collective, by design).
+struct Quiesce {
+    barrier: Barrier,
+    epoch: AtomicU32,
+}
+
+impl Quiesce {
+    fn new(p: usize) -> Self {
+        Quiesce {
+            barrier: Barrier::new(p),
+            epoch: AtomicU32::new(0),
+        }
+    }
+
+    fn settle(&self, t: &OfiTransport) {
+        self.barrier.wait();
+        let asked = t.faults().wanted_epoch().map_or(0, |w| w.0);
+        self.epoch.fetch_max(asked.max(t.epoch()), Ordering::SeqCst);
+        self.barrier.wait();
+        let want = self.epoch.load(Ordering::SeqCst);
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while t.epoch() < want {
+            assert!(Instant::now() < give_up, "epoch {want} never reached");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.barrier.wait();
+    }
 }
 
 fn cfg(m: usize, algo: Algorithm) -> Config {
@@ -421,7 +454,8 @@ fn bad_input_and_mismatched_calls_fail_everywhere_and_the_next_works() {
         return;
     }
     let p = 3;
-    let res = on_ofi(p, cfg(p, Algorithm::Flat(LevelAlgo::Ring)), |comm, _| {
+    let sync = Quiesce::new(p);
+    let res = on_ofi(p, cfg(p, Algorithm::Flat(LevelAlgo::Ring)), |comm, t| {
         let r = comm.rank();
         let n = 100_000;
         let inp = vec![1.0f64; n];
@@ -450,21 +484,12 @@ fn bad_input_and_mismatched_calls_fail_everywhere_and_the_next_works() {
             .all_gather(&mine, &mut all)
             .expect_err("mismatched call");
         println!("@@ rank {r}: mismatched all-gather: {e}");
-        // Known limit of 1.17's shm (docs/OFI.md): a large send of the refused call that
-        // the peer's drain never completed retires the endpoint; later calls then fail
-        // cleanly on every rank. Everywhere else the communicator goes on.
-        let shm = std::env::var("FI_PROVIDER").as_deref() == Ok("shm");
-        if shm && e.message().contains("endpoint was closed") {
-            println!("@@ rank {r}: shm known limit: {e}");
-        } else {
-            assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
-        }
-        match exact_on(&comm, &[1, 70_001]) {
-            Ok(()) => {}
-            Err(e) if shm && e.contains("endpoint was closed") => {
-                println!("@@ rank {r}: shm known limit, next call failed cleanly: {e}")
-            }
-            Err(e) => panic!("rank {r}: next: {e}"),
+        assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
+        // Should shm have retired an endpoint, every rank moves to a fresh one at its next
+        // collective (docs/OFI.md, "Recovery on shm").
+        sync.settle(t);
+        if let Err(e) = exact_on(&comm, &[1, 70_001]) {
+            panic!("rank {r}: next: {e}");
         }
     });
     assert_eq!(res.len(), p);
@@ -482,16 +507,8 @@ fn after_mismatched_large_calls_twenty_more_collectives_are_exact() {
     }
     let p = 4;
     let shm = std::env::var("FI_PROVIDER").as_deref() == Ok("shm");
-    // Known limit of 1.17's shm (docs/OFI.md): a send its peer's drain receive never
-    // completed closes the endpoint; later calls fail cleanly, never wrongly or late.
-    let known = |r: usize, e: &str| {
-        let hit = shm && e.contains("endpoint was closed");
-        if hit {
-            println!("@@ rank {r}: shm known limit, later calls failed cleanly: {e}");
-        }
-        hit
-    };
-    let res = on_ofi(p, cfg(2, Algorithm::Flat(LevelAlgo::Ring)), |comm, _| {
+    let sync = Quiesce::new(p);
+    let res = on_ofi(p, cfg(2, Algorithm::Flat(LevelAlgo::Ring)), |comm, t| {
         let r = comm.rank();
         let mut worst = Duration::ZERO;
         for round in 0..3 {
@@ -504,21 +521,13 @@ fn after_mismatched_large_calls_twenty_more_collectives_are_exact() {
             let e = comm
                 .all_gather(&mine, &mut all)
                 .expect_err("mismatched all-gather");
-            // Every rank goes on calling: after a closed endpoint each call fails on every
-            // rank (the closed rank refuses it), so nobody waits for a rank that left.
-            if !known(r, e.message()) {
-                assert_eq!(e.kind(), ErrorKind::Remote, "rank {r} round {round}: {e}");
-            }
+            assert_eq!(e.kind(), ErrorKind::Remote, "rank {r} round {round}: {e}");
             let n = 500_000 + usize::from(r == 1);
             let mut v = vec![1.0f64; n];
             let e = comm
                 .all_reduce_in_place(&mut v, ReduceOp::Sum)
                 .expect_err("mismatched all-reduce");
-            // Every rank goes on calling: after a closed endpoint each call fails on every
-            // rank (the closed rank refuses it), so nobody waits for a rank that left.
-            if !known(r, e.message()) {
-                assert_eq!(e.kind(), ErrorKind::Remote, "rank {r} round {round}: {e}");
-            }
+            assert_eq!(e.kind(), ErrorKind::Remote, "rank {r} round {round}: {e}");
             worst = worst.max(t0.elapsed());
         }
         println!(
@@ -528,25 +537,165 @@ fn after_mismatched_large_calls_twenty_more_collectives_are_exact() {
         // Two failed calls of the 4 ranks on 2 shared cores: well below PCCL_TIMEOUT (30 s).
         // On rxm, below the 2 s that an unconfirmed cancel used to cost. libfabric 1.17's shm
         // does not always complete a large send taken by the peer's drain receive: such a
-        // send is parked after 2 s (docs/OFI.md), once per phase of a failed call there.
+        // send retires the endpoint after 2 s (docs/OFI.md), once per phase of a failed call
+        // there, and every rank then moves to a fresh one at its next collective.
         let bound = if shm {
             Duration::from_millis(10_000)
         } else {
             Duration::from_millis(1500)
         };
         assert!(worst < bound, "rank {r}: {worst:?}");
+        // A retirement asked for while peers had started the next collective would fail
+        // that one (by design); the test starts it after every rank heard of any.
+        sync.settle(t);
         let t0 = Instant::now();
-        match exact_on(&comm, &[1, 7, 70_001, 300_001, 65_536, 131_073, 2]) {
-            Ok(()) => {}
-            Err(e) if known(r, &e) => return,
-            Err(e) => panic!("rank {r}: after the mismatches: {e}"),
+        if let Err(e) = exact_on(&comm, &[1, 7, 70_001, 300_001, 65_536, 131_073, 2]) {
+            panic!("rank {r}: after the mismatches: {e}");
         }
         println!(
-            "@@ rank {r}: 21 collectives exact after the mismatches in {} ms",
-            t0.elapsed().as_millis()
+            "@@ rank {r}: 21 collectives exact after the mismatches in {} ms (endpoint epoch {})",
+            t0.elapsed().as_millis(),
+            t.epoch()
         );
     });
     assert_eq!(res.len(), p);
+}
+
+/// The endpoint switch (docs/OFI.md, "Recovery on shm"): after a pair of mismatched large
+/// calls, rank P−1 retires its endpoint (as shm does by itself when a send of a failed call is
+/// never taken; forced here so that the switch happens on every run and both providers), every
+/// rank moves to a fresh endpoint at its next collective, and the next seven collectives of
+/// six kinds, rooted ones included, are exact on every rank, P = 2, 3, 4.
+#[test]
+fn after_a_retired_endpoint_every_rank_switches_and_the_next_collectives_are_exact() {
+    if !per_provider(
+        "after_a_retired_endpoint_every_rank_switches_and_the_next_collectives_are_exact",
+    ) || !usable()
+    {
+        return;
+    }
+    for p in 2..=4 {
+        let sync = Quiesce::new(p);
+        let res = on_ofi(p, cfg(p, Algorithm::Flat(LevelAlgo::Ring)), |comm, t| {
+            let r = comm.rank();
+            let t0 = Instant::now();
+            let m = 300_001 - usize::from(r == p - 1);
+            let mine = vec![r as f32; m];
+            let mut all = vec![0f32; m * p];
+            let e = comm.all_gather(&mine, &mut all).expect_err("mismatched");
+            assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
+            let mut v = vec![1.0f64; 500_000 + usize::from(r == 0)];
+            let e = comm
+                .all_reduce_in_place(&mut v, ReduceOp::Sum)
+                .expect_err("mismatched");
+            assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
+            let failed = t0.elapsed();
+            sync.settle(t);
+            let before = t.epoch();
+            if r == p - 1 {
+                t.retire_endpoint("retired by the test");
+            }
+            sync.settle(t);
+            let n = 200_003;
+            let inp = input::<f64>(r, n, ReduceOp::Sum);
+            let mut out = vec![0f64; n];
+            let t1 = Instant::now();
+            comm.all_reduce(&inp, &mut out, ReduceOp::Sum)
+                .unwrap_or_else(|e| panic!("P={p} rank {r}: first call after the switch: {e}"));
+            let first = t1.elapsed();
+            let want: Vec<f64> = (0..n).map(|i| reduced(p, i, ReduceOp::Sum)).collect();
+            assert!(same_bits(&out, &want), "P={p} rank {r}: all-reduce wrong");
+            let after = t.epoch();
+            assert!(after > before, "P={p} rank {r}: still on epoch {after}");
+            // All-gather, reduce-scatter, all-reduce.
+            exact_on(&comm, &[70_001]).unwrap_or_else(|e| panic!("P={p} rank {r}: {e}"));
+            let k = 100_000;
+            let mut b = if r == 0 {
+                input::<f32>(0, k, ReduceOp::Sum)
+            } else {
+                vec![0f32; k]
+            };
+            comm.broadcast(&mut b, 0)
+                .unwrap_or_else(|e| panic!("P={p} rank {r}: broadcast: {e}"));
+            assert!(
+                same_bits(&b, &input::<f32>(0, k, ReduceOp::Sum)),
+                "rank {r}"
+            );
+            let x = input::<i64>(r, k, ReduceOp::Max);
+            let mut y = vec![0i64; k];
+            comm.reduce(&x, &mut y, ReduceOp::Max, p - 1)
+                .unwrap_or_else(|e| panic!("P={p} rank {r}: reduce: {e}"));
+            if r == p - 1 {
+                let want: Vec<i64> = (0..k).map(|i| reduced(p, i, ReduceOp::Max)).collect();
+                assert_eq!(y, want, "P={p}: reduce wrong");
+            }
+            comm.barrier()
+                .unwrap_or_else(|e| panic!("P={p} rank {r}: barrier: {e}"));
+            println!(
+                "@@ P={p} rank {r}: mismatched pair failed in {} ms; endpoint epoch {before} -> \
+                 {after}; first call after the switch {} ms; 7 more collectives exact",
+                failed.as_millis(),
+                first.as_millis()
+            );
+        });
+        assert_eq!(res.len(), p);
+    }
+}
+
+/// A switch asked for while the peers are inside a collective: that collective fails on every
+/// rank with a remote error (naming the epoch on the ranks that were inside, the rank that had
+/// passed it on the asking rank), never wrong data or a hang, and the next ones are exact.
+#[test]
+fn a_switch_asked_for_during_a_collective_fails_it_everywhere_and_the_next_are_exact() {
+    if !per_provider(
+        "a_switch_asked_for_during_a_collective_fails_it_everywhere_and_the_next_are_exact",
+    ) || !usable()
+    {
+        return;
+    }
+    let p = 3;
+    let res = on_ofi(p, cfg(p, Algorithm::Flat(LevelAlgo::Ring)), |comm, t| {
+        let r = comm.rank();
+        let n = 300_000;
+        let inp = input::<f64>(r, n, ReduceOp::Sum);
+        let mut out = vec![0f64; n];
+        if r == p - 1 {
+            // The others are inside the all-reduce, waiting for this rank.
+            std::thread::sleep(Duration::from_millis(300));
+            t.retire_endpoint("retired by the test");
+        }
+        let t0 = Instant::now();
+        let first = comm.all_reduce(&inp, &mut out, ReduceOp::Sum);
+        let took = t0.elapsed();
+        if let Err(e) = &first {
+            assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
+            assert!(
+                e.message().contains("epoch 1") && e.message().contains("rank"),
+                "rank {r}: {e}"
+            );
+            assert!(took < Duration::from_secs(5), "rank {r}: {took:?}");
+        }
+        println!(
+            "@@ rank {r}: collective under way at the request: {} after {} ms",
+            first
+                .as_ref()
+                .map_or_else(|e| format!("failed ({e})"), |()| "exact".into()),
+            took.as_millis()
+        );
+        let t1 = Instant::now();
+        exact_on(&comm, &[1, 70_001]).unwrap_or_else(|e| panic!("rank {r}: next: {e}"));
+        println!(
+            "@@ rank {r}: 6 collectives exact on epoch {} in {} ms",
+            t.epoch(),
+            t1.elapsed().as_millis()
+        );
+        first.is_ok()
+    });
+    // Symmetric collective: it completes everywhere or nowhere.
+    assert!(
+        res.iter().all(|&ok| ok == res[0]),
+        "outcomes differ: {res:?}"
+    );
 }
 
 /// A rank whose process dies in the middle of collectives: the survivors fail with a remote
@@ -554,7 +703,29 @@ fn after_mismatched_large_calls_twenty_more_collectives_are_exact() {
 #[test]
 
 fn a_killed_peer_ends_in_an_error_not_a_hang() {
-    kill_job("a_killed_peer_ends_in_an_error_not_a_hang", 0);
+    kill_job("a_killed_peer_ends_in_an_error_not_a_hang", 0, Kill::Plain);
+}
+
+/// A rank asks for an endpoint switch and a peer dies before joining it: the survivors' round
+/// (or their next collective) fails naming the dead rank, promptly; they shrink and go on.
+#[test]
+fn a_peer_killed_before_the_endpoint_switch_ends_in_an_error_not_a_hang() {
+    kill_job(
+        "a_peer_killed_before_the_endpoint_switch_ends_in_an_error_not_a_hang",
+        0,
+        Kill::BeforeSwitch,
+    );
+}
+
+/// The dying rank asks for the switch itself and dies about when the round runs (before,
+/// inside or after it): the survivors fail naming it, promptly; they shrink and go on.
+#[test]
+fn a_peer_killed_during_the_endpoint_switch_ends_in_an_error_not_a_hang() {
+    kill_job(
+        "a_peer_killed_during_the_endpoint_switch_ends_in_an_error_not_a_hang",
+        0,
+        Kill::DuringSwitch,
+    );
 }
 
 /// A peer killed between overlapped all-reduces (`hier-rd-pipe4`, pretend nodes of 2): the
@@ -564,18 +735,30 @@ fn a_killed_peer_during_an_overlapped_all_reduce_ends_in_an_error_not_a_hang() {
     kill_job(
         "a_killed_peer_during_an_overlapped_all_reduce_ends_in_an_error_not_a_hang",
         4,
+        Kill::Plain,
     );
+}
+
+/// When the victim dies, relative to an endpoint switch.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kill {
+    /// No switch.
+    Plain,
+    /// Rank 3 asks for a switch; the victim dies without joining it.
+    BeforeSwitch,
+    /// The victim asks for a switch, then dies 20 ms later while calling collectives.
+    DuringSwitch,
 }
 
 /// Runs test `name` as 4 rank processes per provider, rank [`VICTIM`] dying after three
 /// all-reduces (`hier-rd-pipe{pieces}` on nodes of 2, or the tuner's choice for 0).
-fn kill_job(name: &str, pieces: usize) {
+fn kill_job(name: &str, pieces: usize, kill: Kill) {
     if let Ok(v) = std::env::var(CHILD) {
         if let Some((_, rest)) = v.split_once('|') {
             let f: Vec<&str> = rest.split('|').collect();
             let (rank, p): (usize, usize) = (f[0].parse().unwrap(), f[1].parse().unwrap());
             let id = UniqueId::from_bytes(&unhex(f[2])).unwrap();
-            return play_kill(rank, p, &id, pieces);
+            return play_kill(rank, p, &id, pieces, kill);
         }
     }
     if !per_provider(name) || !usable() {
@@ -642,9 +825,9 @@ fn kill_job(name: &str, pieces: usize) {
 
 const VICTIM: usize = 1;
 
-fn play_kill(rank: usize, p: usize, id: &UniqueId, pieces: usize) {
+fn play_kill(rank: usize, p: usize, id: &UniqueId, pieces: usize, kill: Kill) {
     let timeout = Duration::from_secs(30);
-    let t = connect(id, p, rank, timeout);
+    let t = Arc::new(connect(id, p, rank, timeout));
     let c = Config {
         timeout,
         ranks_per_node: Some(if pieces > 0 { 2 } else { p }),
@@ -655,7 +838,7 @@ fn play_kill(rank: usize, p: usize, id: &UniqueId, pieces: usize) {
         }),
         ..Config::default()
     };
-    let comm = Communicator::with_config(Arc::new(t), c).unwrap();
+    let comm = Communicator::with_config(t.clone(), c).unwrap();
     let n = 200_000;
     let inp = vec![rank as f64 + 1.0; n];
     let mut out = vec![0.0f64; n];
@@ -666,14 +849,34 @@ fn play_kill(rank: usize, p: usize, id: &UniqueId, pieces: usize) {
             "round {k}"
         );
     }
-    if rank == VICTIM {
-        std::process::abort(); // dies without a goodbye
+    match kill {
+        Kill::Plain | Kill::BeforeSwitch if rank == VICTIM => std::process::abort(), // no goodbye
+        // After the peers' last all-reduce (a request reaching them inside it would fail it).
+        Kill::BeforeSwitch if rank == 3 => {
+            std::thread::sleep(Duration::from_millis(200));
+            t.retire_endpoint("retired by the test")
+        }
+        Kill::DuringSwitch if rank == VICTIM => {
+            std::thread::sleep(Duration::from_millis(200));
+            t.retire_endpoint("retired by the test");
+            std::thread::spawn(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                std::process::abort();
+            });
+            loop {
+                let _ = comm.all_reduce(&inp, &mut out, ReduceOp::Sum);
+            }
+        }
+        _ => {}
     }
     let t0 = Instant::now();
     let e = loop {
-        // A survivor may finish one more collective before the death shows.
-        if let Err(e) = comm.all_reduce(&inp, &mut out, ReduceOp::Sum) {
-            break e;
+        // A survivor may finish one more collective before the death shows; with a switch
+        // asked for, the collective under way at the request fails first (cleanly).
+        match comm.all_reduce(&inp, &mut out, ReduceOp::Sum) {
+            Err(e) if kill == Kill::Plain || e.message().contains("died") => break e,
+            Err(e) => println!("\n@@ rank {rank}: before the death showed: {e}"),
+            Ok(()) => {}
         }
         assert!(
             t0.elapsed() < Duration::from_secs(5),
@@ -688,13 +891,23 @@ fn play_kill(rank: usize, p: usize, id: &UniqueId, pieces: usize) {
     // Detection (the control socket, a poll step of 20 ms) plus ending this rank's
     // operations: operations with the dead rank end at once, those with survivors never wait
     // for it.
-    assert!(took < Duration::from_millis(1000), "rank {rank}: {took:?}");
+    let bound = if kill == Kill::Plain { 1000 } else { 2000 };
+    assert!(took < Duration::from_millis(bound), "rank {rank}: {took:?}");
     assert_eq!(e.kind(), ErrorKind::Remote, "rank {rank}: {e}");
     assert!(
         e.message().contains(&format!("rank {VICTIM}")),
         "rank {rank}: {e}"
     );
-    let small = comm.shrink(&[VICTIM]).expect("shrink");
+    // Known gap (docs/OFI.md): after a death in the middle of a switch, the survivors' shrink
+    // sometimes fails (a control message of another step): an error, never a hang.
+    let small = match comm.shrink(&[VICTIM]) {
+        Ok(c) => c,
+        Err(e) if kill == Kill::DuringSwitch => {
+            println!("\n@@ rank {rank}: known gap, shrink after a death mid-switch: {e}");
+            return;
+        }
+        Err(e) => panic!("rank {rank}: shrink: {e}"),
+    };
     let mut o = vec![0.0f64; n];
     small
         .all_reduce(&inp, &mut o, ReduceOp::Sum)
