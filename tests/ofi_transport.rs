@@ -364,8 +364,11 @@ fn a_slow_peer_makes_progress_and_its_waiter_does_not_burn_a_core() {
     );
     println!("\n@@ slow peer: {wall:?} of waiting used {cpu:?} of CPU (waits block: {blocks})");
     if blocks {
+        // Quiet: 8–11% of the wait (both ranks, libfabric's threads). A waiter reading through
+        // every sleep would use a whole core (≥ 100%); 80% leaves room for a loaded host's
+        // scheduling (the parallel tests of this file), where 50% was once exceeded.
         assert!(
-            cpu < wall / 2,
+            cpu < wall.mul_f64(0.8),
             "waiting {wall:?} for a slow peer used {cpu:?} of CPU: the wait kept reading"
         );
     }
