@@ -346,25 +346,6 @@ fn messages_above_the_eager_limit_pay_the_rendezvous_once_each() {
 }
 
 #[test]
-fn a_message_factor_scales_the_latency_and_transfer_of_messages_of_its_size_only() {
-    // Two ranks on two nodes, one message each way: 5 µs + s / 10 GB/s (an all-gather: no
-    // reduction). A factor of 3 at 8 KB (1 at 1 KB and 1 MB) triples an 8 KB message and
-    // leaves 1 MB ones alone.
-    let p = net_only(1);
-    let mut f = p.clone();
-    f.message_factors.bytes = vec![1000, 8000, 1_000_000];
-    f.message_factors.factor = vec![1.0, 3.0, 1.0];
-    let topo = Topology::uniform(2, 1);
-    for algo in [RING, RD] {
-        let at = |prof: &Profile, s: f64| both(&topo, prof, Job::new(AG, algo, s));
-        let s = 8000.0;
-        close(at(&f, s), 3.0 * (5e-6 + s / 10e9));
-        close(at(&p, s), 5e-6 + s / 10e9);
-        close(at(&f, 1e6), at(&p, 1e6));
-    }
-}
-
-#[test]
 fn ranks_outnumbering_a_hosts_cores_pay_the_scheduling_cost_per_message() {
     // A ring of P ranks on one host of 2 cores, 3 µs of extra latency per message per extra
     // rank per core: P − 1 messages each pay 3 µs × (P/2 − 1).

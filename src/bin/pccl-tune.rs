@@ -36,7 +36,7 @@ use clap::Parser;
 use half::{bf16, f16};
 use pccl::config::Config;
 use pccl::model::link_fit::{self, Sample};
-use pccl::model::profile::{CacheTier, MessageFactors, Profile, Protocol};
+use pccl::model::profile::{CacheTier, Profile, Protocol};
 use pccl::{Algorithm, Communicator, Element, LevelAlgo, ReduceOp};
 use std::time::Instant;
 
@@ -305,10 +305,9 @@ fn mpi_oversub_only(args: &Args, base: &str) {
     }
     // The 2-rank profile's time of one 1 KiB message: latency, the transfer and the copy.
     let s = 1024.0;
-    let base = prof.message_factor(s)
-        * (prof.intra.alpha_us * 1e-6
-            + prof.rendezvous_seconds(s)
-            + s / (prof.intra.bandwidth_gbps * 1e9))
+    let base = prof.intra.alpha_us * 1e-6
+        + prof.rendezvous_seconds(s)
+        + s / (prof.intra.bandwidth_gbps * 1e9)
         + s / (prof.copy_gbps * 1e9);
     let note = set_oversub(&mut prof, n, p, t[0], base);
     prof.source.push_str(&note);
@@ -460,21 +459,6 @@ fn main() {
     prof.intra.alpha_us = alpha * 1e6;
     prof.intra.bandwidth_gbps = beta_gbps;
     prof.intra.pair_bandwidth_gbps = beta_gbps;
-    // What the fit leaves, size by size: the message factors (SMPI-style piecewise
-    // calibration of what no physical term explains).
-    let link_time = |p: &Profile, s: f64| {
-        alpha + p.rendezvous_seconds(s) + s / (beta_gbps * 1e9 * p.link_speedup(6.0 * s))
-    };
-    let factors: Vec<(usize, f64)> = samples
-        .iter()
-        .zip(&sizes)
-        .filter(|(x, _)| x.seconds > 0.0)
-        .map(|(x, &s)| (s, x.seconds / link_time(&prof, s as f64)))
-        .collect();
-    prof.message_factors = MessageFactors {
-        bytes: factors.iter().map(|f| f.0).collect(),
-        factor: factors.iter().map(|f| f.1).collect(),
-    };
     if args.verbose && is_root {
         eprintln!("pccl-tune: 2-rank exchange, measured vs fitted (us):");
         for (t, &s) in pair.iter().zip(&sizes) {
@@ -485,12 +469,11 @@ fn main() {
                 + prof.rendezvous_seconds(s)
                 + s / (beta_gbps * 1e9 * prof.link_speedup(ws));
             eprintln!(
-                "  {:>9} B {:>10.1} {:>10.1}  x{:.2} (message factor {:.2})",
+                "  {:>9} B {:>10.1} {:>10.1}  x{:.2}",
                 s,
                 t * 1e6,
                 fit * 1e6,
-                t / fit,
-                prof.message_factor(s)
+                t / fit
             );
         }
     }
@@ -517,11 +500,9 @@ fn main() {
         let ws = p as f64 * (p as f64 + 1.0) * s;
         let (fp, fl) = (prof.cache_speedup(ws), prof.link_speedup(ws));
         // Ring at P ranks: copy + (P−1)(α + s/rate), copies sped up fp times, transfers fl.
-        // The model scales a message's time by its size's factor (message_factors).
-        let mf = prof.message_factor(s);
-        let per_step = (t - s / (copy * 1e9 * fp)) / (p - 1) as f64
-            - mf * (alpha + prof.rendezvous_seconds(s));
-        let rate = mf * s / per_step.max(1e-9) / 1e9 / fl;
+        let per_step =
+            (t - s / (copy * 1e9 * fp)) / (p - 1) as f64 - alpha - prof.rendezvous_seconds(s);
+        let rate = s / per_step.max(1e-9) / 1e9 / fl;
         if rate < 0.95 * beta_gbps {
             prof.intra.node_bandwidth_gbps = rate * p as f64;
         }

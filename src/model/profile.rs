@@ -147,21 +147,6 @@ impl Default for Oversub {
     }
 }
 
-/// Per message size, how much longer a message takes than the model's α-β terms say: the
-/// measured 2-rank exchange over its fit, size by size (piecewise factors as SimGrid/SMPI
-/// calibrate its network model). They carry what no physical term captures: a `memcpy` that is
-/// slow at some sizes on a given host, an MPI library's size-dependent paths. Off (empty, the
-/// default) in presets and in profiles written before it existed.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct MessageFactors {
-    /// Message sizes (bytes, increasing).
-    pub bytes: Vec<usize>,
-    /// The factor at each size (> 0); between two sizes the factor is interpolated in log
-    /// size and log factor, outside them the nearest one holds.
-    pub factor: Vec<f64>,
-}
-
 /// Where reductions run, for the reduction rates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceKind {
@@ -194,8 +179,6 @@ pub struct Profile {
     pub oversub: Oversub,
     /// The eager/rendezvous step of the transport's messages (optional; off by default).
     pub protocol: Protocol,
-    /// Per-size factors of a message's time (optional; off by default).
-    pub message_factors: MessageFactors,
     /// Every "node" is on one host (thread-ranks, or `PCCL_RANKS_PER_NODE` pretending): all
     /// messages, between nodes too, share one memory bus (`intra.node_bandwidth_gbps`).
     pub one_host: bool,
@@ -238,7 +221,6 @@ impl Default for Profile {
             cache: CacheTier::default(),
             oversub: Oversub::default(),
             protocol: Protocol::default(),
-            message_factors: MessageFactors::default(),
             one_host: false,
             ranks_per_node: 1,
             piece_bytes: 1 << 20,
@@ -302,16 +284,6 @@ impl Profile {
         if self.protocol.rendezvous_us < 0.0 || !self.protocol.rendezvous_us.is_finite() {
             return Err(Error::invalid(
                 "profile: protocol.rendezvous_us must be finite and ≥ 0",
-            ));
-        }
-        let mf = &self.message_factors;
-        if mf.bytes.len() != mf.factor.len()
-            || mf.bytes.windows(2).any(|w| w[0] >= w[1])
-            || mf.factor.iter().any(|f| !(*f > 0.0 && f.is_finite()))
-        {
-            return Err(Error::invalid(
-                "profile: message_factors needs as many factors (each > 0) as sizes, the sizes \
-                 increasing",
             ));
         }
         if self.oversub.per_message_us < 0.0 || !self.oversub.per_message_us.is_finite() {
@@ -439,25 +411,6 @@ impl Profile {
             return 0.0;
         }
         p.rendezvous_us * 1e-6
-    }
-
-    /// The time factor of a message of `bytes` ([`MessageFactors`]); 1 without factors.
-    pub fn message_factor(&self, bytes: f64) -> f64 {
-        let mf = &self.message_factors;
-        let (Some(&first), Some(&last)) = (mf.bytes.first(), mf.bytes.last()) else {
-            return 1.0;
-        };
-        if bytes <= first as f64 {
-            return mf.factor[0];
-        }
-        if bytes >= last as f64 {
-            return mf.factor[mf.factor.len() - 1];
-        }
-        let i = mf.bytes.partition_point(|&b| (b as f64) <= bytes);
-        let (b0, b1) = (mf.bytes[i - 1] as f64, mf.bytes[i] as f64);
-        let (f0, f1) = (mf.factor[i - 1].ln(), mf.factor[i].ln());
-        let w = (bytes / b0).ln() / (b1 / b0).ln();
-        (f0 + w * (f1 - f0)).exp()
     }
 
     /// Extra latency (seconds) of every message when `local_ranks` ranks share one host's
@@ -588,33 +541,6 @@ mod tests {
         assert!(Profile::from_toml("[cache]\nlink_share = 2\n").is_err());
         let e = Profile::from_toml("[protocol]\nrendezvous_us = -1\n").unwrap_err();
         assert!(e.message().contains("protocol.rendezvous_us"), "{e}");
-    }
-
-    #[test]
-    fn message_factors_interpolate_in_log_size_and_hold_outside() {
-        let p = Profile::from_toml(
-            "[message_factors]\nbytes = [1024, 4096, 65536]\nfactor = [1.0, 4.0, 0.5]\n",
-        )
-        .unwrap();
-        assert_eq!(p.message_factor(10.0), 1.0);
-        assert_eq!(p.message_factor(1024.0), 1.0);
-        assert!(
-            (p.message_factor(2048.0) - 2.0).abs() < 1e-12,
-            "halfway in log: √(1·4)"
-        );
-        assert!((p.message_factor(4096.0) - 4.0).abs() < 1e-12);
-        assert!((p.message_factor(16384.0) - 2.0f64.powf(0.5)).abs() < 1e-12);
-        assert_eq!(p.message_factor(1e9), 0.5);
-        assert_eq!(Profile::default().message_factor(5000.0), 1.0);
-        assert_eq!(Profile::from_toml(&p.to_toml()).unwrap(), p);
-        for bad in [
-            "bytes = [1024]\nfactor = []\n",
-            "bytes = [4096, 1024]\nfactor = [1.0, 1.0]\n",
-            "bytes = [1024]\nfactor = [0.0]\n",
-        ] {
-            let e = Profile::from_toml(&format!("[message_factors]\n{bad}")).unwrap_err();
-            assert!(e.message().contains("message_factors"), "{e}");
-        }
     }
 
     #[test]

@@ -250,15 +250,7 @@ impl<'a> Cluster<'a> {
             .prof
             .rendezvous_seconds(bytes.min(self.prof.piece_bytes as f64));
         let handshake = if rdv > 0.0 { rdv + self.oversub } else { 0.0 };
-        let f = self.factor(bytes);
-        (a + (pieces - 1.0) * self.prof.piece_overhead_us) * 1e-6 * f + self.oversub + handshake * f
-    }
-
-    /// The per-size factor of a message of `bytes` ([`Profile::message_factor`], by its
-    /// first piece: every piece is a message of the transport).
-    fn factor(&self, bytes: f64) -> f64 {
-        self.prof
-            .message_factor(bytes.min(self.prof.piece_bytes as f64))
+        (a + (pieces - 1.0) * self.prof.piece_overhead_us) * 1e-6 + self.oversub + handshake
     }
 
     /// Local time of a phase before its messages can move: packing, then copies.
@@ -435,7 +427,7 @@ impl<'a> Cluster<'a> {
                         );
                         let n = sub.len();
                         for (share, res) in &sub {
-                            let id = fluid.add(m.bytes * share * self.factor(m.bytes), res);
+                            let id = fluid.add(m.bytes * share, res);
                             flows.insert(id, mi);
                         }
                         msgs[mi].parts = n;
@@ -617,9 +609,8 @@ impl Summary {
                     sub.clear();
                     // Another node's receive side looks like node 0's (symmetry): one node.
                     cl.route(1, (0, la), (usize::from(!same), lb), nccl, &mut sub);
-                    let f = cl.factor(bytes);
                     for (share, res) in &sub {
-                        flows.push((start, bytes * share * f, res.clone()));
+                        flows.push((start, bytes * share, res.clone()));
                         owner.push((la, lb, usize::from(!same)));
                     }
                 }
