@@ -61,10 +61,6 @@ struct Args {
     /// Last-level cache size in bytes (K/M suffixes) instead of sysfs's; 0: no cache tier.
     #[arg(long)]
     cache_bytes: Option<String>,
-    /// Calls per timed batch of the exchange (1: each call alone after a barrier). Batches
-    /// time calls back to back, as a training loop or pccl-bench runs them.
-    #[arg(long, default_value_t = 1)]
-    batch: usize,
     /// Print the exchange's measured and fitted time per size.
     #[arg(short, long)]
     verbose: bool,
@@ -176,36 +172,26 @@ fn reduce_gbps<T: Element>(reps: usize, one: T) -> f64 {
     (n * std::mem::size_of::<T>()) as f64 / t / 1e9
 }
 
-/// How the exchange is timed: each call alone after a barrier, or in batches of calls.
-#[derive(Clone, Copy, Debug)]
-struct Timing {
-    quick: bool,
-    /// Calls per timed batch (1: each call alone).
-    batch: usize,
-}
-
 /// Seconds per all-gather of `s` bytes per rank on `comm` (ring), every size in `sizes`: the
-/// median over samples, each a batch of `how.batch` calls after a barrier, per call.
-fn ag_times(comm: &Communicator, sizes: &[usize], how: Timing) -> pccl::Result<Vec<f64>> {
+/// median over calls, each timed alone after a barrier. (Timing batches of calls back to
+/// back, as pccl-bench does, was tried: its profiles predicted worse, docs/SCALING.md.)
+fn ag_times(comm: &Communicator, sizes: &[usize], quick: bool) -> pccl::Result<Vec<f64>> {
     let p = comm.size();
     let mut out = Vec::new();
     for &s in sizes {
         let n = (s / 4).max(1);
         let input = vec![1f32; n];
         let mut output = vec![0f32; n * p];
-        let iters = ((64 << 20) / (s * p).max(1)).clamp(3, if how.quick { 20 } else { 200 });
+        let iters = ((64 << 20) / (s * p).max(1)).clamp(3, if quick { 20 } else { 200 });
         for _ in 0..2 {
             comm.all_gather(&input, &mut output)?;
         }
-        let batch = how.batch.clamp(1, iters);
         let mut v = Vec::new();
-        for _ in 0..iters.div_ceil(batch).max(3) {
+        for _ in 0..iters {
             comm.barrier()?;
             let t = Instant::now();
-            for _ in 0..batch {
-                comm.all_gather(&input, &mut output)?;
-            }
-            v.push(t.elapsed().as_secs_f64() / batch as f64);
+            comm.all_gather(&input, &mut output)?;
+            v.push(t.elapsed().as_secs_f64());
         }
         out.push(median(v));
     }
@@ -291,11 +277,8 @@ fn rate_share(prof: &Profile, p: usize, s: f64, t: f64) -> f64 {
 fn mpi_oversub_only(args: &Args, base: &str) {
     let mut prof = Profile::load(std::path::Path::new(base)).unwrap_or_else(|e| fail(e));
     let sizes = [1usize << 10, 4 << 20];
-    let how = Timing {
-        quick: args.quick,
-        batch: args.batch,
-    };
-    let (t, p, root) = on_mpi(|c| ag_times(c, &sizes, how));
+    let q = args.quick;
+    let (t, p, root) = on_mpi(|c| ag_times(c, &sizes, q));
     let n = cores();
     if p <= n {
         fail(format!(
@@ -378,27 +361,21 @@ fn main() {
     let mut over = None;
     let (pair, concurrent, transport, is_root) = match args.transport.as_str() {
         "threads" => {
-            let how = Timing {
-                quick: args.quick,
-                batch: args.batch,
-            };
-            let pair = on_threads(2, |c| ag_times(&c, &sizes, how));
+            let q = args.quick;
+            let pair = on_threads(2, |c| ag_times(&c, &sizes, q));
             let big = [4usize << 20];
-            let conc = on_threads(args.ranks, |c| ag_times(&c, &big, how));
+            let conc = on_threads(args.ranks, |c| ag_times(&c, &big, q));
             if let Some(p) = oversub_ranks(ncores) {
                 let small = [1usize << 10];
-                over = Some((p, on_threads(p, |c| ag_times(&c, &small, how))[0]));
+                over = Some((p, on_threads(p, |c| ag_times(&c, &small, q))[0]));
             }
             (pair, Some((args.ranks, conc[0])), "threads", true)
         }
         "mpi" => {
             #[cfg(feature = "mpi")]
             {
-                let how = Timing {
-                    quick: args.quick,
-                    batch: args.batch,
-                };
-                let (pair, p, root) = on_mpi(|c| ag_times(c, &sizes, how));
+                let q = args.quick;
+                let (pair, p, root) = on_mpi(|c| ag_times(c, &sizes, q));
                 if p != 2 {
                     fail("the MPI measurement runs under mpiexec -n 2");
                 }
