@@ -16,7 +16,7 @@
 //! stream-ordered on the [`Device`] handle's stream; the host waits only for a send piece's copy
 //! (before handing it to the transport), for a receive slot before reusing it, and for the
 //! stream at the end of the collective; every such wait polls under the collective's deadline
-//! ([`wait`]), so a device that never finishes fails the collective instead of hanging it.
+//! (`wait`), so a device that never finishes fails the collective instead of hanging it.
 //!
 //! Phase semantics are the host executor's: post the sends (here: queue their copies and post
 //! each piece when ready), run the local copies, complete the receives, wait for the sends —
@@ -294,7 +294,7 @@ impl<D: Device> DeviceStaging<D> {
 /// stream. Every rank of the communicator must run its own plan of the same collective with
 /// the same tag and piece size. Returns after the device work of the collective finished, or
 /// with an error once a wait ran past the collective's deadline (`opt.timeout` from the
-/// start; every device wait is polled, see [`wait`]). On failure the collective is abandoned
+/// start; every device wait is polled, see `wait`). On failure the collective is abandoned
 /// on the transport, so every peer's waits for it end too.
 pub fn execute_device<T: Element, D: Device>(
     plan: &Plan,

@@ -267,6 +267,9 @@ impl OfiTransport {
     }
 }
 
+/// Every rank's endpoint address, `word` and node key, in rank order ([`exchange`]).
+type Records = (Vec<Vec<u8>>, Vec<u64>, Vec<u64>);
+
 /// Sends this rank's record (magic, `word`, the address of `ep`, provider and fabric) to
 /// every rank over `ctl` and receives theirs: every rank's address and `word`, in rank order.
 /// Checks that every rank opened the same provider and fabric.
@@ -276,7 +279,7 @@ fn exchange(
     word: u64,
     tag: Tag,
     deadline: Instant,
-) -> Result<(Vec<Vec<u8>>, Vec<u64>, Vec<u64>)> {
+) -> Result<Records> {
     let (rank, p) = (ctl.rank(), ctl.size());
     if ep.name.len() > NAME_MAX {
         return Err(Error::system(format!(
