@@ -6,9 +6,9 @@
 //! board records. From then on:
 //! - a rank *inside* a collective fails it (its waits see the request on the board, as they
 //!   see refusals): its peers may be waiting at the gate below and post nothing of it;
-//! - at the first operation of its next collective (the *gate*, [`OfiTransport::shared_for`])
-//!   a rank that knows of the request opens a fresh endpoint and runs one control-plane round
-//!   with every rank: each sends its new address and the sequence number *x* of the
+//! - as soon as a rank hears of the request, a background thread opens a fresh endpoint and
+//!   runs one control-plane round with every rank (the first operation of each collective,
+//!   the *gate*, [`OfiTransport::shared_for`], waits for a round under way): each sends its new address and the sequence number *x* of the
 //!   collective it is about to start (nothing of it posted yet), then a barrier, so no data
 //!   reaches an endpoint before its peers' addresses are inserted. Every rank then knows
 //!   F = the latest *x*; collectives before F fail on the ranks that reach them afterwards
