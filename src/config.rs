@@ -25,7 +25,6 @@
 //! | `PCCL_OFI_CQ_DATA` | `0`: `ofi` messages do not carry their length as remote completion data | on where available |
 //! | `PCCL_OFI_WAIT` | idle `ofi` waits: `fd` (block on the completion queue's descriptor where the provider has one; not `shm`) or `poll` | `fd` |
 //! | `PCCL_STAGING_POOL` | bytes of idle host staging buffers (packed sends, staged MPI receives) kept for reuse per process; `0` keeps none | `128M` |
-//! | `PCCL_OFI_SPIN_US` | longest an idle `ofi` wait reads the completion queue (yielding between reads) before it blocks on its descriptor, in µs, adaptive below that; `0` blocks at once | `auto`: 500, 0 where ranks outnumber cores |
 
 use crate::error::{Error, Result};
 use crate::model::cost::CostParams;

@@ -12,11 +12,9 @@ use pccl::config::Config;
 use pccl::plan::{Algorithm, LevelAlgo};
 use pccl::transport::ofi::OfiTransport;
 use pccl::transport::tcp::UniqueId;
-use pccl::transport::Transport;
 use pccl::{Communicator, ErrorKind, ReduceOp};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Set in a child: `<provider>` (thread tests) or `<provider>|<rank>|<p>|<id hex>` (ranks as
@@ -109,37 +107,6 @@ fn on_ofi<R: Send>(
             .map(|h| h.join().expect("rank thread"))
             .collect()
     })
-}
-
-/// Thread-ranks meeting outside PCCL after failed calls, so that the next collective starts
-/// only once every rank is on the endpoint some rank asked for, if any (a request that
-/// reaches a rank inside a collective fails that collective, by design).
-struct Quiesce {
-    barrier: Barrier,
-    epoch: AtomicU32,
-}
-
-impl Quiesce {
-    fn new(p: usize) -> Self {
-        Quiesce {
-            barrier: Barrier::new(p),
-            epoch: AtomicU32::new(0),
-        }
-    }
-
-    fn settle(&self, t: &OfiTransport) {
-        self.barrier.wait();
-        let asked = t.faults().wanted_epoch().map_or(0, |w| w.0);
-        self.epoch.fetch_max(asked.max(t.epoch()), Ordering::SeqCst);
-        self.barrier.wait();
-        let want = self.epoch.load(Ordering::SeqCst);
-        let give_up = Instant::now() + Duration::from_secs(10);
-        while t.epoch() < want {
-            assert!(Instant::now() < give_up, "epoch {want} never reached");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        self.barrier.wait();
-    }
 }
 
 fn cfg(m: usize, algo: Algorithm) -> Config {
@@ -241,22 +208,18 @@ fn split_builds_a_working_sub_endpoint() {
     res.into_iter().for_each(|r| r.unwrap());
 }
 
-/// Small messages on every idle-wait mode: reading the completion queue for an adaptive
-/// window, then blocking on its descriptor (the default where the provider has one: rxm over
-/// tcp); blocking at once (`PCCL_OFI_SPIN_US=0`); polling (`PCCL_OFI_WAIT=poll`). Each gives
-/// exact results for sizes around rxm's protocol limits, and the transport reports the mode,
-/// window and eager limit it chose: rxm over tcp blocks and gets `FI_OFI_RXM_EAGER_LIMIT`
+/// Small messages on both idle-wait modes: blocking on the completion queue's descriptor
+/// (the default where the provider has one: rxm over tcp) and polling (`PCCL_OFI_WAIT=poll`)
+/// give exact results for sizes around rxm's protocol limits, and the transport reports the
+/// mode and eager limit it chose: rxm over tcp blocks and gets `FI_OFI_RXM_EAGER_LIMIT`
 /// raised to 256 KiB where the user left it unset; shm always polls.
 #[test]
 fn small_messages_are_exact_whether_waits_block_or_poll() {
-    let modes: [&[(&str, &str)]; 4] = [
-        &[("PCCL_OFI_WAIT", "fd")],
-        &[("PCCL_OFI_WAIT", "fd"), ("PCCL_OFI_SPIN_US", "0")],
-        &[("PCCL_OFI_WAIT", "fd"), ("PCCL_OFI_SPIN_US", "300")],
-        &[("PCCL_OFI_WAIT", "poll")],
-    ];
-    for envs in modes {
-        if !per_provider_with("small_messages_are_exact_whether_waits_block_or_poll", envs) {
+    for wait in ["fd", "poll"] {
+        if !per_provider_with(
+            "small_messages_are_exact_whether_waits_block_or_poll",
+            &[("PCCL_OFI_WAIT", wait)],
+        ) {
             continue;
         }
         if !usable() {
@@ -267,30 +230,13 @@ fn small_messages_are_exact_whether_waits_block_or_poll() {
             // Counts of f32 from just under 16 KiB to just over 256 KiB: both sides of rxm's
             // default eager (16 KiB) and SAR (128 KiB) limits and of one piece (256 KiB here).
             exact_on(&comm, &[4095, 4096, 16_385, 32_768, 65_537])
-                .map(|()| (blocks, t.spin_max_us(), t.caps().provider.clone()))
+                .map(|()| (blocks, t.caps().provider.clone()))
         });
         let wait = std::env::var("PCCL_OFI_WAIT").unwrap_or_default();
-        let spin = std::env::var("PCCL_OFI_SPIN_US").ok();
-        let mut any_blocks = false;
         for r in res {
-            let (blocks, max_us, provider) =
-                r.unwrap_or_else(|e| panic!("PCCL_OFI_WAIT={wait} PCCL_OFI_SPIN_US={spin:?}: {e}"));
+            let (blocks, provider) = r.unwrap_or_else(|e| panic!("PCCL_OFI_WAIT={wait}: {e}"));
             let want = wait == "fd" && provider.contains("ofi_rxm");
             assert_eq!(blocks, want, "{provider}, PCCL_OFI_WAIT={wait}");
-            any_blocks |= blocks;
-            match spin.as_deref() {
-                // auto: a window where the 4 thread-ranks have a core each, none where they
-                // outnumber the cores.
-                None => {
-                    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-                    if cores < 4 {
-                        assert_eq!(max_us, 0, "4 ranks on {cores} cores");
-                    } else {
-                        assert!(max_us > 0 && max_us <= 500, "auto window {max_us} µs");
-                    }
-                }
-                Some(v) => assert_eq!(max_us.to_string(), v, "PCCL_OFI_SPIN_US={v}"),
-            }
             if provider.contains("ofi_rxm") {
                 assert_eq!(
                     std::env::var("FI_OFI_RXM_EAGER_LIMIT").as_deref(),
@@ -300,95 +246,11 @@ fn small_messages_are_exact_whether_waits_block_or_poll() {
             }
         }
         println!(
-            "\n@@ PCCL_OFI_WAIT={wait} PCCL_OFI_SPIN_US={spin:?}: exact, waits block: \
-             {any_blocks}"
+            "@@ PCCL_OFI_WAIT={wait}: exact, waits block: {}",
+            wait == "fd"
         );
         return;
     }
-}
-
-/// CPU time of this whole process so far.
-fn process_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant Linux knows.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime");
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
-/// A peer that sleeps 40 ms before each of its calls: every collective still completes
-/// exactly, and where waits block (rxm over tcp) the waiting rank's adaptive window closes
-/// instead of reading the queue through the sleep: the process uses well under one core
-/// while it waits (a waiter reading on for the whole sleep would use about one core).
-#[test]
-fn a_slow_peer_makes_progress_and_its_waiter_does_not_burn_a_core() {
-    if !per_provider("a_slow_peer_makes_progress_and_its_waiter_does_not_burn_a_core") || !usable()
-    {
-        return;
-    }
-    const CALLS: usize = 12;
-    const NAP: Duration = Duration::from_millis(40);
-    let res = on_ofi(2, cfg(1, Algorithm::Flat(LevelAlgo::Rd)), |comm, t| {
-        let r = comm.rank();
-        comm.barrier().map_err(|e| e.to_string())?;
-        let (cpu0, t0) = (process_cpu(), Instant::now());
-        for i in 0..CALLS {
-            if r == 1 {
-                std::thread::sleep(NAP);
-            }
-            let count = 1024 << (i % 4); // 4 KiB to 32 KiB
-            let mut v = input::<f32>(r, count, ReduceOp::Sum);
-            comm.all_reduce_in_place(&mut v, ReduceOp::Sum)
-                .map_err(|e| format!("rank {r}, call {i}: {e}"))?;
-            let want: Vec<f32> = (0..count)
-                .map(|j| reduced::<f32>(2, j, ReduceOp::Sum))
-                .collect();
-            if !same_bits(&v, &want) {
-                return Err(format!("rank {r}, call {i}: wrong sum"));
-            }
-        }
-        Ok((cpu0, t0, process_cpu(), Instant::now(), t.caps().wait_fd))
-    });
-    let mut spans = Vec::new();
-    for r in res {
-        spans.push(r.unwrap_or_else(|e| panic!("{e}")));
-    }
-    let (cpu0, t0, cpu1, t1, blocks) = spans[0];
-    let (cpu, wall) = (cpu1 - cpu0, t1 - t0);
-    assert!(
-        wall >= NAP * CALLS as u32,
-        "rank 0 did not wait for its slow peer"
-    );
-    println!("\n@@ slow peer: {wall:?} of waiting used {cpu:?} of CPU (waits block: {blocks})");
-    if blocks {
-        // Quiet: 8–11% of the wait (both ranks, libfabric's threads). A waiter reading through
-        // every sleep would use a whole core (≥ 100%); 80% leaves room for a loaded host's
-        // scheduling (the parallel tests of this file), where 50% was once exceeded.
-        assert!(
-            cpu < wall.mul_f64(0.8),
-            "waiting {wall:?} for a slow peer used {cpu:?} of CPU: the wait kept reading"
-        );
-    }
-}
-
-/// A malformed `PCCL_OFI_SPIN_US` is an error naming the variable, not a silent default.
-#[test]
-fn a_bad_pccl_ofi_spin_us_is_an_error_naming_it() {
-    if !per_provider_with(
-        "a_bad_pccl_ofi_spin_us_is_an_error_naming_it",
-        &[("PCCL_OFI_SPIN_US", "forever")],
-    ) || !usable()
-    {
-        return;
-    }
-    let id = UniqueId::new(Duration::from_secs(10)).expect("rendezvous");
-    let e = OfiTransport::connect(&id, 1, 0, 256 * 1024, Duration::from_secs(10))
-        .err()
-        .expect("bad PCCL_OFI_SPIN_US accepted");
-    assert!(e.message().contains("PCCL_OFI_SPIN_US=forever"), "{e}");
 }
 
 /// A malformed `PCCL_OFI_WAIT` is an error naming the variable, not a silent default.
@@ -457,8 +319,7 @@ fn bad_input_and_mismatched_calls_fail_everywhere_and_the_next_works() {
         return;
     }
     let p = 3;
-    let sync = Quiesce::new(p);
-    let res = on_ofi(p, cfg(p, Algorithm::Flat(LevelAlgo::Ring)), |comm, t| {
+    let res = on_ofi(p, cfg(p, Algorithm::Flat(LevelAlgo::Ring)), |comm, _| {
         let r = comm.rank();
         let n = 100_000;
         let inp = vec![1.0f64; n];
@@ -487,12 +348,21 @@ fn bad_input_and_mismatched_calls_fail_everywhere_and_the_next_works() {
             .all_gather(&mine, &mut all)
             .expect_err("mismatched call");
         println!("@@ rank {r}: mismatched all-gather: {e}");
-        assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
-        // Should shm have retired an endpoint, every rank moves to a fresh one at its next
-        // collective (docs/OFI.md, "Recovery on shm").
-        sync.settle(t);
-        if let Err(e) = exact_on(&comm, &[1, 70_001]) {
-            panic!("rank {r}: next: {e}");
+        // Known limit of 1.17's shm (docs/OFI.md): a large send of the refused call that
+        // the peer's drain never completed retires the endpoint; later calls then fail
+        // cleanly on every rank. Everywhere else the communicator goes on.
+        let shm = std::env::var("FI_PROVIDER").as_deref() == Ok("shm");
+        if shm && e.message().contains("endpoint was closed") {
+            println!("@@ rank {r}: shm known limit: {e}");
+        } else {
+            assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
+        }
+        match exact_on(&comm, &[1, 70_001]) {
+            Ok(()) => {}
+            Err(e) if shm && e.contains("endpoint was closed") => {
+                println!("@@ rank {r}: shm known limit, next call failed cleanly: {e}")
+            }
+            Err(e) => panic!("rank {r}: next: {e}"),
         }
     });
     assert_eq!(res.len(), p);
@@ -510,8 +380,16 @@ fn after_mismatched_large_calls_twenty_more_collectives_are_exact() {
     }
     let p = 4;
     let shm = std::env::var("FI_PROVIDER").as_deref() == Ok("shm");
-    let sync = Quiesce::new(p);
-    let res = on_ofi(p, cfg(2, Algorithm::Flat(LevelAlgo::Ring)), |comm, t| {
+    // Known limit of 1.17's shm (docs/OFI.md): a send its peer's drain receive never
+    // completed closes the endpoint; later calls fail cleanly, never wrongly or late.
+    let known = |r: usize, e: &str| {
+        let hit = shm && e.contains("endpoint was closed");
+        if hit {
+            println!("@@ rank {r}: shm known limit, later calls failed cleanly: {e}");
+        }
+        hit
+    };
+    let res = on_ofi(p, cfg(2, Algorithm::Flat(LevelAlgo::Ring)), |comm, _| {
         let r = comm.rank();
         let mut worst = Duration::ZERO;
         for round in 0..3 {
@@ -524,13 +402,21 @@ fn after_mismatched_large_calls_twenty_more_collectives_are_exact() {
             let e = comm
                 .all_gather(&mine, &mut all)
                 .expect_err("mismatched all-gather");
-            assert_eq!(e.kind(), ErrorKind::Remote, "rank {r} round {round}: {e}");
+            // Every rank goes on calling: after a closed endpoint each call fails on every
+            // rank (the closed rank refuses it), so nobody waits for a rank that left.
+            if !known(r, e.message()) {
+                assert_eq!(e.kind(), ErrorKind::Remote, "rank {r} round {round}: {e}");
+            }
             let n = 500_000 + usize::from(r == 1);
             let mut v = vec![1.0f64; n];
             let e = comm
                 .all_reduce_in_place(&mut v, ReduceOp::Sum)
                 .expect_err("mismatched all-reduce");
-            assert_eq!(e.kind(), ErrorKind::Remote, "rank {r} round {round}: {e}");
+            // Every rank goes on calling: after a closed endpoint each call fails on every
+            // rank (the closed rank refuses it), so nobody waits for a rank that left.
+            if !known(r, e.message()) {
+                assert_eq!(e.kind(), ErrorKind::Remote, "rank {r} round {round}: {e}");
+            }
             worst = worst.max(t0.elapsed());
         }
         println!(
@@ -540,165 +426,25 @@ fn after_mismatched_large_calls_twenty_more_collectives_are_exact() {
         // Two failed calls of the 4 ranks on 2 shared cores: well below PCCL_TIMEOUT (30 s).
         // On rxm, below the 2 s that an unconfirmed cancel used to cost. libfabric 1.17's shm
         // does not always complete a large send taken by the peer's drain receive: such a
-        // send retires the endpoint after 2 s (docs/OFI.md), once per phase of a failed call
-        // there, and every rank then moves to a fresh one at its next collective.
+        // send is parked after 2 s (docs/OFI.md), once per phase of a failed call there.
         let bound = if shm {
             Duration::from_millis(10_000)
         } else {
             Duration::from_millis(1500)
         };
         assert!(worst < bound, "rank {r}: {worst:?}");
-        // A retirement asked for while peers had started the next collective would fail
-        // that one (by design); the test starts it after every rank heard of any.
-        sync.settle(t);
         let t0 = Instant::now();
-        if let Err(e) = exact_on(&comm, &[1, 7, 70_001, 300_001, 65_536, 131_073, 2]) {
-            panic!("rank {r}: after the mismatches: {e}");
+        match exact_on(&comm, &[1, 7, 70_001, 300_001, 65_536, 131_073, 2]) {
+            Ok(()) => {}
+            Err(e) if known(r, &e) => return,
+            Err(e) => panic!("rank {r}: after the mismatches: {e}"),
         }
         println!(
-            "@@ rank {r}: 21 collectives exact after the mismatches in {} ms (endpoint epoch {})",
-            t0.elapsed().as_millis(),
-            t.epoch()
+            "@@ rank {r}: 21 collectives exact after the mismatches in {} ms",
+            t0.elapsed().as_millis()
         );
     });
     assert_eq!(res.len(), p);
-}
-
-/// The endpoint switch (docs/OFI.md, "Recovery on shm"): after a pair of mismatched large
-/// calls, rank P−1 retires its endpoint (as shm does by itself when a send of a failed call is
-/// never taken; forced here so that the switch happens on every run and both providers), every
-/// rank moves to a fresh endpoint at its next collective, and the next seven collectives of
-/// six kinds, rooted ones included, are exact on every rank, P = 2, 3, 4.
-#[test]
-fn after_a_retired_endpoint_every_rank_switches_and_the_next_collectives_are_exact() {
-    if !per_provider(
-        "after_a_retired_endpoint_every_rank_switches_and_the_next_collectives_are_exact",
-    ) || !usable()
-    {
-        return;
-    }
-    for p in 2..=4 {
-        let sync = Quiesce::new(p);
-        let res = on_ofi(p, cfg(p, Algorithm::Flat(LevelAlgo::Ring)), |comm, t| {
-            let r = comm.rank();
-            let t0 = Instant::now();
-            let m = 300_001 - usize::from(r == p - 1);
-            let mine = vec![r as f32; m];
-            let mut all = vec![0f32; m * p];
-            let e = comm.all_gather(&mine, &mut all).expect_err("mismatched");
-            assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
-            let mut v = vec![1.0f64; 500_000 + usize::from(r == 0)];
-            let e = comm
-                .all_reduce_in_place(&mut v, ReduceOp::Sum)
-                .expect_err("mismatched");
-            assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
-            let failed = t0.elapsed();
-            sync.settle(t);
-            let before = t.epoch();
-            if r == p - 1 {
-                t.retire_endpoint("retired by the test");
-            }
-            sync.settle(t);
-            let n = 200_003;
-            let inp = input::<f64>(r, n, ReduceOp::Sum);
-            let mut out = vec![0f64; n];
-            let t1 = Instant::now();
-            comm.all_reduce(&inp, &mut out, ReduceOp::Sum)
-                .unwrap_or_else(|e| panic!("P={p} rank {r}: first call after the switch: {e}"));
-            let first = t1.elapsed();
-            let want: Vec<f64> = (0..n).map(|i| reduced(p, i, ReduceOp::Sum)).collect();
-            assert!(same_bits(&out, &want), "P={p} rank {r}: all-reduce wrong");
-            let after = t.epoch();
-            assert!(after > before, "P={p} rank {r}: still on epoch {after}");
-            // All-gather, reduce-scatter, all-reduce.
-            exact_on(&comm, &[70_001]).unwrap_or_else(|e| panic!("P={p} rank {r}: {e}"));
-            let k = 100_000;
-            let mut b = if r == 0 {
-                input::<f32>(0, k, ReduceOp::Sum)
-            } else {
-                vec![0f32; k]
-            };
-            comm.broadcast(&mut b, 0)
-                .unwrap_or_else(|e| panic!("P={p} rank {r}: broadcast: {e}"));
-            assert!(
-                same_bits(&b, &input::<f32>(0, k, ReduceOp::Sum)),
-                "rank {r}"
-            );
-            let x = input::<i64>(r, k, ReduceOp::Max);
-            let mut y = vec![0i64; k];
-            comm.reduce(&x, &mut y, ReduceOp::Max, p - 1)
-                .unwrap_or_else(|e| panic!("P={p} rank {r}: reduce: {e}"));
-            if r == p - 1 {
-                let want: Vec<i64> = (0..k).map(|i| reduced(p, i, ReduceOp::Max)).collect();
-                assert_eq!(y, want, "P={p}: reduce wrong");
-            }
-            comm.barrier()
-                .unwrap_or_else(|e| panic!("P={p} rank {r}: barrier: {e}"));
-            println!(
-                "@@ P={p} rank {r}: mismatched pair failed in {} ms; endpoint epoch {before} -> \
-                 {after}; first call after the switch {} ms; 7 more collectives exact",
-                failed.as_millis(),
-                first.as_millis()
-            );
-        });
-        assert_eq!(res.len(), p);
-    }
-}
-
-/// A switch asked for while the peers are inside a collective: that collective fails on every
-/// rank with a remote error (naming the epoch on the ranks that were inside, the rank that had
-/// passed it on the asking rank), never wrong data or a hang, and the next ones are exact.
-#[test]
-fn a_switch_asked_for_during_a_collective_fails_it_everywhere_and_the_next_are_exact() {
-    if !per_provider(
-        "a_switch_asked_for_during_a_collective_fails_it_everywhere_and_the_next_are_exact",
-    ) || !usable()
-    {
-        return;
-    }
-    let p = 3;
-    let res = on_ofi(p, cfg(p, Algorithm::Flat(LevelAlgo::Ring)), |comm, t| {
-        let r = comm.rank();
-        let n = 300_000;
-        let inp = input::<f64>(r, n, ReduceOp::Sum);
-        let mut out = vec![0f64; n];
-        if r == p - 1 {
-            // The others are inside the all-reduce, waiting for this rank.
-            std::thread::sleep(Duration::from_millis(300));
-            t.retire_endpoint("retired by the test");
-        }
-        let t0 = Instant::now();
-        let first = comm.all_reduce(&inp, &mut out, ReduceOp::Sum);
-        let took = t0.elapsed();
-        if let Err(e) = &first {
-            assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
-            assert!(
-                e.message().contains("epoch 1") && e.message().contains("rank"),
-                "rank {r}: {e}"
-            );
-            assert!(took < Duration::from_secs(5), "rank {r}: {took:?}");
-        }
-        println!(
-            "@@ rank {r}: collective under way at the request: {} after {} ms",
-            first
-                .as_ref()
-                .map_or_else(|e| format!("failed ({e})"), |()| "exact".into()),
-            took.as_millis()
-        );
-        let t1 = Instant::now();
-        exact_on(&comm, &[1, 70_001]).unwrap_or_else(|e| panic!("rank {r}: next: {e}"));
-        println!(
-            "@@ rank {r}: 6 collectives exact on epoch {} in {} ms",
-            t.epoch(),
-            t1.elapsed().as_millis()
-        );
-        first.is_ok()
-    });
-    // Symmetric collective: it completes everywhere or nowhere.
-    assert!(
-        res.iter().all(|&ok| ok == res[0]),
-        "outcomes differ: {res:?}"
-    );
 }
 
 /// A rank whose process dies in the middle of collectives: the survivors fail with a remote
@@ -706,29 +452,7 @@ fn a_switch_asked_for_during_a_collective_fails_it_everywhere_and_the_next_are_e
 #[test]
 
 fn a_killed_peer_ends_in_an_error_not_a_hang() {
-    kill_job("a_killed_peer_ends_in_an_error_not_a_hang", 0, Kill::Plain);
-}
-
-/// A rank asks for an endpoint switch and a peer dies before joining it: the survivors' round
-/// (or their next collective) fails naming the dead rank, promptly; they shrink and go on.
-#[test]
-fn a_peer_killed_before_the_endpoint_switch_ends_in_an_error_not_a_hang() {
-    kill_job(
-        "a_peer_killed_before_the_endpoint_switch_ends_in_an_error_not_a_hang",
-        0,
-        Kill::BeforeSwitch,
-    );
-}
-
-/// The dying rank asks for the switch itself and dies about when the round runs (before,
-/// inside or after it): the survivors fail naming it, promptly; they shrink and go on.
-#[test]
-fn a_peer_killed_during_the_endpoint_switch_ends_in_an_error_not_a_hang() {
-    kill_job(
-        "a_peer_killed_during_the_endpoint_switch_ends_in_an_error_not_a_hang",
-        0,
-        Kill::DuringSwitch,
-    );
+    kill_job("a_killed_peer_ends_in_an_error_not_a_hang", 0);
 }
 
 /// A peer killed between overlapped all-reduces (`hier-rd-pipe4`, pretend nodes of 2): the
@@ -738,30 +462,18 @@ fn a_killed_peer_during_an_overlapped_all_reduce_ends_in_an_error_not_a_hang() {
     kill_job(
         "a_killed_peer_during_an_overlapped_all_reduce_ends_in_an_error_not_a_hang",
         4,
-        Kill::Plain,
     );
-}
-
-/// When the victim dies, relative to an endpoint switch.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Kill {
-    /// No switch.
-    Plain,
-    /// Rank 3 asks for a switch; the victim dies without joining it.
-    BeforeSwitch,
-    /// The victim asks for a switch, then dies 20 ms later while calling collectives.
-    DuringSwitch,
 }
 
 /// Runs test `name` as 4 rank processes per provider, rank [`VICTIM`] dying after three
 /// all-reduces (`hier-rd-pipe{pieces}` on nodes of 2, or the tuner's choice for 0).
-fn kill_job(name: &str, pieces: usize, kill: Kill) {
+fn kill_job(name: &str, pieces: usize) {
     if let Ok(v) = std::env::var(CHILD) {
         if let Some((_, rest)) = v.split_once('|') {
             let f: Vec<&str> = rest.split('|').collect();
             let (rank, p): (usize, usize) = (f[0].parse().unwrap(), f[1].parse().unwrap());
             let id = UniqueId::from_bytes(&unhex(f[2])).unwrap();
-            return play_kill(rank, p, &id, pieces, kill);
+            return play_kill(rank, p, &id, pieces);
         }
     }
     if !per_provider(name) || !usable() {
@@ -828,9 +540,9 @@ fn kill_job(name: &str, pieces: usize, kill: Kill) {
 
 const VICTIM: usize = 1;
 
-fn play_kill(rank: usize, p: usize, id: &UniqueId, pieces: usize, kill: Kill) {
+fn play_kill(rank: usize, p: usize, id: &UniqueId, pieces: usize) {
     let timeout = Duration::from_secs(30);
-    let t = Arc::new(connect(id, p, rank, timeout));
+    let t = connect(id, p, rank, timeout);
     let c = Config {
         timeout,
         ranks_per_node: Some(if pieces > 0 { 2 } else { p }),
@@ -841,7 +553,7 @@ fn play_kill(rank: usize, p: usize, id: &UniqueId, pieces: usize, kill: Kill) {
         }),
         ..Config::default()
     };
-    let comm = Communicator::with_config(t.clone(), c).unwrap();
+    let comm = Communicator::with_config(Arc::new(t), c).unwrap();
     let n = 200_000;
     let inp = vec![rank as f64 + 1.0; n];
     let mut out = vec![0.0f64; n];
@@ -852,34 +564,14 @@ fn play_kill(rank: usize, p: usize, id: &UniqueId, pieces: usize, kill: Kill) {
             "round {k}"
         );
     }
-    match kill {
-        Kill::Plain | Kill::BeforeSwitch if rank == VICTIM => std::process::abort(), // no goodbye
-        // After the peers' last all-reduce (a request reaching them inside it would fail it).
-        Kill::BeforeSwitch if rank == 3 => {
-            std::thread::sleep(Duration::from_millis(200));
-            t.retire_endpoint("retired by the test")
-        }
-        Kill::DuringSwitch if rank == VICTIM => {
-            std::thread::sleep(Duration::from_millis(200));
-            t.retire_endpoint("retired by the test");
-            std::thread::spawn(|| {
-                std::thread::sleep(Duration::from_millis(20));
-                std::process::abort();
-            });
-            loop {
-                let _ = comm.all_reduce(&inp, &mut out, ReduceOp::Sum);
-            }
-        }
-        _ => {}
+    if rank == VICTIM {
+        std::process::abort(); // dies without a goodbye
     }
     let t0 = Instant::now();
     let e = loop {
-        // A survivor may finish one more collective before the death shows; with a switch
-        // asked for, the collective under way at the request fails first (cleanly).
-        match comm.all_reduce(&inp, &mut out, ReduceOp::Sum) {
-            Err(e) if kill == Kill::Plain || e.message().contains("died") => break e,
-            Err(e) => println!("\n@@ rank {rank}: before the death showed: {e}"),
-            Ok(()) => {}
+        // A survivor may finish one more collective before the death shows.
+        if let Err(e) = comm.all_reduce(&inp, &mut out, ReduceOp::Sum) {
+            break e;
         }
         assert!(
             t0.elapsed() < Duration::from_secs(5),
@@ -894,23 +586,13 @@ fn play_kill(rank: usize, p: usize, id: &UniqueId, pieces: usize, kill: Kill) {
     // Detection (the control socket, a poll step of 20 ms) plus ending this rank's
     // operations: operations with the dead rank end at once, those with survivors never wait
     // for it.
-    let bound = if kill == Kill::Plain { 1000 } else { 2000 };
-    assert!(took < Duration::from_millis(bound), "rank {rank}: {took:?}");
+    assert!(took < Duration::from_millis(1000), "rank {rank}: {took:?}");
     assert_eq!(e.kind(), ErrorKind::Remote, "rank {rank}: {e}");
     assert!(
         e.message().contains(&format!("rank {VICTIM}")),
         "rank {rank}: {e}"
     );
-    // Known gap (docs/OFI.md): after a death in the middle of a switch, the survivors' shrink
-    // sometimes fails (a control message of another step): an error, never a hang.
-    let small = match comm.shrink(&[VICTIM]) {
-        Ok(c) => c,
-        Err(e) if kill == Kill::DuringSwitch => {
-            println!("\n@@ rank {rank}: known gap, shrink after a death mid-switch: {e}");
-            return;
-        }
-        Err(e) => panic!("rank {rank}: shrink: {e}"),
-    };
+    let small = comm.shrink(&[VICTIM]).expect("shrink");
     let mut o = vec![0.0f64; n];
     small
         .all_reduce(&inp, &mut o, ReduceOp::Sum)

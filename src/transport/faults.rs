@@ -168,10 +168,6 @@ struct Board {
     dead: BTreeMap<usize, String>,
     /// Collectives some rank refused: (sequence number, rank, why), the newest few.
     refused: VecDeque<(u32, usize, String)>,
-    /// The data endpoint's epoch this rank is on (transports with epochs: `ofi`).
-    epoch_now: u32,
-    /// The newest epoch some rank asked for: (epoch, rank, why).
-    epoch_wanted: Option<(u32, usize, String)>,
 }
 
 /// How many refusals the board remembers (a collective older than these has long ended).
@@ -248,49 +244,6 @@ impl Faults {
             b.revoked = Some((rank, why.to_string()));
             true
         });
-    }
-
-    /// Records that `rank` asked every rank to move to a fresh data endpoint, epoch `epoch`
-    /// (its own retired); returns false if that epoch (or a newer one) was already asked for
-    /// or reached. Until this rank reaches it ([`Faults::set_epoch`]) the transport fails
-    /// the collectives under way (not [`Faults::check`]: the next collective must reach the
-    /// transport, which switches at its first operation).
-    pub fn want_epoch(&self, epoch: u32, rank: usize, why: &str) -> bool {
-        let mut fresh = false;
-        self.update(|b| {
-            if epoch <= b.epoch_now || b.epoch_wanted.as_ref().is_some_and(|w| w.0 >= epoch) {
-                return false;
-            }
-            b.epoch_wanted = Some((epoch, rank, why.to_string()));
-            fresh = true;
-            true
-        });
-        fresh
-    }
-
-    /// Records that this rank now runs its collectives on the endpoint of `epoch`.
-    pub fn set_epoch(&self, epoch: u32) {
-        self.update(|b| {
-            b.epoch_now = b.epoch_now.max(epoch);
-            true
-        });
-    }
-
-    /// The epoch asked for and not yet reached by this rank: (epoch, asking rank, why).
-    pub fn wanted_epoch(&self) -> Option<(u32, usize, String)> {
-        if !self.any() {
-            return None;
-        }
-        let b = lock(&self.board);
-        b.epoch_wanted.clone().filter(|w| w.0 > b.epoch_now)
-    }
-
-    /// The newest epoch asked for, reached or not: (epoch, asking rank, why).
-    pub fn latest_epoch(&self) -> Option<(u32, usize, String)> {
-        if !self.any() {
-            return None;
-        }
-        lock(&self.board).epoch_wanted.clone()
     }
 
     /// Whether anything was ever recorded (cheap).
@@ -394,16 +347,6 @@ fn dead_error(rank: usize, how: &str) -> Error {
     )
 }
 
-/// The error of collective `seq`, under way when rank `rank` asked every rank to move to
-/// data endpoint `epoch` because of `why`.
-pub fn epoch_error(seq: u32, epoch: u32, rank: usize, why: &str) -> Error {
-    Error::remote(format!(
-        "collective #{seq} was under way when rank {rank} retired its data endpoint ({why}): \
-         it fails on every rank, and every rank moves to a fresh endpoint (epoch {epoch}) at \
-         its next collective, which then runs normally"
-    ))
-}
-
 /// The error of a wait that ran out its collective's deadline, naming the peer.
 pub fn timed_out(rank: usize, peer: usize, what: &str, timeout_hint: bool) -> Error {
     let hint = if timeout_hint {
@@ -500,22 +443,6 @@ mod tests {
         f.refuse(2, 1, &format!("{TIMED_OUT}waited in vain"));
         let e = f.check(stamp(2, 5), 0).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Remote, "death first: {e}");
-        let g = Faults::default();
-        assert!(g.want_epoch(1, 3, "stuck send"));
-        assert!(!g.want_epoch(1, 2, "again"));
-        assert!(
-            g.check(stamp(9, 5), 0).is_ok(),
-            "the next collective reaches the transport"
-        );
-        let (e, r, why) = g.wanted_epoch().expect("asked for");
-        let e = epoch_error(9, e, r, &why);
-        assert!(e.message().contains("rank 3 retired") && e.message().contains("epoch 1"));
-        g.set_epoch(1);
-        assert!(g.wanted_epoch().is_none(), "epoch reached");
-        assert!(
-            !g.want_epoch(1, 0, "stale"),
-            "an epoch reached is not asked again"
-        );
         f.abort("by the test");
         assert_eq!(
             f.check(stamp(2, CONTROL), 2).unwrap_err().kind(),

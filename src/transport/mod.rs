@@ -41,15 +41,6 @@ pub enum Notice {
         /// Why, for the peers' error messages.
         why: String,
     },
-    /// This rank's data endpoint cannot go on (the libfabric transport retired it): every rank
-    /// moves to a fresh endpoint, numbered `epoch`, at a collective they agree on
-    /// ([`Faults::want_epoch`]). Transports without epochs only record it.
-    Epoch {
-        /// The epoch asked for (the retired endpoint's + 1).
-        epoch: u32,
-        /// Why, for the peers' error messages.
-        why: String,
-    },
 }
 
 /// A posted send.

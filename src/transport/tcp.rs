@@ -449,9 +449,6 @@ impl Transport for TcpTransport {
                 wire::control(wire::Kind::Refused, u64::from(*seq), why)
             }
             Notice::Aborted { why } => wire::control(wire::Kind::Aborted, 0, why),
-            Notice::Epoch { epoch, why } => {
-                wire::control(wire::Kind::Epoch, u64::from(*epoch), why)
-            }
         };
         for l in self.links.iter().flatten() {
             l.send_control(frame.clone());

@@ -500,9 +500,6 @@ impl Transport for ThreadTransport {
                     b.refuse(*seq, self.rank, why);
                 }
                 Notice::Aborted { why } => b.revoked(self.rank, why),
-                Notice::Epoch { epoch, why } => {
-                    b.want_epoch(*epoch, self.rank, why);
-                }
             }
         }
         self.hub.wake(self.ctx);

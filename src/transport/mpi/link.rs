@@ -340,11 +340,6 @@ impl Core {
                 bytes.extend_from_slice(why.as_bytes());
                 self.note_failure(self.latest.load(Ordering::Relaxed), why);
             }
-            Notice::Epoch { epoch, why } => {
-                bytes.push(3u8);
-                bytes.extend_from_slice(&epoch.to_le_bytes());
-                bytes.extend_from_slice(why.as_bytes());
-            }
         }
         bytes.truncate(4096);
         self.reap_outbox();
@@ -403,9 +398,6 @@ impl Core {
             2 => {
                 self.faults.revoked(src, &why);
                 self.finished.store(true, Ordering::SeqCst);
-            }
-            3 => {
-                self.faults.want_epoch(seq, src, &why);
             }
             _ => {}
         }

@@ -128,7 +128,7 @@ pub struct Endpoint {
     pub registrations: Arc<AtomicU64>,
 }
 
-pub(super) fn env(name: &str) -> Option<String> {
+fn env(name: &str) -> Option<String> {
     std::env::var(name)
         .ok()
         .map(|v| v.trim().to_string())

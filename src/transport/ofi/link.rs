@@ -67,9 +67,6 @@ fn wait(
     mut step: impl FnMut(&mut State) -> Result<Step>,
 ) -> Result<()> {
     let mut idle_since = Instant::now();
-    // When this wait last found nothing to do after doing something (what the spin window
-    // learns from: how soon the completion came).
-    let mut idle_start: Option<Instant> = None;
     let mut spins = 0u32;
     let blocks = sh.ep.lock().blocks();
     loop {
@@ -79,18 +76,8 @@ fn wait(
             st.drain_refused(sh.ctl.faults(), sh.piece);
             // The board's cause (a death, a refusal) explains a failure better than its
             // consequence (say, the endpoint closed because of the death).
-            step(&mut st).map_err(|e| {
-                let cause = sh.ctl.faults().check(tag, peer);
-                cause.and_then(|()| epoch_check(sh, tag)).err().unwrap_or(e)
-            })?
+            step(&mut st).map_err(|e| sh.ctl.faults().check(tag, peer).err().unwrap_or(e))?
         };
-        if s != Step::Idle {
-            if let Some(t) = idle_start.take() {
-                if blocks {
-                    sh.spin.record(t.elapsed());
-                }
-            }
-        }
         match s {
             Step::Done => return Ok(()),
             Step::Moved => {
@@ -101,28 +88,19 @@ fn wait(
             Step::Idle => {}
         }
         sh.ctl.faults().check(tag, peer)?;
-        epoch_check(sh, tag)?;
         let now = Instant::now();
         if now >= deadline {
             return Err(faults::timed_out(sh.rank, peer, what, true));
         }
-        let idle_for = now.duration_since(*idle_start.get_or_insert(now));
         spins += 1;
         if blocks {
-            // Read the completion queue again, yielding between reads, for the endpoint's
-            // adaptive window (`spin.rs`): below 16 KiB the completion usually comes within microseconds, and
-            // a block costs a wake-up per protocol round. Then block until the provider's
-            // traffic signals the completion queue (a socket of rxm over tcp became
-            // readable), at most BLOCK: the failure board and the deadline are looked at
-            // between blocks. Polling on a timer instead made every protocol round of a
-            // small message (rxm's segments, acknowledgements) wait for a sleep or a yield,
-            // which on a loaded host is milliseconds.
+            // Block until the provider's traffic signals the completion queue (a socket of
+            // rxm over tcp became readable), at most BLOCK: the failure board and the
+            // deadline are looked at between blocks. Polling on a timer instead made every
+            // protocol round of a small message (rxm's segments, acknowledgements) wait for
+            // a sleep or a yield, which on a loaded host is milliseconds.
             if spins < 16 {
                 std::hint::spin_loop();
-            } else if idle_for < sh.spin.window() {
-                // Yield between reads, never just spin: the runnable thread this hands the
-                // core to may be the peer this wait needs (`spin.rs`).
-                sh.spin.pause();
             } else if let Some(fd) = sh.ep.lock().may_block() {
                 // SAFETY: a plain poll(2) on the descriptor, no libfabric call (none may run
                 // without the lock). Should another thread close the endpoint meanwhile, the
@@ -137,26 +115,6 @@ fn wait(
             std::thread::sleep(Duration::from_micros(50));
         }
     }
-}
-
-/// Fails a wait of a collective on an endpoint some rank asked every rank to move past
-/// (`epoch.rs`): its peers may be waiting at the gate of their next collective, posting
-/// nothing of this one.
-fn epoch_check(sh: &Shared, tag: Tag) -> Result<()> {
-    if faults::is_control(tag) || faults::is_p2p(tag) {
-        return Ok(());
-    }
-    match sh.ctl.faults().latest_epoch() {
-        Some((e, r, why)) if e > sh.epoch => {
-            Err(faults::epoch_error(faults::seq_of(tag), e, r, &why))
-        }
-        _ => Ok(()),
-    }
-}
-
-/// Whether any rank is known dead (the communicator can only shrink then).
-fn any_death_at_all(sh: &Shared) -> bool {
-    !sh.ctl.faults().dead_ranks().is_empty()
 }
 
 /// Whether `peer` is known dead.
@@ -229,28 +187,21 @@ fn settle(
                     }
                 );
             }
-            // A retired or closed endpoint (with every rank alive): every rank moves to a
-            // fresh one at its next collective (`epoch.rs`).
-            let mut ask = None;
             match otherwise {
                 Otherwise::Park => left.into_iter().for_each(|c| st.park(c, None)),
                 Otherwise::CloseSends if dead || any_death => {
                     left.into_iter().for_each(|c| st.park(c, None))
                 }
                 Otherwise::CloseSends => {
-                    let why = format!(
+                    st.retire(format!(
                         "rank {}: {n} send(s) to rank {peer} were not taken within {} ms after \
                          a failed collective, and provider {} would hold later messages to it \
-                         behind them",
+                         behind them; create a new communicator",
                         sh.rank,
                         bound.as_millis(),
                         sh.ep.caps.provider
-                    );
-                    st.retire(format!(
-                        "{why}; every rank moves to a fresh endpoint at its next collective"
                     ));
                     left.into_iter().for_each(|c| st.park(c, None));
-                    ask = Some(why);
                 }
                 // After a death the communicator can only shrink (onto a fresh endpoint), so
                 // closing this one costs nothing more.
@@ -258,23 +209,13 @@ fn settle(
                     "rank {peer} died while rank {} was receiving from it",
                     sh.rank
                 )),
-                Otherwise::Close => {
-                    let why = format!(
-                        "rank {}: {n} receive(s) from rank {peer} into the caller's memory did \
-                         not end within {} ms of being cancelled after a failed collective (the \
-                         provider could still write that memory)",
-                        sh.rank,
-                        bound.as_millis()
-                    );
-                    st.close_with(format!(
-                        "{why}; every rank moves to a fresh endpoint at its next collective"
-                    ));
-                    ask = (!any_death_at_all(sh)).then_some(why);
-                }
-            }
-            drop(st);
-            if let Some(why) = ask {
-                super::epoch::request(sh, &why);
+                Otherwise::Close => st.close_with(format!(
+                    "rank {}: {n} receive(s) from rank {peer} into the caller's memory did not \
+                     end within {} ms of being cancelled after a failed collective (the \
+                     provider could still write that memory); create a new communicator",
+                    sh.rank,
+                    bound.as_millis()
+                )),
             }
             return n;
         }

@@ -15,10 +15,6 @@
 //! Messages of a collective that failed on this rank are drained by receives kept posted for
 //! its sequence number (`fabric::State::add_junk`).
 //!
-//! **Epochs.** A rank that retires its endpoint (shm, after a failed collective) asks every
-//! rank to move to a fresh one; they agree on the collective to switch at over the control
-//! plane (`epoch.rs`). Operations capture their epoch's endpoint; old ones stay open.
-//!
 //! **Memory.** Buffers are registered where the provider asks (`FI_MR_LOCAL`), through a cache
 //! keyed by address and length (`mr.rs`). `FI_HMEM` is detected and reported
 //! ([`OfiTransport::caps`]); device pointers are not handed to the provider yet (device
@@ -27,11 +23,9 @@
 //! The domain opened is `PCCL_OFI_DOMAIN` (or `FI_DOMAIN`), else the NIC map's choice (a hook
 //! in `fabric::open_endpoint`), else the provider's first.
 
-mod epoch;
 mod fabric;
 mod link;
 mod mr;
-mod spin;
 mod sys;
 
 pub use fabric::{providers, Caps};
@@ -42,20 +36,19 @@ use super::faults::{self, Faults};
 use super::tcp::{TcpTransport, UniqueId};
 use super::{Notice, SendOp, Tag, Transport};
 use crate::error::{Error, Result};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Bootstrap record: magic, piece size, address length, address, provider/fabric, and in
-/// its last 8 bytes the node key (to count the ranks sharing this host).
+/// Bootstrap record: magic, piece size, address length, address, provider/fabric.
 const RECORD: usize = 512;
 const MAGIC: u64 = 0x5043_434c_4f46_4931;
 const NAME_MAX: usize = 256;
 /// Smallest piece (so tiny `PCCL_CHUNK_SIZE` values do not flood the queues).
 const MIN_PIECE: usize = 64 << 10;
 
-/// What the operations of one endpoint (one epoch) share.
+/// What the endpoint's operations share.
 pub(crate) struct Shared {
     ep: Endpoint,
     /// The control plane: the TCP mesh of a unique-id job, or the MPI world under mpiexec.
@@ -63,11 +56,8 @@ pub(crate) struct Shared {
     addrs: Vec<u64>,
     rank: usize,
     piece: usize,
+    timeout: Duration,
     bounce: Mutex<Vec<Vec<u8>>>,
-    /// How long idle waits spin before they block (`spin.rs`).
-    spin: spin::Spin,
-    /// This endpoint's epoch: 0 from the bootstrap, one more per switch (`epoch.rs`).
-    epoch: u32,
 }
 
 impl Shared {
@@ -87,42 +77,9 @@ impl Shared {
     }
 }
 
-/// The endpoints of every epoch, the current one last. Old ones stay open and progressed
-/// until the transport drops: a peer may still write to them (closing a shm endpoint under a
-/// live peer crashed that peer), and their limbo still drains.
-pub(crate) struct Epochs {
-    list: Mutex<Vec<Arc<Shared>>>,
-    /// Endpoints of switches that failed half-way (peers may know their addresses).
-    spare: Mutex<Vec<Endpoint>>,
-    /// Where collectives move to a fresh endpoint (`epoch.rs`), and its signal.
-    gate: Mutex<epoch::Gate>,
-    opened: Condvar,
-    /// The sequence number of the last collective that posted an operation (with
-    /// [`epoch::POSTED`] set), kept on the fast path too.
-    last: AtomicU64,
-    /// Bounds a switch's round.
-    timeout: Duration,
-}
-
-impl Epochs {
-    fn all(&self) -> Vec<Arc<Shared>> {
-        self.list.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    fn current(&self) -> Arc<Shared> {
-        let l = self.list.lock().unwrap_or_else(|e| e.into_inner());
-        l.last().expect("the bootstrap endpoint").clone()
-    }
-}
-
 /// The transport of one rank over libfabric.
 pub struct OfiTransport {
-    eps: Arc<Epochs>,
-    ctl: Arc<dyn Transport>,
-    rank: usize,
-    size: usize,
-    piece: usize,
-    timeout: Duration,
+    sh: Arc<Shared>,
     stop: Arc<AtomicBool>,
     service: Option<JoinHandle<()>>,
 }
@@ -153,22 +110,76 @@ impl OfiTransport {
 
     /// Opens this rank's endpoint and exchanges addresses over the control plane `ctl`.
     fn over(ctl: Arc<dyn Transport>, chunk: usize, timeout: Duration) -> Result<Self> {
-        let spin_setting = spin::setting()?;
         let ep = fabric::open_endpoint()?;
         let (rank, p) = (ctl.rank(), ctl.size());
-        let deadline = Instant::now() + timeout;
+        if ep.name.len() > NAME_MAX {
+            return Err(Error::system(format!(
+                "libfabric: the {} address is {} bytes, more than PCCL handles ({NAME_MAX})",
+                ep.caps.provider,
+                ep.name.len()
+            )));
+        }
+        let mut mine = [0u8; RECORD];
+        mine[0..8].copy_from_slice(&MAGIC.to_le_bytes());
+        mine[8..16].copy_from_slice(&(chunk.max(MIN_PIECE) as u64).to_le_bytes());
+        mine[16..24].copy_from_slice(&(ep.name.len() as u64).to_le_bytes());
+        mine[24..24 + ep.name.len()].copy_from_slice(&ep.name);
+        let label = format!("{} / {}", ep.caps.provider, ep.caps.fabric);
+        let lb = label.as_bytes();
+        let lcap = RECORD - 24 - NAME_MAX;
+        mine[24 + NAME_MAX..24 + NAME_MAX + lb.len().min(lcap)]
+            .copy_from_slice(&lb[..lb.len().min(lcap)]);
         let tag = faults::stamp(0, faults::CONTROL | 0x0f1f_0001);
-        let (names, words, nodes) = exchange(
-            ctl.as_ref(),
-            &ep,
-            chunk.max(MIN_PIECE) as u64,
-            tag,
-            deadline,
-        )?;
-        // Ranks on this host (the node key each rank sent): the spin window's oversubscription.
-        let node = ctl.node_key();
-        let local = nodes.iter().filter(|&&n| n == node).count().max(1);
-        let piece = (words[0] as usize).max(MIN_PIECE);
+        let deadline = Instant::now() + timeout;
+        let mut sends = Vec::new();
+        let mut result = Ok(());
+        for j in (0..p).filter(|&j| j != rank) {
+            // SAFETY: `mine` outlives every send: all are waited for below, on every path.
+            match unsafe { ctl.isend(j, tag, mine.as_ptr(), RECORD) } {
+                Ok(s) => sends.push(s),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        let mut names = vec![Vec::new(); p];
+        let mut piece = chunk.max(MIN_PIECE);
+        if result.is_ok() {
+            for (j, name) in names.iter_mut().enumerate() {
+                if j == rank {
+                    *name = ep.name.clone();
+                    continue;
+                }
+                let mut rec = [0u8; RECORD];
+                if let Err(e) = ctl.recv_into(j, tag, &mut rec, deadline) {
+                    result = Err(e);
+                    break;
+                }
+                let word = |i: usize| u64::from_le_bytes(rec[i..i + 8].try_into().unwrap());
+                let theirs = String::from_utf8_lossy(&rec[24 + NAME_MAX..])
+                    .trim_end_matches('\0')
+                    .to_string();
+                if word(0) != MAGIC || theirs != label {
+                    result = Err(Error::invalid(format!(
+                        "rank {j} opened libfabric {theirs}, rank {rank} opened {label}: every \
+                         rank must use the same provider and fabric (set FI_PROVIDER the same \
+                         everywhere)"
+                    )));
+                    break;
+                }
+                let len = (word(16) as usize).min(NAME_MAX);
+                *name = rec[24..24 + len].to_vec();
+                if j == 0 {
+                    piece = (word(8) as usize).max(MIN_PIECE);
+                }
+            }
+        }
+        for s in sends {
+            let r = s.wait(deadline);
+            result = result.and(r);
+        }
+        result?;
         let addrs = ep.lock().insert(&names)?;
         // No data may reach a rank before it knows the sender's address (providers drop or
         // cannot attribute such messages, rxm refuses the connection): a barrier.
@@ -177,13 +188,10 @@ impl OfiTransport {
             faults::stamp(0, faults::CONTROL | 0x0f1f_0002),
             deadline,
         )?;
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let spin = spin::Spin::for_host(spin_setting, local, cores);
         if debug_info() {
             eprintln!(
                 "pccl: rank {rank}: ofi transport on provider {} (fabric {}, domain {}); {}; \
-                 registration {}; pieces of {} bytes; idle waits {}; rxm eager limit {}; {} ranks on \
-                 this host, {} cores: idle waits read on for at most {} µs before blocking",
+                 registration {}; pieces of {} bytes; idle waits {}; rxm eager limit {}",
                 ep.caps.provider,
                 ep.caps.fabric,
                 ep.caps.domain,
@@ -203,152 +211,43 @@ impl OfiTransport {
                 } else {
                     "poll"
                 },
-                std::env::var("FI_OFI_RXM_EAGER_LIMIT").unwrap_or_else(|_| "(default)".into()),
-                local,
-                cores,
-                spin.max_us(),
+                std::env::var("FI_OFI_RXM_EAGER_LIMIT").unwrap_or_else(|_| "(default)".into())
             );
         }
         let sh = Arc::new(Shared {
-            spin,
             ep,
-            ctl: ctl.clone(),
+            ctl,
             addrs,
             rank,
             piece,
+            timeout,
             bounce: Mutex::new(Vec::new()),
-            epoch: 0,
         });
         connect_all(&sh, deadline)?;
-        let eps = Arc::new(Epochs {
-            list: Mutex::new(vec![sh]),
-            spare: Mutex::new(Vec::new()),
-            gate: Mutex::new(epoch::Gate::default()),
-            opened: Condvar::new(),
-            last: AtomicU64::new(0),
-            timeout,
-        });
         let stop = Arc::new(AtomicBool::new(false));
-        let service = spawn_service(Arc::downgrade(&eps), stop.clone())?;
+        let service = spawn_service(Arc::downgrade(&sh), stop.clone())?;
         Ok(OfiTransport {
-            eps,
-            ctl,
-            rank,
-            size: p,
-            piece,
-            timeout,
+            sh,
             stop,
             service: Some(service),
         })
     }
 
     /// What the provider offers (name, domain, `FI_HMEM`, registration).
-    pub fn caps(&self) -> Caps {
-        self.eps.current().ep.caps.clone()
+    pub fn caps(&self) -> &Caps {
+        &self.sh.ep.caps
     }
 
-    /// Memory registrations made so far on the current endpoint (`fi_mr_reg` calls):
-    /// repeated collectives on the same buffers do not add any (0 where the provider needs
-    /// none).
+    /// Memory registrations made so far (`fi_mr_reg` calls): repeated collectives on the same
+    /// buffers do not add any (0 where the provider needs none).
     pub fn registrations(&self) -> u64 {
-        self.eps.current().ep.registrations.load(Ordering::Relaxed)
-    }
-
-    /// The longest an idle wait reads the completion queue (yielding between reads) before
-    /// it blocks on the queue's descriptor, in µs (`PCCL_OFI_SPIN_US`; 0: blocks at once;
-    /// shorter where ranks outnumber this host's cores). Unused where waits poll.
-    pub fn spin_max_us(&self) -> u32 {
-        self.eps.current().spin.max_us()
+        self.sh.ep.registrations.load(Ordering::Relaxed)
     }
 
     /// The piece size all ranks agreed on.
     pub fn piece_bytes(&self) -> usize {
-        self.piece
+        self.sh.piece
     }
-}
-
-/// Every rank's endpoint address, `word` and node key, in rank order ([`exchange`]).
-type Records = (Vec<Vec<u8>>, Vec<u64>, Vec<u64>);
-
-/// Sends this rank's record (magic, `word`, the address of `ep`, provider and fabric) to
-/// every rank over `ctl` and receives theirs: every rank's address and `word`, in rank order.
-/// Checks that every rank opened the same provider and fabric.
-fn exchange(
-    ctl: &dyn Transport,
-    ep: &Endpoint,
-    word: u64,
-    tag: Tag,
-    deadline: Instant,
-) -> Result<Records> {
-    let (rank, p) = (ctl.rank(), ctl.size());
-    if ep.name.len() > NAME_MAX {
-        return Err(Error::system(format!(
-            "libfabric: the {} address is {} bytes, more than PCCL handles ({NAME_MAX})",
-            ep.caps.provider,
-            ep.name.len()
-        )));
-    }
-    let mut mine = [0u8; RECORD];
-    mine[0..8].copy_from_slice(&MAGIC.to_le_bytes());
-    mine[8..16].copy_from_slice(&word.to_le_bytes());
-    mine[16..24].copy_from_slice(&(ep.name.len() as u64).to_le_bytes());
-    mine[24..24 + ep.name.len()].copy_from_slice(&ep.name);
-    let label = format!("{} / {}", ep.caps.provider, ep.caps.fabric);
-    let lb = label.as_bytes();
-    let lcap = RECORD - 24 - NAME_MAX - 8;
-    mine[24 + NAME_MAX..24 + NAME_MAX + lb.len().min(lcap)]
-        .copy_from_slice(&lb[..lb.len().min(lcap)]);
-    let node = ctl.node_key();
-    mine[RECORD - 8..].copy_from_slice(&node.to_le_bytes());
-    let mut sends = Vec::new();
-    let mut result = Ok(());
-    for j in (0..p).filter(|&j| j != rank) {
-        // SAFETY: `mine` outlives every send: all are waited for below, on every path.
-        match unsafe { ctl.isend(j, tag, mine.as_ptr(), RECORD) } {
-            Ok(s) => sends.push(s),
-            Err(e) => {
-                result = Err(e);
-                break;
-            }
-        }
-    }
-    let mut names = vec![Vec::new(); p];
-    let mut words = vec![word; p];
-    let mut nodes = vec![node; p];
-    if result.is_ok() {
-        for (j, name) in names.iter_mut().enumerate() {
-            if j == rank {
-                *name = ep.name.clone();
-                continue;
-            }
-            let mut rec = [0u8; RECORD];
-            if let Err(e) = ctl.recv_into(j, tag, &mut rec, deadline) {
-                result = Err(e);
-                break;
-            }
-            let word = |i: usize| u64::from_le_bytes(rec[i..i + 8].try_into().unwrap());
-            let theirs = String::from_utf8_lossy(&rec[24 + NAME_MAX..RECORD - 8])
-                .trim_end_matches('\0')
-                .to_string();
-            if word(0) != MAGIC || theirs != label {
-                result = Err(Error::invalid(format!(
-                    "rank {j} opened libfabric {theirs}, rank {rank} opened {label}: every \
-                     rank must use the same provider and fabric (set FI_PROVIDER the same \
-                     everywhere)"
-                )));
-                break;
-            }
-            let len = (word(16) as usize).min(NAME_MAX);
-            *name = rec[24..24 + len].to_vec();
-            words[j] = word(8);
-            nodes[j] = word(RECORD - 8);
-        }
-    }
-    for s in sends {
-        let r = s.wait(deadline);
-        result = result.and(r);
-    }
-    result.map(|()| (names, words, nodes))
 }
 
 /// Every rank sends every other a token over libfabric and waits for all of theirs, so the
@@ -432,23 +331,19 @@ pub(crate) fn debug_info() -> bool {
     )
 }
 
-/// Drives the provider of every epoch's endpoint every 2 ms while nobody else does (a rank
-/// outside PCCL still serves its peers' messages and drains a failed collective's
-/// leftovers; old epochs' limbo still drains).
-fn spawn_service(eps: Weak<Epochs>, stop: Arc<AtomicBool>) -> Result<JoinHandle<()>> {
+/// Drives the provider every 2 ms while nobody else does (a rank outside PCCL still serves
+/// its peers' messages and drains a failed collective's leftovers).
+fn spawn_service(sh: Weak<Shared>, stop: Arc<AtomicBool>) -> Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name("pccl-ofi-progress".into())
         .spawn(move || {
             while !stop.load(Ordering::Acquire) {
-                let Some(eps) = eps.upgrade() else { return };
-                eps.poll_switch(eps.current().ctl.faults());
-                for sh in eps.all() {
-                    if let Some(mut st) = sh.ep.try_lock() {
-                        st.progress();
-                        st.drain_refused(sh.ctl.faults(), sh.piece);
-                    }
+                let Some(sh) = sh.upgrade() else { return };
+                if let Some(mut st) = sh.ep.try_lock() {
+                    st.progress();
+                    st.drain_refused(sh.ctl.faults(), sh.piece);
                 }
-                drop(eps);
+                drop(sh);
                 std::thread::sleep(Duration::from_millis(2));
             }
         })
@@ -461,9 +356,10 @@ impl Drop for OfiTransport {
         // queues) until that peer stops sending, so no rank closes its endpoint while its
         // peers may still be in their last collective. Skipped when a peer is dead or the
         // rank aborted; bounded at 2 s either way.
-        if self.ctl.faults().dead_ranks().is_empty() && self.ctl.faults().aborted().is_none() {
+        if self.sh.ctl.faults().dead_ranks().is_empty() && self.sh.ctl.faults().aborted().is_none()
+        {
             let _ = ready(
-                self.ctl.as_ref(),
+                self.sh.ctl.as_ref(),
                 faults::stamp(0, faults::CONTROL | 0x0f1f_0003),
                 Instant::now() + Duration::from_secs(2),
             );
@@ -477,41 +373,40 @@ impl Drop for OfiTransport {
 
 impl Transport for OfiTransport {
     fn rank(&self) -> usize {
-        self.rank
+        self.sh.rank
     }
     fn size(&self) -> usize {
-        self.size
+        self.sh.addrs.len()
     }
     fn name(&self) -> &'static str {
         "ofi"
     }
     fn node_key(&self) -> u64 {
-        self.ctl.node_key()
+        self.sh.ctl.node_key()
     }
     fn faults(&self) -> &Faults {
-        self.ctl.faults()
+        self.sh.ctl.faults()
     }
     fn notify(&self, notice: &Notice) {
-        self.ctl.notify(notice);
+        self.sh.ctl.notify(notice);
     }
 
     fn abandon(&self, tag: Tag, why: &str) {
         if !faults::is_control(tag) && !faults::is_p2p(tag) {
-            // Every epoch: a peer that has not switched yet may send on an old one.
-            for sh in self.eps.all() {
-                sh.ep.lock().add_junk(faults::seq_of(tag), self.piece);
-            }
+            self.sh
+                .ep
+                .lock()
+                .add_junk(faults::seq_of(tag), self.sh.piece);
         }
-        self.ctl.abandon(tag, why);
+        self.sh.ctl.abandon(tag, why);
     }
 
     fn drop_links(&self) -> Result<()> {
-        self.ctl.drop_links()?;
-        for sh in self.eps.all() {
-            sh.ep.lock().close_with(
-                "this rank's links were cut by fault injection (PCCL_FAULT drop)".into(),
-            );
-        }
+        self.sh.ctl.drop_links()?;
+        self.sh
+            .ep
+            .lock()
+            .close_with("this rank's links were cut by fault injection (PCCL_FAULT drop)".into());
         Ok(())
     }
 
@@ -523,9 +418,10 @@ impl Transport for OfiTransport {
         len: usize,
     ) -> Result<Box<dyn SendOp>> {
         self.peer(peer)?;
-        let sh = self.shared_for(tag, Instant::now() + self.timeout)?;
         // SAFETY: forwarded from the caller (the memory outlives the op's wait).
-        Ok(Box::new(unsafe { OfiSend::post(sh, peer, tag, ptr, len)? }))
+        Ok(Box::new(unsafe {
+            OfiSend::post(self.sh.clone(), peer, tag, ptr, len)?
+        }))
     }
 
     fn recv(
@@ -537,29 +433,27 @@ impl Transport for OfiTransport {
         sink: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
         self.peer(peer)?;
-        let sh = self.shared_for(tag, deadline)?;
-        link::recv(&sh, peer, tag, len, deadline, Target::Sink(sink))
+        link::recv(&self.sh, peer, tag, len, deadline, Target::Sink(sink))
     }
 
     fn recv_into(&self, peer: usize, tag: Tag, dst: &mut [u8], deadline: Instant) -> Result<()> {
         self.peer(peer)?;
         let len = dst.len();
-        let sh = self.shared_for(tag, deadline)?;
-        link::recv(&sh, peer, tag, len, deadline, Target::Into(dst))
+        link::recv(&self.sh, peer, tag, len, deadline, Target::Into(dst))
     }
 
     fn subset(&self, members: &[usize], ctx: u64) -> Result<Arc<dyn Transport>> {
-        let ctl = self.ctl.subset(members, ctx)?;
-        Ok(Arc::new(Self::over(ctl, self.piece, self.timeout)?))
+        let ctl = self.sh.ctl.subset(members, ctx)?;
+        Ok(Arc::new(Self::over(ctl, self.sh.piece, self.sh.timeout)?))
     }
 }
 
 impl OfiTransport {
     fn peer(&self, p: usize) -> Result<()> {
-        if p >= self.size() || p == self.rank {
+        if p >= self.size() || p == self.sh.rank {
             return Err(Error::invalid(format!(
                 "rank {p} is not a peer of rank {} (ofi transport of {} ranks)",
-                self.rank,
+                self.sh.rank,
                 self.size()
             )));
         }

@@ -207,9 +207,6 @@ impl Link {
                 self.faults.refuse(h.tag as u32, self.peer, &why);
             }
             Kind::Aborted => self.faults.revoked(self.peer, &why),
-            Kind::Epoch => {
-                self.faults.want_epoch(h.tag as u32, self.peer, &why);
-            }
             Kind::Goodbye => self.left.store(true, Ordering::Release),
             Kind::Data => {}
         }

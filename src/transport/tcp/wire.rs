@@ -40,9 +40,6 @@ pub enum Kind {
     Aborted,
     /// The sender destroyed its communicator: its connection closes next, normally.
     Goodbye,
-    /// The sender asks every rank to move to a fresh data endpoint, epoch `tag`; the payload
-    /// says why (`Notice::Epoch`).
-    Epoch,
 }
 
 impl Kind {
@@ -52,7 +49,6 @@ impl Kind {
             Kind::Refused => 2,
             Kind::Aborted => 3,
             Kind::Goodbye => 4,
-            Kind::Epoch => 5,
         }
     }
 
@@ -62,7 +58,6 @@ impl Kind {
             2 => Kind::Refused,
             3 => Kind::Aborted,
             4 => Kind::Goodbye,
-            5 => Kind::Epoch,
             _ => return None,
         })
     }
