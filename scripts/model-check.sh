@@ -15,7 +15,8 @@
 # (default "allgather reducescatter"), TUNE / TUNE_MPI (reuse a profile instead of
 # measuring one; the MPI one gets its oversubscription term from a second run at 2 × cores
 # ranks), KEEP (a directory to keep the raw JSON in), REUSE=1 (with KEEP: measurements
-# already in KEEP are not run again, only the predictions: another profile or model judged
+# already in KEEP are not run again, nor pccl-tune when KEEP holds its profile, only the
+# predictions: another profile or model judged
 # on the same measurements, e.g. `REUSE=1 KEEP=d TUNE=other.toml TUNE_MPI=other-mpi.toml`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,11 +43,14 @@ for t in $TRANSPORTS; do
   case $t in
     threads)
       tune=${TUNE:-$WORK/tune-threads.toml}
-      [ -n "${TUNE:-}" ] || "$BIN/pccl-tune" -o "$tune"
+      # REUSE keeps a profile already in KEEP (judging the same data with the same profile).
+      if [ -z "${TUNE:-}" ] && { [ -z "${REUSE:-}" ] || [ ! -s "$tune" ]; }; then
+        "$BIN/pccl-tune" -o "$tune"
+      fi
       ranks=$RANKS max=$MAX launch=() ;;
     mpi)
       tune=${TUNE_MPI:-$WORK/tune-mpi.toml}
-      if [ -z "${TUNE_MPI:-}" ]; then
+      if [ -z "${TUNE_MPI:-}" ] && { [ -z "${REUSE:-}" ] || [ ! -s "$tune" ]; }; then
         mpiexec -n 2 "$BIN/pccl-tune" --transport mpi -o "$tune"
         # The oversubscription term: 2 × cores MPI ranks (when that is at most 16).
         over=$((2 * $(nproc)))

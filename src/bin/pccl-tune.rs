@@ -149,7 +149,7 @@ fn time(reps: usize, mut f: impl FnMut()) -> f64 {
 
 /// Memory's copy rate (GB/s) and the cache tier, from a `memcpy` sweep of working sets
 /// 256 KiB … 4× `llc` (at least 128 MiB).
-fn copy_tiers(llc: Option<usize>, reps: usize) -> (f64, CacheTier) {
+fn copy_tiers(llc: Option<usize>, reps: usize, verbose: bool) -> (f64, CacheTier) {
     let top = (4 * llc.unwrap_or(0)).max(128 << 20);
     let mut sweep = Vec::new();
     let mut ws = 256usize << 10;
@@ -158,7 +158,23 @@ fn copy_tiers(llc: Option<usize>, reps: usize) -> (f64, CacheTier) {
         ws *= 2;
     }
     let quarter = llc.unwrap_or(4 << 20) as f64 / 4.0;
-    pccl::model::cache::fit(&sweep, quarter)
+    let (mem, tier) = pccl::model::cache::fit(&sweep, quarter);
+    if verbose {
+        let p = Profile {
+            copy_gbps: mem,
+            cache: tier.clone(),
+            ..Profile::default()
+        };
+        eprintln!("pccl-tune: memcpy sweep, working set, measured vs fitted (GB/s):");
+        for (w, r) in &sweep {
+            eprintln!(
+                "  {:>10} KiB {r:>8.2} {:>8.2}",
+                *w as usize >> 10,
+                mem * p.cache_speedup(*w)
+            );
+        }
+    }
+    (mem, tier)
 }
 
 fn reduce_gbps<T: Element>(reps: usize, one: T) -> f64 {
@@ -173,29 +189,34 @@ fn reduce_gbps<T: Element>(reps: usize, one: T) -> f64 {
 }
 
 /// Seconds per all-gather of `s` bytes per rank on `comm` (ring), every size in `sizes`: the
-/// median over calls, each timed alone after a barrier. (Timing batches of calls back to
+/// median over calls, each timed alone after a barrier; the sizes are swept in `ROUNDS`
+/// rounds and each size keeps its fastest round's median, so a burst of load on a shared
+/// host spoils one round of a few sizes, not the profile. (Timing batches of calls back to
 /// back, as pccl-bench does, was tried: its profiles predicted worse, docs/SCALING.md.)
 fn ag_times(comm: &Communicator, sizes: &[usize], quick: bool) -> pccl::Result<Vec<f64>> {
+    const ROUNDS: usize = 3;
     let p = comm.size();
-    let mut out = Vec::new();
-    for &s in sizes {
-        let n = (s / 4).max(1);
-        let input = vec![1f32; n];
-        let mut output = vec![0f32; n * p];
-        let iters = ((64 << 20) / (s * p).max(1)).clamp(3, if quick { 20 } else { 200 });
-        for _ in 0..2 {
-            comm.all_gather(&input, &mut output)?;
+    let mut best = vec![f64::INFINITY; sizes.len()];
+    for _ in 0..if quick { 1 } else { ROUNDS } {
+        for (b, &s) in best.iter_mut().zip(sizes) {
+            let n = (s / 4).max(1);
+            let input = vec![1f32; n];
+            let mut output = vec![0f32; n * p];
+            let iters = ((64 << 20) / (s * p).max(1)).clamp(3, if quick { 20 } else { 100 });
+            for _ in 0..2 {
+                comm.all_gather(&input, &mut output)?;
+            }
+            let mut v = Vec::new();
+            for _ in 0..iters {
+                comm.barrier()?;
+                let t = Instant::now();
+                comm.all_gather(&input, &mut output)?;
+                v.push(t.elapsed().as_secs_f64());
+            }
+            *b = b.min(median(v));
         }
-        let mut v = Vec::new();
-        for _ in 0..iters {
-            comm.barrier()?;
-            let t = Instant::now();
-            comm.all_gather(&input, &mut output)?;
-            v.push(t.elapsed().as_secs_f64());
-        }
-        out.push(median(v));
     }
-    Ok(out)
+    Ok(best)
 }
 
 fn ring_cfg() -> Config {
@@ -327,7 +348,7 @@ fn main() {
     }
     let reps = if args.quick { 3 } else { 9 };
     let sizes: Vec<usize> = (10..=26).map(|k| 1usize << k).collect();
-    let (copy, cache) = copy_tiers(llc_bytes(), reps);
+    let (copy, cache) = copy_tiers(llc_bytes(), reps, args.verbose);
     let mut prof = Profile {
         name: "measured".into(),
         copy_gbps: copy,
@@ -392,13 +413,7 @@ fn main() {
     // eager/rendezvous step (pccl::model::link_fit).
     let tier = prof.clone();
     let f = |s: f64, ranks: f64| tier.cache_speedup(ranks * (ranks + 1.0) * s);
-    let hit = |ws: f64| {
-        if tier.cache.bytes == 0 {
-            0.0
-        } else {
-            (tier.cache.bytes as f64 / ws).min(1.0)
-        }
-    };
+    let hit = |ws: f64| tier.cache_hit(ws);
     let samples: Vec<Sample> = pair
         .iter()
         .zip(&sizes)
@@ -416,7 +431,13 @@ fn main() {
     } else {
         tier.cache.copy_gbps / copy
     };
-    let (alpha, beta_gbps) = match link_fit::fit(&samples, ratio, transport == "mpi") {
+    // Thread ranks' transfer is the receiver's memcpy: only α is free (link_fit::fit_latency).
+    let fitted = if transport == "threads" {
+        link_fit::fit_latency(&samples, copy * 1e9, ratio)
+    } else {
+        link_fit::fit(&samples, ratio, transport == "mpi")
+    };
+    let (alpha, beta_gbps) = match fitted {
         Some(lf) => {
             prof.cache.link_share = lf.link_share;
             prof.protocol = Protocol {

@@ -87,6 +87,14 @@ pub struct CacheTier {
     /// cells) gains less from the caller's bytes being in cache than a `memcpy` does.
     /// `pccl-tune` fits it to the exchange's curve ([`crate::model::link_fit`]).
     pub link_share: f64,
+    /// How sharply the hit share falls once the working set outgrows the cache: the share
+    /// served from it is `min(1, bytes / working_set)^sharpness` (≥ 1; default 1, profiles
+    /// written before it existed). A last-level cache with LRU-like replacement streams a
+    /// working set a little larger than itself almost entirely from memory, so `pccl-tune`'s
+    /// `memcpy` sweep fits a steep edge (4–6 on the 2-core test VM) at a larger size, where a
+    /// gentle one (1) would put the size at the start of the fall and price a collective
+    /// whose buffers still fit as half-cached.
+    pub sharpness: f64,
 }
 
 impl Default for CacheTier {
@@ -95,6 +103,7 @@ impl Default for CacheTier {
             bytes: 0,
             copy_gbps: 0.0,
             link_share: 1.0,
+            sharpness: 1.0,
         }
     }
 }
@@ -278,6 +287,9 @@ impl Profile {
         if self.cache.bytes > 0 {
             positive("cache.copy_gbps", self.cache.copy_gbps)?;
         }
+        if !(1.0..=64.0).contains(&self.cache.sharpness) {
+            return Err(Error::invalid("profile: cache.sharpness must be in 1 … 64"));
+        }
         if !(0.0..=1.0).contains(&self.cache.link_share) {
             return Err(Error::invalid("profile: cache.link_share must be in 0 … 1"));
         }
@@ -381,18 +393,30 @@ impl Profile {
             * 1e9
     }
 
+    /// The share of a call's bytes served from the cache when it touches `working_set`
+    /// bytes on a host: `min(1, cache / working_set)^sharpness`; 0 without a cache tier.
+    pub fn cache_hit(&self, working_set: f64) -> f64 {
+        let c = &self.cache;
+        if c.bytes == 0 || working_set.is_nan() {
+            return 0.0;
+        }
+        (c.bytes as f64 / working_set.max(1.0))
+            .min(1.0)
+            .powf(c.sharpness.max(1.0))
+    }
+
     /// How many times faster than the memory rates a host moves bytes when a call touches
-    /// `working_set` bytes on it: a share `h = min(1, cache / working_set)` of the bytes is
-    /// served at the cache's copy rate, the rest at memory's (`copy_gbps`), so the time per
-    /// byte is `h / cache_rate + (1 − h) / memory_rate`. `1` without a cache tier, or when
-    /// the cache is no faster than memory.
+    /// `working_set` bytes on it: a share `h` ([`Self::cache_hit`]) of the bytes is served at
+    /// the cache's copy rate, the rest at memory's (`copy_gbps`), so the time per byte is
+    /// `h / cache_rate + (1 − h) / memory_rate`. `1` without a cache tier, or when the cache
+    /// is no faster than memory.
     pub fn cache_speedup(&self, working_set: f64) -> f64 {
         let c = &self.cache;
         if c.bytes == 0 || c.copy_gbps <= self.copy_gbps || working_set.is_nan() {
             return 1.0;
         }
         let ratio = c.copy_gbps / self.copy_gbps;
-        let h = (c.bytes as f64 / working_set.max(1.0)).min(1.0);
+        let h = self.cache_hit(working_set);
         1.0 / (h / ratio + (1.0 - h))
     }
 
