@@ -199,7 +199,7 @@ pub fn fit_latency(samples: &[Sample], beta: f64, cache_ratio: f64) -> Option<Li
         .copied()
         .filter(|x| x.seconds > 0.0 && x.bytes > 0.0 && x.seconds.is_finite())
         .collect();
-    if s.len() < 4 || !(beta > 0.0) {
+    if s.len() < 4 || beta.is_nan() || beta <= 0.0 {
         return None;
     }
     let rl = cache_ratio.max(1.0);
