@@ -348,6 +348,39 @@ fn main() {
     }
     let reps = if args.quick { 3 } else { 9 };
     let sizes: Vec<usize> = (10..=26).map(|k| 1usize << k).collect();
+    // The exchanges first: the sweeps below free 128 MiB buffers, after which glibc serves
+    // every later allocation up to 32 MiB from its heap (its mmap threshold follows the
+    // largest freed chunk), and there the 2-rank exchange of 16–256 KiB ran 5–10× slower than
+    // in pccl-bench (threads and MPI alike; not with MALLOC_MMAP_THRESHOLD_ fixed).
+    let ncores = cores();
+    let mut over = None;
+    let (pair, concurrent, transport, is_root) = match args.transport.as_str() {
+        "threads" => {
+            let q = args.quick;
+            let pair = on_threads(2, |c| ag_times(&c, &sizes, q));
+            let big = [4usize << 20];
+            let conc = on_threads(args.ranks, |c| ag_times(&c, &big, q));
+            if let Some(p) = oversub_ranks(ncores) {
+                let small = [1usize << 10];
+                over = Some((p, on_threads(p, |c| ag_times(&c, &small, q))[0]));
+            }
+            (pair, Some((args.ranks, conc[0])), "threads", true)
+        }
+        "mpi" => {
+            #[cfg(feature = "mpi")]
+            {
+                let q = args.quick;
+                let (pair, p, root) = on_mpi(|c| ag_times(c, &sizes, q));
+                if p != 2 {
+                    fail("the MPI measurement runs under mpiexec -n 2");
+                }
+                (pair, None, "mpi", root)
+            }
+            #[cfg(not(feature = "mpi"))]
+            fail("this pccl-tune was built without the `mpi` feature")
+        }
+        o => fail(format!("--transport {o}: expected threads or mpi")),
+    };
     let (copy, cache) = copy_tiers(llc_bytes(), reps, args.verbose);
     let mut prof = Profile {
         name: "measured".into(),
@@ -378,35 +411,6 @@ fn main() {
     prof.reduce_host_gbps
         .insert("default".into(), prof.reduce_host_gbps["f32"]);
 
-    let ncores = cores();
-    let mut over = None;
-    let (pair, concurrent, transport, is_root) = match args.transport.as_str() {
-        "threads" => {
-            let q = args.quick;
-            let pair = on_threads(2, |c| ag_times(&c, &sizes, q));
-            let big = [4usize << 20];
-            let conc = on_threads(args.ranks, |c| ag_times(&c, &big, q));
-            if let Some(p) = oversub_ranks(ncores) {
-                let small = [1usize << 10];
-                over = Some((p, on_threads(p, |c| ag_times(&c, &small, q))[0]));
-            }
-            (pair, Some((args.ranks, conc[0])), "threads", true)
-        }
-        "mpi" => {
-            #[cfg(feature = "mpi")]
-            {
-                let q = args.quick;
-                let (pair, p, root) = on_mpi(|c| ag_times(c, &sizes, q));
-                if p != 2 {
-                    fail("the MPI measurement runs under mpiexec -n 2");
-                }
-                (pair, None, "mpi", root)
-            }
-            #[cfg(not(feature = "mpi"))]
-            fail("this pccl-tune was built without the `mpi` feature")
-        }
-        o => fail(format!("--transport {o}: expected threads or mpi")),
-    };
     // The exchange is a local copy and one message: t = s/(copy·f) + link(s), f the cache
     // tier's speed-up for its footprint (2 ranks × (input s + output 2s)). The message's
     // part is fitted to α, β, the transfers' share of the cache's gain and an
