@@ -346,6 +346,32 @@ fn messages_above_the_eager_limit_pay_the_rendezvous_once_each() {
 }
 
 #[test]
+fn eager_messages_move_their_bytes_eager_slowdown_times_slower() {
+    // Nodes of one rank (4 nodes, one NIC of 10 GB/s): messages of 4 and 8 KB, below the
+    // 8 KB eager limit, with a slowdown of 3 take as long as on a NIC of 10/3 GB/s; above
+    // the limit (a ring's 16 KB) the slowdown is gone and only the rendezvous step is paid.
+    let topo = Topology::uniform(4, 1);
+    let mut p = net_only(1);
+    p.protocol.eager_bytes = 8000;
+    p.protocol.rendezvous_us = 10.0;
+    p.protocol.eager_slowdown = 3.0;
+    let mut slow_nic = net_only(1);
+    slow_nic.inter.nic_bandwidth_gbps = 10.0 / 3.0;
+    for algo in [RING, RD] {
+        close(
+            both(&topo, &p, Job::new(AG, algo, 4000.0)),
+            both(&topo, &slow_nic, Job::new(AG, algo, 4000.0)),
+        );
+    }
+    let mut fast = p.clone();
+    fast.protocol.eager_slowdown = 1.0;
+    close(
+        both(&topo, &p, Job::new(AG, RING, 16000.0)),
+        both(&topo, &fast, Job::new(AG, RING, 16000.0)),
+    );
+}
+
+#[test]
 fn ranks_outnumbering_a_hosts_cores_pay_the_scheduling_cost_per_message() {
     // A ring of P ranks on one host of 2 cores, 3 µs of extra latency per message per extra
     // rank per core: P − 1 messages each pay 3 µs × (P/2 − 1).

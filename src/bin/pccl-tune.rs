@@ -311,7 +311,7 @@ fn mpi_oversub_only(args: &Args, base: &str) {
     let s = 1024.0;
     let base = prof.intra.alpha_us * 1e-6
         + prof.rendezvous_seconds(s)
-        + s / (prof.intra.bandwidth_gbps * 1e9)
+        + s * prof.eager_factor(s) / (prof.intra.bandwidth_gbps * 1e9)
         + s / (prof.copy_gbps * 1e9);
     let note = set_oversub(&mut prof, n, p, t[0], base);
     prof.source.push_str(&note);
@@ -447,6 +447,7 @@ fn main() {
             prof.protocol = Protocol {
                 eager_bytes: lf.eager_bytes,
                 rendezvous_us: lf.rendezvous * 1e6,
+                eager_slowdown: lf.eager_slowdown.clamp(1.0, 100.0),
             };
             (lf.alpha, lf.beta / 1e9)
         }
@@ -469,7 +470,7 @@ fn main() {
             let fit = s / (copy * 1e9 * prof.cache_speedup(ws))
                 + alpha
                 + prof.rendezvous_seconds(s)
-                + s / (beta_gbps * 1e9 * prof.link_speedup(ws));
+                + s * prof.eager_factor(s) / (beta_gbps * 1e9 * prof.link_speedup(ws));
             eprintln!(
                 "  {:>9} B {:>10.1} {:>10.1}  x{:.2}",
                 s,
@@ -493,8 +494,8 @@ fn main() {
     );
     if prof.protocol.eager_bytes > 0 {
         notes.push_str(&format!(
-            ", +{:.1} us above {} B (rendezvous)",
-            prof.protocol.rendezvous_us, prof.protocol.eager_bytes
+            ", +{:.1} us above {} B (rendezvous), eager bytes {:.2}x slower",
+            prof.protocol.rendezvous_us, prof.protocol.eager_bytes, prof.protocol.eager_slowdown
         ));
     }
     if let Some((p, t)) = concurrent {

@@ -6,11 +6,13 @@
 //! The model of one message of `s` bytes, `h` of them served from the cache:
 //!
 //! ```text
-//! t(s) = α + [s > E]·r + s·(h / (1 + σ·(c − 1)) + 1 − h) / β
+//! t(s) = α + [s > E]·r + ([s ≤ E]·(d − 1) + 1)·s·(h / (1 + σ·(c − 1)) + 1 − h) / β
 //! ```
 //!
-//! with `c` the cache's copy speed-up over memory and σ the transfers' share of it. For each σ
-//! on a grid and each step E between two measured sizes (or none), (α, r, 1/β) are linear: a
+//! with `c` the cache's copy speed-up over memory, σ the transfers' share of it, and d ≥ 1 the
+//! eager bytes' slowdown (MPICH copies them through shared cells; its rendezvous reads the
+//! sender's buffer once). For each σ
+//! on a grid and each step E between two measured sizes (or none), (α, r, 1/β, (d−1)/β) are linear: a
 //! least-squares fit of the *relative* error (every size counts alike, as the model is judged
 //! by ratios); the fit kept is the one with the smallest squared log error. A step is kept
 //! only when it cuts that error by [`STEP_GAIN`]: noise alone rarely does.
@@ -39,6 +41,9 @@ pub struct LinkFit {
     pub eager_bytes: usize,
     /// Extra latency above the step (seconds).
     pub rendezvous: f64,
+    /// How many times longer an eager message's bytes take than a rendezvous message's (≥ 1;
+    /// 1 without a step).
+    pub eager_slowdown: f64,
     /// Median of |log(model / measured)| over the samples.
     pub typical_error: f64,
 }
@@ -94,21 +99,36 @@ fn weighted<const N: usize>(rows: &[([f64; N], f64)]) -> Option<[f64; N]> {
 fn candidate(s: &[Sample], ratio: f64, sigma: f64, step: Option<usize>) -> Option<(f64, LinkFit)> {
     let rl = 1.0 + sigma * (ratio - 1.0);
     let per_byte = |x: &Sample| x.bytes * (x.hit / rl + 1.0 - x.hit);
-    let (alpha, inv_beta, rdv) = match step {
+    let (alpha, inv_beta, rdv, extra) = match step {
         None => {
             let rows: Vec<([f64; 2], f64)> =
                 s.iter().map(|x| ([1.0, per_byte(x)], x.seconds)).collect();
             let [a, b] = weighted(&rows)?;
-            (a, b, 0.0)
+            (a, b, 0.0, 0.0)
         }
         Some(k) => {
-            let rows: Vec<([f64; 3], f64)> = s
+            let above = |i: usize| f64::from(u8::from(i > k));
+            let rows: Vec<([f64; 4], f64)> = s
                 .iter()
                 .enumerate()
-                .map(|(i, x)| ([1.0, per_byte(x), f64::from(u8::from(i > k))], x.seconds))
+                .map(|(i, x)| {
+                    let pb = per_byte(x);
+                    ([1.0, pb, above(i), pb * (1.0 - above(i))], x.seconds)
+                })
                 .collect();
-            let [a, b, r] = weighted(&rows)?;
-            (a, b, r)
+            match weighted(&rows) {
+                Some([a, b, r, e]) if e >= 0.0 => (a, b, r, e),
+                // Eager bytes no slower than rendezvous ones: the step alone.
+                _ => {
+                    let rows: Vec<([f64; 3], f64)> = s
+                        .iter()
+                        .enumerate()
+                        .map(|(i, x)| ([1.0, per_byte(x), above(i)], x.seconds))
+                        .collect();
+                    let [a, b, r] = weighted(&rows)?;
+                    (a, b, r, 0.0)
+                }
+            }
         }
     };
     if alpha <= 0.0 || inv_beta <= 0.0 || rdv < 0.0 {
@@ -120,7 +140,7 @@ fn candidate(s: &[Sample], ratio: f64, sigma: f64, step: Option<usize>) -> Optio
         .enumerate()
         .map(|(i, x)| {
             let above = step.is_some_and(|k| i > k);
-            let t = alpha + per_byte(x) * inv_beta + if above { rdv } else { 0.0 };
+            let t = alpha + per_byte(x) * inv_beta + if above { rdv } else { per_byte(x) * extra };
             (t / x.seconds).ln()
         })
         .collect();
@@ -135,6 +155,7 @@ fn candidate(s: &[Sample], ratio: f64, sigma: f64, step: Option<usize>) -> Optio
             link_share: sigma,
             eager_bytes: eager,
             rendezvous: rdv,
+            eager_slowdown: 1.0 + extra / inv_beta,
             typical_error: logs[logs.len() / 2],
         },
     ))
@@ -221,6 +242,7 @@ pub fn fit_latency(samples: &[Sample], beta: f64, cache_ratio: f64) -> Option<Li
         link_share: 1.0,
         eager_bytes: 0,
         rendezvous: 0.0,
+        eager_slowdown: 1.0,
         typical_error: errs[errs.len() / 2],
     })
 }
@@ -241,12 +263,14 @@ mod tests {
                 let bytes = (1u64 << k) as f64;
                 let hit = (CACHE / (6.0 * bytes)).min(1.0);
                 let rl = 1.0 + f.link_share * (RATIO - 1.0);
-                let step = if f.eager_bytes > 0 && bytes > f.eager_bytes as f64 {
-                    f.rendezvous
+                let above = f.eager_bytes > 0 && bytes > f.eager_bytes as f64;
+                let step = if above { f.rendezvous } else { 0.0 };
+                let slow = if above || f.eager_bytes == 0 {
+                    1.0
                 } else {
-                    0.0
+                    f.eager_slowdown
                 };
-                let t = f.alpha + step + bytes * (hit / rl + 1.0 - hit) / f.beta;
+                let t = f.alpha + step + slow * bytes * (hit / rl + 1.0 - hit) / f.beta;
                 Sample {
                     bytes,
                     seconds: t * noise(i),
@@ -263,6 +287,7 @@ mod tests {
             link_share: 0.1,
             eager_bytes: 8192,
             rendezvous: 12e-6,
+            eager_slowdown: 1.0,
             typical_error: 0.0,
         }
     }
@@ -281,6 +306,26 @@ mod tests {
         assert!(close(got.rendezvous, want.rendezvous, 0.01), "{got:?}");
         assert!((got.link_share - 0.1).abs() < 1e-9, "{got:?}");
         assert!(got.typical_error < 1e-6, "{got:?}");
+    }
+
+    #[test]
+    fn eager_bytes_slower_than_rendezvous_ones_are_fitted_as_a_slowdown() {
+        // MPICH-like: 16 KiB eager messages through shared cells take longer than 32 KiB
+        // rendezvous ones.
+        let want = LinkFit {
+            eager_bytes: 16384,
+            rendezvous: 6e-6,
+            eager_slowdown: 3.0,
+            ..mpi_like()
+        };
+        let got = fit(&curve(&want, |_| 1.0), RATIO, true).unwrap();
+        assert_eq!(got.eager_bytes, 16384, "{got:?}");
+        assert!(close(got.eager_slowdown, 3.0, 0.01), "{got:?}");
+        assert!(close(got.beta, want.beta, 0.01), "{got:?}");
+        assert!(close(got.rendezvous, want.rendezvous, 0.02), "{got:?}");
+        // The plain step of `mpi_like` comes back with no slowdown.
+        let plain = fit(&curve(&mpi_like(), |_| 1.0), RATIO, true).unwrap();
+        assert!(close(plain.eager_slowdown, 1.0, 0.01), "{plain:?}");
     }
 
     #[test]
@@ -348,6 +393,7 @@ mod tests {
             link_share: 1.0,
             eager_bytes: 0,
             rendezvous: 0.0,
+            eager_slowdown: 1.0,
             typical_error: 0.0,
         };
         let got = fit_latency(

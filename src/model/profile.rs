@@ -114,7 +114,7 @@ impl Default for CacheTier {
 /// one first asks the receiver for its buffer, one more round through both ranks' progress.
 /// `pccl-tune` finds the step in the exchange's curve ([`crate::model::link_fit`]). Off
 /// (`eager_bytes = 0`, the default) in presets and in profiles written before it existed.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Protocol {
     /// Messages (pieces) above this many bytes pay the handshake; `0` for no step.
@@ -122,6 +122,21 @@ pub struct Protocol {
     /// Extra latency of such a message (µs); on an oversubscribed host it also pays
     /// [`Profile::oversub_seconds`] once more (the handshake is one more message).
     pub rendezvous_us: f64,
+    /// How many times longer an eager message's bytes take than a rendezvous message's
+    /// (≥ 1; default 1). MPICH copies an eager message into shared cells and out again, where
+    /// its rendezvous reads the sender's buffer once (CMA): on the test VM a 16 KiB message
+    /// took longer than a 32 KiB one.
+    pub eager_slowdown: f64,
+}
+
+impl Default for Protocol {
+    fn default() -> Self {
+        Protocol {
+            eager_bytes: 0,
+            rendezvous_us: 0.0,
+            eager_slowdown: 1.0,
+        }
+    }
 }
 
 /// The host's cores and what a message costs when ranks outnumber them (oversubscription).
@@ -293,6 +308,11 @@ impl Profile {
         if !(0.0..=1.0).contains(&self.cache.link_share) {
             return Err(Error::invalid("profile: cache.link_share must be in 0 … 1"));
         }
+        if !(1.0..=100.0).contains(&self.protocol.eager_slowdown) {
+            return Err(Error::invalid(
+                "profile: protocol.eager_slowdown must be in 1 … 100",
+            ));
+        }
         if self.protocol.rendezvous_us < 0.0 || !self.protocol.rendezvous_us.is_finite() {
             return Err(Error::invalid(
                 "profile: protocol.rendezvous_us must be finite and ≥ 0",
@@ -437,6 +457,16 @@ impl Profile {
         p.rendezvous_us * 1e-6
     }
 
+    /// The factor on a message's bytes from its protocol: [`Protocol::eager_slowdown`] for
+    /// a message (of `bytes`, all in its first piece) at or below the eager limit, else 1.
+    pub fn eager_factor(&self, bytes: f64) -> f64 {
+        let p = &self.protocol;
+        if p.eager_bytes == 0 || bytes > p.eager_bytes as f64 || bytes <= 0.0 {
+            return 1.0;
+        }
+        p.eager_slowdown
+    }
+
     /// Extra latency (seconds) of every message when `local_ranks` ranks share one host's
     /// `oversub.cores` cores: `per_message_us × (local_ranks / cores − 1)`, nothing when they
     /// do not outnumber the cores or the profile has no term.
@@ -556,6 +586,15 @@ mod tests {
         assert_eq!(p.link_speedup(500.0), 2.5, "half of the 4× gain");
         assert_eq!(p.rendezvous_seconds(16384.0), 0.0);
         assert!((p.rendezvous_seconds(16385.0) - 12e-6).abs() < 1e-15);
+        assert_eq!(p.eager_factor(100.0), 1.0, "no eager slowdown unless given");
+        let slow = Profile::from_toml(
+            "[protocol]\neager_bytes = 16384\nrendezvous_us = 12\neager_slowdown = 2.5\n",
+        )
+        .unwrap();
+        assert_eq!(slow.eager_factor(16384.0), 2.5);
+        assert_eq!(slow.eager_factor(16385.0), 1.0);
+        let e = Profile::from_toml("[protocol]\neager_slowdown = 0.5\n").unwrap_err();
+        assert!(e.message().contains("protocol.eager_slowdown"), "{e}");
         assert_eq!(Profile::from_toml(&p.to_toml()).unwrap(), p);
         // Files without the fields: transfers get the whole gain, no step.
         let q =

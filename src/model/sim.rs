@@ -426,8 +426,11 @@ impl<'a> Cluster<'a> {
                             &mut sub,
                         );
                         let n = sub.len();
+                        // An eager message's bytes take longer (copied through the library's
+                        // own shared cells): more work through the same links.
+                        let work = m.bytes * self.prof.eager_factor(m.bytes);
                         for (share, res) in &sub {
-                            let id = fluid.add(m.bytes * share, res);
+                            let id = fluid.add(work * share, res);
                             flows.insert(id, mi);
                         }
                         msgs[mi].parts = n;
@@ -609,8 +612,9 @@ impl Summary {
                     sub.clear();
                     // Another node's receive side looks like node 0's (symmetry): one node.
                     cl.route(1, (0, la), (usize::from(!same), lb), nccl, &mut sub);
+                    let work = bytes * cl.prof.eager_factor(bytes);
                     for (share, res) in &sub {
-                        flows.push((start, bytes * share, res.clone()));
+                        flows.push((start, work * share, res.clone()));
                         owner.push((la, lb, usize::from(!same)));
                     }
                 }
