@@ -20,7 +20,10 @@ fn a_quick_thread_run_writes_a_valid_profile_with_memcpy_transfers() {
     let out = tune(&["--quick", "-v", "-o", path.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    assert!(err.contains("memcpy sweep") && err.contains("2-rank exchange"), "{err}");
+    assert!(
+        err.contains("memcpy sweep") && err.contains("2-rank exchange"),
+        "{err}"
+    );
     let p = Profile::load(&path).unwrap_or_else(|e| panic!("{e}\n{err}"));
     p.validate().unwrap();
     // Thread ranks' transfer is a memcpy: β is memory's copy rate, the whole cache gain.
@@ -29,12 +32,17 @@ fn a_quick_thread_run_writes_a_valid_profile_with_memcpy_transfers() {
     assert!(p.intra.alpha_us >= 0.0 && p.intra.alpha_us < 1e4, "{p:?}");
     assert!(p.cache.sharpness >= 1.0);
     assert_eq!(p.protocol.eager_bytes, 0, "no protocol step for threads");
+    assert!(p.piece_overhead_us >= 0.0 && p.piece_overhead_us.is_finite());
+    assert!(p.source.contains("per piece"), "{}", p.source);
     std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
 fn bad_arguments_exit_non_zero_with_a_message() {
-    for args in [&["--ranks", "1"][..], &["--transport", "carrier-pigeon"][..]] {
+    for args in [
+        &["--ranks", "1"][..],
+        &["--transport", "carrier-pigeon"][..],
+    ] {
         let out = tune(args);
         assert!(!out.status.success(), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);

@@ -15,6 +15,9 @@
 //!   (`s/(copy·f)`, `f` the cache tier's speed-up for the exchange's footprint, 2 ranks × 3 s),
 //!   fitted by [`pccl::model::link_fit`] (relative least squares, a step kept only where it
 //!   explains a jump: MPICH's shared-memory eager limit shows as +12 µs above 8–16 KiB);
+//! * the cost of a piece: the 2-rank all-gather of 2 MiB sent whole and in 128 KiB pieces;
+//!   what the pieces cost beyond the model's prediction, per extra piece, is
+//!   `piece_overhead_us` (the tuner weighs it when it picks a call's piece size);
 //! * concurrent flows: the ring all-gather at `--ranks` ranks (default 4): when each of the P
 //!   simultaneous messages gets less than β, the node's shared bandwidth is `P ×` what each got.
 //!
@@ -226,21 +229,93 @@ fn ring_cfg() -> Config {
     cfg
 }
 
+/// The piece-cost probe: an all-gather of `PROBE_BYTES` per rank sent whole and cut in
+/// pieces of `PROBE_PIECE` bytes.
+const PROBE_BYTES: usize = 2 << 20;
+const PROBE_PIECE: usize = 128 << 10;
+
+/// [`ring_cfg`] cutting messages at `piece` bytes (explicit, as `PCCL_CHUNK_SIZE`).
+fn piece_cfg(piece: usize) -> Config {
+    let mut cfg = ring_cfg();
+    cfg.chunk_bytes = piece;
+    cfg.chunk_explicit = true;
+    cfg
+}
+
 /// Runs `f` on thread-ranks and returns rank 0's result.
 fn on_threads<R: Send>(p: usize, f: impl Fn(Communicator) -> pccl::Result<R> + Sync) -> R {
-    let mut v = Communicator::run_threads(p, ring_cfg(), f).unwrap_or_else(|e| fail(e));
+    on_threads_cfg(p, ring_cfg(), f)
+}
+
+fn on_threads_cfg<R: Send>(
+    p: usize,
+    cfg: Config,
+    f: impl Fn(Communicator) -> pccl::Result<R> + Sync,
+) -> R {
+    let mut v = Communicator::run_threads(p, cfg, f).unwrap_or_else(|e| fail(e));
     v.swap_remove(0).unwrap_or_else(|e| fail(e))
+}
+
+/// Seconds of the probe's all-gather on `whole` (cutting at more than its size) and on
+/// `pieced` (cutting at `PROBE_PIECE`).
+#[cfg(feature = "mpi")]
+fn probe_times(
+    whole: &Communicator,
+    pieced: &Communicator,
+    quick: bool,
+) -> pccl::Result<(f64, f64)> {
+    let w = ag_times(whole, &[PROBE_BYTES], quick)?[0];
+    let p = ag_times(pieced, &[PROBE_BYTES], quick)?[0];
+    Ok((w, p))
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_comm(cfg: Config) -> Communicator {
+    use pccl::transport::mpi::{init, MpiTransport};
+    init().unwrap_or_else(|e| fail(e));
+    let t = MpiTransport::world(cfg.chunk_bytes).unwrap_or_else(|e| fail(e));
+    Communicator::with_config(std::sync::Arc::new(t), cfg).unwrap_or_else(|e| fail(e))
 }
 
 #[cfg(feature = "mpi")]
 fn on_mpi<R>(f: impl Fn(&Communicator) -> pccl::Result<R>) -> (R, usize, bool) {
-    use pccl::transport::mpi::{init, MpiTransport};
-    init().unwrap_or_else(|e| fail(e));
-    let cfg = ring_cfg();
-    let t = MpiTransport::world(cfg.chunk_bytes).unwrap_or_else(|e| fail(e));
-    let comm = Communicator::with_config(std::sync::Arc::new(t), cfg).unwrap_or_else(|e| fail(e));
+    let comm = mpi_comm(ring_cfg());
     let r = f(&comm).unwrap_or_else(|e| fail(e));
     (r, comm.size(), comm.rank() == 0)
+}
+
+/// `piece_overhead_us`: what each piece after the first costs beyond what the model already
+/// predicts for cutting a message (the pieces' pipelining), from the probe's all-gather at 2
+/// ranks whole (`t_whole`) and in pieces (`t_pieced`): the measured difference less the
+/// model's, per extra piece, never below 0 (pieces that run faster than modelled are the
+/// host's cache at work, not a negative cost).
+fn piece_overhead(prof: &Profile, t_whole: f64, t_pieced: f64) -> f64 {
+    use pccl::model::sim::{Cluster, Engine, Job};
+    use pccl::plan::Collective;
+    let topo = pccl::topology::Topology::uniform(2, 2);
+    let job = Job::new(
+        Collective::AllGather,
+        Algorithm::Flat(LevelAlgo::Ring),
+        PROBE_BYTES as f64,
+    );
+    let at = |piece: usize| {
+        let q = Profile {
+            piece_bytes: piece,
+            piece_overhead_us: 0.0,
+            ..prof.clone()
+        };
+        Cluster::new(&topo, &q)
+            .simulate(&job, Engine::Events)
+            .map_or(f64::NAN, |o| o.seconds)
+    };
+    let extra = (PROBE_BYTES / PROBE_PIECE - 1) as f64;
+    let modelled = at(PROBE_PIECE) - at(PROBE_BYTES);
+    let per = ((t_pieced - t_whole) - modelled) / extra * 1e6;
+    if per.is_finite() {
+        per.max(0.0)
+    } else {
+        0.0
+    }
 }
 
 /// Adds the oversubscription term from the 1 KiB ring at `p` ranks (`t` seconds), against
@@ -354,10 +429,18 @@ fn main() {
     // in pccl-bench (threads and MPI alike; not with MALLOC_MMAP_THRESHOLD_ fixed).
     let ncores = cores();
     let mut over = None;
+    let probe: (f64, f64);
     let (pair, concurrent, transport, is_root) = match args.transport.as_str() {
         "threads" => {
             let q = args.quick;
             let pair = on_threads(2, |c| ag_times(&c, &sizes, q));
+            let whole = on_threads_cfg(2, piece_cfg(2 * PROBE_BYTES), |c| {
+                ag_times(&c, &[PROBE_BYTES], q)
+            })[0];
+            let pieced = on_threads_cfg(2, piece_cfg(PROBE_PIECE), |c| {
+                ag_times(&c, &[PROBE_BYTES], q)
+            })[0];
+            probe = (whole, pieced);
             let big = [4usize << 20];
             let conc = on_threads(args.ranks, |c| ag_times(&c, &big, q));
             if let Some(p) = oversub_ranks(ncores) {
@@ -374,6 +457,9 @@ fn main() {
                 if p != 2 {
                     fail("the MPI measurement runs under mpiexec -n 2");
                 }
+                let whole = mpi_comm(piece_cfg(2 * PROBE_BYTES));
+                let pieced = mpi_comm(piece_cfg(PROBE_PIECE));
+                probe = probe_times(&whole, &pieced, q).unwrap_or_else(|e| fail(e));
                 (pair, None, "mpi", root)
             }
             #[cfg(not(feature = "mpi"))]
@@ -526,6 +612,15 @@ fn main() {
     prof.inter.nic_bandwidth_gbps = beta_gbps;
     prof.inter.nics = 1;
     prof.one_host = true;
+    prof.piece_overhead_us = piece_overhead(&prof, probe.0, probe.1);
+    notes.push_str(&format!(
+        "; {} KiB in {} KiB pieces {:.0} us vs whole {:.0} us: +{:.1} us per piece",
+        PROBE_BYTES >> 10,
+        PROBE_PIECE >> 10,
+        probe.1 * 1e6,
+        probe.0 * 1e6,
+        prof.piece_overhead_us
+    ));
     prof.source = notes;
     prof.validate().unwrap_or_else(|e| fail(e));
     if is_root {
