@@ -191,11 +191,14 @@ fn reduce_gbps<T: Element>(reps: usize, one: T) -> f64 {
     (n * std::mem::size_of::<T>()) as f64 / t / 1e9
 }
 
-/// Seconds per all-gather of `s` bytes per rank on `comm` (ring), every size in `sizes`: the
-/// median over calls, each timed alone after a barrier; the sizes are swept in `ROUNDS`
-/// rounds and each size keeps its fastest round's median, so a burst of load on a shared
-/// host spoils one round of a few sizes, not the profile. (Timing batches of calls back to
-/// back, as pccl-bench does, was tried: its profiles predicted worse, docs/SCALING.md.)
+/// Seconds per all-gather of `s` bytes per rank on `comm` (ring), every size in `sizes`, timed
+/// as pccl-bench times the runs the model is judged against: rounds of back-to-back calls
+/// after a barrier, the median over rounds of the time per call. The sizes are swept
+/// `ROUNDS` times and each keeps its fastest sweep's median, so a burst of load on a shared
+/// host spoils one sweep of a few sizes, not the profile. (Calls timed one by one after a
+/// barrier include the receiver's wake-up: on the 2-core VM 16–256 KiB thread exchanges then
+/// took 3–7× their back-to-back time in some runs, and such profiles predicted the benchmark
+/// less consistently; docs/SCALING.md.)
 fn ag_times(comm: &Communicator, sizes: &[usize], quick: bool) -> pccl::Result<Vec<f64>> {
     const ROUNDS: usize = 3;
     let p = comm.size();
@@ -209,12 +212,17 @@ fn ag_times(comm: &Communicator, sizes: &[usize], quick: bool) -> pccl::Result<V
             for _ in 0..2 {
                 comm.all_gather(&input, &mut output)?;
             }
+            // As pccl-bench times: rounds of back-to-back batches, each after a barrier.
+            let rounds = iters.clamp(1, 15);
+            let batch = iters.div_ceil(rounds);
             let mut v = Vec::new();
-            for _ in 0..iters {
+            for _ in 0..rounds {
                 comm.barrier()?;
                 let t = Instant::now();
-                comm.all_gather(&input, &mut output)?;
-                v.push(t.elapsed().as_secs_f64());
+                for _ in 0..batch {
+                    comm.all_gather(&input, &mut output)?;
+                }
+                v.push(t.elapsed().as_secs_f64() / batch as f64);
             }
             *b = b.min(median(v));
         }
@@ -423,10 +431,10 @@ fn main() {
     }
     let reps = if args.quick { 3 } else { 9 };
     let sizes: Vec<usize> = (10..=26).map(|k| 1usize << k).collect();
-    // The exchanges first: the sweeps below free 128 MiB buffers, after which glibc serves
-    // every later allocation up to 32 MiB from its heap (its mmap threshold follows the
-    // largest freed chunk), and there the 2-rank exchange of 16–256 KiB ran 5–10× slower than
-    // in pccl-bench (threads and MPI alike; not with MALLOC_MMAP_THRESHOLD_ fixed).
+    // The exchanges first, in a process as fresh as pccl-bench's: the sweeps below free
+    // 128 MiB buffers, after which glibc serves every allocation up to 32 MiB from its heap
+    // (its mmap threshold follows the largest freed chunk); a 2-rank exchange of 16–256 KiB
+    // timed after them ran 5–10× slower than in pccl-bench in one run.
     let ncores = cores();
     let mut over = None;
     let probe: (f64, f64);
