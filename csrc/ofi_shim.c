@@ -298,6 +298,32 @@ int pccl_ofi_mr_reg(struct pccl_ofi_ep *e, const void *buf, size_t len, uint64_t
 	return 0;
 }
 
+/* Registers `len` bytes at `buf` of memory interface `iface` (an `enum fi_hmem_iface`:
+ * FI_HMEM_SYSTEM, FI_HMEM_CUDA, FI_HMEM_ROCR) on device ordinal `device` (CUDA and ROCr
+ * use the same union slot). libfabric answers -FI_ENOSYS where its build lacks the iface. */
+int pccl_ofi_mr_regattr(struct pccl_ofi_ep *e, const void *buf, size_t len, int iface,
+			int device, uint64_t key, struct fid_mr **mr, void **desc)
+{
+	struct iovec iov = { (void *)buf, len };
+	struct fi_mr_attr attr;
+	int ret;
+	memset(&attr, 0, sizeof(attr));
+	attr.mr_iov = &iov;
+	attr.iov_count = 1;
+	attr.access = FI_SEND | FI_RECV;
+	attr.requested_key = key;
+	attr.iface = (enum fi_hmem_iface)iface;
+	if (iface == FI_HMEM_CUDA)
+		attr.device.cuda = device;
+	else
+		attr.device.reserved = (uint64_t)device;
+	ret = fi_mr_regattr(e->domain, &attr, 0, mr);
+	if (ret)
+		return ret;
+	*desc = fi_mr_desc(*mr);
+	return 0;
+}
+
 int pccl_ofi_mr_close(struct fid_mr *mr)
 {
 	return fi_close(&mr->fid);
@@ -311,6 +337,11 @@ uint64_t pccl_ofi_flag(int which)
 	case 2: return FI_LOCAL_MR;
 	case 3: return FI_REMOTE_CQ_DATA;
 	case 4: return (uint64_t)FI_ADDR_UNSPEC;
+	case 5: return FI_HMEM_SYSTEM;
+	case 6: return FI_HMEM_CUDA;
+	case 7: return FI_HMEM_ROCR;
+	case 8: return FI_ENOSYS;
+	case 9: return FI_EOPNOTSUPP;
 	default: return 0;
 	}
 }

@@ -7,10 +7,11 @@
 //! identified by their context (a boxed, provider-usable `fi_context2`); completions read by
 //! any waiter are filed by context for their owner.
 
-use super::mr::MrCache;
+use super::mr::{self, Iface, Mem, MrCache};
 use super::sys::{self, Comp, Desc, FiInfo, RawEp};
 use crate::error::{Error, Result};
 use crate::transport::faults::{self, Tag};
+use crate::transport::staging::Staging;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_void, CString};
 use std::sync::atomic::AtomicU64;
@@ -96,7 +97,7 @@ pub struct State {
 /// An operation in limbo: what must stay alive until its completion (never read).
 struct Parked {
     _ctx: Ctx,
-    _buf: Option<Arc<Vec<u8>>>,
+    _buf: Option<Arc<Staging>>,
 }
 
 /// Operations in limbo beyond which the endpoint is closed: the provider is not ending
@@ -111,6 +112,7 @@ struct Pending {
     tag: Tag,
     total: u64,
     ctx: usize,
+    mem: Mem,
 }
 
 // SAFETY: the raw libfabric objects are used only under the endpoint's mutex (the domain is
@@ -427,7 +429,16 @@ impl State {
         Ok(out)
     }
 
-    /// Queues a tagged send piece and posts what the provider takes now.
+    /// Whether this domain registers memory of `iface` ([`mr::probe`]).
+    pub fn probe_hmem(&mut self, iface: Iface) -> std::result::Result<(), String> {
+        if self.is_closed() {
+            return Err("the endpoint is closed".into());
+        }
+        let key = self.cache.next_key();
+        mr::probe(&mut self.raw, iface, key)
+    }
+
+    /// Queues a tagged send piece of memory `mem` and posts what the provider takes now.
     ///
     /// # Safety
     /// `len` bytes at `ptr` stay valid and unmodified, and `c` alive, until the operation's
@@ -441,6 +452,7 @@ impl State {
         tag: Tag,
         total: u64,
         c: &Ctx,
+        mem: Mem,
     ) -> Result<()> {
         self.usable()?;
         self.backlog.push_back(Pending {
@@ -450,6 +462,7 @@ impl State {
             tag,
             total,
             ctx: key(c),
+            mem,
         });
         self.flush()
     }
@@ -458,8 +471,9 @@ impl State {
     fn flush(&mut self) -> Result<()> {
         while let Some(p) = self.backlog.front() {
             let (ptr, len, dest, tag, total, k) = (p.ptr, p.len, p.dest, p.tag, p.total, p.ctx);
+            let mem = p.mem;
             let idle = self.in_flight == 0;
-            let desc = self.cache.desc(&mut self.raw, ptr, len, idle)?;
+            let desc = self.cache.desc(&mut self.raw, ptr, len, mem, idle)?;
             // SAFETY: per `send`'s contract (the piece is still queued, so its memory and
             // context are alive).
             let ret = unsafe {
@@ -494,8 +508,8 @@ impl State {
             .collect()
     }
 
-    /// Posts a tagged receive matching `tag` (ignoring [`IGNORE`]) from `src`; `Ok(false)`
-    /// when the queue is full.
+    /// Posts a tagged receive into memory `mem` matching `tag` (ignoring [`IGNORE`]) from
+    /// `src`; `Ok(false)` when the queue is full.
     ///
     /// # Safety
     /// `len` bytes at `ptr` stay valid and writable by the provider only, and `c` alive, until
@@ -507,10 +521,13 @@ impl State {
         src: u64,
         tag: Tag,
         c: &Ctx,
+        mem: Mem,
     ) -> Result<bool> {
         self.usable()?;
         let idle = self.in_flight == 0;
-        let desc = self.cache.desc(&mut self.raw, ptr as usize, len, idle)?;
+        let desc = self
+            .cache
+            .desc(&mut self.raw, ptr as usize, len, mem, idle)?;
         // SAFETY: per this function's contract.
         let ret = unsafe {
             sys::pccl_ofi_trecv(
@@ -602,7 +619,7 @@ impl State {
     /// Parks the operation of context `c` (cancelled or given up on, not yet ended): its
     /// context, and `buf` (the owned buffer it targets), live until its completion comes or
     /// the endpoint is closed; nobody waits for it. Closes the endpoint when limbo is full.
-    pub fn park(&mut self, c: Ctx, buf: Option<Arc<Vec<u8>>>) {
+    pub fn park(&mut self, c: Ctx, buf: Option<Arc<Staging>>) {
         if self.is_closed() || self.done.remove(&key(&c)).is_some() {
             return; // already ended (or the provider let go of everything)
         }

@@ -31,9 +31,11 @@
 //! messages off the provider's unexpected queue.
 
 use super::fabric::{ctx, Ctx, State};
+use super::mr::Mem;
 use super::Shared;
 use crate::error::{Error, Result};
 use crate::transport::faults::{self, Tag};
+use crate::transport::staging::Staging;
 use crate::transport::SendOp;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -252,18 +254,20 @@ pub struct OfiSend {
 }
 
 impl OfiSend {
-    /// Queues a send of `len` bytes at `ptr` to `peer`, in pieces, and posts what the
-    /// provider takes now (the rest is posted by whoever progresses the endpoint next).
+    /// Queues a send of `len` bytes at `ptr` (memory `mem`: host, or device memory through
+    /// `FI_HMEM`) to `peer`, in pieces, and posts what the provider takes now (the rest is
+    /// posted by whoever progresses the endpoint next).
     ///
     /// # Safety
     /// The memory stays valid and unmodified until the op's wait has returned (or it is
-    /// dropped).
+    /// dropped). `ptr` is only handed to the provider, never dereferenced here.
     pub unsafe fn post(
         sh: Arc<Shared>,
         peer: usize,
         tag: Tag,
         ptr: *const u8,
         len: usize,
+        mem: Mem,
     ) -> Result<Self> {
         let n = pieces(len, sh.piece);
         let mut op = OfiSend {
@@ -288,6 +292,7 @@ impl OfiSend {
                     tag,
                     len as u64,
                     &c,
+                    mem,
                 )
             };
             op.left.push(c);
@@ -389,6 +394,10 @@ pub enum Target<'a> {
     Into(&'a mut [u8]),
     /// Through bounce buffers, each piece handed to the consumer in order.
     Sink(&'a mut dyn FnMut(usize, &[u8])),
+    /// Straight into device memory at this address (`FI_HMEM` of the given kind): every
+    /// piece, the last one included, is posted with its own length into the destination and
+    /// written by the provider only (never through a host buffer, never copied here).
+    Device(u64, Mem),
 }
 
 /// Receives the next message stamped `tag` from `peer`: exactly `len` bytes.
@@ -397,6 +406,10 @@ pub enum Target<'a> {
 /// of an `Into` message, lands in a bounce buffer and is copied), so no message is ever
 /// truncated whatever a mismatched peer sends: its length is checked on arrival instead.
 /// (rxm 1.17 may never complete the sender of a truncated large message.)
+///
+/// Device receives ([`Target::Device`]) post the last piece with its exact length (no host
+/// buffer may hold device bytes), so a longer message from a mismatched peer ends that piece
+/// truncated (an error naming both ranks); its sender is waited for as any unended send.
 ///
 /// **After a failure** the pieces still posted are cancelled. Those into this call's bounce
 /// buffers are parked at once with their buffer (limbo owns it until the provider ends
@@ -417,15 +430,21 @@ pub fn recv(
 ) -> Result<()> {
     let piece = sh.piece;
     let n = pieces(len, piece);
-    let into = matches!(target, Target::Into(_));
-    let window = if into { INTO_WINDOW } else { SINK_WINDOW };
-    // Sink: `window` slots of a piece each; Into: one slot for a short last piece.
-    let mut bounce = sh.take_bounce(if into { piece } else { window * piece });
+    let sink = matches!(target, Target::Sink(_));
+    let window = if sink { SINK_WINDOW } else { INTO_WINDOW };
+    let plen_of = |i: usize| (len - (i * piece).min(len)).min(piece);
+    // Sink: `window` slots of a piece each; Into: one slot for a short last piece; Device:
+    // none (from the shared staging pool: a buffer parked after a failure returns to it only
+    // once the provider has ended every operation on it).
+    let mut bounce = match &target {
+        Target::Sink(_) => Some(Staging::take(window * piece)),
+        Target::Into(_) if plen_of(n - 1) < piece => Some(Staging::take(piece)),
+        _ => None,
+    };
     let src = sh.addrs[peer];
     // Posted pieces: index, context, whether into the bounce buffer.
     let mut posted: VecDeque<(usize, Ctx, bool)> = VecDeque::new();
     let mut next = 0usize;
-    let plen_of = |i: usize| (len - (i * piece).min(len)).min(piece);
     let check = |i: usize, c: &super::sys::Comp| -> Result<()> {
         let plen = plen_of(i);
         if c.tag != tag {
@@ -473,24 +492,39 @@ pub fn recv(
                 moved = true;
                 check(i, &comp)?;
                 let got = comp.len as usize;
-                match &mut target {
-                    Target::Sink(sink) => {
+                match (&mut target, &bounce) {
+                    (Target::Sink(sink), Some(b)) => {
                         let slot = (i % window) * piece;
-                        sink(i * piece, &bounce[slot..slot + got]);
+                        sink(i * piece, &b.bytes()[slot..slot + got]);
                     }
-                    Target::Into(dst) if got < piece => {
-                        dst[i * piece..i * piece + got].copy_from_slice(&bounce[..got]);
+                    (Target::Into(dst), Some(b)) if got < piece => {
+                        dst[i * piece..i * piece + got].copy_from_slice(&b.bytes()[..got]);
                     }
-                    Target::Into(_) => {}
+                    _ => {}
                 }
             }
             let done_upto = posted.front().map_or(next, |(i, _, _)| *i);
             while next < n && next < done_upto + window {
                 let off = next * piece;
-                let (ptr, viab) = match &mut target {
-                    Target::Into(dst) if plen_of(next) == piece => (dst[off..].as_mut_ptr(), false),
-                    Target::Into(_) => (bounce.as_mut_ptr(), true),
-                    Target::Sink(_) => (bounce[(next % window) * piece..].as_mut_ptr(), true),
+                // Room posted: a whole piece (nothing is truncated), except on device memory.
+                let mut room = piece;
+                let mut mem = Mem::Host;
+                let (ptr, viab) = match (&mut target, &mut bounce) {
+                    (Target::Into(dst), _) if plen_of(next) == piece => {
+                        (dst[off..].as_mut_ptr(), false)
+                    }
+                    (Target::Into(_), Some(b)) => (b.bytes_mut().as_mut_ptr(), true),
+                    (Target::Sink(_), Some(b)) => {
+                        (b.bytes_mut()[(next % window) * piece..].as_mut_ptr(), true)
+                    }
+                    (Target::Device(base, m), _) => {
+                        room = plen_of(next);
+                        mem = *m;
+                        ((*base as usize + off) as *mut u8, false)
+                    }
+                    _ => unreachable!(
+                        "a bounce buffer is taken for every host piece shorter than a piece"
+                    ),
                 };
                 let c = ctx();
                 // SAFETY: the piece's memory (a whole piece of the caller's destination, or a
@@ -499,7 +533,7 @@ pub fn recv(
                 // or parked with the bounce buffer (see the function's documentation). Only
                 // the last piece of an `Into` message uses the bounce buffer there, so no two
                 // posted pieces share a slot.
-                if !unsafe { st.recv(ptr, piece, src, tag, &c)? } {
+                if !unsafe { st.recv(ptr, room, src, tag, &c, mem)? } {
                     break;
                 }
                 posted.push_back((next, c, viab));
@@ -517,10 +551,10 @@ pub fn recv(
     );
     if r.is_err() {
         let (viab, user): (Vec<_>, Vec<_>) = posted.into_iter().partition(|(_, _, b)| *b);
-        if !viab.is_empty() {
-            // Parked with the bounce buffer, which limbo now owns (it never returns to the
-            // pool).
-            let buf = Arc::new(std::mem::take(&mut bounce));
+        if let (false, Some(b)) = (viab.is_empty(), bounce.take()) {
+            // Parked with the bounce buffer, which limbo now owns: it returns to the staging
+            // pool only when the last of these operations has ended (or the endpoint closed).
+            let buf = Arc::new(b);
             let mut st = sh.ep.lock();
             for (_, c, _) in viab {
                 st.cancel(&c);
@@ -534,8 +568,6 @@ pub fn recv(
             sh.ep.lock().add_junk(faults::seq_of(tag), sh.piece);
         }
     }
-    if !bounce.is_empty() {
-        sh.give_bounce(std::mem::take(&mut bounce));
-    }
+    drop(bounce); // back to the staging pool: nothing posted targets it any more
     r
 }

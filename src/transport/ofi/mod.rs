@@ -16,9 +16,14 @@
 //! its sequence number (`fabric::State::add_junk`).
 //!
 //! **Memory.** Buffers are registered where the provider asks (`FI_MR_LOCAL`), through a cache
-//! keyed by address and length (`mr.rs`). `FI_HMEM` is detected and reported
-//! ([`OfiTransport::caps`]); device pointers are not handed to the provider yet (device
-//! collectives stage through pinned host memory).
+//! keyed by address, length and memory kind (`mr.rs`).
+//!
+//! **Device memory (`FI_HMEM`).** Where the provider has `FI_HMEM` and a registration probe
+//! of the iface in use succeeds on every rank ([`Hmem`]: `PCCL_OFI_HMEM=auto|0|1`), device
+//! buffers are registered with `fi_mr_regattr` (iface and device ordinal) and handed to the
+//! provider as they are: [`Transport::moves_device_memory`] is true and device collectives
+//! skip pinned host staging, as on CUDA-aware MPI. Otherwise it is false and they stage
+//! (never an error at collective time; `PCCL_OFI_HMEM=1` makes it one at init).
 //!
 //! The domain opened is `PCCL_OFI_DOMAIN` (or `FI_DOMAIN`), else the NIC map's choice (a hook
 //! in `fabric::open_endpoint`), else the provider's first.
@@ -29,15 +34,17 @@ mod mr;
 mod sys;
 
 pub use fabric::{providers, Caps};
+pub use mr::Iface as HmemIface;
 
 use self::fabric::Endpoint;
 use self::link::{OfiSend, Target};
+use self::mr::Mem;
 use super::faults::{self, Faults};
 use super::tcp::{TcpTransport, UniqueId};
 use super::{Notice, SendOp, Tag, Transport};
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -57,23 +64,114 @@ pub(crate) struct Shared {
     rank: usize,
     piece: usize,
     timeout: Duration,
-    bounce: Mutex<Vec<Vec<u8>>>,
+    /// What was asked of `FI_HMEM` (kept for sub-communicators).
+    hmem_asked: Hmem,
+    /// The iface device buffers are registered with, when every rank can (else device
+    /// collectives stage through host memory).
+    hmem: Option<HmemIface>,
 }
 
-impl Shared {
-    fn take_bounce(&self, len: usize) -> Vec<u8> {
-        let mut pool = self.bounce.lock().unwrap_or_else(|e| e.into_inner());
-        match pool.iter().position(|b| b.len() == len) {
-            Some(i) => pool.swap_remove(i),
-            None => vec![0u8; len],
+/// Whether device buffers go to the provider (`PCCL_OFI_HMEM`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HmemMode {
+    /// Where the provider has `FI_HMEM` and the iface's probe succeeds on every rank.
+    Auto,
+    /// Never: device collectives stage through host memory.
+    Off,
+    /// Always: the transport fails at init when it cannot.
+    On,
+}
+
+/// The `FI_HMEM` choice of a transport: the mode and the iface of the device memory in use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hmem {
+    /// `PCCL_OFI_HMEM`: `auto` (default), `0`, `1`.
+    pub mode: HmemMode,
+    /// The iface device buffers are registered with: `FI_HMEM_CUDA` (the device backend
+    /// that hands device memory to transports). The hidden test hook
+    /// `PCCL_OFI_HMEM_IFACE=system|cuda|rocr` overrides it: `system` passes host buffers
+    /// through the whole device path on any `FI_HMEM` provider (`shm` here).
+    pub iface: HmemIface,
+}
+
+impl Default for Hmem {
+    fn default() -> Self {
+        Hmem {
+            mode: HmemMode::Auto,
+            iface: HmemIface::Cuda,
         }
     }
+}
 
-    fn give_bounce(&self, b: Vec<u8>) {
-        let mut pool = self.bounce.lock().unwrap_or_else(|e| e.into_inner());
-        if pool.len() < 4 {
-            pool.push(b);
+impl Hmem {
+    /// `PCCL_OFI_HMEM` and `PCCL_OFI_HMEM_IFACE`; an unknown value is an error naming it.
+    pub fn from_env() -> Result<Self> {
+        let var = |n: &str| {
+            std::env::var(n)
+                .ok()
+                .map(|v| v.trim().to_ascii_lowercase())
+                .filter(|v| !v.is_empty())
+        };
+        let mode = match var("PCCL_OFI_HMEM").as_deref() {
+            None | Some("auto") => HmemMode::Auto,
+            Some("0") => HmemMode::Off,
+            Some("1") => HmemMode::On,
+            Some(v) => {
+                return Err(Error::invalid(format!(
+                    "PCCL_OFI_HMEM={v}: expected auto (device buffers to libfabric where the \
+                     provider can), 0 (always stage through host memory) or 1 (fail if the \
+                     provider cannot)"
+                )))
+            }
+        };
+        let iface = match var("PCCL_OFI_HMEM_IFACE").as_deref() {
+            None | Some("cuda") => HmemIface::Cuda,
+            Some("system") => HmemIface::System,
+            Some("rocr") => HmemIface::Rocr,
+            Some(v) => {
+                return Err(Error::invalid(format!(
+                    "PCCL_OFI_HMEM_IFACE={v}: expected cuda, rocr or system (a test hook)"
+                )))
+            }
+        };
+        Ok(Hmem { mode, iface })
+    }
+
+    /// The iface this rank can use on `ep` (`None`: stage) and why, or an error for
+    /// [`HmemMode::On`] when it cannot.
+    fn decide(self, ep: &Endpoint) -> Result<(Option<HmemIface>, String)> {
+        let prov = &ep.caps.provider;
+        let refused = match (self.mode, ep.caps.hmem) {
+            (HmemMode::Off, _) => return Ok((None, "off (PCCL_OFI_HMEM=0)".into())),
+            (_, false) => format!("provider {prov} does not offer FI_HMEM"),
+            (_, true) => match ep.lock().probe_hmem(self.iface) {
+                Ok(()) => {
+                    return Ok((
+                        Some(self.iface),
+                        format!(
+                            "on: provider {prov} has FI_HMEM and registers {} memory",
+                            self.iface.name()
+                        ),
+                    ))
+                }
+                Err(why) => format!(
+                    "provider {prov} has FI_HMEM but cannot register {} memory ({why})",
+                    self.iface.name()
+                ),
+            },
+        };
+        if self.mode == HmemMode::On {
+            return Err(Error::invalid(format!(
+                "PCCL_OFI_HMEM=1 but {refused}: device buffers cannot go to libfabric (use a \
+                 libfabric built with {} support, or PCCL_OFI_HMEM=auto to stage through host \
+                 memory)",
+                self.iface.name()
+            )));
         }
+        Ok((
+            None,
+            format!("off: {refused}; device collectives stage through host memory"),
+        ))
     }
 }
 
@@ -94,8 +192,21 @@ impl OfiTransport {
         chunk_bytes: usize,
         timeout: Duration,
     ) -> Result<Self> {
+        Self::connect_with_hmem(id, nranks, rank, chunk_bytes, timeout, Hmem::from_env()?)
+    }
+
+    /// [`OfiTransport::connect`] with the `FI_HMEM` choice given instead of read from
+    /// `PCCL_OFI_HMEM` / `PCCL_OFI_HMEM_IFACE`.
+    pub fn connect_with_hmem(
+        id: &UniqueId,
+        nranks: usize,
+        rank: usize,
+        chunk_bytes: usize,
+        timeout: Duration,
+        hmem: Hmem,
+    ) -> Result<Self> {
         let ctl = TcpTransport::connect_with(id, nranks, rank, chunk_bytes, timeout, false)?;
-        Self::over(Arc::new(ctl), chunk_bytes, timeout)
+        Self::over(Arc::new(ctl), chunk_bytes, timeout, hmem)
     }
 
     /// Joins the MPI world (collective over `MPI_COMM_WORLD`, initialising MPI if needed):
@@ -104,14 +215,17 @@ impl OfiTransport {
     /// sub-communicators). No unique id is needed; the ranks are the world's.
     #[cfg(feature = "mpi")]
     pub fn on_mpi_world(chunk_bytes: usize, timeout: Duration) -> Result<Self> {
+        let hmem = Hmem::from_env()?;
         let ctl = super::mpi::MpiTransport::world(chunk_bytes)?;
-        Self::over(Arc::new(ctl), chunk_bytes, timeout)
+        Self::over(Arc::new(ctl), chunk_bytes, timeout, hmem)
     }
 
-    /// Opens this rank's endpoint and exchanges addresses over the control plane `ctl`.
-    fn over(ctl: Arc<dyn Transport>, chunk: usize, timeout: Duration) -> Result<Self> {
+    /// Opens this rank's endpoint and exchanges addresses over the control plane `ctl`; device
+    /// buffers go to the provider only if every rank can hand them over (`hmem`).
+    fn over(ctl: Arc<dyn Transport>, chunk: usize, timeout: Duration, hmem: Hmem) -> Result<Self> {
         let ep = fabric::open_endpoint()?;
         let (rank, p) = (ctl.rank(), ctl.size());
+        let (mut use_hmem, mut hmem_why) = hmem.decide(&ep)?;
         if ep.name.len() > NAME_MAX {
             return Err(Error::system(format!(
                 "libfabric: the {} address is {} bytes, more than PCCL handles ({NAME_MAX})",
@@ -122,7 +236,9 @@ impl OfiTransport {
         let mut mine = [0u8; RECORD];
         mine[0..8].copy_from_slice(&MAGIC.to_le_bytes());
         mine[8..16].copy_from_slice(&(chunk.max(MIN_PIECE) as u64).to_le_bytes());
-        mine[16..24].copy_from_slice(&(ep.name.len() as u64).to_le_bytes());
+        // The address length, and in bit HMEM_BIT whether this rank can use FI_HMEM.
+        let word16 = ep.name.len() as u64 | (u64::from(use_hmem.is_some()) << HMEM_BIT);
+        mine[16..24].copy_from_slice(&word16.to_le_bytes());
         mine[24..24 + ep.name.len()].copy_from_slice(&ep.name);
         let label = format!("{} / {}", ep.caps.provider, ep.caps.fabric);
         let lb = label.as_bytes();
@@ -168,8 +284,17 @@ impl OfiTransport {
                     )));
                     break;
                 }
-                let len = (word(16) as usize).min(NAME_MAX);
+                let len = ((word(16) & 0xffff_ffff) as usize).min(NAME_MAX);
                 *name = rec[24..24 + len].to_vec();
+                if use_hmem.is_some() && word(16) >> HMEM_BIT & 1 == 0 {
+                    // Every rank must agree: a direct device send meets a direct receive.
+                    use_hmem = None;
+                    hmem_why = format!(
+                        "off: rank {j} cannot hand device buffers to libfabric (its \
+                         PCCL_OFI_HMEM or provider); device collectives stage through host \
+                         memory"
+                    );
+                }
                 if j == 0 {
                     piece = (word(8) as usize).max(MIN_PIECE);
                 }
@@ -190,16 +315,12 @@ impl OfiTransport {
         )?;
         if debug_info() {
             eprintln!(
-                "pccl: rank {rank}: ofi transport on provider {} (fabric {}, domain {}); {}; \
-                 registration {}; pieces of {} bytes; idle waits {}; rxm eager limit {}",
+                "pccl: rank {rank}: ofi transport on provider {} (fabric {}, domain {}); device \
+                 buffers (FI_HMEM) {hmem_why}; registration {}; pieces of {} bytes; idle waits \
+                 {}; rxm eager limit {}",
                 ep.caps.provider,
                 ep.caps.fabric,
                 ep.caps.domain,
-                if ep.caps.hmem {
-                    "the provider has FI_HMEM (device collectives still stage through host)"
-                } else {
-                    "host memory only (no FI_HMEM)"
-                },
                 if ep.caps.register {
                     "on (cached)"
                 } else {
@@ -221,7 +342,8 @@ impl OfiTransport {
             rank,
             piece,
             timeout,
-            bounce: Mutex::new(Vec::new()),
+            hmem_asked: hmem,
+            hmem: use_hmem,
         });
         connect_all(&sh, deadline)?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -248,7 +370,38 @@ impl OfiTransport {
     pub fn piece_bytes(&self) -> usize {
         self.sh.piece
     }
+
+    /// The iface device buffers are registered with (`None`: device collectives stage
+    /// through host memory).
+    pub fn hmem_iface(&self) -> Option<HmemIface> {
+        self.sh.hmem
+    }
+
+    /// The memory kind of device address `ptr`, or a usage error where device buffers do not
+    /// go to the provider.
+    fn device_mem(&self, ptr: u64) -> Result<Mem> {
+        let Some(iface) = self.sh.hmem else {
+            return Err(Error::usage(format!(
+                "the ofi transport of rank {} does not hand device memory to provider {} \
+                 (PCCL_DEBUG=INFO says why): device collectives on it go through pinned host \
+                 staging",
+                self.sh.rank, self.sh.ep.caps.provider
+            )));
+        };
+        let ordinal = match iface {
+            #[cfg(feature = "cuda")]
+            HmemIface::Cuda => crate::device::cuda::CudaDevice::ordinal_of(ptr)? as i32,
+            _ => {
+                let _ = ptr;
+                0
+            }
+        };
+        Ok(Mem::Device(iface, ordinal))
+    }
 }
+
+/// Bit of the bootstrap record's address-length word that says the rank can use `FI_HMEM`.
+const HMEM_BIT: u32 = 32;
 
 /// Every rank sends every other a token over libfabric and waits for all of theirs, so the
 /// provider's connections (rxm connects on first use) exist before any collective. Without
@@ -265,7 +418,7 @@ fn connect_all(sh: &Arc<Shared>, deadline: Instant) -> Result<()> {
     for j in (0..p).filter(|&j| j != rank) {
         // SAFETY: `token` outlives every send: all are waited for (or dropped, which lets go
         // of them) before this function returns.
-        match unsafe { OfiSend::post(sh.clone(), j, tag, token.as_ptr(), token.len()) } {
+        match unsafe { OfiSend::post(sh.clone(), j, tag, token.as_ptr(), token.len(), Mem::Host) } {
             Ok(s) => sends.push(s),
             Err(e) => {
                 result = Err(e);
@@ -420,8 +573,48 @@ impl Transport for OfiTransport {
         self.peer(peer)?;
         // SAFETY: forwarded from the caller (the memory outlives the op's wait).
         Ok(Box::new(unsafe {
-            OfiSend::post(self.sh.clone(), peer, tag, ptr, len)?
+            OfiSend::post(self.sh.clone(), peer, tag, ptr, len, Mem::Host)?
         }))
+    }
+
+    fn moves_device_memory(&self) -> bool {
+        self.sh.hmem.is_some()
+    }
+
+    unsafe fn isend_device(
+        &self,
+        peer: usize,
+        tag: Tag,
+        ptr: u64,
+        len: usize,
+    ) -> Result<Box<dyn SendOp>> {
+        self.peer(peer)?;
+        let mem = self.device_mem(ptr)?;
+        // SAFETY: forwarded from the caller; the device address is only handed to the
+        // provider (with its FI_HMEM registration), never dereferenced here.
+        Ok(Box::new(unsafe {
+            OfiSend::post(
+                self.sh.clone(),
+                peer,
+                tag,
+                ptr as usize as *const u8,
+                len,
+                mem,
+            )?
+        }))
+    }
+
+    unsafe fn recv_device(
+        &self,
+        peer: usize,
+        tag: Tag,
+        ptr: u64,
+        len: usize,
+        deadline: Instant,
+    ) -> Result<()> {
+        self.peer(peer)?;
+        let mem = self.device_mem(ptr)?;
+        link::recv(&self.sh, peer, tag, len, deadline, Target::Device(ptr, mem))
     }
 
     fn recv(
@@ -444,7 +637,12 @@ impl Transport for OfiTransport {
 
     fn subset(&self, members: &[usize], ctx: u64) -> Result<Arc<dyn Transport>> {
         let ctl = self.sh.ctl.subset(members, ctx)?;
-        Ok(Arc::new(Self::over(ctl, self.sh.piece, self.sh.timeout)?))
+        Ok(Arc::new(Self::over(
+            ctl,
+            self.sh.piece,
+            self.sh.timeout,
+            self.sh.hmem_asked,
+        )?))
     }
 }
 

@@ -145,6 +145,17 @@ extern "C" {
         mr: *mut *mut FidMr,
         desc: *mut *mut c_void,
     ) -> c_int;
+    #[allow(clippy::too_many_arguments)]
+    pub fn pccl_ofi_mr_regattr(
+        e: *mut RawEp,
+        buf: *const c_void,
+        len: usize,
+        iface: c_int,
+        device: c_int,
+        key: u64,
+        mr: *mut *mut FidMr,
+        desc: *mut *mut c_void,
+    ) -> c_int;
     pub fn pccl_ofi_mr_close(mr: *mut FidMr) -> c_int;
     pub fn pccl_ofi_flag(which: c_int) -> u64;
     fn fi_strerror(errnum: c_int) -> *const c_char;
@@ -179,6 +190,19 @@ pub fn fi_remote_cq_data() -> u64 {
 pub fn fi_addr_unspec() -> u64 {
     // SAFETY: as above.
     unsafe { pccl_ofi_flag(4) }
+}
+
+/// libfabric's `enum fi_hmem_iface` value of `FI_HMEM_SYSTEM` (0), `FI_HMEM_CUDA` (1) or
+/// `FI_HMEM_ROCR` (2).
+pub fn fi_hmem_iface(which: i32) -> i32 {
+    // SAFETY: as above.
+    unsafe { pccl_ofi_flag(5 + which) as i32 }
+}
+/// `FI_ENOSYS` and `FI_EOPNOTSUPP` (positive): what libfabric answers for an iface its build
+/// lacks.
+pub fn fi_unsupported() -> [i64; 2] {
+    // SAFETY: as above.
+    unsafe { [pccl_ofi_flag(8) as i64, pccl_ofi_flag(9) as i64] }
 }
 
 /// libfabric's description of error `code` (positive or negative).
