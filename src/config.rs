@@ -24,6 +24,8 @@
 //! | `PCCL_OFI_MR` | `1`: the `ofi` transport registers every buffer (cached) even where the provider does not ask | only where asked |
 //! | `PCCL_OFI_CQ_DATA` | `0`: `ofi` messages do not carry their length as remote completion data | on where available |
 //! | `PCCL_OFI_WAIT` | idle `ofi` waits: `fd` (block on the completion queue's descriptor where the provider has one; not `shm`) or `poll` | `fd` |
+//! | `PCCL_OFI_HMEM` | device buffers to libfabric (`FI_HMEM`): `auto` (where the provider and every rank can), `0` (stage through host), `1` (fail init where this rank cannot) | `auto` |
+//! | `PCCL_OFI_HMEM_IFACE` | test hook: iface of device registrations, `cuda`, `rocr` or `system` | `cuda` |
 //! | `PCCL_STAGING_POOL` | bytes of idle host staging buffers (packed sends, staged MPI receives) kept for reuse per process; `0` keeps none | `128M` |
 
 use crate::error::{Error, Result};

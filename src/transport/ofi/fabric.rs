@@ -444,6 +444,7 @@ impl State {
     /// `len` bytes at `ptr` stay valid and unmodified, and `c` alive, until the operation's
     /// completion has been taken, it was withdrawn ([`State::withdraw`]), or the endpoint
     /// closed.
+    #[allow(clippy::too_many_arguments)] // the fields of a `Pending` piece, queued as given
     pub unsafe fn send(
         &mut self,
         ptr: *const u8,

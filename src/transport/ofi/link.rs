@@ -35,7 +35,6 @@ use super::mr::Mem;
 use super::Shared;
 use crate::error::{Error, Result};
 use crate::transport::faults::{self, Tag};
-use crate::transport::staging::Staging;
 use crate::transport::SendOp;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -437,8 +436,8 @@ pub fn recv(
     // none (from the shared staging pool: a buffer parked after a failure returns to it only
     // once the provider has ended every operation on it).
     let mut bounce = match &target {
-        Target::Sink(_) => Some(Staging::take(window * piece)),
-        Target::Into(_) if plen_of(n - 1) < piece => Some(Staging::take(piece)),
+        Target::Sink(_) => Some(sh.take_bounce(window * piece)),
+        Target::Into(_) if plen_of(n - 1) < piece => Some(sh.take_bounce(piece)),
         _ => None,
     };
     let src = sh.addrs[peer];
@@ -568,6 +567,8 @@ pub fn recv(
             sh.ep.lock().add_junk(faults::seq_of(tag), sh.piece);
         }
     }
-    drop(bounce); // back to the staging pool: nothing posted targets it any more
+    if let Some(b) = bounce {
+        sh.give_bounce(b); // nothing posted targets it any more
+    }
     r
 }
