@@ -343,9 +343,9 @@ fn set_oversub(prof: &mut Profile, cores: usize, p: usize, t: f64, base_msg: f64
     }
 }
 
-/// The `oversub.rate_share` (0 … 1) with which the model's ring all-gather of `s` bytes per
-/// rank at `p` ranks on one host takes `t` seconds (bisection: the time grows with it); 0
-/// when even no share predicts it slower, 1 at most.
+/// The `oversub.rate_share` (0 … `MAX_RATE_SHARE`) with which the model's ring all-gather of
+/// `s` bytes per rank at `p` ranks on one host takes `t` seconds (bisection: the time grows
+/// with it); 0 when even no share predicts it slower, the maximum at most.
 #[cfg(feature = "mpi")]
 fn rate_share(prof: &Profile, p: usize, s: f64, t: f64) -> f64 {
     use pccl::model::sim::{Cluster, Engine, Job};
@@ -359,12 +359,12 @@ fn rate_share(prof: &Profile, p: usize, s: f64, t: f64) -> f64 {
             .simulate(&job, Engine::Events)
             .map_or(f64::NAN, |o| o.seconds)
     };
-    let (mut lo, mut hi) = (0.0, 1.0);
+    let (mut lo, mut hi) = (0.0, pccl::model::profile::MAX_RATE_SHARE);
     if at(lo).is_nan() || at(lo) >= t {
         return 0.0;
     }
     if at(hi) <= t {
-        return 1.0;
+        return hi;
     }
     for _ in 0..30 {
         let mid = 0.5 * (lo + hi);

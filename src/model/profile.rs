@@ -147,6 +147,10 @@ impl Default for Protocol {
 /// pay up to a time slice. `pccl-tune` measures the cost per message of one extra rank per
 /// core. Off (`cores = 0`, the default) in presets and in profiles written before it existed:
 /// those behave exactly as without it.
+/// The largest [`Oversub::rate_share`] a profile may hold: a copy slowed 4× beyond its fair
+/// slice of a core is no longer a rate but a scheduling failure.
+pub const MAX_RATE_SHARE: f64 = 4.0;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Oversub {
@@ -156,8 +160,10 @@ pub struct Oversub {
     /// [`Profile::oversub_seconds`].
     pub per_message_us: f64,
     /// Share of a core's time each extra rank per core takes from the copies and transfers
-    /// of the others (0 … 1), see [`Profile::oversub_slowdown`]: about 1 for busy-polling
-    /// ranks (MPICH), which spin for their whole time slice, 0 for ranks that sleep.
+    /// of the others (0 … [`MAX_RATE_SHARE`]), see [`Profile::oversub_slowdown`]: 0 for ranks
+    /// that sleep, about 1 for busy-polling ranks (MPICH), which spin for their whole time
+    /// slice; above 1 where sharing costs more than the slices (context switches, a cache
+    /// the spinning processes evict).
     pub rate_share: f64,
 }
 
@@ -323,10 +329,10 @@ impl Profile {
                 "profile: oversub.per_message_us must be finite and ≥ 0",
             ));
         }
-        if !(0.0..=1.0).contains(&self.oversub.rate_share) {
-            return Err(Error::invalid(
-                "profile: oversub.rate_share must be in 0 … 1",
-            ));
+        if !(0.0..=MAX_RATE_SHARE).contains(&self.oversub.rate_share) {
+            return Err(Error::invalid(format!(
+                "profile: oversub.rate_share must be in 0 … {MAX_RATE_SHARE}"
+            )));
         }
         if self.intra.pair_size > 1 {
             positive("intra.pair_bandwidth_gbps", self.intra.pair_bandwidth_gbps)?;
@@ -647,6 +653,9 @@ mod tests {
         assert_eq!(q.oversub_slowdown(4), 1.5);
         assert_eq!(q.oversub_slowdown(8), 2.5);
         assert_eq!(p.oversub_slowdown(8), 1.0, "sleeping ranks take no share");
-        assert!(Profile::from_toml("[oversub]\nrate_share = 1.5\n").is_err());
+        let r = Profile::from_toml("[oversub]\ncores = 2\nrate_share = 1.5\n").unwrap();
+        assert_eq!(r.oversub_slowdown(4), 2.5, "beyond the fair slices");
+        assert!(Profile::from_toml("[oversub]\nrate_share = 4.5\n").is_err());
+        assert!(Profile::from_toml("[oversub]\nrate_share = -0.1\n").is_err());
     }
 }
