@@ -288,3 +288,65 @@ fn pccl_info_rejects_a_bad_map_or_file_with_a_message() {
         assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/x.xml"));
     }
 }
+
+#[cfg(feature = "ofi")]
+#[test]
+fn pccl_info_lists_libfabric_entries_and_the_domain_the_ofi_transport_would_open() {
+    let json = |vars: &[(&str, &str)]| {
+        let out = pccl_info(&["--json"], vars);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["libfabric"].clone()
+    };
+    // shm is offered on every Debian libfabric, with FI_HMEM.
+    let f = json(&[("FI_PROVIDER", "shm")]);
+    let offers = f["offers"].as_array().unwrap();
+    if offers.is_empty() {
+        println!("SKIPPED: libfabric offers no shm entry here");
+        return;
+    }
+    assert!(offers.iter().all(|o| o["provider"] == "shm"), "{f}");
+    assert!(offers.iter().any(|o| o["hmem"] == true), "{f}");
+    assert_eq!(f["domain"], serde_json::Value::Null, "{f}");
+    assert!(f["domain_why"].as_str().unwrap().contains("first"), "{f}");
+    assert!(
+        f["device_buffers"].as_str().unwrap().contains("auto"),
+        "{f}"
+    );
+
+    let f = json(&[("FI_PROVIDER", "tcp;ofi_rxm"), ("PCCL_OFI_DOMAIN", "lo")]);
+    assert_eq!(f["domain"], "lo", "{f}");
+    assert!(f["domain_why"]
+        .as_str()
+        .unwrap()
+        .contains("PCCL_OFI_DOMAIN"));
+
+    // A mapped NIC the provider does not offer (Perlmutter's hsn on this host's tcp).
+    if cfg!(feature = "hwloc") {
+        let file = data("perlmutter.xml");
+        let out = pccl_info(
+            &["--json", "--topo-file", file.to_str().unwrap()],
+            &[
+                ("FI_PROVIDER", "tcp;ofi_rxm"),
+                ("PCCL_TOPO_FILE", file.to_str().unwrap()),
+                ("MPI_LOCALRANKID", "1"),
+                ("MPI_LOCALNRANKS", "4"),
+            ],
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let why = v["libfabric"]["domain_why"].as_str().unwrap().to_string();
+        assert!(why.contains("not among the provider's domains"), "{why}");
+    }
+
+    let f = json(&[("FI_PROVIDER", "shm"), ("PCCL_OFI_HMEM", "maybe")]);
+    assert!(
+        f["device_buffers"]
+            .as_str()
+            .unwrap()
+            .contains("PCCL_OFI_HMEM=maybe"),
+        "{f}"
+    );
+}

@@ -100,6 +100,7 @@ fn report(args: &Args) -> Result<Value, pccl::Error> {
         "features": {"hwloc": cfg!(feature = "hwloc"), "mpi": cfg!(feature = "mpi"),
                      "cuda": cfg!(feature = "cuda"), "rocm": cfg!(feature = "rocm"),
                      "ofi": cfg!(feature = "ofi")},
+        "libfabric": libfabric(),
         "apply": {
             "nic": ap.nic.as_ref().map(|n| n.name.clone()),
             "nic_index": ap.nic_index,
@@ -107,6 +108,42 @@ fn report(args: &Args) -> Result<Value, pccl::Error> {
             "kept": ap.kept, "notes": ap.notes,
         },
     }))
+}
+
+/// What libfabric offers here and what the `ofi` transport would choose, and why (`null`
+/// without the `ofi` feature).
+#[cfg(feature = "ofi")]
+fn libfabric() -> Value {
+    use pccl::transport::ofi::{domain_choice, offers, Hmem, HmemMode};
+    let offered: Vec<Value> = offers()
+        .into_iter()
+        .map(|o| json!({"provider": o.provider, "fabric": o.fabric, "domain": o.domain, "hmem": o.hmem}))
+        .collect();
+    let (domain, why) = domain_choice();
+    let hmem = match Hmem::from_env() {
+        Ok(h) => {
+            let mode = match h.mode {
+                HmemMode::Auto => {
+                    "auto: where the provider has FI_HMEM and every rank registers the iface"
+                }
+                HmemMode::Off => "0: device collectives stage through pinned host memory",
+                HmemMode::On => "1: init fails where this rank cannot",
+            };
+            format!("{} ({mode})", h.iface.name())
+        }
+        Err(e) => e.to_string(),
+    };
+    json!({
+        "fi_provider": std::env::var("FI_PROVIDER").ok(),
+        "offers": offered,
+        "domain": domain, "domain_why": why,
+        "device_buffers": hmem,
+    })
+}
+
+#[cfg(not(feature = "ofi"))]
+fn libfabric() -> Value {
+    Value::Null
 }
 
 fn text(v: &Value) -> String {
@@ -169,6 +206,37 @@ fn text(v: &Value) -> String {
         .filter(|k| t[*k].as_bool() == Some(true))
         .collect();
     o += &format!("transports built in: {}\n", built.join(", "));
+    let f = &v["libfabric"];
+    if !f.is_null() {
+        let offers = f["offers"].as_array().cloned().unwrap_or_default();
+        o += &format!(
+            "libfabric (FI_PROVIDER {}): {} RDM tagged entries\n",
+            s(&f["fi_provider"]),
+            offers.len()
+        );
+        for x in &offers {
+            o += &format!(
+                "  {}  fabric {}  domain {}{}\n",
+                s(&x["provider"]),
+                s(&x["fabric"]),
+                s(&x["domain"]),
+                if x["hmem"].as_bool() == Some(true) {
+                    "  FI_HMEM"
+                } else {
+                    ""
+                }
+            );
+        }
+        o += &format!(
+            "  the ofi transport opens domain {} ({})\n  device buffers: {}\n",
+            match &f["domain"] {
+                Value::Null => "of the first entry".to_string(),
+                d => s(d),
+            },
+            s(&f["domain_why"]),
+            s(&f["device_buffers"])
+        );
+    }
     let a = &v["apply"];
     o += &format!(
         "before a transport starts, PCCL would pin this process to NIC {}:\n",

@@ -218,26 +218,82 @@ fn getinfo(domain: Option<&str>, hmem: bool) -> std::result::Result<InfoList, i3
     Ok(InfoList(info))
 }
 
+/// An entry libfabric offers PCCL here (RDM, tagged, directed receive).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Offer {
+    /// Provider name (`tcp;ofi_rxm`, `shm`, `cxi`).
+    pub provider: String,
+    /// Fabric name.
+    pub fabric: String,
+    /// Domain name (the NIC, or `lo`/`eth0` for tcp).
+    pub domain: String,
+    /// The entry also answers a request for `FI_HMEM` (device buffers).
+    pub hmem: bool,
+}
+
+/// The entries libfabric offers PCCL here (`FI_PROVIDER` narrows the list), for diagnostics.
+pub fn offers() -> Vec<Offer> {
+    let list_of = |hmem: bool| {
+        let Ok(list) = getinfo(None, hmem) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let mut p = list.0;
+        while !p.is_null() {
+            let mut d = Desc::default();
+            // SAFETY: `p` is an entry of the live list.
+            p = unsafe { sys::pccl_ofi_describe(p, &mut d) };
+            out.push(Offer {
+                provider: sys::field(&d.provider),
+                fabric: sys::field(&d.fabric),
+                domain: sys::field(&d.domain),
+                hmem,
+            });
+        }
+        out
+    };
+    let with_hmem = list_of(true);
+    let mut all = list_of(false);
+    for o in &mut all {
+        o.hmem = with_hmem
+            .iter()
+            .any(|h| (&h.provider, &h.fabric, &h.domain) == (&o.provider, &o.fabric, &o.domain));
+    }
+    all
+}
+
 /// The providers (`provider  fabric  domain`) usable for PCCL here (RDM, tagged, directed
 /// receive), for diagnostics (`FI_PROVIDER` narrows the list).
 pub fn providers() -> Vec<String> {
-    let Ok(list) = getinfo(None, false) else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    let mut p = list.0;
-    while !p.is_null() {
-        let mut d = Desc::default();
-        // SAFETY: `p` is an entry of the live list.
-        p = unsafe { sys::pccl_ofi_describe(p, &mut d) };
-        out.push(format!(
-            "{}  {}  {}",
-            sys::field(&d.provider),
-            sys::field(&d.fabric),
-            sys::field(&d.domain)
-        ));
+    offers()
+        .into_iter()
+        .map(|o| format!("{}  {}  {}", o.provider, o.fabric, o.domain))
+        .collect()
+}
+
+/// The domain the transport would open here and why, as [`open_endpoint`] chooses it
+/// (without opening anything): `(domain, why)`, `None` for the provider's first.
+pub fn domain_choice() -> (Option<String>, String) {
+    if let Some(d) = chosen_domain() {
+        return (Some(d), "PCCL_OFI_DOMAIN / FI_DOMAIN (the user's)".into());
     }
-    out
+    let offered = offers();
+    for d in nic_map_domains() {
+        if offered.iter().any(|o| o.domain == d) {
+            return (
+                Some(d),
+                "the NIC map's NIC for this local rank, which the provider offers".into(),
+            );
+        }
+    }
+    let why = match nic_map_domains().as_slice() {
+        [] => "no NIC mapped to this rank: the provider's first domain".to_string(),
+        ds => format!(
+            "the mapped NIC ({}) is not among the provider's domains: its first",
+            ds.join(" / ")
+        ),
+    };
+    (None, why)
 }
 
 impl Endpoint {

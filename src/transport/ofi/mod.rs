@@ -33,7 +33,7 @@ mod link;
 mod mr;
 mod sys;
 
-pub use fabric::{providers, Caps};
+pub use fabric::{domain_choice, offers, providers, Caps, Offer};
 pub use mr::Iface as HmemIface;
 
 use self::fabric::Endpoint;
