@@ -195,3 +195,29 @@ pub fn prompt(base: std::time::Duration) -> std::time::Duration {
 pub fn one_deadline(timeout: std::time::Duration) -> std::time::Duration {
     timeout + prompt(std::time::Duration::from_millis(500)).min(timeout.mul_f64(0.9))
 }
+
+/// Runs test `name` of this test executable alone in a child process with `envs` set (and
+/// `PCCL_FAULT` cleared), printing the child's `@@` lines prefixed with `name [label]`; panics
+/// with the child's whole output if it fails. For settings a library reads once per process
+/// (libfabric's `FI_PROVIDER`).
+pub fn run_test_in_child(name: &str, label: &str, envs: &[(&str, &str)]) {
+    let exe = std::env::current_exe().expect("test executable");
+    let out = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            name,
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .envs(envs.iter().copied())
+        .env_remove("PCCL_FAULT")
+        .output()
+        .expect("spawn the test");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    for l in text.lines().filter(|l| l.starts_with("@@")) {
+        println!("{name} [{label}]: {l}");
+    }
+    assert!(out.status.success(), "{name} on {label} failed:\n{text}");
+}

@@ -44,28 +44,10 @@ fn per_provider_with(name: &str, envs: &[(&str, &str)]) -> bool {
     if std::env::var(CHILD).is_ok() {
         return true;
     }
-    let exe = std::env::current_exe().expect("test executable");
     for prov in PROVIDERS {
-        let out = Command::new(&exe)
-            .args([
-                "--exact",
-                name,
-                "--include-ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD, prov)
-            .env("FI_PROVIDER", prov)
-            .envs(envs.iter().copied())
-            .env_remove("PCCL_FAULT")
-            .output()
-            .expect("spawn the test");
-        let text = String::from_utf8_lossy(&out.stdout).to_string()
-            + &String::from_utf8_lossy(&out.stderr);
-        for l in text.lines().filter(|l| l.starts_with("@@")) {
-            println!("{name} [{prov}]: {l}");
-        }
-        assert!(out.status.success(), "{name} on {prov} failed:\n{text}");
+        let mut all = vec![(CHILD, prov), ("FI_PROVIDER", prov)];
+        all.extend_from_slice(envs);
+        common::run_test_in_child(name, prov, &all);
     }
     false
 }
