@@ -10,7 +10,6 @@ use super::segments::{segments, total, zip_segments, Seg};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::plan::{Phase, Plan, Span, Step};
-use crate::transport::staging::Staging;
 use crate::transport::{SendOp, Tag, Transport};
 use std::time::Instant;
 
@@ -120,7 +119,6 @@ fn run_phase<T: Element>(
     } else {
         opt.tag
     };
-    let mut staging: Vec<Staging> = Vec::new();
     let mut sends: Vec<Box<dyn SendOp>> = Vec::new();
     let mut first_err: Option<Error> = None;
 
@@ -136,20 +134,13 @@ fn run_phase<T: Element>(
                 // and the plan never writes it during this phase; we wait for the send below.
                 unsafe { tr.isend_pieces(*peer, send_tag, ptr as *const u8, len * es, opt.piece) }
             } else {
-                let len = total(&segs);
-                let mut packed = Staging::take(len * es);
-                let dst = packed.elems_mut::<T>(len);
-                let mut at = 0;
+                let mut v = Vec::with_capacity(segs.len());
                 for s in &segs {
-                    // SAFETY: send sources are only read during the phase.
-                    dst[at..at + s.len].copy_from_slice(unsafe { mem.slice(s.buf, s.off, s.len) });
-                    at += s.len;
+                    v.push((mem.ptr_at(s.buf, s.off, s.len)? as *const u8, s.len * es));
                 }
-                let ptr = dst.as_ptr();
-                staging.push(packed);
-                // SAFETY: `packed` lives in `staging` (its heap block never moves) until the
-                // sends are waited for at the end of this function.
-                unsafe { tr.isend_pieces(*peer, send_tag, ptr as *const u8, len * es, opt.piece) }
+                // SAFETY: as above, for every segment: caller memory the phase only reads,
+                // waited for below.
+                unsafe { tr.isendv(*peer, send_tag, &v, opt.piece) }
             };
             match posted {
                 Ok(op) => sends.push(op),
@@ -189,7 +180,6 @@ fn run_phase<T: Element>(
             first_err.get_or_insert(e);
         }
     }
-    drop(staging);
     match first_err {
         Some(e) => Err(e),
         None => Ok(()),
@@ -243,30 +233,14 @@ fn recv_copy<T: Element>(
             deadline,
         );
     }
-    let mut pieces = Vec::with_capacity(segs.len());
-    let mut pos = 0;
+    let mut v = Vec::with_capacity(segs.len());
     for s in &segs {
-        pieces.push((pos, s.len, *s));
-        pos += s.len;
+        // SAFETY: as above: receive targets are exclusive to this step.
+        let d = unsafe { mem.slice_mut(s.buf, s.off, s.len) };
+        v.push((d.as_mut_ptr() as *mut u8, s.len * es));
     }
-    let mut tmp: Vec<T> = Vec::new();
-    tr.recv_pieces(
-        peer,
-        opt.tag,
-        pos * es,
-        opt.piece,
-        deadline,
-        &mut |off, bytes| {
-            let src: &[T] = match as_elems::<T>(bytes, &mut tmp) {
-                None => bytemuck::cast_slice(bytes),
-                Some(_) => &tmp,
-            };
-            for_overlaps(&pieces, off / es, src, |part, s, at| {
-                // SAFETY: as above: receive targets are exclusive to this step.
-                unsafe { mem.slice_mut(s.buf, s.off + at, part.len()) }.copy_from_slice(part);
-            });
-        },
-    )
+    // SAFETY: the segments are distinct blocks of caller memory, exclusive to this step.
+    unsafe { tr.recvv_into(peer, opt.tag, &v, opt.piece, deadline) }
 }
 
 fn recv_reduce<T: Element>(

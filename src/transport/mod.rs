@@ -23,6 +23,7 @@ pub mod ofi;
 
 use crate::error::{Error, Result};
 pub use faults::{Faults, Tag};
+use staging::Staging;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -195,6 +196,84 @@ pub trait Transport: Send + Sync {
         self.recv_into(peer, tag, dst, deadline)
     }
 
+    /// Whether [`Transport::isendv`] and [`Transport::recvv_into`] move the segments without
+    /// packing them through a staging buffer (the model charges the packing copy only for
+    /// transports that still pack). The defaults pack: false.
+    fn vectored(&self) -> bool {
+        false
+    }
+
+    /// Posts one message made of the byte segments `segs` laid end to end (a strided block
+    /// list), cut in pieces as [`Transport::isend_pieces`] cuts a contiguous one.
+    ///
+    /// **Wire contract:** a vectored message is byte for byte the message
+    /// [`Transport::isend_pieces`] would send for the segments packed into one buffer, so a
+    /// vectored send may be received with [`Transport::recv_pieces`] /
+    /// [`Transport::recv_into_pieces`] and a contiguous send with [`Transport::recvv_into`].
+    /// Zero-length segments are allowed and carry nothing.
+    ///
+    /// The default packs the segments into a reused staging buffer (held by the returned op)
+    /// and sends that; transports that can gather (threads, MPI derived datatypes) override it.
+    ///
+    /// # Safety
+    /// Every `(ptr, len)` of `segs` must address `len` readable host bytes (a null `ptr` only
+    /// with `len == 0`) that stay valid and unmodified until the returned op's `wait` has
+    /// returned (successfully or not); segments may lie in different allocations.
+    unsafe fn isendv(
+        &self,
+        peer: usize,
+        tag: Tag,
+        segs: &[(*const u8, usize)],
+        piece: Option<usize>,
+    ) -> Result<Box<dyn SendOp>> {
+        let len: usize = segs.iter().map(|s| s.1).sum();
+        let mut packed = Staging::take(len);
+        let dst = packed.bytes_mut();
+        let mut at = 0;
+        for &(p, n) in segs.iter().filter(|s| s.1 > 0) {
+            // SAFETY: the caller guarantees `n` readable bytes at `p`.
+            dst[at..at + n].copy_from_slice(unsafe { std::slice::from_raw_parts(p, n) });
+            at += n;
+        }
+        let ptr = dst.as_ptr();
+        // SAFETY: `packed` moves into the returned op (its heap block never moves) and is
+        // released only after the inner op, which is waited for (or dropped) first.
+        let op = unsafe { self.isend_pieces(peer, tag, ptr, len, piece) }?;
+        Ok(Box::new(PackedSend { op, _buf: packed }))
+    }
+
+    /// Receives the next message from `peer` (exactly the segments' total length, sent with
+    /// [`Transport::isendv`] or as one contiguous buffer with the same `piece`) scattered
+    /// into the byte segments `segs` in order. See [`Transport::isendv`] for the wire contract.
+    ///
+    /// The default scatters each received piece into the segments (one copy out of the
+    /// transport's pieces).
+    ///
+    /// # Safety
+    /// Every `(ptr, len)` of `segs` must address `len` writable host bytes (a null `ptr` only
+    /// with `len == 0`) that nothing else reads or writes during the call; segments must not
+    /// overlap.
+    unsafe fn recvv_into(
+        &self,
+        peer: usize,
+        tag: Tag,
+        segs: &[(*mut u8, usize)],
+        piece: Option<usize>,
+        deadline: Instant,
+    ) -> Result<()> {
+        let len: usize = segs.iter().map(|s| s.1).sum();
+        // Segment starts in message bytes, for the scatter.
+        let mut starts = Vec::with_capacity(segs.len());
+        let mut pos = 0;
+        for s in segs {
+            starts.push(pos);
+            pos += s.1;
+        }
+        self.recv_pieces(peer, tag, len, piece, deadline, &mut |off, bytes| {
+            scatter(segs, &starts, off, bytes)
+        })
+    }
+
     /// Whether [`Transport::isend_device`] and [`Transport::recv_device`] work: the transport
     /// reads and writes GPU memory itself (CUDA-aware MPI, thread-ranks in device mode), so
     /// device collectives can skip pinned host staging. Sub-communicators ([`Transport::subset`])
@@ -257,6 +336,40 @@ pub trait Transport: Send + Sync {
     /// the new rank order; this rank among them). `ctx` is a key every member computed the
     /// same way and no other live sub-communicator of the same parent shares.
     fn subset(&self, members: &[usize], ctx: u64) -> Result<Arc<dyn Transport>>;
+}
+
+/// A send through a packed staging buffer ([`Transport::isendv`]'s default): the buffer is
+/// released after the inner op (field order: `op` drops first).
+struct PackedSend {
+    op: Box<dyn SendOp>,
+    _buf: Staging,
+}
+
+impl SendOp for PackedSend {
+    fn wait(self: Box<Self>, deadline: Instant) -> Result<()> {
+        let PackedSend { op, _buf } = *self;
+        op.wait(deadline)
+    }
+}
+
+/// Copies `bytes` (message bytes `off..off + bytes.len()`) into the parts of `segs` they
+/// cover; `starts[i]` is segment `i`'s first message byte.
+pub(crate) fn scatter(segs: &[(*mut u8, usize)], starts: &[usize], off: usize, bytes: &[u8]) {
+    let end = off + bytes.len();
+    let first = starts.partition_point(|&s| s <= off).saturating_sub(1);
+    for (i, &(p, n)) in segs.iter().enumerate().skip(first) {
+        let (s0, s1) = (starts[i], starts[i] + n);
+        if s0 >= end {
+            break;
+        }
+        let (lo, hi) = (off.max(s0), end.min(s1));
+        if lo < hi {
+            // SAFETY: `recvv_into`'s caller guarantees `n` writable bytes at `p`, and
+            // `lo - s0 .. hi - s0` lies within them.
+            unsafe { std::slice::from_raw_parts_mut(p.add(lo - s0), hi - lo) }
+                .copy_from_slice(&bytes[lo - off..hi - off]);
+        }
+    }
 }
 
 /// A 64-bit FNV-1a hash, used for host-name node keys and sub-communicator contexts.

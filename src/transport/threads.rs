@@ -47,9 +47,39 @@ struct Envelope {
     tag: Tag,
     ptr: usize,
     len: usize,
+    /// A vectored send's host segments `(address, length)`, laid end to end (`len` bytes in
+    /// all; `ptr` unused); empty for a contiguous message at `ptr`.
+    segs: Vec<(usize, usize)>,
     /// `ptr` is a device address (sent by `isend_device`).
     device: bool,
     state: Arc<SendState>,
+}
+
+impl Envelope {
+    /// The message's host bytes as `(message offset, bytes)` parts, in order.
+    ///
+    /// # Safety
+    /// The envelope must be claimed (its sender cannot revoke it) and hold host memory; the
+    /// slices are valid until its state is set to DONE or DROPPED.
+    unsafe fn parts(&self) -> Vec<(usize, &[u8])> {
+        let mut out = Vec::with_capacity(self.segs.len().max(1));
+        if self.segs.is_empty() {
+            if self.len > 0 {
+                // SAFETY: as the caller guarantees: the sender's `len` bytes at `ptr`.
+                out.push((0, unsafe {
+                    std::slice::from_raw_parts(self.ptr as *const u8, self.len)
+                }));
+            }
+            return out;
+        }
+        let mut at = 0;
+        for &(p, n) in self.segs.iter().filter(|s| s.1 > 0) {
+            // SAFETY: as above: each of the sender's segments (`isendv`'s contract).
+            out.push((at, unsafe { std::slice::from_raw_parts(p as *const u8, n) }));
+            at += n;
+        }
+        out
+    }
 }
 
 #[derive(Default)]
@@ -282,6 +312,7 @@ impl ThreadTransport {
         tag: Tag,
         ptr: usize,
         len: usize,
+        segs: Vec<(usize, usize)>,
         device: bool,
     ) -> Result<Box<dyn SendOp>> {
         let dst = *self
@@ -295,6 +326,7 @@ impl ThreadTransport {
             tag,
             ptr,
             len,
+            segs,
             device,
             state: state.clone(),
         });
@@ -533,7 +565,46 @@ impl Transport for ThreadTransport {
         ptr: *const u8,
         len: usize,
     ) -> Result<Box<dyn SendOp>> {
-        self.post(peer, tag, ptr as usize, len, false)
+        self.post(peer, tag, ptr as usize, len, Vec::new(), false)
+    }
+
+    fn vectored(&self) -> bool {
+        true
+    }
+
+    /// Posts a descriptor of the segments: the receiver copies straight out of them (one copy
+    /// per byte, no packing).
+    unsafe fn isendv(
+        &self,
+        peer: usize,
+        tag: Tag,
+        segs: &[(*const u8, usize)],
+        _piece: Option<usize>,
+    ) -> Result<Box<dyn SendOp>> {
+        let len = segs.iter().map(|s| s.1).sum();
+        let v = segs.iter().map(|&(p, n)| (p as usize, n)).collect();
+        self.post(peer, tag, 0, len, v, false)
+    }
+
+    /// Copies straight from the sender's memory (contiguous or segments) into `segs`.
+    unsafe fn recvv_into(
+        &self,
+        peer: usize,
+        tag: Tag,
+        segs: &[(*mut u8, usize)],
+        _piece: Option<usize>,
+        deadline: Instant,
+    ) -> Result<()> {
+        let len: usize = segs.iter().map(|s| s.1).sum();
+        let mut starts = Vec::with_capacity(segs.len());
+        let mut pos = 0;
+        for s in segs {
+            starts.push(pos);
+            pos += s.1;
+        }
+        self.recv(peer, tag, len, deadline, &mut |off, bytes| {
+            super::scatter(segs, &starts, off, bytes)
+        })
     }
 
     fn recv(
@@ -547,11 +618,12 @@ impl Transport for ThreadTransport {
         let env = self.take(peer, tag, deadline)?;
         let mismatch = self.mismatch(&env, peer, tag, len, false);
         if mismatch.is_none() && len > 0 {
-            // SAFETY: the sender keeps these `len` bytes of host memory (`device` is false,
+            // SAFETY: the sender keeps its `len` bytes of host memory (`device` is false,
             // checked above) valid and unmodified until its send op completes, which happens
             // only at the `set(DONE)` below (it cannot revoke once the state is CLAIMED).
-            let bytes = unsafe { std::slice::from_raw_parts(env.ptr as *const u8, env.len) };
-            sink(0, bytes);
+            for (off, bytes) in unsafe { env.parts() } {
+                sink(off, bytes);
+            }
         }
         // A rejected message fails its sender too (not a silent success for it).
         env.state
@@ -576,7 +648,7 @@ impl Transport for ThreadTransport {
         self.device_mode()?;
         let addr = usize::try_from(ptr)
             .map_err(|_| Error::invalid(format!("device address {ptr:#x} does not fit")))?;
-        self.post(peer, tag, addr, len, true)
+        self.post(peer, tag, addr, len, Vec::new(), true)
     }
 
     unsafe fn recv_device(
