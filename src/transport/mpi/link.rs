@@ -37,7 +37,7 @@ use crate::error::{Error, Result};
 use crate::transport::faults::{self, Faults, Tag};
 use crate::transport::Notice;
 use mpi::ffi;
-pub use recv::{Dest, Direct, Staged};
+pub use recv::{Dest, Direct, Scattered, Staged};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -467,6 +467,21 @@ impl Core {
         Ok(req)
     }
 
+    /// Starts receiving the probed message scattered over `parts` (`(address, length)`,
+    /// exactly its size in all) with an hindexed datatype.
+    fn imrecv_gather(&self, mut msg: Probed, parts: &[(usize, usize)]) -> Result<Req> {
+        let ty = Gather::new(parts)?;
+        let mut req = Req(null_req());
+        // SAFETY: the type addresses exactly the parts' bytes relative to its base, which the
+        // caller keeps valid until the request ends; `msg` is a matched message of that size,
+        // ours to receive; MPI keeps the type alive while the request uses it.
+        let rc = call(|| unsafe {
+            ffi::MPI_Imrecv(ty.base as *mut _, 1, ty.ty, &mut msg.0, &mut req.0)
+        });
+        check(rc, "MPI_Imrecv (scattered)")?;
+        Ok(req)
+    }
+
     // ---- leftovers ------------------------------------------------------------------------
 
     /// Collective `seq` failed: its leftover messages are drained from now on.
@@ -725,6 +740,26 @@ impl Core {
         len: usize,
         chunk: usize,
     ) -> Result<MpiSend> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.isend_segs(peer, tag, &[(ptr, len)], chunk) }
+    }
+
+    /// [`Core::isend`] of the host segments `segs` laid end to end (one message on the wire,
+    /// byte for byte the packed one): a piece spanning several segments goes as one
+    /// `MPI_Isend` of an hindexed datatype over them, so MPI gathers the bytes itself.
+    ///
+    /// # Safety
+    /// Each segment as [`Core::isend`]'s buffer (`Transport::isendv`'s contract).
+    pub unsafe fn isend_segs(
+        self: &Arc<Self>,
+        peer: usize,
+        tag: Tag,
+        segs: &[(*const u8, usize)],
+        chunk: usize,
+    ) -> Result<MpiSend> {
+        let len: usize = segs.iter().map(|s| s.1).sum();
+        let addrs: Vec<(usize, usize)> = segs.iter().map(|&(p, n)| (p as usize, n)).collect();
+        let first = segs.first().map_or(std::ptr::null(), |s| s.0);
         if peer >= self.size {
             return Err(Error::invalid(format!("no rank {peer}")));
         }
@@ -742,11 +777,108 @@ impl Core {
         send.reqs.push(self.isend_bytes(hp, HEADER, peer, h)?);
         for k in 0..pieces(len, chunk) {
             let (off, m) = piece(len, chunk, k);
-            // `wrapping_add`: the address may be device memory, which Rust never reads.
-            let p = if m == 0 { ptr } else { ptr.wrapping_add(off) };
-            send.reqs.push(self.isend_bytes(p, m, peer, h + 1)?);
+            let parts = seg_parts(&addrs, off, m);
+            send.reqs.push(match parts.as_slice() {
+                // An empty message: one empty piece (the address is never read).
+                [] => self.isend_bytes(first, 0, peer, h + 1)?,
+                [(p, _)] => self.isend_bytes(*p as *const u8, m, peer, h + 1)?,
+                _ => {
+                    let ty = Gather::new(&parts)?;
+                    let mut req = Req(null_req());
+                    // SAFETY: the type addresses exactly the parts' bytes relative to its
+                    // base (the first part), which the caller keeps valid until the request
+                    // ends; MPI keeps a freed type alive while a request uses it.
+                    let rc = call(|| unsafe {
+                        ffi::MPI_Isend(
+                            ty.base as *const _,
+                            1,
+                            ty.ty,
+                            peer as i32,
+                            h + 1,
+                            self.comm,
+                            &mut req.0,
+                        )
+                    });
+                    check(rc, "MPI_Isend (gathered)")?;
+                    req
+                }
+            });
         }
         Ok(send)
+    }
+}
+
+/// The parts of `segs` (`(address, length)`, laid end to end) covering message bytes
+/// `off..off + m`; zero-length parts are left out. Addresses are plain numbers here.
+pub fn seg_parts(segs: &[(usize, usize)], off: usize, m: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let (lo, hi) = (off, off + m);
+    let mut pos = 0;
+    for &(p, n) in segs {
+        let (a, b) = (pos.max(lo), (pos + n).min(hi));
+        if a < b {
+            out.push((p.wrapping_add(a - pos), b - a));
+        }
+        pos += n;
+        if pos >= hi {
+            break;
+        }
+    }
+    out
+}
+
+/// A committed hindexed datatype of bytes over several `(address, length)` parts, with
+/// displacements relative to the first part's address (its `base`); freed when dropped
+/// (MPI keeps a freed type alive while requests use it).
+pub struct Gather {
+    /// The first part's address: the buffer argument to pass with the type.
+    pub base: usize,
+    /// The datatype.
+    pub ty: ffi::MPI_Datatype,
+}
+
+impl Gather {
+    /// The type of `parts` (two or more; each below 2^31 bytes).
+    pub fn new(parts: &[(usize, usize)]) -> Result<Gather> {
+        let base = parts.first().map_or(0, |p| p.0);
+        let mut lens = Vec::with_capacity(parts.len());
+        let mut disps: Vec<ffi::MPI_Aint> = Vec::with_capacity(parts.len());
+        for &(p, n) in parts {
+            lens.push(
+                i32::try_from(n)
+                    .map_err(|_| Error::internal(format!("a {n}-byte segment part")))?,
+            );
+            disps.push(p.wrapping_sub(base) as isize as ffi::MPI_Aint);
+        }
+        let count = i32::try_from(parts.len())
+            .map_err(|_| Error::internal("too many segments in one piece"))?;
+        // SAFETY: MPI writes the handle before any use.
+        let mut ty: ffi::MPI_Datatype = unsafe { std::mem::zeroed() };
+        // SAFETY: the arrays hold `count` entries and outlive the call.
+        let rc = call(|| unsafe {
+            ffi::MPI_Type_create_hindexed(
+                count,
+                lens.as_ptr(),
+                disps.as_ptr(),
+                ffi::RSMPI_UINT8_T,
+                &mut ty,
+            )
+        });
+        check(rc, "MPI_Type_create_hindexed")?;
+        let mut g = Gather { base, ty };
+        // SAFETY: committing the type just created.
+        check(
+            call(|| unsafe { ffi::MPI_Type_commit(&mut g.ty) }),
+            "MPI_Type_commit",
+        )?;
+        Ok(g)
+    }
+}
+
+impl Drop for Gather {
+    fn drop(&mut self) {
+        // SAFETY: our own type, freed once; pending requests keep it alive inside MPI.
+        call(|| unsafe { ffi::MPI_Type_free(&mut self.ty) });
     }
 }
 

@@ -43,7 +43,7 @@ use super::{fnv1a, hostname, Notice, SendOp, Tag, Transport};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 pub use link::unsettled;
-use link::{Core, Direct, MpiSend, Staged};
+use link::{Core, Direct, MpiSend, Scattered, Staged};
 use mpi::ffi;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -509,6 +509,38 @@ impl Transport for MpiTransport {
         let chunk = self.core.cut(piece);
         // SAFETY: `dst` is `dst.len()` writable bytes for the whole call.
         unsafe { self.recv_raw(peer, tag, dst.as_mut_ptr(), dst.len(), chunk, deadline) }
+    }
+
+    fn vectored(&self) -> bool {
+        true
+    }
+
+    unsafe fn isendv(
+        &self,
+        peer: usize,
+        tag: Tag,
+        segs: &[(*const u8, usize)],
+        piece: Option<usize>,
+    ) -> Result<Box<dyn SendOp>> {
+        // SAFETY: forwarded from the caller.
+        Ok(Box::new(unsafe {
+            self.core.isend_segs(peer, tag, segs, self.core.cut(piece))
+        }?))
+    }
+
+    unsafe fn recvv_into(
+        &self,
+        peer: usize,
+        tag: Tag,
+        segs: &[(*mut u8, usize)],
+        piece: Option<usize>,
+        deadline: Instant,
+    ) -> Result<()> {
+        let chunk = self.core.cut(piece);
+        let segs: Vec<(usize, usize)> = segs.iter().map(|&(p, n)| (p as usize, n)).collect();
+        let len = segs.iter().map(|s| s.1).sum();
+        let mut dest = Scattered { segs, len, chunk };
+        self.core.recv(peer, tag, len, chunk, deadline, &mut dest)
     }
 
     fn moves_device_memory(&self) -> bool {

@@ -1,7 +1,7 @@
 //! The receive side of the MPI link: the header and the first pieces posted at once, the
 //! header checked, the pieces taken in order (or thrown away when the header does not fit).
 
-use super::{count_of, piece, pieces, Core, Req, DEPTH, HEADER};
+use super::{count_of, piece, pieces, seg_parts, Core, Req, DEPTH, HEADER};
 use crate::error::{Error, Result};
 use crate::transport::faults::{self, Tag};
 use crate::transport::staging::Staging;
@@ -14,6 +14,12 @@ pub trait Dest {
     fn depth(&self) -> usize;
     /// The address piece `k` (of `m` bytes) is received at.
     fn slot(&mut self, k: usize, m: usize) -> *mut u8;
+    /// Where piece `k` (of `m` bytes) is received: `(address, length)` parts laid end to
+    /// end (several: one receive of an hindexed datatype scatters it). The default is the
+    /// one slot.
+    fn parts(&mut self, k: usize, m: usize) -> Vec<(usize, usize)> {
+        vec![(self.slot(k, m) as usize, m)]
+    }
     /// Piece `k` (`m` bytes at message offset `off`) has arrived at its slot.
     fn arrived(&mut self, k: usize, off: usize, m: usize);
     /// Gives up the slots' memory for good (MPI may still write it), if it is PCCL's own;
@@ -84,6 +90,38 @@ impl Dest for Direct {
         } else {
             self.base.wrapping_add(off)
         }
+    }
+    fn arrived(&mut self, _k: usize, _off: usize, _m: usize) {}
+    fn leak(&mut self) -> bool {
+        false
+    }
+}
+
+/// A receive scattered straight into the caller's host segments (`Transport::recvv_into`),
+/// every piece in flight at once: a piece spanning several segments is received through an
+/// hindexed datatype, so MPI scatters the bytes itself.
+pub struct Scattered {
+    /// The segments `(address, length)`, laid end to end.
+    pub segs: Vec<(usize, usize)>,
+    /// The message length (the segments' total).
+    pub len: usize,
+    /// Piece size.
+    pub chunk: usize,
+}
+
+impl Dest for Scattered {
+    fn depth(&self) -> usize {
+        pieces(self.len, self.chunk)
+    }
+    fn slot(&mut self, k: usize, m: usize) -> *mut u8 {
+        let (off, _) = piece(self.len, self.chunk, k);
+        seg_parts(&self.segs, off, m)
+            .first()
+            .map_or(std::ptr::null_mut(), |p| p.0 as *mut u8)
+    }
+    fn parts(&mut self, k: usize, m: usize) -> Vec<(usize, usize)> {
+        let (off, _) = piece(self.len, self.chunk, k);
+        seg_parts(&self.segs, off, m)
     }
     fn arrived(&mut self, _k: usize, _off: usize, _m: usize) {}
     fn leak(&mut self) -> bool {
@@ -227,7 +265,12 @@ impl Core {
                                 self.rank
                             )));
                         }
-                        reqs.push_back(self.imrecv(msg, dest.slot(matched, m), m)?);
+                        let parts = dest.parts(matched, m);
+                        reqs.push_back(match parts.as_slice() {
+                            [_, _, ..] => self.imrecv_gather(msg, &parts)?,
+                            [(p, _)] => self.imrecv(msg, *p as *mut u8, m)?,
+                            [] => self.imrecv(msg, dest.slot(matched, m), m)?,
+                        });
                         matched += 1;
                     }
                     let Some(r) = reqs.front_mut() else {
