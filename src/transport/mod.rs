@@ -196,13 +196,6 @@ pub trait Transport: Send + Sync {
         self.recv_into(peer, tag, dst, deadline)
     }
 
-    /// Whether [`Transport::isendv`] and [`Transport::recvv_into`] move the segments without
-    /// packing them through a staging buffer (the model charges the packing copy only for
-    /// transports that still pack). The defaults pack: false.
-    fn vectored(&self) -> bool {
-        false
-    }
-
     /// Posts one message made of the byte segments `segs` laid end to end (a strided block
     /// list), cut in pieces as [`Transport::isend_pieces`] cuts a contiguous one.
     ///
@@ -213,7 +206,8 @@ pub trait Transport: Send + Sync {
     /// Zero-length segments are allowed and carry nothing.
     ///
     /// The default packs the segments into a reused staging buffer (held by the returned op)
-    /// and sends that; transports that can gather (threads, MPI derived datatypes) override it.
+    /// and sends that; threads override it (the receiver copies out of the segments) and MPI
+    /// (pieces within one segment go as they are, only pieces over several are packed).
     ///
     /// # Safety
     /// Every `(ptr, len)` of `segs` must address `len` readable host bytes (a null `ptr` only

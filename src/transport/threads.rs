@@ -568,10 +568,6 @@ impl Transport for ThreadTransport {
         self.post(peer, tag, ptr as usize, len, Vec::new(), false)
     }
 
-    fn vectored(&self) -> bool {
-        true
-    }
-
     /// Posts a descriptor of the segments: the receiver copies straight out of them (one copy
     /// per byte, no packing).
     unsafe fn isendv(

@@ -511,10 +511,6 @@ impl Transport for MpiTransport {
         unsafe { self.recv_raw(peer, tag, dst.as_mut_ptr(), dst.len(), chunk, deadline) }
     }
 
-    fn vectored(&self) -> bool {
-        true
-    }
-
     unsafe fn isendv(
         &self,
         peer: usize,
@@ -537,10 +533,10 @@ impl Transport for MpiTransport {
         deadline: Instant,
     ) -> Result<()> {
         let chunk = self.core.cut(piece);
-        let segs: Vec<(usize, usize)> = segs.iter().map(|&(p, n)| (p as usize, n)).collect();
-        let len = segs.iter().map(|s| s.1).sum();
-        let mut dest = Scattered { segs, len, chunk };
-        self.core.recv(peer, tag, len, chunk, deadline, &mut dest)
+        let segs = segs.iter().map(|&(p, n)| (p as usize, n)).collect();
+        let mut dest = Scattered::new(segs, chunk);
+        self.core
+            .recv(peer, tag, dest.total(), chunk, deadline, &mut dest)
     }
 
     fn moves_device_memory(&self) -> bool {

@@ -14,12 +14,6 @@ pub trait Dest {
     fn depth(&self) -> usize;
     /// The address piece `k` (of `m` bytes) is received at.
     fn slot(&mut self, k: usize, m: usize) -> *mut u8;
-    /// Where piece `k` (of `m` bytes) is received: `(address, length)` parts laid end to
-    /// end (several: one receive of an hindexed datatype scatters it). The default is the
-    /// one slot.
-    fn parts(&mut self, k: usize, m: usize) -> Vec<(usize, usize)> {
-        vec![(self.slot(k, m) as usize, m)]
-    }
     /// Piece `k` (`m` bytes at message offset `off`) has arrived at its slot.
     fn arrived(&mut self, k: usize, off: usize, m: usize);
     /// Gives up the slots' memory for good (MPI may still write it), if it is PCCL's own;
@@ -97,16 +91,36 @@ impl Dest for Direct {
     }
 }
 
-/// A receive scattered straight into the caller's host segments (`Transport::recvv_into`),
-/// every piece in flight at once: a piece spanning several segments is received through an
-/// hindexed datatype, so MPI scatters the bytes itself.
+/// A receive into the caller's host segments (`Transport::recvv_into`), every piece in
+/// flight at once: a piece within one segment is received straight into it, a piece over
+/// several into a staging buffer scattered on arrival (as the sender packs it).
 pub struct Scattered {
     /// The segments `(address, length)`, laid end to end.
-    pub segs: Vec<(usize, usize)>,
+    segs: Vec<(usize, usize)>,
     /// The message length (the segments' total).
-    pub len: usize,
+    len: usize,
     /// Piece size.
-    pub chunk: usize,
+    chunk: usize,
+    /// Staging of the pieces over several segments, by piece index.
+    packed: Vec<Option<Staging>>,
+}
+
+impl Scattered {
+    /// A receive of the segments `segs` in `chunk`-byte pieces.
+    pub fn new(segs: Vec<(usize, usize)>, chunk: usize) -> Self {
+        let len = segs.iter().map(|s| s.1).sum();
+        Scattered {
+            packed: (0..pieces(len, chunk)).map(|_| None).collect(),
+            segs,
+            len,
+            chunk,
+        }
+    }
+
+    /// The message length (the segments' total).
+    pub fn total(&self) -> usize {
+        self.len
+    }
 }
 
 impl Dest for Scattered {
@@ -115,17 +129,30 @@ impl Dest for Scattered {
     }
     fn slot(&mut self, k: usize, m: usize) -> *mut u8 {
         let (off, _) = piece(self.len, self.chunk, k);
-        seg_parts(&self.segs, off, m)
-            .first()
-            .map_or(std::ptr::null_mut(), |p| p.0 as *mut u8)
+        match seg_parts(&self.segs, off, m).as_slice() {
+            [] => std::ptr::null_mut(),
+            [(p, _)] => *p as *mut u8,
+            _ => self.packed[k]
+                .get_or_insert_with(|| Staging::take(m))
+                .bytes_mut()
+                .as_mut_ptr(),
+        }
     }
-    fn parts(&mut self, k: usize, m: usize) -> Vec<(usize, usize)> {
-        let (off, _) = piece(self.len, self.chunk, k);
-        seg_parts(&self.segs, off, m)
+    fn arrived(&mut self, k: usize, off: usize, m: usize) {
+        let Some(b) = self.packed[k].take() else {
+            return;
+        };
+        let mut at = 0;
+        for (p, n) in seg_parts(&self.segs, off, m) {
+            // SAFETY: the caller's segment, writable and exclusive to this receive
+            // (`recvv_into`'s contract); `seg_parts` keeps within it.
+            unsafe { std::slice::from_raw_parts_mut(p as *mut u8, n) }
+                .copy_from_slice(&b.bytes()[at..at + n]);
+            at += n;
+        }
     }
-    fn arrived(&mut self, _k: usize, _off: usize, _m: usize) {}
     fn leak(&mut self) -> bool {
-        false
+        false // the caller's memory takes some pieces
     }
 }
 
@@ -265,12 +292,7 @@ impl Core {
                                 self.rank
                             )));
                         }
-                        let parts = dest.parts(matched, m);
-                        reqs.push_back(match parts.as_slice() {
-                            [_, _, ..] => self.imrecv_gather(msg, &parts)?,
-                            [(p, _)] => self.imrecv(msg, *p as *mut u8, m)?,
-                            [] => self.imrecv(msg, dest.slot(matched, m), m)?,
-                        });
+                        reqs.push_back(self.imrecv(msg, dest.slot(matched, m), m)?);
                         matched += 1;
                     }
                     let Some(r) = reqs.front_mut() else {
