@@ -438,3 +438,44 @@ fn spinning_ranks_past_the_cores_slow_every_host_byte_rate_by_their_share() {
         .seconds;
     close(t, 3.0 * (5e-6 + s / 10e9));
 }
+
+#[test]
+fn strided_sends_pay_the_packing_copy_only_where_the_transport_packs() {
+    use pccl::model::profile::Strided;
+    // Two nodes of two ranks: the hierarchy's inter-node step sends a node's blocks, strided
+    // in the output; packing them costs their bytes at `copy_gbps`.
+    let topo = Topology::uniform(4, 2);
+    let hier_rd = Algorithm::Hier {
+        inter: LevelAlgo::Rd,
+        intra: LevelAlgo::Rd,
+    };
+    let s = 1e6;
+    let mut p = net_only(1);
+    p.copy_gbps = 1.0;
+    let at = |strided, piece: usize| {
+        let mut q = p.clone();
+        q.strided = strided;
+        q.piece_bytes = piece;
+        both(&topo, &q, Job::new(AG, hier_rd, s))
+    };
+    let packed = at(Strided::Packed, 1 << 20);
+    let gathered = at(Strided::Gathered, 1 << 20);
+    assert!(
+        packed > gathered + 0.5 * s / 1e9,
+        "packing {s} B at 1 GB/s must cost: packed {packed}, gathered {gathered}"
+    );
+    // MPI: blocks of 1 MB are packed with pieces of 1 MiB (a piece spans two blocks), not
+    // with pieces of 512 KiB (every piece lies within one block).
+    close(at(Strided::PackedBelowPiece, 1 << 20), packed);
+    close(
+        at(Strided::PackedBelowPiece, 512 << 10),
+        at(Strided::Gathered, 512 << 10),
+    );
+    // Flat recursive doubling sends contiguous runs here: nothing changes.
+    let flat = |strided| {
+        let mut q = p.clone();
+        q.strided = strided;
+        both(&topo, &q, Job::new(AG, RD, s))
+    };
+    close(flat(Strided::Gathered), flat(Strided::Packed));
+}

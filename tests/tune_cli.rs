@@ -34,6 +34,8 @@ fn a_quick_thread_run_writes_a_valid_profile_with_memcpy_transfers() {
     assert_eq!(p.protocol.eager_bytes, 0, "no protocol step for threads");
     assert!(p.piece_overhead_us >= 0.0 && p.piece_overhead_us.is_finite());
     assert!(p.source.contains("per piece"), "{}", p.source);
+    // Thread ranks copy strided blocks straight out of the sender's: no packing copy.
+    assert_eq!(p.strided, pccl::model::profile::Strided::Gathered);
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -39,7 +39,7 @@ use clap::Parser;
 use half::{bf16, f16};
 use pccl::config::Config;
 use pccl::model::link_fit::{self, Sample};
-use pccl::model::profile::{CacheTier, Profile, Protocol};
+use pccl::model::profile::{CacheTier, Profile, Protocol, Strided};
 use pccl::{Algorithm, Communicator, Element, LevelAlgo, ReduceOp};
 use std::time::Instant;
 
@@ -556,6 +556,12 @@ fn main() {
     prof.intra.alpha_us = alpha * 1e6;
     prof.intra.bandwidth_gbps = beta_gbps;
     prof.intra.pair_bandwidth_gbps = beta_gbps;
+    // How the transport sends strided blocks (`Transport::isendv`): not measured, known.
+    prof.strided = match transport {
+        "threads" => Strided::Gathered,
+        "mpi" => Strided::PackedBelowPiece,
+        _ => Strided::Packed,
+    };
     if args.verbose && is_root {
         eprintln!("pccl-tune: 2-rank exchange, measured vs fitted (us):");
         for (t, &s) in pair.iter().zip(&sizes) {

@@ -93,7 +93,10 @@ pub fn schedule(topo: &Topology, job: &GoalJob<'_>) -> Result<(String, GoalStats
     }
     for r in 0..p {
         let plan = build(job.coll, job.algo, topo, r)?;
-        let mut rk = RankWriter::default();
+        let mut rk = RankWriter {
+            packs: job.prof.packs(bb as f64),
+            ..RankWriter::default()
+        };
         let _ = writeln!(out, "\nrank {r} {{");
         for (k, w) in of_plan(&plan).iter().enumerate() {
             rk.phase(&mut out, k, w, bb, piece, copy_ns, reduce_ns);
@@ -130,6 +133,8 @@ struct RankWriter {
     recvs: usize,
     calcs: usize,
     bytes: u64,
+    /// The transport packs this job's strided sends (`Profile::packs`).
+    packs: bool,
 }
 
 impl RankWriter {
@@ -156,7 +161,11 @@ impl RankWriter {
     ) {
         let mut ends = Vec::new();
         let ns = |bytes: u64, per: f64| (bytes as f64 * per).ceil() as u64;
-        let pack = w.packed_blocks() as u64 * bb;
+        let pack = if self.packs {
+            w.packed_blocks() as u64 * bb
+        } else {
+            0
+        };
         let packed = (pack > 0).then(|| {
             self.calcs += 1;
             self.op(out, format!("calc {}", ns(pack, copy_ns)), &[])

@@ -231,6 +231,24 @@ pub struct Profile {
     pub reduce_host_gbps: BTreeMap<String, f64>,
     /// The same on a GPU.
     pub reduce_device_gbps: BTreeMap<String, f64>,
+    /// Which strided (multi-block) sends the transport packs into one buffer first (a copy
+    /// the model charges at `copy_gbps`); see [`Strided`].
+    pub strided: Strided,
+}
+
+/// How a transport sends a message made of several blocks (`Transport::isendv`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Strided {
+    /// Every such message is packed first (TCP, libfabric; profiles written before
+    /// 2026-11-24).
+    #[default]
+    Packed,
+    /// Pieces within one block go as they are, pieces over several are packed (MPI): blocks
+    /// smaller than `piece_bytes` are packed.
+    PackedBelowPiece,
+    /// Never packed: the receiver copies out of the sender's blocks (thread ranks).
+    Gathered,
 }
 
 impl Default for Profile {
@@ -257,6 +275,7 @@ impl Default for Profile {
             piece_overhead_us: 0.0,
             piece_candidates: Vec::new(),
             nccl_ring: false,
+            strided: Strided::Packed,
             reduce_host_gbps: host,
             reduce_device_gbps: dev,
         }
@@ -491,6 +510,15 @@ impl Profile {
         o.per_message_us * (local_ranks as f64 / o.cores as f64 - 1.0) * 1e-6
     }
 
+    /// Whether a strided send of blocks of `block_bytes` is packed first ([`Strided`]).
+    pub fn packs(&self, block_bytes: f64) -> bool {
+        match self.strided {
+            Strided::Packed => true,
+            Strided::PackedBelowPiece => block_bytes < self.piece_bytes as f64,
+            Strided::Gathered => false,
+        }
+    }
+
     /// How many times slower every host byte rate (copies, transfers, reductions) runs when
     /// `local_ranks` ranks share one host's cores: `1 + rate_share × (k − 1)` with `k` ranks
     /// per core, `1` when they do not outnumber the cores. A rank copying shares its core
@@ -656,6 +684,17 @@ mod tests {
         let r = Profile::from_toml("[oversub]\ncores = 2\nrate_share = 1.5\n").unwrap();
         assert_eq!(r.oversub_slowdown(4), 2.5, "beyond the fair slices");
         assert!(Profile::from_toml("[oversub]\nrate_share = 4.5\n").is_err());
+        assert_eq!(
+            Profile::default().strided,
+            Strided::Packed,
+            "old profiles pack"
+        );
+        let g = Profile::from_toml("strided = \"gathered\"\n").unwrap();
+        assert!(!g.packs(1.0));
+        let m =
+            Profile::from_toml("strided = \"packed_below_piece\"\npiece_bytes = 1024\n").unwrap();
+        assert!(m.packs(1023.0) && !m.packs(1024.0));
+        assert!(Profile::from_toml("strided = \"sometimes\"\n").is_err());
         assert!(Profile::from_toml("[oversub]\nrate_share = -0.1\n").is_err());
     }
 }

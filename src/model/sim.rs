@@ -256,7 +256,12 @@ impl<'a> Cluster<'a> {
     /// Local time of a phase before its messages can move: packing, then copies.
     fn local(&self, w: &PhaseWork, bb: f64, speed: f64) -> (f64, f64) {
         let rate = self.prof.copy_gbps * 1e9 * speed;
-        let pack = w.packed_blocks() as f64 * bb / rate;
+        let packed = if self.prof.packs(bb) {
+            w.packed_blocks()
+        } else {
+            0
+        };
+        let pack = packed as f64 * bb / rate;
         (pack, pack + w.copy_blocks as f64 * bb / rate)
     }
 
@@ -600,7 +605,8 @@ impl Summary {
                 .iter()
                 .map(|l| {
                     let rate = cl.prof.copy_gbps * 1e9 * speed;
-                    let pack = l.packed as f64 * bb / rate;
+                    let packed = if cl.prof.packs(bb) { l.packed } else { 0 };
+                    let pack = packed as f64 * bb / rate;
                     (pack, pack + l.copy_blocks as f64 * bb / rate)
                 })
                 .collect();
