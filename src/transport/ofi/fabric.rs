@@ -271,7 +271,7 @@ pub fn providers() -> Vec<String> {
         .collect()
 }
 
-/// The domain the transport would open here and why, as [`open_endpoint`] chooses it
+/// The domain the transport would open here and why, chosen as when it opens its endpoint
 /// (without opening anything): `(domain, why)`, `None` for the provider's first.
 pub fn domain_choice() -> (Option<String>, String) {
     if let Some(d) = chosen_domain() {
