@@ -255,14 +255,7 @@ pub trait Transport: Send + Sync {
         piece: Option<usize>,
         deadline: Instant,
     ) -> Result<()> {
-        let len: usize = segs.iter().map(|s| s.1).sum();
-        // Segment starts in message bytes, for the scatter.
-        let mut starts = Vec::with_capacity(segs.len());
-        let mut pos = 0;
-        for s in segs {
-            starts.push(pos);
-            pos += s.1;
-        }
+        let (starts, len) = seg_starts(segs);
         self.recv_pieces(peer, tag, len, piece, deadline, &mut |off, bytes| {
             scatter(segs, &starts, off, bytes)
         })
@@ -344,6 +337,17 @@ impl SendOp for PackedSend {
         let PackedSend { op, _buf } = *self;
         op.wait(deadline)
     }
+}
+
+/// Each segment's first message byte, and the message length, of segments laid end to end.
+pub(crate) fn seg_starts(segs: &[(*mut u8, usize)]) -> (Vec<usize>, usize) {
+    let mut starts = Vec::with_capacity(segs.len());
+    let mut pos = 0;
+    for s in segs {
+        starts.push(pos);
+        pos += s.1;
+    }
+    (starts, pos)
 }
 
 /// Copies `bytes` (message bytes `off..off + bytes.len()`) into the parts of `segs` they

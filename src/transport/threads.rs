@@ -591,13 +591,7 @@ impl Transport for ThreadTransport {
         _piece: Option<usize>,
         deadline: Instant,
     ) -> Result<()> {
-        let len: usize = segs.iter().map(|s| s.1).sum();
-        let mut starts = Vec::with_capacity(segs.len());
-        let mut pos = 0;
-        for s in segs {
-            starts.push(pos);
-            pos += s.1;
-        }
+        let (starts, len) = super::seg_starts(segs);
         self.recv(peer, tag, len, deadline, &mut |off, bytes| {
             super::scatter(segs, &starts, off, bytes)
         })
