@@ -173,6 +173,11 @@ impl Drop for InfoList {
     }
 }
 
+/// How often an endpoint open refused with `EBUSY` is tried ([`Endpoint::open`]).
+const OPEN_TRIES: usize = 4;
+/// `FI_EBUSY` (= `EBUSY`), as libfabric returns it: negated.
+const EBUSY: i32 = 16;
+
 /// Eager limit set for rxm over tcp where the user set none ([`tune_rxm`]).
 pub const RXM_EAGER: usize = 256 << 10;
 
@@ -350,8 +355,19 @@ impl Endpoint {
         };
         let want_fd = wants_wait_fd(&caps.provider)?;
         let mut raw = RawEp::default();
-        // SAFETY: `entry` is a live fi_info of the list; `raw` receives the opened objects.
-        let ret = unsafe { sys::pccl_ofi_open(entry, &mut raw, i32::from(want_fd)) };
+        // A killed job's shm regions stay in /dev/shm named after its pids; a process that
+        // later gets such a pid has its first endpoint refused with EBUSY (shm takes the
+        // region for a live process's: its own), the stale file removed. Opening again
+        // succeeds; a few tries cover a process that inherits several such names.
+        let mut ret = 0;
+        for _ in 0..OPEN_TRIES {
+            // SAFETY: `entry` is a live fi_info of the list; `raw` receives the opened
+            // objects (on failure the shim has closed whatever it opened).
+            ret = unsafe { sys::pccl_ofi_open(entry, &mut raw, i32::from(want_fd)) };
+            if ret != -EBUSY {
+                break;
+            }
+        }
         sys::check(
             &format!(
                 "opening provider {} domain {} (fi_fabric/fi_domain/fi_endpoint)",
