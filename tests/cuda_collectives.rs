@@ -356,7 +356,7 @@ mod gpu {
                     NcclMode::On => {
                         let e = r.unwrap_err();
                         assert_eq!(e.kind(), ErrorKind::InvalidUsage, "{e}");
-                        assert!(e.message().contains("share GPU"), "{e}");
+                        assert!(e.message().contains("share one GPU"), "{e}");
                     }
                     _ => {
                         r.unwrap();

@@ -47,8 +47,9 @@ fn last_error(comm: pcclComm_t) -> String {
 /// Two thread ranks over the C ABI, each on its own fake GPU: a first all-reduce (which
 /// blocks, sizing the buffers), then one queued on a stream held shut by a gate of the test,
 /// with a device-to-host copy queued behind it; the stream is released only after the call
-/// returned, and the copy must then hold the sum.
-fn queued_on_a_held_stream(fault: Fault) -> Vec<Seen> {
+/// returned, and the copy must then hold the sum. With `shared`, both ranks use fake GPU 0
+/// and communicate over TCP (`pcclCommInitRank`), as two processes sharing a GPU would.
+fn queued_on_a_held_stream(fault: Fault, shared: bool) -> Vec<Seen> {
     let p = 2usize;
     let mut world: pcclThreadWorld_t = std::ptr::null_mut();
     // SAFETY: `world` is a writable handle.
@@ -57,6 +58,13 @@ fn queued_on_a_held_stream(fault: Fault) -> Vec<Seen> {
         pcclSuccess
     );
     let world_addr = world as usize;
+    let mut id = pcclUniqueId {
+        internal: [0; PCCL_UNIQUE_ID_BYTES],
+    };
+    if shared {
+        // SAFETY: `id` is a writable pcclUniqueId.
+        assert_eq!(unsafe { pcclGetUniqueId(&mut id) }, pcclSuccess);
+    }
     let barrier = std::sync::Barrier::new(p);
     let barrier = &barrier;
     let seen = std::thread::scope(|s| {
@@ -66,11 +74,19 @@ fn queued_on_a_held_stream(fault: Fault) -> Vec<Seen> {
                     let mut comm: pcclComm_t = std::ptr::null_mut();
                     // SAFETY: `comm` is a writable handle; the world lives until all joined.
                     let rc = unsafe {
-                        pcclCommInitThreads(&mut comm, world_addr as pcclThreadWorld_t, r as i32)
+                        if shared {
+                            pcclCommInitRank(&mut comm, p as i32, id, r as i32)
+                        } else {
+                            pcclCommInitThreads(
+                                &mut comm,
+                                world_addr as pcclThreadWorld_t,
+                                r as i32,
+                            )
+                        }
                     };
                     assert_eq!(rc, pcclSuccess);
                     assert_eq!(pcclCommSetDeviceRuntime(comm, pcclRuntimeHip), pcclSuccess);
-                    let dev = HipDevice::open(r).unwrap();
+                    let dev = HipDevice::open(if shared { 0 } else { r }).unwrap();
                     let x = vec![r as f32 + 1.0; N];
                     let mut sb = dev.upload(&x).unwrap();
                     let mut o = dev.alloc_zeroed(N * 4).unwrap();
@@ -188,7 +204,10 @@ fn a_hip_stream_collective_is_queued_without_blocking_the_caller() {
 }
 
 fn check_queued() {
-    for (r, s) in queued_on_a_held_stream(Fault::None).into_iter().enumerate() {
+    for (r, s) in queued_on_a_held_stream(Fault::None, false)
+        .into_iter()
+        .enumerate()
+    {
         assert!(
             s.untouched_while_held,
             "rank {r}: the copy queued after the collective ran before the stream was released"
@@ -217,6 +236,45 @@ fn child_queued_rccl() {
     }
 }
 
+/// Ranks of a communicator (not thread-ranks) sharing one GPU block instead of gating the
+/// caller's stream (PCCL_DEVICE_ASYNC unset): the call waits for the held stream (released
+/// by the watchdog after 3 s) and the result is exact.
+#[test]
+fn ranks_sharing_a_gpu_block_instead_of_gating_the_stream() {
+    if real_runtime() {
+        println!("skipped on the real ROCm runtime: two ranks of one process on GPU 0");
+        return;
+    }
+    with_fake_runtime(
+        "child_shared_gpu_blocks",
+        &[
+            ("PCCL_NCCL", "0"),
+            ("PCCL_DEVICE_RUNTIME", "cuda"),
+            ("PCCL_TIMEOUT", "30"),
+        ],
+    );
+}
+
+#[test]
+fn child_shared_gpu_blocks() {
+    if !is_child() {
+        return;
+    }
+    for (r, s) in queued_on_a_held_stream(Fault::None, true)
+        .into_iter()
+        .enumerate()
+    {
+        assert!(
+            s.call_time >= Duration::from_millis(2500),
+            "rank {r}: the call returned after {:?}, before its held stream was released: it \
+             was queued behind a gate although another rank uses the same GPU",
+            s.call_time
+        );
+        assert_eq!(s.sum, vec![21.0f32; N], "rank {r}");
+    }
+    println!("child-checked");
+}
+
 #[test]
 fn a_queued_collective_that_fails_fails_the_next_call_on_every_rank() {
     if real_runtime() {
@@ -230,7 +288,10 @@ fn a_queued_collective_that_fails_fails_the_next_call_on_every_rank() {
 /// Every rank's next call fails naming the earlier queued one (`every` in each message);
 /// rank `culprit`'s says why (`cause`).
 fn check_failure(fault: Fault, every: &str, culprit: usize, cause: &str) {
-    for (r, s) in queued_on_a_held_stream(fault).into_iter().enumerate() {
+    for (r, s) in queued_on_a_held_stream(fault, false)
+        .into_iter()
+        .enumerate()
+    {
         // The call was queued, and its stream released after the failure (the synchronise
         // above returned); the next call says what went wrong.
         let (rc, msg) = s.later.unwrap();

@@ -22,6 +22,9 @@ pub(crate) struct DeviceState<D: Device> {
     pub(crate) staging: Option<DeviceStaging<D>>,
     /// Whether the first device collective has decided on the vendor library's level yet.
     decided: bool,
+    /// Whether another rank of the communicator uses this rank's GPU (equal UUIDs), found
+    /// with the level decision: its collectives then block instead of gating the stream.
+    gpu_shared: bool,
     /// The NCCL-shaped intra-node level (NCCL or RCCL), when in use.
     pub(crate) level: Option<NcclLevel<D>>,
     /// Stream-ordered (enqueued) collectives: per device ordinal, the handle on PCCL's own
@@ -70,6 +73,7 @@ fn state_of<'a, D: Device>(slot: &'a mut DeviceGuard<'_>) -> Result<&'a mut Devi
         **slot = Some(Box::new(DeviceState::<D> {
             staging: None,
             decided: false,
+            gpu_shared: false,
             level: None,
             queues: Vec::new(),
             async_error: Arc::new(Mutex::new(None)),
@@ -141,16 +145,19 @@ impl Communicator {
         count: usize,
     ) -> Result<()> {
         let call = self.device_call::<T>(coll, send, recv, count)?;
-        self.decide_level(dev)?;
+        let gpu_shared = self.decide_level(dev)?;
         // Enqueueing makes the caller's stream wait on the host: device calls that
         // synchronise the context (page-locked allocations, stream creation) made by another
         // rank of the same process while that rank's progress depends on this one could then
         // wait forever, so thread-ranks sharing a process block unless asked
-        // (PCCL_DEVICE_ASYNC=1).
+        // (PCCL_DEVICE_ASYNC=1). Ranks of different processes sharing one GPU block too:
+        // there, FSDP2's interleaved shapes (a first-of-shape call allocating in one process
+        // while the other's stream waited on its gate) hung both (measured on an H200, 2
+        // processes; docs/DEVICE.md).
         let enqueue = match std::env::var("PCCL_DEVICE_ASYNC").as_deref().map(str::trim) {
             Ok("0") => false,
             Ok("1") => true,
-            _ => self.transport_name() != "threads",
+            _ => self.transport_name() != "threads" && !gpu_shared,
         };
         self.earlier_error::<D>()?;
         let blocking = |comm: &Communicator| {
@@ -265,17 +272,40 @@ impl Communicator {
     }
 
     /// On the first device collective, decides (collectively) whether the vendor's library
-    /// runs the intra-node level. Runs on the caller's thread: the decision takes host
-    /// collectives.
-    fn decide_level<D: Device>(&self, dev: &D) -> Result<()> {
+    /// runs the intra-node level, and learns whether another rank uses this rank's GPU (the
+    /// answer). Runs on the caller's thread: the decision takes host collectives.
+    fn decide_level<D: Device>(&self, dev: &D) -> Result<bool> {
         let (_, mut slot) = self.device_parts();
         let state = state_of::<D>(&mut slot)?;
         if !state.decided {
             self.wait_idle();
+            state.gpu_shared = self.gpu_sharer(dev)?.is_some();
             state.level = NcclLevel::setup(self, dev)?;
             state.decided = true;
         }
-        Ok(())
+        Ok(state.gpu_shared)
+    }
+
+    /// Collectively: the first other rank whose GPU has this rank's UUID, if any (`None`
+    /// also where a UUID cannot be read). Printed at `PCCL_DEBUG=INFO`.
+    fn gpu_sharer<D: Device>(&self, dev: &D) -> Result<Option<usize>> {
+        let (rank, p) = (self.rank(), self.size());
+        let uuid = dev.uuid().ok();
+        let u = uuid.unwrap_or([0; 16]);
+        let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+        let mine = [u64::from(uuid.is_some()), word(&u[..8]), word(&u[8..])];
+        let mut all = vec![0u64; 3 * p];
+        self.all_gather(&mine, &mut all)?;
+        let sharer = uuid.and((0..p).find(|&r| r != rank && all[3 * r..3 * r + 3] == mine));
+        if let Some(r) = sharer {
+            if self.config().debug >= DebugLevel::Info {
+                eprintln!(
+                    "PCCL INFO rank {rank}: device collectives block the caller (no stream \
+                     gate): rank {r} uses the same GPU; PCCL_DEVICE_ASYNC=1 queues them anyway"
+                );
+            }
+        }
+        Ok(sharer)
     }
 
     /// Runs a validated device collective with `tag`, on `dev`'s stream, to completion.
