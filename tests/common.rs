@@ -196,20 +196,26 @@ pub fn one_deadline(timeout: std::time::Duration) -> std::time::Duration {
     timeout + prompt(std::time::Duration::from_millis(500)).min(timeout.mul_f64(0.9))
 }
 
+/// A command running only test `name` of this test executable (ignored tests included,
+/// output not captured, one thread): a child process of the test.
+pub fn test_in_child(name: &str) -> std::process::Command {
+    let mut cmd = std::process::Command::new(std::env::current_exe().expect("test executable"));
+    cmd.args([
+        "--exact",
+        name,
+        "--include-ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    cmd
+}
+
 /// Runs test `name` of this test executable alone in a child process with `envs` set (and
 /// `PCCL_FAULT` cleared), printing the child's `@@` lines prefixed with `name [label]`; panics
 /// with the child's whole output if it fails. For settings a library reads once per process
 /// (libfabric's `FI_PROVIDER`).
 pub fn run_test_in_child(name: &str, label: &str, envs: &[(&str, &str)]) {
-    let exe = std::env::current_exe().expect("test executable");
-    let out = std::process::Command::new(exe)
-        .args([
-            "--exact",
-            name,
-            "--include-ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    let out = test_in_child(name)
         .envs(envs.iter().copied())
         .env_remove("PCCL_FAULT")
         .output()

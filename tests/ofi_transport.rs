@@ -496,17 +496,9 @@ fn kill_job(name: &str, pieces: usize) {
     let prov = std::env::var(CHILD).unwrap();
     let p = 4;
     let id = UniqueId::new(Duration::from_secs(30)).expect("rendezvous");
-    let exe = std::env::current_exe().unwrap();
     let mut kids: Vec<_> = (0..p)
         .map(|r| {
-            Command::new(&exe)
-                .args([
-                    "--exact",
-                    name,
-                    "--include-ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
+            common::test_in_child(name)
                 .env(CHILD, format!("{prov}|{r}|{p}|{}", hex(&id.to_bytes())))
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -594,19 +586,28 @@ fn play_kill(rank: usize, p: usize, id: &UniqueId, pieces: usize) {
             "round {k}"
         );
     }
+    // The victim dies only after every survivor finished the three rounds: its barrier
+    // returns once all ranks entered it. (Dying right after its own third round, it was
+    // sometimes seen by a survivor still in that round, which then failed as it should.)
+    // A survivor may see the death in the barrier itself.
+    let before = comm.barrier();
     if rank == VICTIM {
+        before.unwrap();
         std::process::abort(); // dies without a goodbye
     }
     let t0 = Instant::now();
-    let e = loop {
-        // A survivor may finish one more collective before the death shows.
-        if let Err(e) = comm.all_reduce(&inp, &mut out, ReduceOp::Sum) {
-            break e;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "rank {rank}: no error"
-        );
+    let e = match before {
+        Err(e) => e,
+        Ok(()) => loop {
+            // A survivor may finish one more collective before the death shows.
+            if let Err(e) = comm.all_reduce(&inp, &mut out, ReduceOp::Sum) {
+                break e;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "rank {rank}: no error"
+            );
+        },
     };
     let took = t0.elapsed();
     println!(
