@@ -13,7 +13,7 @@ use pccl::plan::{Algorithm, LevelAlgo};
 use pccl::transport::ofi::OfiTransport;
 use pccl::transport::tcp::UniqueId;
 use pccl::{Communicator, ErrorKind, ReduceOp};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
