@@ -151,9 +151,8 @@ impl Communicator {
         // rank of the same process while that rank's progress depends on this one could then
         // wait forever, so thread-ranks sharing a process block unless asked
         // (PCCL_DEVICE_ASYNC=1). Ranks of different processes sharing one GPU block too:
-        // there, FSDP2's interleaved shapes (a first-of-shape call allocating in one process
-        // while the other's stream waited on its gate) hung both (measured on an H200, 2
-        // processes; docs/DEVICE.md).
+        // FSDP2 with 2 processes on one H200 hung on the gates (an enqueued job's copy stream
+        // never finished; which wait closed the cycle is not established: docs/DEVICE.md).
         let enqueue = match std::env::var("PCCL_DEVICE_ASYNC").as_deref().map(str::trim) {
             Ok("0") => false,
             Ok("1") => true,
