@@ -252,6 +252,29 @@ fn engines_agree_on_the_overlapped_hierarchy_with_the_presets() {
     }
 }
 
+#[test]
+fn on_one_host_two_ranks_of_a_pretend_node_send_to_the_other_node_without_sharing_a_port() {
+    // 2 pretend nodes x 2 ranks on one host, one "NIC" of 10 GB/s in the profile, no bus
+    // limit: in the inter-node step of flat recursive doubling both ranks of a node send at
+    // once. Across real nodes they share the node's one NIC (each gets half); on one host
+    // they are two copies by two ranks (each at the full rate).
+    let mut p = net_only(1);
+    p.intra.alpha_us = 5.0;
+    p.intra.bandwidth_gbps = 10.0;
+    p.intra.pair_bandwidth_gbps = 10.0;
+    let s = 1e6;
+    let topo = Topology::uniform(4, 2);
+    // Step 1 (intra, one block), step 2 (inter, two blocks).
+    let apart = both(&topo, &p, Job::new(AG, RD, s));
+    close(apart, 5e-6 + s / 10e9 + 5e-6 + 2.0 * 2.0 * s / 10e9);
+    p.one_host = true;
+    let t = Cluster::new(&topo, &p)
+        .simulate(&Job::new(AG, RD, s), Engine::Events)
+        .unwrap()
+        .seconds;
+    close(t, 5e-6 + s / 10e9 + 5e-6 + 2.0 * s / 10e9);
+}
+
 /// A host profile with every byte rate finite (copies, links, reductions) and no latency.
 fn host_rates(scale: f64) -> Profile {
     let mut p = Profile {
@@ -478,4 +501,30 @@ fn strided_sends_pay_the_packing_copy_only_where_the_transport_packs() {
         both(&topo, &q, Job::new(AG, RD, s))
     };
     close(flat(Strided::Gathered), flat(Strided::Packed));
+}
+
+#[test]
+fn an_overlapped_hierarchys_pieces_pay_the_transports_cost_per_piece() {
+    // As above, with a transport that charges 3 µs for every extra piece a message is cut
+    // into (pccl-tune's `piece_overhead_us`): the whole-block plan pays nothing more; a plan
+    // cutting blocks into K pieces pays (1 − 1/K) × 3 µs on each of its messages, i.e. on the
+    // K inter-node phases and the last intra-node phase of its critical path.
+    let mut prof = net_only(2);
+    prof.intra.bandwidth_gbps = 20.0;
+    prof.intra.pair_bandwidth_gbps = 20.0;
+    let topo = Topology::uniform(4, 2);
+    let s = 8e6;
+    let mut cut = prof.clone();
+    cut.piece_overhead_us = 3.0;
+    close(
+        both(&topo, &cut, Job::new(AG, HIER, s)),
+        both(&topo, &prof, Job::new(AG, HIER, s)),
+    );
+    for k in [2usize, 4, 8] {
+        let algo = HIER.overlapped(k).unwrap();
+        let extra =
+            both(&topo, &cut, Job::new(AG, algo, s)) - both(&topo, &prof, Job::new(AG, algo, s));
+        let c = (1.0 - 1.0 / k as f64) * 3e-6;
+        close(extra, (k as f64 + 1.0) * c);
+    }
 }

@@ -621,7 +621,8 @@ fn main() {
     } else {
         prof.oversub.cores = ncores;
     }
-    // One host: the "inter-node" level of pretend nodes is the same memory.
+    // One host: the "inter-node" level of pretend nodes is the same memory (the simulator
+    // gives each rank its own port there, so `nics` does not matter).
     prof.inter.alpha_us = prof.intra.alpha_us;
     prof.inter.nic_bandwidth_gbps = beta_gbps;
     prof.inter.nics = 1;

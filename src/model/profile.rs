@@ -210,7 +210,9 @@ pub struct Profile {
     /// The eager/rendezvous step of the transport's messages (optional; off by default).
     pub protocol: Protocol,
     /// Every "node" is on one host (thread-ranks, or `PCCL_RANKS_PER_NODE` pretending): all
-    /// messages, between nodes too, share one memory bus (`intra.node_bandwidth_gbps`).
+    /// messages, between nodes too, share one memory bus (`intra.node_bandwidth_gbps`), and
+    /// no pretend node has a network port its ranks share (each rank sends at the inter
+    /// level's rate; `inter.nics` is not used).
     pub one_host: bool,
     /// Ranks per node the machine usually runs (one per GPU); `pccl-sim`'s default.
     pub ranks_per_node: usize,

@@ -90,13 +90,21 @@ pub struct Cluster<'a> {
 
 impl<'a> Cluster<'a> {
     /// The cluster of `topo` with `prof`'s links; without a NIC map in the topology the local
-    /// ranks are spread evenly over the profile's NICs.
+    /// ranks are spread evenly over the profile's NICs. On one host (`one_host`: pretend
+    /// nodes) every rank has a "NIC" of its own: a message between pretend nodes is a copy
+    /// its ranks make, like any other, and what such copies share is the host's memory bus
+    /// (the bus resource), not a network port. (One shared port per pretend node charged two
+    /// concurrent inter-node messages double: the model then put MPI's flat recursive
+    /// doubling at 2× its measured time on 4 ranks as 2 × 2 and picked rings 2× slower.)
     pub fn new(topo: &'a Topology, prof: &'a Profile) -> Self {
         let m = topo.nodes().iter().map(Vec::len).max().unwrap_or(1);
-        let nics = topo
-            .nic_map()
-            .cloned()
-            .unwrap_or_else(|| NicMap::even(m, prof.inter.nics));
+        let nics = if prof.one_host {
+            NicMap::even(m, m)
+        } else {
+            topo.nic_map()
+                .cloned()
+                .unwrap_or_else(|| NicMap::even(m, prof.inter.nics))
+        };
         // The ranks of one host: all of them when the "nodes" are pretend ones on one host.
         let local = if prof.one_host { topo.nranks() } else { m };
         Cluster {
@@ -235,7 +243,13 @@ impl<'a> Cluster<'a> {
         }
     }
 
-    fn alpha(&self, inter: bool, bytes: f64, nccl: bool) -> f64 {
+    /// Start-up time of one message of `bytes`: the level's latency, the transport's cost
+    /// per extra piece it cuts the message into, a rendezvous handshake, the oversubscription
+    /// term. `split`: the pieces the plan cuts each block into (an overlapped hierarchy): each
+    /// such message is one of `split` pieces of a block that would otherwise move whole, and
+    /// pays `(1 − 1/split)` of the per-piece cost `pccl-tune` measured (the same cost of
+    /// cutting a message, made by the plan instead of the transport).
+    fn alpha(&self, inter: bool, bytes: f64, nccl: bool, split: usize) -> f64 {
         if nccl {
             return 0.0; // paid once per hop, after the fact
         }
@@ -250,7 +264,10 @@ impl<'a> Cluster<'a> {
             .prof
             .rendezvous_seconds(bytes.min(self.prof.piece_bytes as f64));
         let handshake = if rdv > 0.0 { rdv + self.oversub } else { 0.0 };
-        (a + (pieces - 1.0) * self.prof.piece_overhead_us) * 1e-6 + self.oversub + handshake
+        let plan_cut = 1.0 - 1.0 / split.max(1) as f64;
+        (a + (pieces - 1.0 + plan_cut) * self.prof.piece_overhead_us) * 1e-6
+            + self.oversub
+            + handshake
     }
 
     /// Local time of a phase before its messages can move: packing, then copies.
@@ -296,7 +313,8 @@ impl<'a> Cluster<'a> {
             .map(|r| build(job.coll, job.algo, self.topo, r))
             .collect::<Result<_>>()?;
         // Plans of an overlapped hierarchy address pieces of blocks.
-        let bb = job.block_bytes / plans.first().map_or(1, |pl| pl.pieces) as f64;
+        let split = plans.first().map_or(1, |pl| pl.pieces);
+        let bb = job.block_bytes / split as f64;
         let work: Vec<Vec<PhaseWork>> = plans.iter().map(of_plan).collect();
         drop(plans);
         let nphases = work.first().map_or(0, Vec::len);
@@ -347,7 +365,7 @@ impl<'a> Cluster<'a> {
                             snd.blocks,
                             reduce,
                             nccl,
-                            bb,
+                            (bb, split),
                         );
                     } else {
                         sends
@@ -366,7 +384,16 @@ impl<'a> Cluster<'a> {
                             )));
                         }
                         let t = stt.max(now + local);
-                        self.post(&mut heap, &mut msgs, key, t, blocks, rcv.reduce, nccl, bb);
+                        self.post(
+                            &mut heap,
+                            &mut msgs,
+                            key,
+                            t,
+                            blocks,
+                            rcv.reduce,
+                            nccl,
+                            (bb, split),
+                        );
                     } else {
                         recvs
                             .entry(key)
@@ -462,7 +489,7 @@ impl<'a> Cluster<'a> {
         blocks: usize,
         reduce: bool,
         nccl: bool,
-        bb: f64,
+        (bb, split): (f64, usize),
     ) {
         let bytes = blocks as f64 * bb;
         let inter = self.topo.position(src).0 != self.topo.position(dst).0;
@@ -475,7 +502,7 @@ impl<'a> Cluster<'a> {
             t0: 0.0,
         });
         heap.push(Ev {
-            t: t + self.alpha(inter, bytes, nccl),
+            t: t + self.alpha(inter, bytes, nccl, split),
             what: What::Start(msgs.len() - 1),
         });
     }
@@ -614,7 +641,7 @@ impl Summary {
                 for &(same, lb, blocks) in &l.sends {
                     let bytes = blocks as f64 * bb;
                     let start = local[la].0.max(local.get(lb).map_or(0.0, |x| x.1))
-                        + cl.alpha(!same, bytes, nccl);
+                        + cl.alpha(!same, bytes, nccl, self.pieces);
                     sub.clear();
                     // Another node's receive side looks like node 0's (symmetry): one node.
                     cl.route(1, (0, la), (usize::from(!same), lb), nccl, &mut sub);
