@@ -374,7 +374,15 @@ impl Endpoint {
                 caps.provider, caps.domain
             ),
             i64::from(ret),
-        )?;
+        )
+        .map_err(|e| match ret {
+            r if r == -EBUSY => Error::system(format!(
+                "{} after {OPEN_TRIES} tries (on shm: regions of dead processes left in \
+                 /dev/shm can block new ones; remove /dev/shm/<pid>:* of jobs that ended)",
+                e.message()
+            )),
+            _ => e,
+        })?;
         let mut name = vec![0u8; 256];
         let mut len = name.len();
         // SAFETY: `raw` is open; `name` has `len` writable bytes.
