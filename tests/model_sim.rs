@@ -211,13 +211,21 @@ fn on_one_host_messages_between_pretend_nodes_share_the_memory_bus() {
     close(shared.seconds, 5e-6 + 2.0 * s / 10e9);
 }
 
+/// [`net_only`] with 2 NICs and intra-node links of 20 GB/s: on 2 nodes x 2 ranks with rings,
+/// the inter-node phase (one block at 10 GB/s) and the intra-node phase (two blocks at 20)
+/// take the same time.
+fn two_levels_in_step() -> Profile {
+    let mut prof = net_only(2);
+    prof.intra.bandwidth_gbps = 20.0;
+    prof.intra.pair_bandwidth_gbps = 20.0;
+    prof
+}
+
 #[test]
 fn overlapping_the_levels_pays_their_max_per_piece_not_their_sum() {
     // 2 nodes x 2 ranks, rings on both levels: one inter-node and one intra-node phase, each
     // moving s/K per piece in the same time (intra: 2 blocks at twice the bandwidth).
-    let mut prof = net_only(2);
-    prof.intra.bandwidth_gbps = 20.0;
-    prof.intra.pair_bandwidth_gbps = 20.0;
+    let prof = two_levels_in_step();
     let topo = Topology::uniform(4, 2);
     let s = 8e6;
     let plain = both(&topo, &prof, Job::new(AG, HIER, s));
@@ -505,13 +513,11 @@ fn strided_sends_pay_the_packing_copy_only_where_the_transport_packs() {
 
 #[test]
 fn an_overlapped_hierarchys_pieces_pay_the_transports_cost_per_piece() {
-    // As above, with a transport that charges 3 µs for every extra piece a message is cut
-    // into (pccl-tune's `piece_overhead_us`): the whole-block plan pays nothing more; a plan
+    // The shape of `overlapping_the_levels_pays_their_max_per_piece_not_their_sum`, with a
+    // transport that charges 3 µs for every extra piece a message is cut into (pccl-tune's `piece_overhead_us`): the whole-block plan pays nothing more; a plan
     // cutting blocks into K pieces pays (1 − 1/K) × 3 µs on each of its messages, i.e. on the
     // K inter-node phases and the last intra-node phase of its critical path.
-    let mut prof = net_only(2);
-    prof.intra.bandwidth_gbps = 20.0;
-    prof.intra.pair_bandwidth_gbps = 20.0;
+    let prof = two_levels_in_step();
     let topo = Topology::uniform(4, 2);
     let s = 8e6;
     let mut cut = prof.clone();

@@ -245,14 +245,12 @@ fn ranks_sharing_a_gpu_block_instead_of_gating_the_stream() {
         println!("skipped on the real ROCm runtime: two ranks of one process on GPU 0");
         return;
     }
-    with_fake_runtime(
-        "child_shared_gpu_blocks",
-        &[
-            ("PCCL_NCCL", "0"),
-            ("PCCL_DEVICE_RUNTIME", "cuda"),
-            ("PCCL_TIMEOUT", "30"),
-        ],
-    );
+    // The staged check's settings, with PCCL_DEVICE_ASYNC left to its default.
+    let env: Vec<_> = env_for(false)
+        .into_iter()
+        .filter(|(k, _)| *k != "PCCL_DEVICE_ASYNC")
+        .collect();
+    with_fake_runtime("child_shared_gpu_blocks", &env);
 }
 
 #[test]
