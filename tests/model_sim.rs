@@ -534,3 +534,31 @@ fn an_overlapped_hierarchys_pieces_pay_the_transports_cost_per_piece() {
         close(extra, (k as f64 + 1.0) * c);
     }
 }
+
+#[test]
+fn a_received_blocks_reduction_overlaps_its_transfer_as_the_transport_does() {
+    use pccl::model::profile::ReceiveReduce;
+    // Two ranks, one on each of two nodes: a reduce-scatter sends one block of `s` bytes each
+    // way (5 µs + s at 10 GB/s) and reduces it at 5 GB/s.
+    let topo = Topology::uniform(2, 1);
+    let s = 4e6;
+    let mut p = net_only(1);
+    p.reduce_host_gbps.insert("default".into(), 5.0);
+    p.piece_bytes = 1 << 20;
+    let at = |how| {
+        let mut q = p.clone();
+        q.receive_reduce = how;
+        both(&topo, &q, Job::new(RS, RING, s))
+    };
+    let (transfer, reduce) = (5e-6 + s / 10e9, s / 5e9);
+    // The receiver's core moves the bytes, then reduces them.
+    close(at(ReceiveReduce::After), transfer + reduce);
+    // One pass out of the sender's memory: the slower rate decides.
+    close(at(ReceiveReduce::Fused), 5e-6 + reduce);
+    // Piece by piece: between the two.
+    let pieces = at(ReceiveReduce::Pieces);
+    assert!(
+        pieces < at(ReceiveReduce::After) && pieces > at(ReceiveReduce::Fused),
+        "pieces {pieces}"
+    );
+}

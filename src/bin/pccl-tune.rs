@@ -10,11 +10,12 @@
 //!   says. `--cache-bytes` sets the size instead (`0`: no tier);
 //! * γ per dtype: the host reduction kernel (`a ⊕ b → c`, the executor's receive-reduce) on
 //!   16 MiB, in GB/s of output;
-//! * α, β, the transfers' share of the cache's gain and the eager/rendezvous step: a 2-rank
-//!   exchange (PCCL's all-gather, ring) at 1 KiB…64 MiB in 2× steps, less its local copy
-//!   (`s/(copy·f)`, `f` the cache tier's speed-up for the exchange's footprint, 2 ranks × 3 s),
-//!   fitted by [`pccl::model::link_fit`] (relative least squares, a step kept only where it
-//!   explains a jump: MPICH's shared-memory eager limit shows as +12 µs above 8–16 KiB);
+//! * α, β, the transfers' share of the cache's gain and the protocol's steps: a 2-rank
+//!   exchange (PCCL's all-gather, ring) at 1 KiB…64 MiB in 2× steps (1.5× up to 1 MiB), less
+//!   its local copy (`s/(copy·f)`, `f` the cache tier's speed-up for the exchange's
+//!   footprint, 2 ranks × 3 s), fitted by [`pccl::model::link_fit`] (relative least squares,
+//!   a step kept only where it explains a jump: under MPICH ch4/UCX the end of the 8 KiB
+//!   copy-in path shows as +3–5 µs above 8 KiB, the rendezvous as +15–60 µs above 64–256 KiB);
 //! * the cost of a piece: the 2-rank all-gather of 2 MiB sent whole and in 128 KiB pieces;
 //!   what the pieces cost beyond the model's prediction, per extra piece, is
 //!   `piece_overhead_us` (the tuner weighs it when it picks a call's piece size);
@@ -39,7 +40,7 @@ use clap::Parser;
 use half::{bf16, f16};
 use pccl::config::Config;
 use pccl::model::link_fit::{self, Sample};
-use pccl::model::profile::{CacheTier, Profile, Protocol, Strided};
+use pccl::model::profile::{CacheTier, Profile, Protocol, ReceiveReduce, Strided};
 use pccl::{Algorithm, Communicator, Element, LevelAlgo, ReduceOp};
 use std::time::Instant;
 
@@ -430,7 +431,14 @@ fn main() {
         fail("--ranks must be 2…8");
     }
     let reps = if args.quick { 3 } else { 9 };
-    let sizes: Vec<usize> = (10..=26).map(|k| 1usize << k).collect();
+    // 2× steps, with 1.5× steps in between up to 1 MiB, where protocols switch: two sizes on
+    // each side of a step pin it down (link_fit).
+    let sizes: Vec<usize> = (10..=26)
+        .flat_map(|k| {
+            let half = (k < 20).then_some(3usize << (k - 1));
+            std::iter::once(1usize << k).chain(half)
+        })
+        .collect();
     // The exchanges first, in a process as fresh as pccl-bench's: the sweeps below free
     // 128 MiB buffers, after which glibc serves every allocation up to 32 MiB from its heap
     // (its mmap threshold follows the largest freed chunk); a 2-rank exchange of 16–256 KiB
@@ -507,8 +515,8 @@ fn main() {
 
     // The exchange is a local copy and one message: t = s/(copy·f) + link(s), f the cache
     // tier's speed-up for its footprint (2 ranks × (input s + output 2s)). The message's
-    // part is fitted to α, β, the transfers' share of the cache's gain and an
-    // eager/rendezvous step (pccl::model::link_fit).
+    // part is fitted to α, β, the transfers' share of the cache's gain, an
+    // eager/rendezvous step and the small-message path's step (pccl::model::link_fit).
     let tier = prof.clone();
     let f = |s: f64, ranks: f64| tier.cache_speedup(ranks * (ranks + 1.0) * s);
     let hit = |ws: f64| tier.cache_hit(ws);
@@ -542,6 +550,8 @@ fn main() {
                 eager_bytes: lf.eager_bytes,
                 rendezvous_us: lf.rendezvous * 1e6,
                 eager_slowdown: lf.eager_slowdown.clamp(1.0, 100.0),
+                small_bytes: lf.small_bytes,
+                small_step_us: lf.small_step * 1e6,
             };
             (lf.alpha, lf.beta / 1e9)
         }
@@ -561,6 +571,12 @@ fn main() {
         "threads" => Strided::Gathered,
         "mpi" => Strided::PackedBelowPiece,
         _ => Strided::Packed,
+    };
+    // How a received block meets its reduction: also known, not measured.
+    prof.receive_reduce = match transport {
+        "threads" => ReceiveReduce::Fused,
+        "mpi" => ReceiveReduce::After,
+        _ => ReceiveReduce::Pieces,
     };
     if args.verbose && is_root {
         eprintln!("pccl-tune: 2-rank exchange, measured vs fitted (us):");
@@ -596,6 +612,12 @@ fn main() {
         notes.push_str(&format!(
             ", +{:.1} us above {} B (rendezvous), eager bytes {:.2}x slower",
             prof.protocol.rendezvous_us, prof.protocol.eager_bytes, prof.protocol.eager_slowdown
+        ));
+    }
+    if prof.protocol.small_bytes > 0 {
+        notes.push_str(&format!(
+            ", +{:.1} us above {} B (small-message path)",
+            prof.protocol.small_step_us, prof.protocol.small_bytes
         ));
     }
     if let Some((p, t)) = concurrent {

@@ -1,21 +1,24 @@
 //! A transport's message curve fitted to the model's link terms (what `pccl-tune` does with
 //! its 2-rank exchange): the latency α, memory's transfer rate β, the share of the cache's
-//! gain that transfers get ([`CacheTier::link_share`](super::profile::CacheTier)), and an
-//! eager/rendezvous step ([`Protocol`](super::profile::Protocol)).
+//! gain that transfers get ([`CacheTier::link_share`](super::profile::CacheTier)), an
+//! eager/rendezvous step and a lower step where the small-message path ends
+//! ([`Protocol`](super::profile::Protocol)).
 //!
 //! The model of one message of `s` bytes, `h` of them served from the cache:
 //!
 //! ```text
-//! t(s) = α + [s > E]·r + ([s ≤ E]·(d − 1) + 1)·s·(h / (1 + σ·(c − 1)) + 1 − h) / β
+//! t(s) = α + [s > S]·q + [s > E]·r + ([s ≤ E]·(d − 1) + 1)·s·(h / (1 + σ·(c − 1)) + 1 − h) / β
 //! ```
 //!
-//! with `c` the cache's copy speed-up over memory, σ the transfers' share of it, and d ≥ 1 the
+//! with `c` the cache's copy speed-up over memory, σ the transfers' share of it, d ≥ 1 the
 //! eager bytes' slowdown (MPICH copies them through shared cells; its rendezvous reads the
-//! sender's buffer once). For each σ
-//! on a grid and each step E between two measured sizes (or none), (α, r, 1/β, (d−1)/β) are linear: a
-//! least-squares fit of the *relative* error (every size counts alike, as the model is judged
-//! by ratios); the fit kept is the one with the smallest squared log error. A step is kept
-//! only when it cuts that error by [`STEP_GAIN`]: noise alone rarely does.
+//! sender's buffer once), and q the step above the small-message path (UCX's 8 KiB copy-in
+//! segment under MPICH ch4 on the test VM: 8 KiB took 3.5 µs, 16 KiB 8.0 µs, 32 KiB 11.2 µs).
+//! For each σ on a grid and each placement of the steps between measured sizes (none, E
+//! alone, or S below E), (α, 1/β, q, r, (d−1)/β) are linear: a least-squares fit of the
+//! *relative* error (every size counts alike, as the model is judged by ratios); the fit kept
+//! is the one with the smallest squared log error. Each step is kept only when it cuts that
+//! error by [`STEP_GAIN`]: noise alone rarely does.
 
 /// One size of the exchange.
 #[derive(Clone, Copy, Debug)]
@@ -44,6 +47,11 @@ pub struct LinkFit {
     /// How many times longer an eager message's bytes take than a rendezvous message's (≥ 1;
     /// 1 without a step).
     pub eager_slowdown: f64,
+    /// Messages above this many bytes (below `eager_bytes`) leave the small-message path and
+    /// pay [`Self::small_step`]; 0 for no such step.
+    pub small_bytes: usize,
+    /// Extra latency above the small-message path (seconds).
+    pub small_step: f64,
     /// Median of |log(model / measured)| over the samples.
     pub typical_error: f64,
 }
@@ -51,18 +59,28 @@ pub struct LinkFit {
 /// A step is kept only when it cuts the squared log error by this factor or more.
 pub const STEP_GAIN: f64 = 0.7;
 
+/// The largest eager limit looked for (bytes). MPI libraries' limits lie from a few KiB to
+/// a few hundred (MPICH ch3 64 KiB, Open MPI's shared memory 4–32 KiB, libfabric rxm
+/// 16 KiB); a step in the curve above this one is the cache running out, not a protocol.
+pub const MAX_EAGER: usize = 512 << 10;
+
+/// The largest small-message path looked for (bytes): MPICH ch3's fastbox, UCX's copy-in
+/// segment and Open MPI's fast boxes hold a few KiB.
+pub const MAX_SMALL: usize = 64 << 10;
+
 /// Solves the small dense system `m x = v` (Gaussian elimination, partial pivoting); `None`
 /// when it is singular.
-fn solve<const N: usize>(mut m: [[f64; N]; N], mut v: [f64; N]) -> Option<[f64; N]> {
-    for c in 0..N {
-        let piv = (c..N).max_by(|&a, &b| m[a][c].abs().total_cmp(&m[b][c].abs()))?;
+fn solve(mut m: Vec<Vec<f64>>, mut v: Vec<f64>) -> Option<Vec<f64>> {
+    let n = v.len();
+    for c in 0..n {
+        let piv = (c..n).max_by(|&a, &b| m[a][c].abs().total_cmp(&m[b][c].abs()))?;
         if m[piv][c].abs() < 1e-300 {
             return None;
         }
         m.swap(c, piv);
         v.swap(c, piv);
-        let pivot_row = m[c];
-        for r in c + 1..N {
+        let pivot_row = m[c].clone();
+        for r in c + 1..n {
             let f = m[r][c] / pivot_row[c];
             for (x, p) in m[r].iter_mut().zip(pivot_row.iter()).skip(c) {
                 *x -= f * p;
@@ -70,22 +88,23 @@ fn solve<const N: usize>(mut m: [[f64; N]; N], mut v: [f64; N]) -> Option<[f64; 
             v[r] -= f * v[c];
         }
     }
-    let mut x = [0.0; N];
-    for c in (0..N).rev() {
-        let s: f64 = (c + 1..N).map(|k| m[c][k] * x[k]).sum();
+    let mut x = vec![0.0; n];
+    for c in (0..n).rev() {
+        let s: f64 = (c + 1..n).map(|k| m[c][k] * x[k]).sum();
         x[c] = (v[c] - s) / m[c][c];
     }
     x.iter().all(|v| v.is_finite()).then_some(x)
 }
 
-/// Least squares of `Σ (row·x / y − 1)²` over `rows` (each with its `y`).
-fn weighted<const N: usize>(rows: &[([f64; N], f64)]) -> Option<[f64; N]> {
-    let mut m = [[0.0; N]; N];
-    let mut v = [0.0; N];
+/// Least squares of `Σ (row·x / y − 1)²` over `rows` (each with its `y`, all rows as long).
+fn weighted(rows: &[(Vec<f64>, f64)]) -> Option<Vec<f64>> {
+    let n = rows.first()?.0.len();
+    let mut m = vec![vec![0.0; n]; n];
+    let mut v = vec![0.0; n];
     for (row, y) in rows {
         let a: Vec<f64> = row.iter().map(|x| x / y).collect();
-        for i in 0..N {
-            for j in 0..N {
+        for i in 0..n {
+            for j in 0..n {
                 m[i][j] += a[i] * a[j];
             }
             v[i] += a[i];
@@ -94,54 +113,106 @@ fn weighted<const N: usize>(rows: &[([f64; N], f64)]) -> Option<[f64; N]> {
     solve(m, v)
 }
 
-/// One candidate: the terms for share `sigma` and step `step` (index of the last sample
-/// below it), with its squared log error; `None` where the fit is not physical.
-fn candidate(s: &[Sample], ratio: f64, sigma: f64, step: Option<usize>) -> Option<(f64, LinkFit)> {
-    let rl = 1.0 + sigma * (ratio - 1.0);
-    let per_byte = |x: &Sample| x.bytes * (x.hit / rl + 1.0 - x.hit);
-    let (alpha, inv_beta, rdv, extra) = match step {
-        None => {
-            let rows: Vec<([f64; 2], f64)> =
-                s.iter().map(|x| ([1.0, per_byte(x)], x.seconds)).collect();
-            let [a, b] = weighted(&rows)?;
-            (a, b, 0.0, 0.0)
-        }
-        Some(k) => {
-            let above = |i: usize| f64::from(u8::from(i > k));
-            let rows: Vec<([f64; 4], f64)> = s
-                .iter()
-                .enumerate()
-                .map(|(i, x)| {
-                    let pb = per_byte(x);
-                    ([1.0, pb, above(i), pb * (1.0 - above(i))], x.seconds)
-                })
-                .collect();
-            match weighted(&rows) {
-                Some([a, b, r, e]) if e >= 0.0 => (a, b, r, e),
-                // Eager bytes no slower than rendezvous ones: the step alone.
-                _ => {
-                    let rows: Vec<([f64; 3], f64)> = s
-                        .iter()
-                        .enumerate()
-                        .map(|(i, x)| ([1.0, per_byte(x), above(i)], x.seconds))
-                        .collect();
-                    let [a, b, r] = weighted(&rows)?;
-                    (a, b, r, 0.0)
+/// Where a candidate puts its steps: the index of the last sample at or below each limit.
+#[derive(Clone, Copy, Debug, Default)]
+struct Steps {
+    /// The small-message path's limit (a latency step, no change of rate).
+    small: Option<usize>,
+    /// The eager limit (a latency step; eager bytes may be slower).
+    eager: Option<usize>,
+}
+
+/// The fitted terms of one candidate, in the order of [`candidate`]'s columns.
+struct Terms {
+    alpha: f64,
+    inv_beta: f64,
+    small: f64,
+    rdv: f64,
+    extra: f64,
+}
+
+/// Fits the columns `[1, per byte, above small?, above eager?, eager bytes?]` (those the
+/// steps have); with an eager step, first with the eager bytes' own rate and, when that
+/// comes out faster than the rendezvous rate, without it.
+fn fit_terms(s: &[Sample], per_byte: &dyn Fn(&Sample) -> f64, st: Steps) -> Option<Terms> {
+    let above = |k: Option<usize>, i: usize| k.is_some_and(|k| i > k);
+    let rows = |slowdown: bool| -> Vec<(Vec<f64>, f64)> {
+        s.iter()
+            .enumerate()
+            .map(|(i, x)| {
+                let pb = per_byte(x);
+                let mut row = vec![1.0, pb];
+                if st.small.is_some() {
+                    row.push(f64::from(u8::from(above(st.small, i))));
                 }
+                if st.eager.is_some() {
+                    let up = f64::from(u8::from(above(st.eager, i)));
+                    row.push(up);
+                    if slowdown {
+                        row.push(pb * (1.0 - up));
+                    }
+                }
+                (row, x.seconds)
+            })
+            .collect()
+    };
+    let unpack = |x: Vec<f64>| {
+        let mut it = x.into_iter();
+        let alpha = it.next()?;
+        let inv_beta = it.next()?;
+        let small = if st.small.is_some() { it.next()? } else { 0.0 };
+        let rdv = if st.eager.is_some() { it.next()? } else { 0.0 };
+        let extra = it.next().unwrap_or(0.0);
+        Some(Terms {
+            alpha,
+            inv_beta,
+            small,
+            rdv,
+            extra,
+        })
+    };
+    if st.eager.is_some() {
+        if let Some(t) = weighted(&rows(true)).and_then(unpack) {
+            if t.extra >= 0.0 {
+                return Some(t);
             }
         }
-    };
-    if alpha <= 0.0 || inv_beta <= 0.0 || rdv < 0.0 {
+    }
+    weighted(&rows(false)).and_then(unpack)
+}
+
+/// One candidate: the terms for share `sigma` and the steps `st`, with its squared log
+/// error; `None` where the fit is not physical.
+fn candidate(s: &[Sample], ratio: f64, sigma: f64, st: Steps) -> Option<(f64, LinkFit)> {
+    let rl = 1.0 + sigma * (ratio - 1.0);
+    let per_byte = |x: &Sample| x.bytes * (x.hit / rl + 1.0 - x.hit);
+    let t = fit_terms(s, &per_byte, st)?;
+    if t.alpha <= 0.0 || t.inv_beta <= 0.0 || t.rdv < 0.0 || t.small < 0.0 {
         return None;
     }
-    let eager = step.map_or(0, |k| s[k].bytes as usize);
+    // A handshake is a round or two of small messages: a step longer than twice the message's
+    // own time at it is a change of rate (the cache running out), not a protocol.
+    let at = |k: Option<usize>| k.map_or(f64::INFINITY, |k| 2.0 * s[k].seconds);
+    if t.rdv > at(st.eager) || t.small > at(st.small) {
+        return None;
+    }
+    let limit = |k: Option<usize>| k.map_or(0, |k| s[k].bytes as usize);
+    let above = |k: Option<usize>, i: usize| k.is_some_and(|k| i > k);
     let mut logs: Vec<f64> = s
         .iter()
         .enumerate()
         .map(|(i, x)| {
-            let above = step.is_some_and(|k| i > k);
-            let t = alpha + per_byte(x) * inv_beta + if above { rdv } else { per_byte(x) * extra };
-            (t / x.seconds).ln()
+            let pb = per_byte(x);
+            let mut m = t.alpha + pb * t.inv_beta;
+            if above(st.small, i) {
+                m += t.small;
+            }
+            m += if above(st.eager, i) {
+                t.rdv
+            } else {
+                pb * t.extra
+            };
+            (m / x.seconds).ln()
         })
         .collect();
     let err: f64 = logs.iter().map(|l| l * l).sum();
@@ -150,12 +221,14 @@ fn candidate(s: &[Sample], ratio: f64, sigma: f64, step: Option<usize>) -> Optio
     Some((
         err,
         LinkFit {
-            alpha,
-            beta: 1.0 / inv_beta,
+            alpha: t.alpha,
+            beta: 1.0 / t.inv_beta,
             link_share: sigma,
-            eager_bytes: eager,
-            rendezvous: rdv,
-            eager_slowdown: 1.0 + extra / inv_beta,
+            eager_bytes: limit(st.eager),
+            rendezvous: t.rdv,
+            eager_slowdown: 1.0 + t.extra / t.inv_beta,
+            small_bytes: limit(st.small),
+            small_step: t.small,
             typical_error: logs[logs.len() / 2],
         },
     ))
@@ -165,7 +238,9 @@ fn candidate(s: &[Sample], ratio: f64, sigma: f64, step: Option<usize>) -> Optio
 /// `cache_ratio` is the cache's copy rate over memory's (≤ 1: no tier, the share is moot and
 /// reported as 1); `step`: whether the transport has an eager/rendezvous protocol to look
 /// for (MPI; not PCCL's own threads and TCP transports, whose curve's bumps are the host's
-/// `memcpy` quirks, not a protocol). `None` when no candidate fits with positive α and β.
+/// `memcpy` quirks, not a protocol), at most [`MAX_EAGER`]. With `step`, a second, lower step
+/// (the small-message path's limit, at most [`MAX_SMALL`]) is kept only when it cuts the
+/// error of the fit kept before by [`STEP_GAIN`] again. `None` when no candidate fits with positive α and β.
 pub fn fit(samples: &[Sample], cache_ratio: f64, step: bool) -> Option<LinkFit> {
     let s: Vec<Sample> = samples
         .iter()
@@ -181,11 +256,10 @@ pub fn fit(samples: &[Sample], cache_ratio: f64, step: bool) -> Option<LinkFit> 
     } else {
         vec![1.0]
     };
-    let best_of = |steps: &mut dyn Iterator<Item = Option<usize>>| {
-        let steps: Vec<Option<usize>> = steps.collect();
+    let best_of = |steps: &[Steps]| {
         let mut best: Option<(f64, LinkFit)> = None;
         for &sigma in &sigmas {
-            for &k in &steps {
+            for &k in steps {
                 if let Some(c) = candidate(&s, cache_ratio.max(1.0), sigma, k) {
                     if best.as_ref().is_none_or(|b| c.0 < b.0) {
                         best = Some(c);
@@ -195,16 +269,45 @@ pub fn fit(samples: &[Sample], cache_ratio: f64, step: bool) -> Option<LinkFit> 
         }
         best
     };
-    // A step needs two sizes on each side.
+    // A step needs two sizes on each side (and between two steps).
     let n = s.len();
-    let flat = best_of(&mut std::iter::once(None));
-    let last = if step { n.saturating_sub(2) } else { 1 };
-    let stepped = best_of(&mut (1..last).map(Some));
-    match (flat, stepped) {
-        (Some(f), Some(st)) if st.0 <= STEP_GAIN * f.0 => Some(st.1),
-        (None, Some(st)) => Some(st.1),
-        (f, _) => f.map(|f| f.1),
+    let mut kept = best_of(&[Steps::default()]);
+    if !step {
+        return kept.map(|k| k.1);
     }
+    let last = n.saturating_sub(2);
+    let under = |k: &usize, max: usize| s[*k].bytes <= max as f64;
+    let one: Vec<Steps> = (1..last)
+        .filter(|k| under(k, MAX_EAGER))
+        .map(|k| Steps {
+            eager: Some(k),
+            ..Steps::default()
+        })
+        .collect();
+    let two: Vec<Steps> = (1..last)
+        .filter(|j| under(j, MAX_SMALL))
+        .flat_map(|j| {
+            (j + 2..last)
+                .filter(move |k| under(k, MAX_EAGER))
+                .map(move |k| Steps {
+                    small: Some(j),
+                    eager: Some(k),
+                })
+        })
+        .collect();
+    // A fit already exact to 0.01% per size needs no further step.
+    let exact = n as f64 * 1e-8;
+    for steps in [one, two] {
+        if let Some(c) = best_of(&steps) {
+            if kept
+                .as_ref()
+                .is_none_or(|k| k.0 > exact && c.0 <= STEP_GAIN * k.0)
+            {
+                kept = Some(c);
+            }
+        }
+    }
+    kept.map(|k| k.1)
 }
 
 /// The latency α alone, for a transport whose transfer *is* a `memcpy` (PCCL's thread ranks:
@@ -243,6 +346,8 @@ pub fn fit_latency(samples: &[Sample], beta: f64, cache_ratio: f64) -> Option<Li
         eager_bytes: 0,
         rendezvous: 0.0,
         eager_slowdown: 1.0,
+        small_bytes: 0,
+        small_step: 0.0,
         typical_error: errs[errs.len() / 2],
     })
 }
@@ -264,7 +369,9 @@ mod tests {
                 let hit = (CACHE / (6.0 * bytes)).min(1.0);
                 let rl = 1.0 + f.link_share * (RATIO - 1.0);
                 let above = f.eager_bytes > 0 && bytes > f.eager_bytes as f64;
-                let step = if above { f.rendezvous } else { 0.0 };
+                let small = f.small_bytes > 0 && bytes > f.small_bytes as f64;
+                let step =
+                    if above { f.rendezvous } else { 0.0 } + if small { f.small_step } else { 0.0 };
                 let slow = if above || f.eager_bytes == 0 {
                     1.0
                 } else {
@@ -288,6 +395,8 @@ mod tests {
             eager_bytes: 8192,
             rendezvous: 12e-6,
             eager_slowdown: 1.0,
+            small_bytes: 0,
+            small_step: 0.0,
             typical_error: 0.0,
         }
     }
@@ -326,6 +435,68 @@ mod tests {
         // The plain step of `mpi_like` comes back with no slowdown.
         let plain = fit(&curve(&mpi_like(), |_| 1.0), RATIO, true).unwrap();
         assert!(close(plain.eager_slowdown, 1.0, 0.01), "{plain:?}");
+    }
+
+    #[test]
+    fn the_small_message_paths_step_below_the_eager_limit_is_found_too() {
+        // MPICH ch4 over UCX on the test VM: +3 µs above 8 KiB, the rendezvous above 256 KiB.
+        let want = LinkFit {
+            small_bytes: 8192,
+            small_step: 3e-6,
+            eager_bytes: 262144,
+            rendezvous: 30e-6,
+            eager_slowdown: 2.5,
+            ..mpi_like()
+        };
+        let got = fit(
+            &curve(&want, |i| if i % 2 == 0 { 1.02 } else { 0.98 }),
+            RATIO,
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            (got.small_bytes, got.eager_bytes),
+            (8192, 262144),
+            "{got:?}"
+        );
+        assert!(close(got.small_step, 3e-6, 0.2), "{got:?}");
+        assert!(close(got.rendezvous, 30e-6, 0.2), "{got:?}");
+        assert!(close(got.eager_slowdown, 2.5, 0.1), "{got:?}");
+        // One step stays one step: no second one made up from noise.
+        let one = fit(
+            &curve(&mpi_like(), |i| if i % 2 == 0 { 1.02 } else { 0.98 }),
+            RATIO,
+            true,
+        )
+        .unwrap();
+        assert_eq!((one.small_bytes, one.eager_bytes), (0, 8192), "{one:?}");
+    }
+
+    #[test]
+    fn a_jump_too_big_or_too_high_for_a_handshake_is_not_taken_for_a_protocol() {
+        // Times that quadruple above 1 MiB (the cache running out) with no protocol below.
+        let want = LinkFit {
+            eager_bytes: 0,
+            rendezvous: 0.0,
+            ..mpi_like()
+        };
+        let s: Vec<Sample> = curve(&want, |_| 1.0)
+            .into_iter()
+            .map(|x| Sample {
+                seconds: if x.bytes > 1048576.0 {
+                    4.0 * x.seconds
+                } else {
+                    x.seconds
+                },
+                ..x
+            })
+            .collect();
+        let got = fit(&s, RATIO, true).unwrap();
+        assert!(got.eager_bytes <= MAX_EAGER, "{got:?}");
+        assert!(
+            got.eager_bytes == 0 || got.rendezvous <= 2.0 * s[0].seconds.max(1e-3),
+            "{got:?}"
+        );
     }
 
     #[test]
@@ -394,6 +565,8 @@ mod tests {
             eager_bytes: 0,
             rendezvous: 0.0,
             eager_slowdown: 1.0,
+            small_bytes: 0,
+            small_step: 0.0,
             typical_error: 0.0,
         };
         let got = fit_latency(

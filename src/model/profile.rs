@@ -108,12 +108,16 @@ impl Default for CacheTier {
     }
 }
 
-/// The transport's switch from eager sends to a rendezvous (a handshake before the bytes).
+/// The transport's protocol switches: from its small-message path to eager sends, and from
+/// eager sends to a rendezvous (a handshake before the bytes).
 ///
 /// MPI libraries (and libfabric's rxm) send a message up to an eager limit at once; a larger
 /// one first asks the receiver for its buffer, one more round through both ranks' progress.
-/// `pccl-tune` finds the step in the exchange's curve ([`crate::model::link_fit`]). Off
-/// (`eager_bytes = 0`, the default) in presets and in profiles written before it existed.
+/// Below that, most have a path for small messages too (MPICH ch3's per-pair fastbox,
+/// UCX's copy-in segment of 8 KiB under MPICH ch4 and Open MPI): a message just above it
+/// pays a step of its own. `pccl-tune` finds the steps in the exchange's curve
+/// ([`crate::model::link_fit`]). Off (`eager_bytes = 0`, `small_bytes = 0`, the default) in
+/// presets and in profiles written before they existed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Protocol {
@@ -127,6 +131,12 @@ pub struct Protocol {
     /// its rendezvous reads the sender's buffer once (CMA): on the test VM a 16 KiB message
     /// took longer than a 32 KiB one.
     pub eager_slowdown: f64,
+    /// Messages (pieces) above this many bytes leave the small-message path and pay
+    /// [`Self::small_step_us`]; `0` for no such step. Below `eager_bytes` when both are set.
+    pub small_bytes: usize,
+    /// Extra latency of a message above `small_bytes` (µs); like the rendezvous, a step that
+    /// also pays [`Profile::oversub_seconds`] once more on an oversubscribed host.
+    pub small_step_us: f64,
 }
 
 impl Default for Protocol {
@@ -135,6 +145,8 @@ impl Default for Protocol {
             eager_bytes: 0,
             rendezvous_us: 0.0,
             eager_slowdown: 1.0,
+            small_bytes: 0,
+            small_step_us: 0.0,
         }
     }
 }
@@ -236,6 +248,24 @@ pub struct Profile {
     /// Which strided (multi-block) sends the transport packs into one buffer first (a copy
     /// the model charges at `copy_gbps`); see [`Strided`].
     pub strided: Strided,
+    /// How a received block is reduced against the transfer; see [`ReceiveReduce`].
+    pub receive_reduce: ReceiveReduce,
+}
+
+/// How the reduction of a received message overlaps its transfer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReceiveReduce {
+    /// Each piece is reduced once it has arrived, while the next one moves (a NIC or another
+    /// core moves the bytes; profiles written before 2026-11-26).
+    #[default]
+    Pieces,
+    /// The receiver reduces straight out of the sender's memory, the transfer and the
+    /// reduction one pass (PCCL's thread ranks): the slower of the two rates decides.
+    Fused,
+    /// The receiver's own core moves the bytes and then reduces them (MPI on one host: a
+    /// rendezvous reads the sender's memory with the receiver's core): no overlap.
+    After,
 }
 
 /// How a transport sends a message made of several blocks (`Transport::isendv`).
@@ -278,6 +308,7 @@ impl Default for Profile {
             piece_candidates: Vec::new(),
             nccl_ring: false,
             strided: Strided::Packed,
+            receive_reduce: ReceiveReduce::Pieces,
             reduce_host_gbps: host,
             reduce_device_gbps: dev,
         }
@@ -344,6 +375,18 @@ impl Profile {
             return Err(Error::invalid(
                 "profile: protocol.rendezvous_us must be finite and ≥ 0",
             ));
+        }
+        if self.protocol.small_step_us < 0.0 || !self.protocol.small_step_us.is_finite() {
+            return Err(Error::invalid(
+                "profile: protocol.small_step_us must be finite and ≥ 0",
+            ));
+        }
+        let pr = &self.protocol;
+        if pr.small_bytes > 0 && pr.eager_bytes > 0 && pr.small_bytes >= pr.eager_bytes {
+            return Err(Error::invalid(format!(
+                "profile: protocol.small_bytes ({}) must be below protocol.eager_bytes ({})",
+                pr.small_bytes, pr.eager_bytes
+            )));
         }
         if self.oversub.per_message_us < 0.0 || !self.oversub.per_message_us.is_finite() {
             return Err(Error::invalid(
@@ -474,14 +517,20 @@ impl Profile {
     }
 
     /// Extra latency (seconds) of a message whose first piece holds `piece` bytes, from the
-    /// transport's rendezvous ([`Protocol`]), beyond the oversubscription term (the caller
-    /// adds that once more when this is not zero).
+    /// transport's protocol steps ([`Protocol`]: leaving the small-message path, the
+    /// rendezvous), beyond the oversubscription term (the caller adds that once more when
+    /// this is not zero).
     pub fn rendezvous_seconds(&self, piece: f64) -> f64 {
         let p = &self.protocol;
-        if p.eager_bytes == 0 || piece <= p.eager_bytes as f64 {
-            return 0.0;
+        let above = |limit: usize| limit > 0 && piece > limit as f64;
+        let mut us = 0.0;
+        if above(p.small_bytes) {
+            us += p.small_step_us;
         }
-        p.rendezvous_us * 1e-6
+        if above(p.eager_bytes) {
+            us += p.rendezvous_us;
+        }
+        us * 1e-6
     }
 
     /// The factor on a message's bytes from its protocol: [`Protocol::eager_slowdown`] for
@@ -610,6 +659,35 @@ mod tests {
         assert_eq!(p.cache_speedup(10.0), 1.0);
         let e = Profile::from_toml("[cache]\nbytes = 1000\n").unwrap_err();
         assert!(e.message().contains("cache.copy_gbps"), "{e}");
+    }
+
+    #[test]
+    fn the_small_message_step_adds_below_the_rendezvous_and_must_lie_below_it() {
+        let p = Profile::from_toml(
+            "[protocol]\nsmall_bytes = 8192\nsmall_step_us = 3\neager_bytes = 262144\n\
+             rendezvous_us = 30\n",
+        )
+        .unwrap();
+        assert_eq!(p.rendezvous_seconds(8192.0), 0.0);
+        assert!((p.rendezvous_seconds(8193.0) - 3e-6).abs() < 1e-15);
+        assert!((p.rendezvous_seconds(262145.0) - 33e-6).abs() < 1e-15);
+        assert_eq!(Profile::from_toml(&p.to_toml()).unwrap(), p);
+        let e = Profile::from_toml("[protocol]\nsmall_bytes = 65536\neager_bytes = 8192\n")
+            .unwrap_err();
+        assert!(e.message().contains("small_bytes (65536)"), "{e}");
+        let e = Profile::from_toml("[protocol]\nsmall_step_us = -2\n").unwrap_err();
+        assert!(e.message().contains("protocol.small_step_us"), "{e}");
+    }
+
+    #[test]
+    fn receive_reduce_parses_and_defaults_to_pieces() {
+        assert_eq!(Profile::default().receive_reduce, ReceiveReduce::Pieces);
+        let f = Profile::from_toml("receive_reduce = \"fused\"\n").unwrap();
+        assert_eq!(f.receive_reduce, ReceiveReduce::Fused);
+        let a = Profile::from_toml("receive_reduce = \"after\"\n").unwrap();
+        assert_eq!(a.receive_reduce, ReceiveReduce::After);
+        assert_eq!(Profile::from_toml(&a.to_toml()).unwrap(), a);
+        assert!(Profile::from_toml("receive_reduce = \"later\"\n").is_err());
     }
 
     #[test]

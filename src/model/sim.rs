@@ -16,7 +16,7 @@
 //!   phases are all alike), so 32768 ranks take milliseconds to seconds.
 
 use super::contention::{run_batch, Fluid};
-use super::profile::{DeviceKind, Profile};
+use super::profile::{DeviceKind, Profile, ReceiveReduce};
 use super::traffic::{of_plan, PhaseWork};
 use crate::error::{Error, Result};
 use crate::plan::{build, Algorithm, Collective, LevelAlgo};
@@ -288,7 +288,11 @@ impl<'a> Cluster<'a> {
             return t1;
         }
         let r = bytes / (self.prof.reduce_rate(job.device, job.dtype) * self.speed(job));
-        let c = (self.prof.piece_bytes as f64 / bytes).min(1.0);
+        let c = match self.prof.receive_reduce {
+            ReceiveReduce::Pieces => (self.prof.piece_bytes as f64 / bytes).min(1.0),
+            ReceiveReduce::Fused => return t1.max(t0 + r),
+            ReceiveReduce::After => 1.0,
+        };
         (t1 + r * c).max(t0 + (t1 - t0) * c + r)
     }
 
