@@ -8,7 +8,9 @@
 #
 #   scripts/model-check.sh                          # threads: 2, 4, 8 ranks, 1 KiB … 64 MiB
 #   TRANSPORTS="threads mpi" MAX=16M scripts/model-check.sh
-# Env: TRANSPORTS (default "threads"; "mpi" runs `mpiexec -n P pccl-bench --transport mpi`
+# Env: REPEAT (default 3: pccl-bench processes per shape; each interleaves every algorithm,
+# and each point is the median over the processes of each one's median — on the 2-core VM
+# one process's thread placement alone moved a point up to 1.8×), TRANSPORTS (default "threads"; "mpi" runs `mpiexec -n P pccl-bench --transport mpi`
 # with a profile from `mpiexec -n 2 pccl-tune --transport mpi`, built with --features mpi),
 # MAX (largest size per rank, default 64M), RANKS (default "2 4 8"), MPI_MAX (default 4M:
 # oversubscribed MPI ranks on a small host are slow), MPI_RANKS (default "2 4"), COLLS
@@ -25,6 +27,7 @@ RANKS=${RANKS:-"2 4 8"}
 MPI_MAX=${MPI_MAX:-4M}
 MPI_RANKS=${MPI_RANKS:-"2 4"}
 COLLS=${COLLS:-"allgather reducescatter"}
+REPEAT=${REPEAT:-3}
 TRANSPORTS=${TRANSPORTS:-threads}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 features=()
@@ -71,11 +74,15 @@ for t in $TRANSPORTS; do
       launch=("$BIN/pccl-bench" --ranks "$p" --transport threads)
       [ "$t" = mpi ] && launch=(mpiexec -n "$p" "$BIN/pccl-bench" --transport mpi --no-mpi-compare)
       for c in $COLLS; do
-        out="$WORK/bench-$t-$p-$m-$c.json"
-        if [ -z "${REUSE:-}" ] || [ ! -s "$out" ]; then
-          "${launch[@]}" --ranks-per-node "$m" --coll "$c" --algo "${algos// /,}" \
-            -m "1K:$max" --json >"$out"
-        fi
+        for r in $(seq 1 "$REPEAT"); do
+          out="$WORK/bench-$t-$p-$m-$c.r$r.json"
+          # (Sets kept before REPEAT existed hold one run, without the .rN.)
+          [ -n "${REUSE:-}" ] && [ -s "$WORK/bench-$t-$p-$m-$c.json" ] && break
+          if [ -z "${REUSE:-}" ] || [ ! -s "$out" ]; then
+            "${launch[@]}" --ranks-per-node "$m" --coll "$c" --algo "${algos// /,}" \
+              -m "1K:$max" --json >"$out"
+          fi
+        done
         for a in $algos; do
           "$BIN/pccl-sim" --preset-file "$tune" --on host --engine events --ranks "$p" \
             --ranks-per-node "$m" --coll "$c" --algo "$a" --size "1K:$max" --json \
@@ -89,17 +96,31 @@ echo "# load after: $(uptime)"
 python3 - "$WORK" <<'PY'
 import glob, json, os, sys
 w = sys.argv[1]
-rows = {}
+# Each shape's runs (REPEAT processes, each interleaving every algorithm): per algorithm
+# and size the median over the runs of each run's median, the algorithm `auto` ran in
+# most of them.
+runs = {}
 for f in sorted(glob.glob(f"{w}/bench-*.json")):
-    t, p, m, c = os.path.basename(f)[len("bench-"):-5].split("-", 3)
+    name = os.path.basename(f)[len("bench-"):-len(".json")].split(".r")[0]
+    t, p, m, c = name.split("-", 3)
     for r in json.load(open(f))["results"]:
-        a = r["requested"]
-        pred = {}
+        key = (t, int(p), int(m), c, r["bytes"])
+        runs.setdefault((key, r["requested"]), []).append((r["median_us"], r["algo"]))
+preds = {}
+def pred_of(t, p, m, c, a, size):
+    k = (t, p, m, c, a)
+    if k not in preds:
+        preds[k] = {}
         for line in open(f"{w}/sim-{t}-{p}-{m}-{c}-{a}.jsonl"):
             q = json.loads(line)
-            pred[q["size"]] = q["seconds"] * 1e6
-        key = (t, int(p), int(m), c, r["bytes"])
-        rows.setdefault(key, {})[a] = (r["median_us"], r["algo"], pred.get(r["bytes"], float("nan")))
+            preds[k][q["size"]] = q["seconds"] * 1e6
+    return preds[k].get(size, float("nan"))
+rows = {}
+for (key, a), v in runs.items():
+    t, p, m, c, size = key
+    times = sorted(x[0] for x in v)
+    ran = max({x[1] for x in v}, key=lambda u: sum(1 for x in v if x[1] == u))
+    rows.setdefault(key, {})[a] = (times[len(times) // 2], ran, pred_of(t, p, m, c, a, size))
 print("| transport | ranks | per node | coll | size | algo (ran) | measured median us | predicted us | meas/pred |")
 print("|---|---|---|---|---|---|---|---|---|")
 ratios, autos = {}, []
