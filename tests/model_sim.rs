@@ -562,3 +562,34 @@ fn a_received_blocks_reduction_overlaps_its_transfer_as_the_transport_does() {
         "pieces {pieces}"
     );
 }
+
+#[test]
+fn ranks_outnumbering_the_cores_reduce_on_their_share_of_one() {
+    use pccl::model::profile::ReceiveReduce;
+    // Thread ranks (no spinning share, `rate_share` 0) on one host: a 4-rank ring
+    // reduce-scatter reduces a block of `s` bytes in each of its 3 steps, fused with the
+    // transfer; at 1 GB/s the reduction decides. On 4 cores each rank has one; on 2 cores two
+    // ranks share each, and every reduction takes twice as long.
+    let topo = Topology::uniform(4, 1);
+    let s = 1e6;
+    let mut p = net_only(1);
+    p.one_host = true;
+    p.reduce_host_gbps.insert("default".into(), 1.0);
+    p.receive_reduce = ReceiveReduce::Fused;
+    p.oversub.rate_share = 0.0;
+    p.oversub.per_message_us = 0.0;
+    let at = |cores| {
+        let mut q = p.clone();
+        q.oversub.cores = cores;
+        both(&topo, &q, Job::new(RS, RING, s))
+    };
+    close(at(4), 3.0 * (5e-6 + s / 1e9));
+    close(at(2), 3.0 * (5e-6 + 2.0 * s / 1e9));
+    // Spinning ranks whose measured share already slows them more keep that.
+    assert_eq!(p.oversub_cpu_share(4), 1.0);
+    let mut q = p.clone();
+    q.oversub.cores = 2;
+    assert_eq!(q.oversub_cpu_share(4), 2.0);
+    q.oversub.rate_share = 3.0;
+    assert_eq!(q.oversub_cpu_share(4), 4.0);
+}

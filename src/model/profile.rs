@@ -583,6 +583,21 @@ impl Profile {
         1.0 + o.rate_share * (local_ranks as f64 / o.cores as f64 - 1.0)
     }
 
+    /// How many times slower a rank's own work on the host's cores (its reductions) runs
+    /// with `local_ranks` ranks on the host: `local_ranks / cores` when they outnumber the
+    /// cores (each gets that share of one), never less than [`Self::oversub_slowdown`].
+    /// (Thread ranks sleep while they wait, so `rate_share` is 0 for them and their copies'
+    /// sharing is in the node bus they measure; their reductions were left at a whole core.)
+    pub fn oversub_cpu_share(&self, local_ranks: usize) -> f64 {
+        let o = &self.oversub;
+        let share = if o.cores == 0 || local_ranks <= o.cores {
+            1.0
+        } else {
+            local_ranks as f64 / o.cores as f64
+        };
+        share.max(self.oversub_slowdown(local_ranks))
+    }
+
     /// Bandwidth in bytes per second between local ranks `a` and `b` of one node.
     pub fn intra_rate(&self, a: usize, b: usize) -> f64 {
         let ps = self.intra.pair_size;

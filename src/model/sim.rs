@@ -86,6 +86,9 @@ pub struct Cluster<'a> {
     oversub: f64,
     /// How many times slower host byte rates run from ranks outnumbering a host's cores.
     slowdown: f64,
+    /// How many times slower a rank's own reduction runs: its share of a core when ranks
+    /// outnumber them, or `slowdown` where that is more.
+    cpu_slowdown: f64,
 }
 
 impl<'a> Cluster<'a> {
@@ -114,6 +117,7 @@ impl<'a> Cluster<'a> {
             m,
             oversub: prof.oversub_seconds(local),
             slowdown: prof.oversub_slowdown(local),
+            cpu_slowdown: prof.oversub_cpu_share(local),
         }
     }
 
@@ -287,7 +291,11 @@ impl<'a> Cluster<'a> {
         if !reduce || bytes == 0.0 {
             return t1;
         }
-        let r = bytes / (self.prof.reduce_rate(job.device, job.dtype) * self.speed(job));
+        let mut r = bytes / (self.prof.reduce_rate(job.device, job.dtype) * self.speed(job));
+        if job.device == DeviceKind::Host {
+            // `speed` holds `slowdown` already; the reduction is the rank's own core's work.
+            r *= (self.cpu_slowdown / self.slowdown).max(1.0);
+        }
         let c = match self.prof.receive_reduce {
             ReceiveReduce::Pieces => (self.prof.piece_bytes as f64 / bytes).min(1.0),
             ReceiveReduce::Fused => return t1.max(t0 + r),
