@@ -593,3 +593,32 @@ fn ranks_outnumbering_the_cores_reduce_on_their_share_of_one() {
     q.oversub.rate_share = 3.0;
     assert_eq!(q.oversub_cpu_share(4), 4.0);
 }
+
+#[test]
+fn on_one_host_an_overlapped_hierarchys_two_levels_share_each_ranks_copies() {
+    // The shape of `overlapping_the_levels_pays_their_max_per_piece_not_their_sum` with both
+    // levels at 10 GB/s: across real nodes the NIC and the intra-node links are separate,
+    // and the pieces overlap. On one host each message is a copy the ranks' own cores make:
+    // a rank receives its inter-node piece and its intra-node pieces through the same port,
+    // so overlapping the levels cannot beat moving all 3·s bytes through it.
+    let mut prof = two_levels_in_step();
+    prof.intra.bandwidth_gbps = 10.0;
+    prof.intra.pair_bandwidth_gbps = 10.0;
+    prof.inter.alpha_us = 0.0;
+    let topo = Topology::uniform(4, 2);
+    let s = 8e6;
+    let algo = HIER.overlapped(4).unwrap();
+    let apart = both(&topo, &prof, Job::new(AG, algo, s));
+    prof.one_host = true;
+    let host = both(&topo, &prof, Job::new(AG, algo, s));
+    let plain = both(&topo, &prof, Job::new(AG, HIER, s));
+    close(plain, 3.0 * s / 10e9);
+    assert!(
+        apart < 0.8 * plain,
+        "apart the levels overlap: {apart} vs {plain}"
+    );
+    assert!(
+        host >= plain * (1.0 - 1e-9),
+        "on one host: {host} vs whole blocks {plain}"
+    );
+}

@@ -228,7 +228,15 @@ impl<'a> Cluster<'a> {
         let bus = global + 1 + if self.prof.one_host { 0 } else { na as u32 };
         if !inter {
             let link = global + 1 + nodes as u32 + (na * self.m * self.m + la * self.m + lb) as u32;
-            out.push((1.0, vec![link, bus]));
+            let mut res = vec![link, bus];
+            if self.prof.one_host {
+                // One host: every message is a copy its ranks' own cores make, so a rank's
+                // messages share its ports whichever "level" they belong to (an overlapped
+                // hierarchy's two levels do not each get a core of their own).
+                res.push((na * k + self.nics.nic_of(la)) as u32);
+                res.push((nodes * k + nb * k + self.nics.nic_of(lb)) as u32);
+            }
+            out.push((1.0, res));
         } else if spread {
             for j in 0..k {
                 out.push((
