@@ -234,13 +234,76 @@ fn candidate(s: &[Sample], ratio: f64, sigma: f64, st: Steps) -> Option<(f64, Li
     ))
 }
 
+/// The small-message path's step, looked for on the sizes up to [`MAX_SMALL`] alone, where
+/// neither the cache's edge nor a rendezvous blurs it: `t = α + s·b + [s > S]·q` against a
+/// straight line and against a bend (a rate that changes at one size). Returns the index of the last sample at or below `S`, kept only where the
+/// step cuts the relative squared error of both by [`STEP_GAIN`], with `t(S)/4 ≤ q ≤ 2·t(S)` (a switch
+/// of path is a jump; a smaller one is the bend of an eager rate that changes). (Searched
+/// jointly with the eager step over every size, the 8 KiB step of MPICH ch4/UCX was missed
+/// in about one `pccl-tune` run in three: a steeper eager rate below a step at 96–128 KiB
+/// stood in for it.)
+fn small_path(s: &[Sample]) -> Option<usize> {
+    let n = s.iter().take_while(|x| x.bytes <= MAX_SMALL as f64).count();
+    if n < 6 {
+        return None;
+    }
+    let sq = |rows: &[(Vec<f64>, f64)], x: &[f64]| -> f64 {
+        rows.iter()
+            .map(|(r, y)| {
+                let m: f64 = r.iter().zip(x).map(|(a, b)| a * b).sum();
+                (m / y - 1.0).powi(2)
+            })
+            .sum()
+    };
+    let flat: Vec<(Vec<f64>, f64)> = s[..n]
+        .iter()
+        .map(|x| (vec![1.0, x.bytes], x.seconds))
+        .collect();
+    let flat_err = sq(&flat, &weighted(&flat)?);
+    // The best bend (a rate that changes at a size, no jump), what an eager rate slower than
+    // the rendezvous one looks like here.
+    let bend_err = (1..n - 2)
+        .filter_map(|j| {
+            let rows: Vec<(Vec<f64>, f64)> = s[..n]
+                .iter()
+                .enumerate()
+                .map(|(i, x)| {
+                    let past = if i > j { x.bytes - s[j].bytes } else { 0.0 };
+                    (vec![1.0, x.bytes, past], x.seconds)
+                })
+                .collect();
+            weighted(&rows).map(|x| sq(&rows, &x))
+        })
+        .fold(flat_err, f64::min);
+    let mut best: Option<(f64, usize)> = None;
+    for j in 1..n - 2 {
+        let rows: Vec<(Vec<f64>, f64)> = s[..n]
+            .iter()
+            .enumerate()
+            .map(|(i, x)| (vec![1.0, x.bytes, f64::from(u8::from(i > j))], x.seconds))
+            .collect();
+        let Some(x) = weighted(&rows) else { continue };
+        let jump = x[2] / s[j].seconds;
+        if x[0] <= 0.0 || x[1] <= 0.0 || !(0.25..=2.0).contains(&jump) {
+            continue;
+        }
+        let e = sq(&rows, &x);
+        if best.is_none_or(|b| e < b.0) {
+            best = Some((e, j));
+        }
+    }
+    let (e, j) = best?;
+    (bend_err > n as f64 * 1e-8 && e <= STEP_GAIN * bend_err).then_some(j)
+}
+
 /// Fits the link terms to `samples` (increasing sizes, at least 4 with positive times);
 /// `cache_ratio` is the cache's copy rate over memory's (≤ 1: no tier, the share is moot and
-/// reported as 1); `step`: whether the transport has an eager/rendezvous protocol to look
-/// for (MPI; not PCCL's own threads and TCP transports, whose curve's bumps are the host's
-/// `memcpy` quirks, not a protocol), at most [`MAX_EAGER`]. With `step`, a second, lower step
-/// (the small-message path's limit, at most [`MAX_SMALL`]) is kept only when it cuts the
-/// error of the fit kept before by [`STEP_GAIN`] again. `None` when no candidate fits with positive α and β.
+/// reported as 1); `step`: whether the transport has a protocol to look for (MPI; not
+/// PCCL's own threads and TCP transports, whose curve's bumps are the host's `memcpy`
+/// quirks, not a protocol). With `step`: first the small-message path's step
+/// ([`small_path`]), then an eager/rendezvous step above it at most at [`MAX_EAGER`], kept
+/// only when it cuts the squared log error by [`STEP_GAIN`]. A lone step is reported as the
+/// eager one. `None` when no candidate fits with positive α and β.
 pub fn fit(samples: &[Sample], cache_ratio: f64, step: bool) -> Option<LinkFit> {
     let s: Vec<Sample> = samples
         .iter()
@@ -269,45 +332,40 @@ pub fn fit(samples: &[Sample], cache_ratio: f64, step: bool) -> Option<LinkFit> 
         }
         best
     };
-    // A step needs two sizes on each side (and between two steps).
-    let n = s.len();
-    let mut kept = best_of(&[Steps::default()]);
+    let small = if step { small_path(&s) } else { None };
+    let mut kept = best_of(&[Steps { small, eager: None }]);
     if !step {
         return kept.map(|k| k.1);
     }
-    let last = n.saturating_sub(2);
-    let under = |k: &usize, max: usize| s[*k].bytes <= max as f64;
-    let one: Vec<Steps> = (1..last)
-        .filter(|k| under(k, MAX_EAGER))
+    // An eager step needs two sizes on each side (and above the small path's step).
+    let last = s.len().saturating_sub(2);
+    let from = small.map_or(1, |j| j + 2);
+    let eager: Vec<Steps> = (from..last)
+        .filter(|&k| s[k].bytes <= MAX_EAGER as f64)
         .map(|k| Steps {
+            small,
             eager: Some(k),
-            ..Steps::default()
-        })
-        .collect();
-    let two: Vec<Steps> = (1..last)
-        .filter(|j| under(j, MAX_SMALL))
-        .flat_map(|j| {
-            (j + 2..last)
-                .filter(move |k| under(k, MAX_EAGER))
-                .map(move |k| Steps {
-                    small: Some(j),
-                    eager: Some(k),
-                })
         })
         .collect();
     // A fit already exact to 0.01% per size needs no further step.
-    let exact = n as f64 * 1e-8;
-    for steps in [one, two] {
-        if let Some(c) = best_of(&steps) {
-            if kept
-                .as_ref()
-                .is_none_or(|k| k.0 > exact && c.0 <= STEP_GAIN * k.0)
-            {
-                kept = Some(c);
-            }
+    let exact = s.len() as f64 * 1e-8;
+    if let Some(c) = best_of(&eager) {
+        if kept
+            .as_ref()
+            .is_none_or(|k| k.0 > exact && c.0 <= STEP_GAIN * k.0)
+        {
+            kept = Some(c);
         }
     }
-    kept.map(|k| k.1)
+    kept.map(|(_, mut f)| {
+        if f.eager_bytes == 0 && f.small_bytes > 0 {
+            // One step: the eager limit, as profiles have always named it.
+            f.eager_bytes = f.small_bytes;
+            f.rendezvous = f.small_step;
+            (f.small_bytes, f.small_step) = (0, 0.0);
+        }
+        f
+    })
 }
 
 /// The latency α alone, for a transport whose transfer *is* a `memcpy` (PCCL's thread ranks:
@@ -470,6 +528,33 @@ mod tests {
         )
         .unwrap();
         assert_eq!((one.small_bytes, one.eager_bytes), (0, 8192), "{one:?}");
+    }
+
+    #[test]
+    fn the_small_paths_step_survives_a_large_sizes_misfit() {
+        // Both steps, and the large sizes off the model by 20–25% (the cache's edge, which the
+        // tier does not follow exactly): the global error is then the large sizes', and the
+        // 8 KiB step must still be found from the small sizes.
+        let want = LinkFit {
+            small_bytes: 8192,
+            small_step: 3.5e-6,
+            eager_bytes: 131072,
+            rendezvous: 40e-6,
+            eager_slowdown: 4.0,
+            ..mpi_like()
+        };
+        let got = fit(
+            &curve(&want, |i| match i {
+                12 => 0.75,
+                13.. => 1.2,
+                _ => 1.0,
+            }),
+            RATIO,
+            true,
+        )
+        .unwrap();
+        assert_eq!(got.small_bytes, 8192, "{got:?}");
+        assert!(close(got.small_step, 3.5e-6, 0.3), "{got:?}");
     }
 
     #[test]
