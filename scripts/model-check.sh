@@ -193,4 +193,31 @@ for t in sorted({a[2] for a in autos}):
           f"(auto's own median); {ok2}/{len(at)} (the median of the fixed algorithm auto chose)")
     for a in sorted(at, reverse=True)[:6]:
         print(f"  auto/best {a[0]:.2f} (its choice/best {a[1]:.2f}): {a[3]} ranks, {a[4]}/node, {a[5]}, {a[6]} B (auto ran {a[7]})")
+# The model judged without re-measuring (what REUSE=1 with another model or profile needs):
+# its pick among the fixed algorithms (the lowest prediction), and the tuner's choice now
+# (`pccl-sim --algo auto`, which may be an overlapped plan), each by what was measured for it.
+def choice_now(t, p, m, c, size):
+    for line in open(f"{w}/sim-{t}-{p}-{m}-{c}-auto.jsonl"):
+        q = json.loads(line)
+        if q["size"] == size:
+            return q["algo"]
+    return None
+for t in sorted({k[0] for k in rows}):
+    pick_ok = pick_n = now_ok = now_n = 0
+    for (tt, p, m, c, s), algos in rows.items():
+        fixed = {k: v for k, v in algos.items() if k != "auto"}
+        if tt != t or not fixed:
+            continue
+        best = min(v[0] for v in fixed.values())
+        pick = min(fixed, key=lambda a: fixed[a][2])
+        pick_n += 1
+        pick_ok += fixed[pick][0] <= 1.10 * best
+        now = choice_now(t, p, m, c, s)
+        meas = fixed[now][0] if now in fixed else (
+            algos["auto"][0] if "auto" in algos and algos["auto"][1] == now else None)
+        if meas is not None:
+            now_n += 1
+            now_ok += meas <= 1.10 * best
+    print(f"{t}: the model's pick among the fixed algorithms within 10% of the best: {pick_ok}/{pick_n}; "
+          f"the tuner's choice now: {now_ok}/{now_n} (of the points where it was measured)")
 PY
