@@ -459,6 +459,12 @@ mod tests {
         }
     }
 
+    /// The fit of `f`'s curve with every other size `amp` above and below (a host's jitter).
+    fn fit_jittered(f: &LinkFit, amp: f64) -> LinkFit {
+        let noise = |i: usize| if i % 2 == 0 { 1.0 + amp } else { 1.0 - amp };
+        fit(&curve(f, noise), RATIO, true).unwrap()
+    }
+
     fn close(a: f64, b: f64, tol: f64) -> bool {
         (a / b - 1.0).abs() <= tol
     }
@@ -506,12 +512,7 @@ mod tests {
             eager_slowdown: 2.5,
             ..mpi_like()
         };
-        let got = fit(
-            &curve(&want, |i| if i % 2 == 0 { 1.02 } else { 0.98 }),
-            RATIO,
-            true,
-        )
-        .unwrap();
+        let got = fit_jittered(&want, 0.02);
         assert_eq!(
             (got.small_bytes, got.eager_bytes),
             (8192, 262144),
@@ -521,12 +522,7 @@ mod tests {
         assert!(close(got.rendezvous, 30e-6, 0.2), "{got:?}");
         assert!(close(got.eager_slowdown, 2.5, 0.1), "{got:?}");
         // One step stays one step: no second one made up from noise.
-        let one = fit(
-            &curve(&mpi_like(), |i| if i % 2 == 0 { 1.02 } else { 0.98 }),
-            RATIO,
-            true,
-        )
-        .unwrap();
+        let one = fit_jittered(&mpi_like(), 0.02);
         assert_eq!((one.small_bytes, one.eager_bytes), (0, 8192), "{one:?}");
     }
 
@@ -593,12 +589,7 @@ mod tests {
             ..mpi_like()
         };
         // ±8% alternating, the jitter of a quiet host.
-        let got = fit(
-            &curve(&want, |i| if i % 2 == 0 { 1.08 } else { 0.92 }),
-            RATIO,
-            true,
-        )
-        .unwrap();
+        let got = fit_jittered(&want, 0.08);
         assert_eq!(got.eager_bytes, 0, "{got:?}");
         assert!(close(got.alpha, want.alpha, 0.15), "{got:?}");
         assert!(close(got.beta, want.beta, 0.15), "{got:?}");
