@@ -62,6 +62,17 @@ print(f"# oversubscription terms {[round(term(f), 2) for f in files]} us: kept {
 shutil.copy(pick, out)
 PY
 }
+# Runs the pccl-tune command "$2…" TUNE_RUNS times (each writing $1.N) and keeps the median
+# profile in $1.
+tune_runs() {
+  local out=$1 runs=()
+  shift
+  for i in $(seq 1 "$TUNE_RUNS"); do
+    "$@" -o "$out.$i"
+    runs+=("$out.$i")
+  done
+  median_profile "$out" "${runs[@]}"
+}
 echo "# load before: $(uptime)"
 for t in $TRANSPORTS; do
   case $t in
@@ -69,12 +80,7 @@ for t in $TRANSPORTS; do
       tune=${TUNE:-$WORK/tune-threads.toml}
       # REUSE keeps a profile already in KEEP (judging the same data with the same profile).
       if [ -z "${TUNE:-}" ] && { [ -z "${REUSE:-}" ] || [ ! -s "$tune" ]; }; then
-        runs=()
-        for i in $(seq 1 "$TUNE_RUNS"); do
-          "$BIN/pccl-tune" -o "$tune.$i"
-          runs+=("$tune.$i")
-        done
-        median_profile "$tune" "${runs[@]}"
+        tune_runs "$tune" "$BIN/pccl-tune"
       fi
       ranks=$RANKS max=$MAX launch=() ;;
     mpi)
@@ -83,15 +89,8 @@ for t in $TRANSPORTS; do
         mpiexec -n 2 "$BIN/pccl-tune" --transport mpi -o "$tune"
         # The oversubscription term: 2 × cores MPI ranks (when that is at most 16).
         over=$((2 * $(nproc)))
-        if [ "$over" -le 16 ]; then
-          runs=()
-          for i in $(seq 1 "$TUNE_RUNS"); do
-            mpiexec -n "$over" "$BIN/pccl-tune" --transport mpi --oversub-of "$tune" \
-              -o "$tune.$i"
-            runs+=("$tune.$i")
-          done
-          median_profile "$tune" "${runs[@]}"
-        fi
+        [ "$over" -le 16 ] && tune_runs "$tune" mpiexec -n "$over" "$BIN/pccl-tune" \
+          --transport mpi --oversub-of "$tune"
       fi
       ranks=$MPI_RANKS max=$MPI_MAX ;;
     *) echo "TRANSPORTS: $t is not threads or mpi" >&2; exit 2 ;;
