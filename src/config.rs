@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | `PCCL_DEBUG` | `WARN`, `INFO` (print each algorithm choice) or `TRACE` | `WARN` |
 //! | `PCCL_ALGO` | `auto`, `ring`, `rd`, `rdv` (whole-vector all-reduce; `rd` elsewhere), `hier-rd`, `hier-ring`, `hier-INTER-INTRA`, any hierarchy overlapped in K pieces as `HIER-pipeK` (`hier-rd-pipe8`, K ≤ 64), or per collective `allgather:hier-rd;reducescatter:ring` (a bare entry: the rest) | `auto` |
+//! | `PCCL_TUNE_ONLINE` | timed calls per candidate with which the first calls of each collective and size try the algorithms the model predicts within 1.5× of its best (at most 3) in turn, each for that many calls in a row after one that warms up, the ranks then keeping the fastest by the slowest rank's median; `on` = `8`, `0`/`off` keeps the model's choice. Choices then depend on timing: floating-point sums may round differently from run to run | `0` |
 //! | `PCCL_TUNE_FILE` | the tuner's machine profile (TOML, written by `pccl-tune`) | `$XDG_CONFIG_HOME/pccl/tune.toml` if present, else built in |
 //! | `PCCL_RANKS_PER_NODE` | pretend nodes of this many consecutive ranks | real hosts |
 //! | `PCCL_TIMEOUT` | seconds a whole collective may take before a timeout error (one deadline per collective) | `300` |
@@ -13,7 +14,7 @@
 //! | `PCCL_NCCL` | intra-node level of device collectives on NCCL (RCCL on ROCm): `auto`, `1` (required), `0` (never) | `auto` |
 //! | `PCCL_DEVICE_DIRECT` | `1`: device collectives hand device pointers to a transport that moves device memory (CUDA-aware MPI, thread world in device mode); `0`: always pinned host staging (every rank must agree) | `1` |
 //! | `PCCL_DEVICE_RUNTIME` | runtime of the streams given to the C ABI when the communicator does not say (`pcclCommSetDeviceRuntime`): `cuda`, `hip`, `auto` (CUDA where libcuda loads, else HIP) | `auto` |
-//! | `PCCL_FAULT` | fault injection for tests: `rank:seq:kind[,...]`, kind `kill`, `stall`, `drop`, `corrupt` (see `pccl::fault`) | none |
+//! | `PCCL_FAULT` | fault injection for tests: `rank:seq:kind[,...]`, kind `kill`, `stall`, `slow`, `drop`, `corrupt` (see `pccl::fault`) | none |
 //! | `PCCL_CHECKS` | `0`: messages carry only the sequence number, not the call's fingerprint (to measure what the checks cost) | `1` |
 //! | `PCCL_NIC_MAP` | NIC of each local rank in Cray MPICH syntax, e.g. `0:0-1;1:2-3` (NIC : local ranks); overrides discovery | discovered (feature `hwloc`), else one NIC |
 //! | `PCCL_TOPO_FILE` | hwloc XML file describing the node, read instead of the live host (`HWLOC_XMLFILE` also works) | live host |
@@ -81,6 +82,9 @@ pub struct Config {
     pub alltoall_direct_max: usize,
     /// Cost-model parameters for the tuner.
     pub model: CostParams,
+    /// Timed calls per candidate of the online trials (`PCCL_TUNE_ONLINE`; 0: none, the
+    /// model's choice stands).
+    pub tune_online: usize,
     /// NCCL for the intra-node level of device collectives.
     pub nccl: NcclMode,
     /// Device collectives on a transport that moves device memory hand it device pointers
@@ -109,6 +113,7 @@ impl Default for Config {
             chunk_explicit: false,
             alltoall_direct_max: crate::plan::alltoall::DIRECT_MAX_BLOCK_BYTES,
             model: CostParams::default(),
+            tune_online: 0,
             nccl: NcclMode::Auto,
             device_direct: true,
             faults: Vec::new(),
@@ -155,6 +160,22 @@ pub fn parse_switch(name: &str, v: &str) -> Result<bool> {
         "1" | "on" | "yes" | "true" => Ok(true),
         "0" | "off" | "no" | "false" => Ok(false),
         _ => Err(Error::invalid(format!("{name}={v}: expected 1 or 0"))),
+    }
+}
+
+/// Parses `PCCL_TUNE_ONLINE`: timed calls per candidate (`0`…`32`), `on` or `off`.
+pub fn parse_tune_online(v: &str) -> Result<usize> {
+    use crate::model::online::{DEFAULT_TRIALS, MAX_TRIALS};
+    match v.trim().to_ascii_lowercase().as_str() {
+        "on" | "yes" | "true" => return Ok(DEFAULT_TRIALS),
+        "off" | "no" | "false" => return Ok(0),
+        _ => {}
+    }
+    match v.trim().parse::<usize>() {
+        Ok(n) if n <= MAX_TRIALS => Ok(n),
+        _ => Err(Error::invalid(format!(
+            "PCCL_TUNE_ONLINE={v}: expected the timed calls per candidate (0 to {MAX_TRIALS}), on or off"
+        ))),
     }
 }
 
@@ -222,6 +243,9 @@ impl Config {
         if let Some(v) = var("PCCL_MODEL") {
             c.model = v.parse()?;
             c.profile = c.profile.with_cost_params(&c.model);
+        }
+        if let Some(v) = var("PCCL_TUNE_ONLINE") {
+            c.tune_online = parse_tune_online(&v)?;
         }
         if let Some(v) = var("PCCL_NCCL") {
             c.nccl = match v.to_ascii_lowercase().as_str() {

@@ -366,7 +366,7 @@ fn fault_case(
         if comm.rank() == victim {
             // A damaged stamp on no message (the victim only receives here) changes nothing.
             assert!(
-                r.is_err() || kind == FaultKind::Corrupt,
+                r.is_err() || matches!(kind, FaultKind::Corrupt | FaultKind::Slow),
                 "the victim's call fails too"
             );
             if kind == FaultKind::Corrupt {
@@ -394,7 +394,7 @@ fn fault_case(
             FaultKind::Corrupt => {
                 run_checked(&comm, which, 50).expect("the next collective is correct");
             }
-            FaultKind::Stall => {}
+            FaultKind::Stall | FaultKind::Slow => {}
         }
         e.map(|e| (e, took))
     })
@@ -425,6 +425,16 @@ fn kill_drop_and_corrupt_fail_every_survivor_within_a_second_naming_the_rank() {
                     }
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn a_slow_rank_only_delays_the_call_every_result_right() {
+    for (which, name) in COLLS.iter().enumerate() {
+        let out = fault_case(4, 2, None, which, 3, FaultKind::Slow, 30.0);
+        for (r, o) in out.iter().enumerate() {
+            assert!(o.is_none(), "{name} rank {r}: {:?}", o.as_ref().map(|e| &e.0));
         }
     }
 }

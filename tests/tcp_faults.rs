@@ -59,6 +59,7 @@ impl Scenario {
         let kind = match self.kind {
             FaultKind::Kill => "kill",
             FaultKind::Stall => "stall",
+            FaultKind::Slow => "slow",
             FaultKind::Drop => "drop",
             FaultKind::Corrupt => "corrupt",
         };
@@ -244,7 +245,7 @@ fn play(sc: Scenario, rank: usize, id: &UniqueId) {
                 t0.elapsed().as_millis()
             );
         }
-        FaultKind::Stall | FaultKind::Corrupt => {
+        FaultKind::Stall | FaultKind::Slow | FaultKind::Corrupt => {
             if sc.kind == FaultKind::Stall && rank != v {
                 // The stalled rank wakes after twice the timeout; meet it there.
                 std::thread::sleep(Duration::from_secs(sc.timeout_s + 1));

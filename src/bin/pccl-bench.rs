@@ -32,7 +32,9 @@ struct Args {
     /// Collective: allgather, reducescatter, allreduce (or all).
     #[arg(long, default_value = "allgather")]
     coll: String,
-    /// Algorithm: auto, hier-rd, hier-ring, ring, rd, rdv (all-reduce by whole-vector doubling) (or hier-INTER-INTRA), any hierarchy
+    /// Algorithm: auto, auto-online (the tuner with PCCL_TUNE_ONLINE's trials, 8 per
+    /// candidate unless set; the warm-up runs until they settle), hier-rd, hier-ring, ring, rd,
+    /// rdv (all-reduce by whole-vector doubling) (or hier-INTER-INTRA), any hierarchy
     /// overlapped in K pieces as HIER-pipeK (hier-rd-pipe4). A comma-separated list
     /// (`auto,ring,rd`) measures them interleaved in one run, a row per algorithm with its
     /// median (host buffers).
@@ -374,6 +376,12 @@ fn run_size<T: Element>(
     };
     let total_bytes = out_len.max(in_len) * es;
     let iters = iters_for(args, total_bytes);
+    list::settle(
+        comm,
+        coll.plan_key(op),
+        coll.block_bytes(count, p, es),
+        || run_once(&mut output),
+    )?;
     for _ in 0..args.warmup {
         run_once(&mut output)?;
     }
@@ -843,7 +851,9 @@ fn config(args: &Args) -> Config {
         }
         cfg.ranks_per_node = Some(m);
     }
-    if args.algo != "auto" && list::parse_list(&args.algo).is_none() {
+    if args.algo == "auto-online" {
+        list::online(&mut cfg);
+    } else if args.algo != "auto" && list::parse_list(&args.algo).is_none() {
         cfg.algo = Some(args.algo.parse().unwrap_or_else(|e| fail(e)));
     }
     cfg

@@ -6,8 +6,7 @@ use crate::config::{Config, DebugLevel};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::{abandon, execute, BlockLayout, ExecOptions, Memory};
-use crate::model::tuner;
-use crate::plan::{self, Algorithm, Collective, Plan};
+use crate::plan::{Algorithm, Collective, Plan};
 use crate::topology::agree::{self, NicView};
 use crate::topology::Topology;
 use crate::transport::faults::Tag;
@@ -22,6 +21,7 @@ mod calls;
 mod p2p;
 mod rooted;
 mod trust;
+mod tuning;
 
 use calls::len_mul;
 
@@ -54,9 +54,6 @@ pub struct Communicator {
     inner: Arc<Inner>,
 }
 
-/// The tuner's algorithm for a collective and size, and the piece size its calls run with.
-type Tuned = (Algorithm, Option<usize>);
-
 struct Inner {
     transport: Arc<dyn Transport>,
     topo: Topology,
@@ -72,8 +69,9 @@ struct Inner {
     exec: Mutex<Vec<u64>>,
     worker: Mutex<Option<Worker>>,
     outstanding: Outstanding,
-    /// The tuner's algorithm and piece size per collective and size bucket.
-    choices: Mutex<HashMap<(Collective, u32), Tuned>>,
+    /// The tuner's algorithm and piece size (or its online trials) per collective and size
+    /// bucket.
+    choices: Mutex<HashMap<(Collective, u32), tuning::Tuning>>,
     plans: Mutex<HashMap<(Collective, Algorithm), Arc<Plan>>>,
     /// Working space of the device front end (`comm::device`), kept between calls.
     device: Mutex<Option<Box<dyn std::any::Any + Send>>>,
@@ -266,9 +264,17 @@ impl Communicator {
         self.inner.transport.name()
     }
 
-    /// The algorithm a collective of `coll` with `block_bytes` per block would use.
+    /// The algorithm a collective of `coll` with `block_bytes` per block would use now (under
+    /// `PCCL_TUNE_ONLINE`, the model's choice until the trials of its size end, then theirs).
     pub fn algorithm_for(&self, coll: Collective, block_bytes: usize) -> Result<Algorithm> {
         self.inner.algorithm_for(coll, block_bytes)
+    }
+
+    /// Calls of `coll` with `block_bytes` per block still to make before the online trials
+    /// (`PCCL_TUNE_ONLINE`) settle the algorithm of its size; 0 when settled or when nothing
+    /// is tried. The same on every rank that made the same calls.
+    pub fn online_calls_left(&self, coll: Collective, block_bytes: usize) -> Result<usize> {
+        self.inner.online_calls_left(coll, block_bytes)
     }
 
     // ---- one call at a time, refusals, abort, shrink --------------------------------------
@@ -571,7 +577,7 @@ impl Communicator {
     /// The plan of `coll` (tuned, cached), without waiting for queued work.
     #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
     pub(crate) fn plan_of(&self, coll: Collective, block_bytes: usize) -> Result<Arc<Plan>> {
-        self.inner.plan(coll, block_bytes)
+        Ok(self.inner.plan(coll, block_bytes, false)?.plan)
     }
 
     /// The piece size of a call of `coll` with blocks of `block_bytes`, as the host path
@@ -670,100 +676,23 @@ impl Inner {
         Duration::from_nanos(self.timeout_ns.load(Ordering::SeqCst))
     }
 
-    fn algorithm_for(&self, coll: Collective, block_bytes: usize) -> Result<Algorithm> {
-        if coll.fixed_algorithm() {
-            // One algorithm each (binomial trees, pairwise exchange): nothing to tune.
-            return Ok(Algorithm::Flat(plan::LevelAlgo::Ring));
-        }
-        if let Some(a) = self.cfg.algo_by_coll.get_or(coll, self.cfg.algo) {
-            return Ok(plan::effective_algorithm(a, &self.topo));
-        }
-        let bucket = usize::BITS - block_bytes.leading_zeros();
-        if let Some(a) = lock(&self.choices).get(&(coll, bucket)) {
-            return Ok(a.0);
-        }
-        let rank = self.transport.rank();
-        let (choice, scored) =
-            tuner::choose_with(coll, &self.topo, block_bytes, &self.cfg.profile)?;
-        let best = choice.algo;
-        let piece = self.piece_for(Some(choice.piece_bytes));
-        if self.cfg.debug >= DebugLevel::Info && rank == 0 {
-            let table: Vec<String> = scored
-                .iter()
-                .map(|(a, t)| format!("{a} {:.1}us", t * 1e6))
-                .collect();
-            eprintln!(
-                "PCCL INFO {:?} {} B/block on {} ({}): {} (pieces of {} B applied{}) [profile {}: {}]",
-                coll,
-                block_bytes,
-                self.topo.describe(),
-                self.transport.name(),
-                best,
-                piece.unwrap_or(self.cfg.chunk_bytes),
-                if self.cfg.chunk_explicit {
-                    format!(
-                        ": PCCL_CHUNK_SIZE wins over the model's {} B",
-                        choice.piece_bytes
-                    )
-                } else {
-                    ", the model's choice".to_string()
-                },
-                self.cfg.profile.name,
-                table.join(", ")
-            );
-        }
-        lock(&self.choices).insert((coll, bucket), (best, piece));
-        Ok(best)
-    }
-
-    /// The piece size a call runs with: an explicit `PCCL_CHUNK_SIZE` wins over the tuner's
-    /// `tuned` piece; `None` (nothing tuned, nothing set) keeps the transport's own.
-    fn piece_for(&self, tuned: Option<usize>) -> Option<usize> {
-        if self.cfg.chunk_explicit {
-            Some(self.cfg.chunk_bytes)
-        } else {
-            tuned
-        }
-    }
-
-    /// The piece size of a call of `coll` with blocks of `block_bytes` (after
-    /// [`Inner::plan`] tuned it). Every rank computes the same: the tuner's choice depends
-    /// only on the topology, the profile and the size.
-    fn piece_of(&self, coll: Collective, block_bytes: usize) -> Option<usize> {
-        let bucket = usize::BITS - block_bytes.leading_zeros();
-        let tuned = lock(&self.choices).get(&(coll, bucket)).and_then(|c| c.1);
-        self.piece_for(tuned)
-    }
-
-    fn plan(&self, coll: Collective, block_bytes: usize) -> Result<Arc<Plan>> {
-        let algo = self.algorithm_for(coll, block_bytes)?;
-        if let Some(p) = lock(&self.plans).get(&(coll, algo)) {
-            return Ok(p.clone());
-        }
-        let p = Arc::new(plan::build(coll, algo, &self.topo, self.transport.rank())?);
-        if p.algorithm != algo && self.cfg.debug >= DebugLevel::Info {
-            eprintln!(
-                "PCCL INFO rank {}: {algo} needs nodes of equal size ({}); running {} instead",
-                self.transport.rank(),
-                self.topo.describe(),
-                p.algorithm
-            );
-        }
-        lock(&self.plans).insert((coll, algo), p.clone());
-        Ok(p)
-    }
-
     /// Runs `call` as collective `seq` on the calling thread, after any queued non-blocking
     /// collectives.
     ///
     /// # Safety
     /// The buffers `call` points to must stay valid and otherwise untouched until it returns.
     unsafe fn run_blocking<T: Element>(&self, call: Call<T>, seq: u32) -> Result<()> {
-        let plan = self
-            .plan(call.coll, call.block_bytes)
+        let (coll, block_bytes) = (call.coll, call.block_bytes);
+        let p = self
+            .plan(coll, block_bytes, true)
             .map_err(|e| self.refuse(seq, "planning", e))?;
         self.quiesce();
-        self.execute(&plan, call, seq)
+        let t0 = Instant::now();
+        self.execute(&p.plan, call, seq, p.piece)?;
+        if let Some(i) = p.trial {
+            self.record_trial(coll, block_bytes, i, t0.elapsed());
+        }
+        Ok(())
     }
 
     /// Queues `call` as collective `seq` on the progress worker; the request yields `keep`
@@ -778,8 +707,9 @@ impl Inner {
         keep: K,
         seq: u32,
     ) -> Result<Request<K>> {
-        let plan = self
-            .plan(call.coll, call.block_bytes)
+        let (coll, block_bytes) = (call.coll, call.block_bytes);
+        let p = self
+            .plan(coll, block_bytes, true)
             .map_err(|e| self.refuse(seq, "planning", e))?;
         let (req, done) = pair();
         let me = self.clone();
@@ -787,7 +717,12 @@ impl Inner {
         let job = Box::new(move || {
             // A panic inside a kernel must not leave the request or the queue stuck.
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                me.execute(&plan, call, seq)
+                let t0 = Instant::now();
+                me.execute(&p.plan, call, seq, p.piece)?;
+                if let Some(i) = p.trial {
+                    me.record_trial(coll, block_bytes, i, t0.elapsed());
+                }
+                Ok(())
             }))
             .unwrap_or_else(|_| {
                 Err(Error::internal(
@@ -824,7 +759,13 @@ impl Inner {
 
     /// Runs `call` as collective `seq`: the stamp, the fault board, injected faults, then the
     /// plan under one deadline. Any failure is made known to every peer.
-    fn execute<T: Element>(&self, plan: &Plan, call: Call<T>, seq: u32) -> Result<()> {
+    fn execute<T: Element>(
+        &self,
+        plan: &Plan,
+        call: Call<T>,
+        seq: u32,
+        piece: Option<usize>,
+    ) -> Result<()> {
         // Earlier point-to-point receives take their messages first (per-pair order).
         self.recvs.wait_idle();
         let tag = self.stamp_of(plan, &call, seq);
@@ -832,7 +773,7 @@ impl Inner {
         let r = (|| {
             tr.faults().check(tag, tr.rank())?;
             let corrupt = self.inject(seq)?;
-            self.execute_plan(plan, call, tag, corrupt)
+            self.execute_plan(plan, call, tag, corrupt, piece)
         })();
         if let Err(e) = &r {
             abandon(tr, tag, e);
@@ -846,6 +787,7 @@ impl Inner {
         call: Call<T>,
         tag: Tag,
         corrupt: bool,
+        piece: Option<usize>,
     ) -> Result<()> {
         let mut scratch = lock(&self.exec);
         let words = (call.scratch.total() * std::mem::size_of::<T>()).div_ceil(8);
@@ -869,7 +811,7 @@ impl Inner {
             deadline: Instant::now() + self.timeout(),
             op: call.op,
             corrupt,
-            piece: self.piece_of(call.coll, call.block_bytes),
+            piece,
         };
         execute(plan, self.transport.as_ref(), &mem, &opt)
     }

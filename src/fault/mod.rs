@@ -8,6 +8,7 @@
 //! |---|---|---|
 //! | `kill` | the rank dies: its process ends at once (thread-ranks: only that thread's rank) | `Remote` naming it, by detection (closed socket, vanished process) |
 //! | `stall` | the rank sleeps for twice `PCCL_TIMEOUT` before the collective | `Timeout` naming it, at the collective's deadline |
+//! | `slow` | the rank sleeps 50 ms ([`SLOW_MS`]) before the collective | nothing but a slower call (the online tuner's trials must not keep an algorithm for it) |
 //! | `drop` | every link of the rank fails, as if its cable were cut; the process lives on | `Remote` naming it, by detection |
 //! | `corrupt` | the collective's messages leave with a damaged stamp | `Remote`: the receivers see a call that does not match theirs |
 
@@ -20,11 +21,17 @@ pub enum FaultKind {
     Kill,
     /// Sleeps for twice the timeout before running the collective.
     Stall,
+    /// Sleeps [`SLOW_MS`] before running the collective: a slow peer, well within any
+    /// timeout.
+    Slow,
     /// All its links fail; it stays alive.
     Drop,
     /// Its messages of the collective carry a damaged stamp.
     Corrupt,
 }
+
+/// How long a `slow` rank sleeps before its collective, in milliseconds.
+pub const SLOW_MS: u64 = 50;
 
 /// One injected fault: `rank` misbehaves at its communicator's collective number `seq`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,7 +49,7 @@ pub fn parse(v: &str) -> Result<Vec<Fault>> {
     let bad = |part: &str, why: &str| {
         Error::invalid(format!(
             "PCCL_FAULT entry '{part}' {why}: expected rank:seq:kind with kind one of kill, \
-             stall, drop, corrupt (e.g. PCCL_FAULT=1:3:kill)"
+             stall, slow, drop, corrupt (e.g. PCCL_FAULT=1:3:kill)"
         ))
     };
     v.split(',')
@@ -61,6 +68,7 @@ pub fn parse(v: &str) -> Result<Vec<Fault>> {
                 kind: match kind.to_ascii_lowercase().as_str() {
                     "kill" => FaultKind::Kill,
                     "stall" => FaultKind::Stall,
+                    "slow" => FaultKind::Slow,
                     "drop" => FaultKind::Drop,
                     "corrupt" => FaultKind::Corrupt,
                     _ => return Err(bad(part, "has an unknown kind")),
@@ -84,8 +92,9 @@ mod tests {
 
     #[test]
     fn parses_lists_and_rejects_nonsense() {
-        let f = parse("1:3:kill, 0:0:corrupt").unwrap();
-        assert_eq!(f.len(), 2);
+        let f = parse("1:3:kill, 0:0:corrupt, 2:5:slow").unwrap();
+        assert_eq!(f.len(), 3);
+        assert_eq!(at(&f, 2, 5), Some(FaultKind::Slow));
         assert_eq!(at(&f, 1, 3), Some(FaultKind::Kill));
         assert_eq!(at(&f, 0, 0), Some(FaultKind::Corrupt));
         assert_eq!(at(&f, 0, 1), None);

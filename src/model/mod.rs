@@ -9,6 +9,7 @@
 //! * [`sim`]: the simulator engines (all ranks as events; one node phase by phase).
 //! * [`presets`]: named machines (Frontier, Perlmutter).
 //! * [`tuner`]: picks the algorithm and piece size from the simulator.
+//! * [`online`]: refines the tuner's pick by timing its close candidates (`PCCL_TUNE_ONLINE`).
 //! * [`goal`]: export of the plans as a GOAL schedule (LogGOPSim, ATLAHS).
 //! * [`cost`]: the older per-message α-β-γ estimate (kept for its callers).
 
@@ -17,6 +18,7 @@ pub mod contention;
 pub mod cost;
 pub mod goal;
 pub mod link_fit;
+pub mod online;
 pub mod oversub;
 pub mod presets;
 pub mod profile;

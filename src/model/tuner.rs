@@ -119,6 +119,27 @@ pub fn choose_with(
         .copied()
         .min_by(|x, y| x.1.total_cmp(&y.1))
         .unwrap_or((Algorithm::Flat(LevelAlgo::Ring), 0.0));
+    let piece_bytes = best_piece(coll, algo, topo, block_bytes, prof, seconds)?;
+    Ok((
+        Choice {
+            algo,
+            piece_bytes,
+            seconds,
+        },
+        scored,
+    ))
+}
+
+/// The piece size of the profile's candidates (else [`PIECES`]) with which `algo` is
+/// predicted fastest; the profile's own unless one beats `seconds`, its time with it.
+pub fn best_piece(
+    coll: Collective,
+    algo: Algorithm,
+    topo: &Topology,
+    block_bytes: usize,
+    prof: &Profile,
+    seconds: f64,
+) -> Result<usize> {
     let mut piece_bytes = prof.piece_bytes;
     let mut best = seconds;
     let pieces: &[usize] = if prof.piece_candidates.is_empty() {
@@ -137,14 +158,7 @@ pub fn choose_with(
             piece_bytes = pb;
         }
     }
-    Ok((
-        Choice {
-            algo,
-            piece_bytes,
-            seconds,
-        },
-        scored,
-    ))
+    Ok(piece_bytes)
 }
 
 /// The older entry point: the best algorithm under the five `PCCL_MODEL` parameters.

@@ -22,12 +22,38 @@ pub fn parse_list(spec: &str) -> Option<Vec<String>> {
     })
 }
 
-/// Communicators over `comm`'s ranks, one per algorithm of `algos` (`auto`: the tuner's).
+/// Turns on the tuner's online trials in `cfg` (`auto-online`): `PCCL_TUNE_ONLINE`'s count,
+/// else [`pccl::model::online::DEFAULT_TRIALS`].
+pub fn online(cfg: &mut pccl::config::Config) {
+    if cfg.tune_online == 0 {
+        cfg.tune_online = pccl::model::online::DEFAULT_TRIALS;
+    }
+}
+
+/// Runs `once` (a call of `coll` with `block_bytes` per block on `comm`) until `comm`'s online
+/// trials for it have settled: the warm-up of a tuner that measures (nothing without them).
+pub fn settle(
+    comm: &Communicator,
+    coll: pccl::plan::Collective,
+    block_bytes: usize,
+    mut once: impl FnMut() -> pccl::Result<()>,
+) -> pccl::Result<()> {
+    while comm.online_calls_left(coll, block_bytes)? > 0 {
+        once()?;
+    }
+    Ok(())
+}
+
+/// Communicators over `comm`'s ranks, one per algorithm of `algos` (`auto`: the tuner's;
+/// `auto-online`: the tuner's with its online trials).
 pub fn split_per_algo(comm: &Communicator, algos: &[String]) -> pccl::Result<Vec<Communicator>> {
     let mut out = Vec::new();
     for a in algos {
         let mut cfg = comm.config().clone();
         cfg.algo = if a == "auto" {
+            None
+        } else if a == "auto-online" {
+            online(&mut cfg);
             None
         } else {
             Some(a.parse().map_err(|e: pccl::Error| {
@@ -80,7 +106,10 @@ pub fn run_size<T: Element>(
     let iters = iters_for(args, total_bytes);
     let rounds = iters.clamp(1, 15);
     let batch = iters.div_ceil(rounds);
+    let coll_key = coll.plan_key(op);
+    let block_bytes = coll.block_bytes(count, p, es);
     for c in subs {
+        settle(c, coll_key, block_bytes, || run_once(c, &mut output))?;
         for _ in 0..args.warmup {
             run_once(c, &mut output)?;
         }
@@ -112,8 +141,6 @@ pub fn run_size<T: Element>(
     let mut wrong_all = vec![0f64; k];
     comm.all_reduce(&wrong, &mut wrong_all, ReduceOp::Sum)?;
     let factor = coll.busbw_factor(p);
-    let coll_key = coll.plan_key(op);
-    let block_bytes = coll.block_bytes(count, p, es);
     let mut rows = Vec::new();
     for (a, c) in subs.iter().enumerate() {
         let per_round: Vec<f64> = sums[a * rounds..(a + 1) * rounds]

@@ -213,6 +213,10 @@ impl Inner {
                 }
                 Ok(false)
             }
+            Some(FaultKind::Slow) => {
+                std::thread::sleep(Duration::from_millis(fault::SLOW_MS));
+                Ok(false)
+            }
             Some(FaultKind::Drop) => {
                 self.transport.drop_links()?;
                 Ok(false)

@@ -1,0 +1,243 @@
+//! The online trials (`PCCL_TUNE_ONLINE`) on thread-ranks: the first calls of a collective
+//! and size try the model's close candidates, every result right; the ranks then keep one
+//! algorithm, the same everywhere; a peer that is slow at one candidate's trials makes the
+//! ranks keep another; a peer that dies during the trials or the agreement fails the call on
+//! every rank, promptly and naming it; ranks that disagree on trying fail instead of pairing.
+
+mod common;
+
+use common::{input, prompt, reduced, same_bits};
+use pccl::config::Config;
+use pccl::fault::{Fault, FaultKind};
+use pccl::plan::Collective;
+use pccl::transport::threads::ThreadWorld;
+use pccl::{Communicator, ErrorKind, ReduceOp};
+use std::time::{Duration, Instant};
+
+/// Timed calls per candidate in these tests.
+const TRIALS: usize = 2;
+
+fn cfg(tune_online: usize, faults: Vec<Fault>) -> Config {
+    Config {
+        ranks_per_node: Some(2),
+        tune_online,
+        timeout: Duration::from_secs(30),
+        faults,
+        ..Config::default()
+    }
+}
+
+/// The collectives tried, by index, with their tuner key for `n` f32 elements per block.
+fn key(which: usize, n: usize, p: usize) -> (Collective, usize) {
+    match which {
+        0 => (Collective::AllGather, n * 4),
+        1 => (Collective::ReduceScatter { average: false }, n * 4),
+        _ => (Collective::AllReduce { average: false }, n.div_ceil(p) * 4),
+    }
+}
+
+/// Runs collective `which` with `n` elements per block (all-reduce: `n` in all) and panics on
+/// a wrong result.
+fn run_checked(comm: &Communicator, which: usize, n: usize) -> pccl::Result<()> {
+    let (p, r) = (comm.size(), comm.rank());
+    match which {
+        0 => {
+            let mut out = vec![0f32; n * p];
+            comm.all_gather(&input::<f32>(r, n, ReduceOp::Sum), &mut out)?;
+            for q in 0..p {
+                let want: Vec<f32> = input(q, n, ReduceOp::Sum);
+                assert!(same_bits(&out[q * n..(q + 1) * n], &want), "block {q}");
+            }
+        }
+        1 => {
+            let inp: Vec<f32> = (0..n * p)
+                .map(|i| common::value::<f32>(r, i, ReduceOp::Sum))
+                .collect();
+            let mut out = vec![0f32; n];
+            comm.reduce_scatter(&inp, &mut out, ReduceOp::Sum)?;
+            for (i, v) in out.iter().enumerate() {
+                assert_eq!(*v, reduced::<f32>(p, r * n + i, ReduceOp::Sum), "elem {i}");
+            }
+        }
+        _ => {
+            let mut out = vec![0f32; n];
+            comm.all_reduce(&input::<f32>(r, n, ReduceOp::Sum), &mut out, ReduceOp::Sum)?;
+            for (i, v) in out.iter().enumerate() {
+                assert_eq!(*v, reduced::<f32>(p, i, ReduceOp::Sum), "elem {i}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A size (elements) at which the model leaves collective `which` more than one candidate
+/// on 4 ranks in nodes of 2, with the calls the trials take: found on a communicator that
+/// never calls.
+fn trying_size(which: usize) -> Option<(usize, usize)> {
+    let found = Communicator::run_threads(4, cfg(TRIALS, vec![]), |comm| {
+        [64, 256, 1024, 4096, 16384, 65536]
+            .into_iter()
+            .find_map(|n| {
+                let (c, b) = key(which, n, 4);
+                let left = comm.online_calls_left(c, b).unwrap();
+                (left > 0).then_some((n, left))
+            })
+    })
+    .unwrap();
+    assert!(
+        found.windows(2).all(|w| w[0] == w[1]),
+        "ranks differ: {found:?}"
+    );
+    found[0]
+}
+
+#[test]
+fn the_trials_end_in_one_algorithm_on_every_rank_and_every_result_is_right() {
+    let mut tried = 0;
+    for which in 0..3 {
+        let Some((n, left)) = trying_size(which) else {
+            continue;
+        };
+        tried += 1;
+        let k = (left - 1) / (TRIALS + 1);
+        assert!(
+            (2..=3).contains(&k) && left == k * (TRIALS + 1) + 1,
+            "collective {which}: {left} calls"
+        );
+        let out = Communicator::run_threads(4, cfg(TRIALS, vec![]), |comm| {
+            let (c, b) = key(which, n, 4);
+            let model = comm.algorithm_for(c, b).unwrap();
+            for call in 0..left + 2 {
+                run_checked(&comm, which, n).unwrap_or_else(|e| panic!("call {call}: {e}"));
+                let now = comm.online_calls_left(c, b).unwrap();
+                assert_eq!(now, left.saturating_sub(call + 1), "after call {call}");
+            }
+            // Another size of the same bucket runs the choice too.
+            run_checked(&comm, which, n + 4).unwrap();
+            (model, comm.algorithm_for(c, b).unwrap())
+        })
+        .unwrap();
+        assert!(
+            out.windows(2).all(|w| w[0] == w[1]),
+            "ranks differ: {out:?}"
+        );
+    }
+    assert!(
+        tried > 0,
+        "the model left no collective more than one candidate"
+    );
+}
+
+#[test]
+fn a_candidate_whose_trials_a_slow_peer_holds_up_is_not_kept() {
+    let (n, left) = trying_size(0).expect("an all-gather size with candidates to try");
+    // Rank 1 sleeps before every timed trial of the model's choice: calls 1..=TRIALS (its
+    // calls come first, in a row, after one that warms up).
+    let slow: Vec<Fault> = (1..=TRIALS)
+        .map(|i| Fault {
+            rank: 1,
+            seq: i as u32,
+            kind: FaultKind::Slow,
+        })
+        .collect();
+    let out = Communicator::run_threads(4, cfg(TRIALS, slow), |comm| {
+        let (c, b) = key(0, n, 4);
+        let model = comm.algorithm_for(c, b).unwrap();
+        for _ in 0..left {
+            run_checked(&comm, 0, n).unwrap();
+        }
+        (model, comm.algorithm_for(c, b).unwrap())
+    })
+    .unwrap();
+    assert!(
+        out.windows(2).all(|w| w[0] == w[1]),
+        "ranks differ: {out:?}"
+    );
+    let (model, kept) = out[0];
+    assert_ne!(model, kept, "the slowed candidate {model} was kept");
+}
+
+#[test]
+fn a_peer_that_dies_during_the_trials_or_the_agreement_fails_the_call_on_every_rank() {
+    let (n, left) = trying_size(0).expect("an all-gather size with candidates to try");
+    // A trial call, and the agreement (the collective number after the deciding call's).
+    for seq in [1, left as u32] {
+        let kill = vec![Fault {
+            rank: 1,
+            seq,
+            kind: FaultKind::Kill,
+        }];
+        let out = Communicator::run_threads(4, cfg(TRIALS, kill), |comm| {
+            let mut calls = 0;
+            loop {
+                let t0 = Instant::now();
+                match run_checked(&comm, 0, n) {
+                    Ok(()) => calls += 1,
+                    Err(e) => return (comm.rank(), calls, e, t0.elapsed()),
+                }
+                assert!(calls <= left, "rank {}: no call failed", comm.rank());
+            }
+        })
+        .unwrap();
+        for (r, calls, e, took) in out {
+            let what = format!("kill at #{seq}, rank {r} after {calls} calls");
+            assert!(calls as u32 <= seq, "{what}: {e}");
+            if r == 1 {
+                continue;
+            }
+            assert_eq!(e.kind(), ErrorKind::Remote, "{what}: {e}");
+            assert!(e.message().contains("rank 1"), "{what}: {e}");
+            assert!(took < prompt(Duration::from_secs(1)), "{what}: {took:?}");
+        }
+    }
+}
+
+#[test]
+fn ranks_that_disagree_on_trying_fail_the_call_instead_of_pairing() {
+    let (n, _) = trying_size(0).expect("an all-gather size with candidates to try");
+    let world = ThreadWorld::new(4);
+    let transports: Vec<_> = (0..4).map(|r| world.transport(r).unwrap()).collect();
+    let out: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = transports
+            .into_iter()
+            .enumerate()
+            .map(|(r, t)| {
+                s.spawn(move || {
+                    // Rank 0 tries candidates; the others keep the model's choice.
+                    let comm =
+                        Communicator::with_config(t, cfg(if r == 0 { TRIALS } else { 0 }, vec![]))
+                            .unwrap();
+                    for call in 0..TRIALS + 3 {
+                        if let Err(e) = run_checked(&comm, 0, n) {
+                            return Some((call, e));
+                        }
+                    }
+                    None
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // The first TRIALS + 1 calls run the model's choice; the next another candidate on rank
+    // 0 alone.
+    for (r, o) in out.iter().enumerate() {
+        let (call, e) = o
+            .as_ref()
+            .unwrap_or_else(|| panic!("rank {r}: every call passed"));
+        assert_eq!(*call, TRIALS + 1, "rank {r}: {e}");
+        assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
+    }
+}
+
+#[test]
+fn pccl_tune_online_parses_counts_and_switches_and_refuses_the_rest() {
+    use pccl::config::parse_tune_online;
+    assert_eq!(parse_tune_online("0").unwrap(), 0);
+    assert_eq!(parse_tune_online("5").unwrap(), 5);
+    assert_eq!(parse_tune_online("on").unwrap(), 8);
+    assert_eq!(parse_tune_online("OFF").unwrap(), 0);
+    for bad in ["-1", "33", "fast", ""] {
+        let e = parse_tune_online(bad).unwrap_err();
+        assert!(e.message().contains("PCCL_TUNE_ONLINE"), "{bad}: {e}");
+    }
+}
