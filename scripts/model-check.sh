@@ -4,11 +4,12 @@
 # auto,ring,...`: same ranks, same buffers, medians over rounds) and predicts each with
 # pccl-sim from the same profile, printing measured/predicted per size and algorithm, and
 # how far `auto` is from the best fixed algorithm of the same run. Issue 12's targets: ratio
-# within 1/1.5…1.5, auto ≤ 1.10×.
+# within 1/1.5…1.5, auto ≤ 1.10×. `auto-online` (the tuner with its online trials,
+# PCCL_TUNE_ONLINE) is measured beside them and judged the same way (it has no prediction).
 #
 #   scripts/model-check.sh                          # threads: 2, 4, 8 ranks, 1 KiB … 64 MiB
 #   TRANSPORTS="threads mpi" MAX=16M scripts/model-check.sh
-# Env: REPEAT (default 3: pccl-bench processes per shape; each interleaves every algorithm,
+# Env: ONLINE (default 1; 0 leaves `auto-online` out), REPEAT (default 3: pccl-bench processes per shape; each interleaves every algorithm,
 # and each point is the median over the processes of each one's median — on the 2-core VM
 # one process's thread placement alone moved a point up to 1.8×), TUNE_RUNS (default 3:
 # pccl-tune processes for the oversubscription term, the median kept), TRANSPORTS (default "threads"; "mpi" runs `mpiexec -n P pccl-bench --transport mpi`
@@ -31,6 +32,9 @@ COLLS=${COLLS:-"allgather reducescatter"}
 REPEAT=${REPEAT:-3}
 TUNE_RUNS=${TUNE_RUNS:-3}
 TRANSPORTS=${TRANSPORTS:-threads}
+ONLINE=${ONLINE:-1}
+online=""
+[ "$ONLINE" != 0 ] && online=",auto-online"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 features=()
 [[ " $TRANSPORTS " == *" mpi "* ]] && features=(--features mpi)
@@ -111,7 +115,7 @@ for t in $TRANSPORTS; do
           # (Sets kept before REPEAT existed hold one run, without the .rN.)
           [ -n "${REUSE:-}" ] && [ -s "$WORK/bench-$t-$p-$m-$c.json" ] && break
           if [ -z "${REUSE:-}" ] || [ ! -s "$out" ]; then
-            "${launch[@]}" --ranks-per-node "$m" --coll "$c" --algo "${algos// /,}" \
+            "${launch[@]}" --ranks-per-node "$m" --coll "$c" --algo "${algos// /,}$online" \
               -m "1K:$max" --json >"$out"
           fi
         done
@@ -152,24 +156,30 @@ for (key, a), v in runs.items():
     t, p, m, c, size = key
     times = sorted(x[0] for x in v)
     ran = max({x[1] for x in v}, key=lambda u: sum(1 for x in v if x[1] == u))
-    rows.setdefault(key, {})[a] = (times[len(times) // 2], ran, pred_of(t, p, m, c, a, size))
+    pred = float("nan") if a == "auto-online" else pred_of(t, p, m, c, a, size)
+    rows.setdefault(key, {})[a] = (times[len(times) // 2], ran, pred)
 print("| transport | ranks | per node | coll | size | algo (ran) | measured median us | predicted us | meas/pred |")
 print("|---|---|---|---|---|---|---|---|---|")
-ratios, autos = {}, []
+ratios, autos = {}, {}
+TUNERS = ("auto", "auto-online")
 def band(s):
     return "<= 32 KiB" if s <= 32 << 10 else "64 KiB - 1 MiB" if s <= 1 << 20 else "2 - 8 MiB" if s <= 8 << 20 else ">= 16 MiB"
 for (t, p, m, c, s), algos in sorted(rows.items()):
     for a, (meas, used, pr) in sorted(algos.items()):
         r = meas / pr
-        ratios.setdefault((t, band(s)), []).append(r)
+        if a != "auto-online":
+            ratios.setdefault((t, band(s)), []).append(r)
         print(f"| {t} | {p} | {m} | {c} | {s} | {a} ({used}) | {meas:.1f} | {pr:.1f} | {r:.2f} |")
-    fixed = {k: v[0] for k, v in algos.items() if k != "auto"}
-    if "auto" in algos and fixed:
+    fixed = {k: v[0] for k, v in algos.items() if k not in TUNERS}
+    for tu in TUNERS:
+        if tu not in algos or not fixed:
+            continue
         best = min(fixed.values())
         # The same code measured twice (auto and its fixed twin) shows the noise; the twin's
         # own median judges the tuner's choice without it.
-        twin = fixed.get(algos["auto"][1], algos["auto"][0])
-        autos.append((algos["auto"][0] / best, twin / best, t, p, m, c, s, algos["auto"][1]))
+        twin = fixed.get(algos[tu][1], algos[tu][0])
+        autos.setdefault(tu, []).append(
+            (algos[tu][0] / best, twin / best, t, p, m, c, s, algos[tu][1]))
 def med(v):
     v = sorted(v)
     return v[len(v) // 2]
@@ -184,14 +194,15 @@ for t in sorted({k[0] for k in ratios}):
         if v:
             ins = sum(1 for r in v if 1 / 1.5 <= r <= 1.5)
             print(f"  {b}: median {med(v):.2f}, {ins}/{len(v)} within 1.5x")
-for t in sorted({a[2] for a in autos}):
-    at = [a for a in autos if a[2] == t]
-    ok = sum(1 for a in at if a[0] <= 1.10)
-    ok2 = sum(1 for a in at if a[1] <= 1.10)
-    print(f"{t}: auto within 10% of the best fixed algorithm of the same run: {ok}/{len(at)} "
-          f"(auto's own median); {ok2}/{len(at)} (the median of the fixed algorithm auto chose)")
-    for a in sorted(at, reverse=True)[:6]:
-        print(f"  auto/best {a[0]:.2f} (its choice/best {a[1]:.2f}): {a[3]} ranks, {a[4]}/node, {a[5]}, {a[6]} B (auto ran {a[7]})")
+for tu, av in autos.items():
+    for t in sorted({a[2] for a in av}):
+        at = [a for a in av if a[2] == t]
+        ok = sum(1 for a in at if a[0] <= 1.10)
+        ok2 = sum(1 for a in at if a[1] <= 1.10)
+        print(f"{t}: {tu} within 10% of the best fixed algorithm of the same run: {ok}/{len(at)} "
+              f"({tu}'s own median); {ok2}/{len(at)} (the median of the fixed algorithm it chose)")
+        for a in sorted(at, reverse=True)[:6]:
+            print(f"  {tu}/best {a[0]:.2f} (its choice/best {a[1]:.2f}): {a[3]} ranks, {a[4]}/node, {a[5]}, {a[6]} B ({tu} ran {a[7]})")
 # The model judged without re-measuring (what REUSE=1 with another model or profile needs):
 # its pick among the fixed algorithms (the lowest prediction), and the tuner's choice now
 # (`pccl-sim --algo auto`, which may be an overlapped plan), each by what was measured for it.
@@ -204,7 +215,7 @@ def choice_now(t, p, m, c, size):
 for t in sorted({k[0] for k in rows}):
     pick_ok = pick_n = now_ok = now_n = 0
     for (tt, p, m, c, s), algos in rows.items():
-        fixed = {k: v for k, v in algos.items() if k != "auto"}
+        fixed = {k: v for k, v in algos.items() if k not in TUNERS}
         if tt != t or not fixed:
             continue
         best = min(v[0] for v in fixed.values())

@@ -434,7 +434,11 @@ fn a_slow_rank_only_delays_the_call_every_result_right() {
     for (which, name) in COLLS.iter().enumerate() {
         let out = fault_case(4, 2, None, which, 3, FaultKind::Slow, 30.0);
         for (r, o) in out.iter().enumerate() {
-            assert!(o.is_none(), "{name} rank {r}: {:?}", o.as_ref().map(|e| &e.0));
+            assert!(
+                o.is_none(),
+                "{name} rank {r}: {:?}",
+                o.as_ref().map(|e| &e.0)
+            );
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Real processes under `mpiexec -n K`, K = 1..=8, with `PCCL_RANKS_PER_NODE` in {1, 2, 4}
 //! where it divides K: every algorithm on the MPI transport (examples/mpi_check.rs), and the
-//! benchmark's `--check` mode; MPI's CUDA-awareness detection and its override.
+//! benchmark's `--check` mode; MPI's CUDA-awareness detection and its override; the online
+//! trials across processes.
 #![cfg(feature = "mpi")]
 
 use std::path::PathBuf;
@@ -171,4 +172,61 @@ fn the_tuners_piece_reaches_mpi_and_a_mismatched_rank_fails_clearly() {
         "{err}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The online trials (`PCCL_TUNE_ONLINE`) across processes: the benchmark's `auto-online`
+/// settles every size (the agreement runs, every result checked), and a rank that does not
+/// try while the others do fails the run with an error instead of pairing different
+/// algorithms or hanging.
+#[test]
+fn online_trials_agree_across_processes_and_a_rank_that_does_not_try_fails_the_run() {
+    let bench = env!("CARGO_BIN_EXE_pccl-bench");
+    let args = [
+        "--coll",
+        "all",
+        "-m",
+        "1K:64K",
+        "-i",
+        "3",
+        "--check",
+        "--no-mpi-compare",
+        "--algo",
+        "auto-online",
+    ];
+    let run = |lone: Option<&str>| {
+        let mut cmd = Command::new("mpiexec");
+        cmd.env("PCCL_TIMEOUT", "30")
+            .env("PCCL_DEBUG", "INFO")
+            .env("PCCL_RANKS_PER_NODE", "2")
+            .env("PCCL_TUNE_ONLINE", "2");
+        if let Some(v) = lone {
+            cmd.args(["-n", "1", "-env", "PCCL_TUNE_ONLINE", v, bench])
+                .args(args)
+                .args([":", "-n", "3", bench]);
+        } else {
+            cmd.args(["-n", "4", bench]);
+        }
+        cmd.args(args)
+            .output()
+            .expect("mpiexec runs (install mpich)")
+    };
+    let out = run(None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("PCCL_TUNE_ONLINE keeps"),
+        "no trials settled:\n{err}"
+    );
+    let t0 = std::time::Instant::now();
+    let out = run(Some("0"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a rank without trials went unnoticed: {err}"
+    );
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(25),
+        "it took {:?}: {err}",
+        t0.elapsed()
+    );
 }

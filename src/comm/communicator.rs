@@ -271,8 +271,9 @@ impl Communicator {
     }
 
     /// Calls of `coll` with `block_bytes` per block still to make before the online trials
-    /// (`PCCL_TUNE_ONLINE`) settle the algorithm of its size; 0 when settled or when nothing
-    /// is tried. The same on every rank that made the same calls.
+    /// (`PCCL_TUNE_ONLINE`) settle the algorithm of its size; 0 when settled, when nothing is
+    /// tried, or when the trials time another size of the same size bucket (a power of two).
+    /// The same on every rank that made the same calls.
     pub fn online_calls_left(&self, coll: Collective, block_bytes: usize) -> Result<usize> {
         self.inner.online_calls_left(coll, block_bytes)
     }

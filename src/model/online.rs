@@ -103,10 +103,14 @@ impl Trial {
         &self.cands
     }
 
-    /// Calls of the trials' size still to issue before the choice is made (the deciding
-    /// call included).
-    pub fn calls_left(&self) -> usize {
-        self.secs.len() - self.issued + 1
+    /// Calls with blocks of `block_bytes` still to issue before the choice is made (the
+    /// deciding call included); 0 where the trials time another size of the bucket (calls of
+    /// this one run the model's choice until they settle).
+    pub fn calls_left(&self, block_bytes: usize) -> usize {
+        match self.ref_bytes {
+            Some(r) if r != block_bytes => 0,
+            _ => self.secs.len() - self.issued + 1,
+        }
     }
 
     /// The candidate of trial call `i`: each runs its calls in a row, the model's best first.
@@ -209,7 +213,8 @@ mod tests {
             }
         }
         assert_eq!(order, vec![RING, RING, RING, RD, RD, RD]);
-        assert_eq!(t.calls_left(), 1);
+        assert_eq!(t.calls_left(1024), 1);
+        assert_eq!(t.calls_left(2000), 0);
         assert_eq!(t.next(1024), Step::Decide);
         assert_eq!(t.next(1024), Step::Decide);
     }

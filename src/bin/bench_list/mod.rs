@@ -38,10 +38,19 @@ pub fn settle(
     block_bytes: usize,
     mut once: impl FnMut() -> pccl::Result<()>,
 ) -> pccl::Result<()> {
-    while comm.online_calls_left(coll, block_bytes)? > 0 {
+    // The count falls by one per call; the bound only guards against a library bug.
+    let mut left = comm.online_calls_left(coll, block_bytes)?;
+    let bound = left;
+    for _ in 0..=bound {
+        if left == 0 {
+            return Ok(());
+        }
         once()?;
+        left = comm.online_calls_left(coll, block_bytes)?;
     }
-    Ok(())
+    Err(pccl::Error::internal(format!(
+        "the online trials of {coll:?} at {block_bytes} B per block did not settle"
+    )))
 }
 
 /// Communicators over `comm`'s ranks, one per algorithm of `algos` (`auto`: the tuner's;

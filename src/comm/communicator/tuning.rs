@@ -62,7 +62,8 @@ impl Inner {
     }
 
     /// Calls of `coll` with `block_bytes` per block still to make before the online trials
-    /// settle its bucket's choice (0: settled, or nothing to try).
+    /// settle its bucket's choice (0: settled, nothing to try, or the trials time another
+    /// size of the bucket).
     pub(super) fn online_calls_left(&self, coll: Collective, block_bytes: usize) -> Result<usize> {
         if self.forced(coll).is_some() {
             return Ok(0);
@@ -70,7 +71,7 @@ impl Inner {
         self.ensure_tuned(coll, block_bytes)?;
         Ok(
             match lock(&self.choices).get(&(coll, bucket(block_bytes))) {
-                Some(Tuning::Trying(tr)) => tr.calls_left(),
+                Some(Tuning::Trying(tr)) => tr.calls_left(block_bytes),
                 _ => 0,
             },
         )
