@@ -99,14 +99,15 @@ impl Inner {
         }
         let prof = &self.cfg.profile;
         let (choice, scored) = tuner::choose_with(coll, &self.topo, block_bytes, prof)?;
-        let best: Tuned = (choice.algo, self.piece_for(Some(choice.piece_bytes)));
+        // Raw tuned pieces: `plan` applies an explicit PCCL_CHUNK_SIZE over them.
+        let best: Tuned = (choice.algo, Some(choice.piece_bytes));
         let mut cands = vec![best];
         if self.cfg.tune_online > 0 {
             for a in online::shortlist(&scored) {
                 if a != choice.algo {
                     let t = scored.iter().find(|s| s.0 == a).map_or(0.0, |s| s.1);
                     let pb = tuner::best_piece(coll, a, &self.topo, block_bytes, prof, t)?;
-                    cands.push((a, self.piece_for(Some(pb))));
+                    cands.push((a, Some(pb)));
                 }
             }
         }
@@ -132,7 +133,7 @@ impl Inner {
                 self.topo.describe(),
                 self.transport.name(),
                 best.0,
-                best.1.unwrap_or(self.cfg.chunk_bytes),
+                self.piece_for(best.1).unwrap_or(self.cfg.chunk_bytes),
                 if self.cfg.chunk_explicit {
                     format!(
                         ": PCCL_CHUNK_SIZE wins over the model's {} B",
