@@ -2,7 +2,8 @@
 //! and size try the model's close candidates, every result right; the ranks then keep one
 //! algorithm, the same everywhere; a peer that is slow at one candidate's trials makes the
 //! ranks keep another; a peer that dies during the trials or the agreement fails the call on
-//! every rank, promptly and naming it; ranks that disagree on trying fail instead of pairing.
+//! every rank, promptly and naming it; ranks that disagree on trying fail instead of pairing;
+//! queued (non-blocking) calls are timed as trials too; any rank count settles.
 
 mod common;
 
@@ -240,4 +241,83 @@ fn pccl_tune_online_parses_counts_and_switches_and_refuses_the_rest() {
         let e = parse_tune_online(bad).unwrap_err();
         assert!(e.message().contains("PCCL_TUNE_ONLINE"), "{bad}: {e}");
     }
+}
+
+#[test]
+fn the_trials_settle_at_any_rank_count_including_one_and_odd_ones() {
+    for p in [1usize, 3, 5] {
+        let cfg = Config {
+            ranks_per_node: Some(1),
+            ..cfg(TRIALS, vec![])
+        };
+        let out = Communicator::run_threads(p, cfg, |comm| {
+            let mut settled = Vec::new();
+            for which in 0..3 {
+                for n in [16, 1000, 40000] {
+                    let (c, b) = key(which, n, p);
+                    let left = comm.online_calls_left(c, b).unwrap();
+                    for call in 0..left {
+                        run_checked(&comm, which, n)
+                            .unwrap_or_else(|e| panic!("p{p} coll {which} n {n} call {call}: {e}"));
+                    }
+                    assert_eq!(comm.online_calls_left(c, b).unwrap(), 0);
+                    run_checked(&comm, which, n).unwrap();
+                    settled.push((left, comm.algorithm_for(c, b).unwrap()));
+                }
+            }
+            settled
+        })
+        .unwrap();
+        assert!(
+            out.windows(2).all(|w| w[0] == w[1]),
+            "p{p}: ranks differ: {out:?}"
+        );
+        assert!(
+            out[0].iter().any(|s| s.0 > 0),
+            "p{p}: nothing was tried: {out:?}"
+        );
+    }
+}
+
+#[test]
+fn queued_calls_take_part_in_the_trials_and_the_decision_waits_for_them() {
+    let (n, left) = trying_size(0).expect("an all-gather size with candidates to try");
+    // Rank 1 slow at the model's choice's timed calls: the queued calls' times must count.
+    let slow: Vec<Fault> = (1..=TRIALS)
+        .map(|i| Fault {
+            rank: 1,
+            seq: i as u32,
+            kind: FaultKind::Slow,
+        })
+        .collect();
+    let out = Communicator::run_threads(4, cfg(TRIALS, slow), |comm| {
+        let (p, r) = (comm.size(), comm.rank());
+        let (c, b) = key(0, n, p);
+        let model = comm.algorithm_for(c, b).unwrap();
+        // Every call of the trials and the deciding one queued before any is waited for.
+        let reqs: Vec<_> = (0..left)
+            .map(|_| {
+                comm.all_gather_async(input::<f32>(r, n, ReduceOp::Sum), vec![0f32; n * p])
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(comm.online_calls_left(c, b).unwrap(), 0);
+        for (i, req) in reqs.into_iter().enumerate() {
+            let (_, out) = req.wait().unwrap_or_else(|e| panic!("call {i}: {e}"));
+            for q in 0..p {
+                let want: Vec<f32> = input(q, n, ReduceOp::Sum);
+                assert!(
+                    same_bits(&out[q * n..(q + 1) * n], &want),
+                    "call {i} block {q}"
+                );
+            }
+        }
+        (model, comm.algorithm_for(c, b).unwrap())
+    })
+    .unwrap();
+    assert!(
+        out.windows(2).all(|w| w[0] == w[1]),
+        "ranks differ: {out:?}"
+    );
+    assert_ne!(out[0].0, out[0].1, "the slowed candidate was kept");
 }
