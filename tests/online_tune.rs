@@ -321,3 +321,35 @@ fn queued_calls_take_part_in_the_trials_and_the_decision_waits_for_them() {
     );
     assert_ne!(out[0].0, out[0].1, "the slowed candidate was kept");
 }
+
+#[test]
+fn a_damaged_agreement_fails_the_deciding_call_everywhere_and_the_next_call_decides() {
+    let (n, left) = trying_size(0).expect("an all-gather size with candidates to try");
+    // The agreement takes the collective number after the deciding call's (call left - 1).
+    let corrupt = vec![Fault {
+        rank: 1,
+        seq: left as u32,
+        kind: FaultKind::Corrupt,
+    }];
+    let out = Communicator::run_threads(4, cfg(TRIALS, corrupt), |comm| {
+        let (c, b) = key(0, n, comm.size());
+        for call in 0..left - 1 {
+            run_checked(&comm, 0, n).unwrap_or_else(|e| panic!("trial {call}: {e}"));
+        }
+        let failed = run_checked(&comm, 0, n).err();
+        // Retried: a new agreement, then the call with its winner.
+        run_checked(&comm, 0, n).expect("the call after the failed agreement");
+        run_checked(&comm, 0, n).expect("and the one after");
+        (
+            failed.map(|e| e.kind()),
+            comm.online_calls_left(c, b).unwrap(),
+            comm.algorithm_for(c, b).unwrap(),
+        )
+    })
+    .unwrap();
+    for (r, o) in out.iter().enumerate() {
+        assert_eq!(o.0, Some(ErrorKind::Remote), "rank {r}: {out:?}");
+        assert_eq!(o.1, 0, "rank {r}: not settled");
+    }
+    assert!(out.windows(2).all(|w| w[0].2 == w[1].2), "ranks differ: {out:?}");
+}
