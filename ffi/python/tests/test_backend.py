@@ -59,6 +59,14 @@ def test_collectives_match_gloo_two_nodes(world, tmp_path, monkeypatch):
     _run_world(world, tmp_path)
 
 
+def test_collectives_match_gloo_with_online_trials(tmp_path, monkeypatch):
+    # PCCL_TUNE_ONLINE: the first calls of each size try the model's close candidates (and
+    # the agreement waits for torch's queued work); every result still matches gloo.
+    monkeypatch.setenv("PCCL_RANKS_PER_NODE", "2")
+    monkeypatch.setenv("PCCL_TUNE_ONLINE", "2")
+    _run_world(4, tmp_path)
+
+
 def test_import_registers_backend():
     import torch.distributed as dist
 
