@@ -351,5 +351,8 @@ fn a_damaged_agreement_fails_the_deciding_call_everywhere_and_the_next_call_deci
         assert_eq!(o.0, Some(ErrorKind::Remote), "rank {r}: {out:?}");
         assert_eq!(o.1, 0, "rank {r}: not settled");
     }
-    assert!(out.windows(2).all(|w| w[0].2 == w[1].2), "ranks differ: {out:?}");
+    assert!(
+        out.windows(2).all(|w| w[0].2 == w[1].2),
+        "ranks differ: {out:?}"
+    );
 }
