@@ -227,3 +227,60 @@ pub fn run_test_in_child(name: &str, label: &str, envs: &[(&str, &str)]) {
     }
     assert!(out.status.success(), "{name} on {label} failed:\n{text}");
 }
+
+/// Runs collective `which` (0 all-gather, 1 reduce-scatter, 2 all-reduce, else broadcast from
+/// the last rank), f32 sums, with `n` elements per block and checks the result when it
+/// succeeds (a success with wrong data panics).
+pub fn run_checked(comm: &pccl::Communicator, which: usize, n: usize) -> pccl::Result<()> {
+    let (p, r) = (comm.size(), comm.rank());
+    match which {
+        0 => {
+            let mine: Vec<f32> = input(r, n, ReduceOp::Sum);
+            let mut out = vec![0f32; n * p];
+            comm.all_gather(&mine, &mut out)?;
+            for q in 0..p {
+                let want: Vec<f32> = input(q, n, ReduceOp::Sum);
+                assert!(
+                    same_bits(&out[q * n..(q + 1) * n], &want),
+                    "all-gather block {q}"
+                );
+            }
+        }
+        1 => {
+            let inp: Vec<f32> = (0..n * p)
+                .map(|i| value::<f32>(r, i, ReduceOp::Sum))
+                .collect();
+            let mut out = vec![0f32; n];
+            comm.reduce_scatter(&inp, &mut out, ReduceOp::Sum)?;
+            for (i, v) in out.iter().enumerate() {
+                assert_eq!(
+                    *v,
+                    reduced::<f32>(p, r * n + i, ReduceOp::Sum),
+                    "rs elem {i}"
+                );
+            }
+        }
+        2 => {
+            let inp: Vec<f32> = input(r, n, ReduceOp::Sum);
+            let mut out = vec![0f32; n];
+            comm.all_reduce(&inp, &mut out, ReduceOp::Sum)?;
+            for (i, v) in out.iter().enumerate() {
+                assert_eq!(*v, reduced::<f32>(p, i, ReduceOp::Sum), "ar elem {i}");
+            }
+        }
+        _ => {
+            let root = p - 1;
+            let mut buf: Vec<f32> = if r == root {
+                input(root, n, ReduceOp::Sum)
+            } else {
+                vec![0.0; n]
+            };
+            comm.broadcast(&mut buf, root)?;
+            assert!(
+                same_bits(&buf, &input::<f32>(root, n, ReduceOp::Sum)),
+                "bcast"
+            );
+        }
+    }
+    Ok(())
+}

@@ -116,6 +116,28 @@ fn benchmark_check_mode_passes_under_mpiexec() {
 /// candidate is 16 KiB: 1 MiB messages in 64 pieces, whose headers every receiver checks),
 /// and a rank cutting at another size (`PCCL_CHUNK_SIZE` on one rank only) makes the
 /// collective fail with an error naming both piece sizes instead of hanging or corrupting.
+/// Runs `n` processes of `prog args` with `cmd` (`mpiexec` and its environment); with
+/// `rank0 = Some((VAR, value))` rank 0 alone gets VAR=value (MPMD: `-n 1 -env VAR value prog
+/// args : -n n-1 prog args`).
+fn mpmd(
+    mut cmd: Command,
+    n: usize,
+    prog: &str,
+    args: &[&str],
+    rank0: Option<(&str, &str)>,
+) -> std::process::Output {
+    if let Some((var, value)) = rank0 {
+        cmd.args(["-n", "1", "-env", var, value, prog])
+            .args(args)
+            .args([":", "-n", &(n - 1).to_string(), prog]);
+    } else {
+        cmd.args(["-n", &n.to_string(), prog]);
+    }
+    cmd.args(args)
+        .output()
+        .expect("mpiexec runs (install mpich)")
+}
+
 #[test]
 fn the_tuners_piece_reaches_mpi_and_a_mismatched_rank_fails_clearly() {
     let bench = env!("CARGO_BIN_EXE_pccl-bench");
@@ -146,16 +168,13 @@ fn the_tuners_piece_reaches_mpi_and_a_mismatched_rank_fails_clearly() {
             .env("PCCL_DEBUG", "INFO")
             .env_remove("PCCL_CHUNK_SIZE")
             .env_remove("PCCL_RANKS_PER_NODE");
-        if let Some(c) = chunk_on_rank0 {
-            cmd.args(["-n", "1", "-env", "PCCL_CHUNK_SIZE", c, bench])
-                .args(args)
-                .args([":", "-n", "2", bench]);
-        } else {
-            cmd.args(["-n", "3", bench]);
-        }
-        cmd.args(args)
-            .output()
-            .expect("mpiexec runs (install mpich)")
+        mpmd(
+            cmd,
+            3,
+            bench,
+            &args,
+            chunk_on_rank0.map(|c| ("PCCL_CHUNK_SIZE", c)),
+        )
     };
     let out = run(None);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -199,16 +218,7 @@ fn online_trials_agree_across_processes_and_a_rank_that_does_not_try_fails_the_r
             .env("PCCL_DEBUG", "INFO")
             .env("PCCL_RANKS_PER_NODE", "2")
             .env("PCCL_TUNE_ONLINE", "2");
-        if let Some(v) = lone {
-            cmd.args(["-n", "1", "-env", "PCCL_TUNE_ONLINE", v, bench])
-                .args(args)
-                .args([":", "-n", "3", bench]);
-        } else {
-            cmd.args(["-n", "4", bench]);
-        }
-        cmd.args(args)
-            .output()
-            .expect("mpiexec runs (install mpich)")
+        mpmd(cmd, 4, bench, &args, lone.map(|v| ("PCCL_TUNE_ONLINE", v)))
     };
     let out = run(None);
     let err = String::from_utf8_lossy(&out.stderr);

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{input, prompt, reduced, same_bits};
+use common::{input, prompt, run_checked, same_bits};
 use pccl::config::Config;
 use pccl::fault::{Fault, FaultKind};
 use pccl::plan::Collective;
@@ -37,40 +37,6 @@ fn key(which: usize, n: usize, p: usize) -> (Collective, usize) {
     }
 }
 
-/// Runs collective `which` with `n` elements per block (all-reduce: `n` in all) and panics on
-/// a wrong result.
-fn run_checked(comm: &Communicator, which: usize, n: usize) -> pccl::Result<()> {
-    let (p, r) = (comm.size(), comm.rank());
-    match which {
-        0 => {
-            let mut out = vec![0f32; n * p];
-            comm.all_gather(&input::<f32>(r, n, ReduceOp::Sum), &mut out)?;
-            for q in 0..p {
-                let want: Vec<f32> = input(q, n, ReduceOp::Sum);
-                assert!(same_bits(&out[q * n..(q + 1) * n], &want), "block {q}");
-            }
-        }
-        1 => {
-            let inp: Vec<f32> = (0..n * p)
-                .map(|i| common::value::<f32>(r, i, ReduceOp::Sum))
-                .collect();
-            let mut out = vec![0f32; n];
-            comm.reduce_scatter(&inp, &mut out, ReduceOp::Sum)?;
-            for (i, v) in out.iter().enumerate() {
-                assert_eq!(*v, reduced::<f32>(p, r * n + i, ReduceOp::Sum), "elem {i}");
-            }
-        }
-        _ => {
-            let mut out = vec![0f32; n];
-            comm.all_reduce(&input::<f32>(r, n, ReduceOp::Sum), &mut out, ReduceOp::Sum)?;
-            for (i, v) in out.iter().enumerate() {
-                assert_eq!(*v, reduced::<f32>(p, i, ReduceOp::Sum), "elem {i}");
-            }
-        }
-    }
-    Ok(())
-}
-
 /// A size (elements) at which the model leaves collective `which` more than one candidate
 /// on 4 ranks in nodes of 2, with the calls the trials take: found on a communicator that
 /// never calls.
@@ -90,6 +56,18 @@ fn trying_size(which: usize) -> Option<(usize, usize)> {
         "ranks differ: {found:?}"
     );
     found[0]
+}
+
+/// Rank 1 sleeps before every timed trial of the model's choice: calls 1..=TRIALS (its calls
+/// come first, in a row, after one that warms up).
+fn slow_model_trials() -> Vec<Fault> {
+    (1..=TRIALS)
+        .map(|i| Fault {
+            rank: 1,
+            seq: i as u32,
+            kind: FaultKind::Slow,
+        })
+        .collect()
 }
 
 #[test]
@@ -132,16 +110,7 @@ fn the_trials_end_in_one_algorithm_on_every_rank_and_every_result_is_right() {
 #[test]
 fn a_candidate_whose_trials_a_slow_peer_holds_up_is_not_kept() {
     let (n, left) = trying_size(0).expect("an all-gather size with candidates to try");
-    // Rank 1 sleeps before every timed trial of the model's choice: calls 1..=TRIALS (its
-    // calls come first, in a row, after one that warms up).
-    let slow: Vec<Fault> = (1..=TRIALS)
-        .map(|i| Fault {
-            rank: 1,
-            seq: i as u32,
-            kind: FaultKind::Slow,
-        })
-        .collect();
-    let out = Communicator::run_threads(4, cfg(TRIALS, slow), |comm| {
+    let out = Communicator::run_threads(4, cfg(TRIALS, slow_model_trials()), |comm| {
         let (c, b) = key(0, n, 4);
         let model = comm.algorithm_for(c, b).unwrap();
         for _ in 0..left {
@@ -282,15 +251,8 @@ fn the_trials_settle_at_any_rank_count_including_one_and_odd_ones() {
 #[test]
 fn queued_calls_take_part_in_the_trials_and_the_decision_waits_for_them() {
     let (n, left) = trying_size(0).expect("an all-gather size with candidates to try");
-    // Rank 1 slow at the model's choice's timed calls: the queued calls' times must count.
-    let slow: Vec<Fault> = (1..=TRIALS)
-        .map(|i| Fault {
-            rank: 1,
-            seq: i as u32,
-            kind: FaultKind::Slow,
-        })
-        .collect();
-    let out = Communicator::run_threads(4, cfg(TRIALS, slow), |comm| {
+    // The queued calls' times must count for the slowed candidate to lose.
+    let out = Communicator::run_threads(4, cfg(TRIALS, slow_model_trials()), |comm| {
         let (p, r) = (comm.size(), comm.rank());
         let (c, b) = key(0, n, p);
         let model = comm.algorithm_for(c, b).unwrap();
