@@ -11,8 +11,9 @@
 #   TRANSPORTS="threads mpi" MAX=16M scripts/model-check.sh
 # Env: ONLINE (default 1; 0 leaves `auto-online` out), REPEAT (default 3: pccl-bench processes per shape; each interleaves every algorithm,
 # and each point is the median over the processes of each one's median — on the 2-core VM
-# one process's thread placement alone moved a point up to 1.8×), TUNE_RUNS (default 3:
-# pccl-tune processes for the oversubscription term, the median kept), TRANSPORTS (default "threads"; "mpi" runs `mpiexec -n P pccl-bench --transport mpi`
+# one process's thread placement alone moved a point up to 1.8×), TUNE_RUNS (default 5:
+# pccl-tune processes per measurement, merged by `pccl-tune --merge` into the per-size
+# medians of their timings), TRANSPORTS (default "threads"; "mpi" runs `mpiexec -n P pccl-bench --transport mpi`
 # with a profile from `mpiexec -n 2 pccl-tune --transport mpi`, built with --features mpi),
 # MAX (largest size per rank, default 64M), RANKS (default "2 4 8"), MPI_MAX (default 4M:
 # oversubscribed MPI ranks on a small host are slow), MPI_RANKS (default "2 4"), COLLS
@@ -30,7 +31,7 @@ MPI_MAX=${MPI_MAX:-4M}
 MPI_RANKS=${MPI_RANKS:-"2 4"}
 COLLS=${COLLS:-"allgather reducescatter"}
 REPEAT=${REPEAT:-3}
-TUNE_RUNS=${TUNE_RUNS:-3}
+TUNE_RUNS=${TUNE_RUNS:-5}
 TRANSPORTS=${TRANSPORTS:-threads}
 ONLINE=${ONLINE:-1}
 online=""
@@ -47,35 +48,19 @@ else
   WORK=$(mktemp -d)
   trap 'rm -rf "$WORK"' EXIT
 fi
-# Of TUNE_RUNS profiles (the files given), keeps in $1 the one whose oversubscription term
-# (`per_message_us`) is the median: with more ranks than cores a process's time is mostly
-# where the scheduler put its ranks, and one pccl-tune process measured that term anywhere
-# from 3.9 to 10.7 us at 4 MPI ranks on 2 cores where pccl-bench's medians moved 1.5x.
-median_profile() {
-  local out=$1
-  shift
-  python3 - "$out" "$@" <<'PY'
-import re, shutil, sys
-out, files = sys.argv[1], sys.argv[2:]
-def term(f):
-    m = re.search(r"^per_message_us = ([0-9.eE+-]+)", open(f).read(), re.M)
-    return float(m.group(1)) if m else 0.0
-files.sort(key=term)
-pick = files[len(files) // 2]
-print(f"# oversubscription terms {[round(term(f), 2) for f in files]} us: kept {round(term(pick), 2)}")
-shutil.copy(pick, out)
-PY
-}
-# Runs the pccl-tune command "$2…" TUNE_RUNS times (each writing $1.N) and keeps the median
-# profile in $1.
+# Runs the pccl-tune command "$2…" TUNE_RUNS times (each writing $1.N) and merges them into
+# $1: the per-size medians of their timings (`pccl-tune --merge`). With more ranks than
+# cores a process's times are mostly where the scheduler put its ranks: one MPI pair in
+# four on the 2-core VM timed 16 KiB–2 MiB 2–5× slower for its whole life, and one
+# pccl-tune process measured the oversubscription term anywhere from 3.9 to 10.7 us.
 tune_runs() {
   local out=$1 runs=()
   shift
   for i in $(seq 1 "$TUNE_RUNS"); do
-    "$@" -o "$out.$i"
+    "$@" -o "$out.$i" 2>/dev/null
     runs+=("$out.$i")
   done
-  median_profile "$out" "${runs[@]}"
+  "$BIN/pccl-tune" --merge "${runs[@]}" -o "$out" 2>/dev/null
 }
 echo "# load before: $(uptime)"
 for t in $TRANSPORTS; do
@@ -90,11 +75,12 @@ for t in $TRANSPORTS; do
     mpi)
       tune=${TUNE_MPI:-$WORK/tune-mpi.toml}
       if [ -z "${TUNE_MPI:-}" ] && { [ -z "${REUSE:-}" ] || [ ! -s "$tune" ]; }; then
-        mpiexec -n 2 "$BIN/pccl-tune" --transport mpi -o "$tune"
+        tune_runs "$tune.pair" mpiexec -n 2 "$BIN/pccl-tune" --transport mpi
+        cp "$tune.pair" "$tune"
         # The oversubscription term: 2 × cores MPI ranks (when that is at most 16).
         over=$((2 * $(nproc)))
         [ "$over" -le 16 ] && tune_runs "$tune" mpiexec -n "$over" "$BIN/pccl-tune" \
-          --transport mpi --oversub-of "$tune"
+          --transport mpi --oversub-of "$tune.pair"
       fi
       ranks=$MPI_RANKS max=$MPI_MAX ;;
     *) echo "TRANSPORTS: $t is not threads or mpi" >&2; exit 2 ;;

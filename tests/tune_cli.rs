@@ -1,5 +1,6 @@
 //! `pccl-tune` on thread-ranks: a quick run writes a profile the communicator loads, with the
-//! terms a thread world is calibrated by (only α free for its memcpy transfers), and bad
+//! terms a thread world is calibrated by (only α free for its memcpy transfers) and the raw
+//! timings they come from; `--merge` derives one profile from several runs' medians; bad
 //! arguments fail with a message.
 
 use pccl::model::profile::Profile;
@@ -46,6 +47,74 @@ fn a_quick_thread_run_writes_a_valid_profile_with_memcpy_transfers() {
     assert_eq!(p.strided, pccl::model::profile::Strided::Gathered);
     // ... and reduce straight out of them too.
     assert_eq!(p.receive_reduce, pccl::model::profile::ReceiveReduce::Fused);
+    // The raw timings are kept, and derive the same profile again.
+    let m = p.measured.clone().expect("[measured] kept");
+    assert_eq!(m.transport, "threads");
+    assert_eq!(m.exchange_bytes.len(), m.exchange_us.len());
+    assert_eq!(pccl::model::calibrate::derive(&m).unwrap(), p);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn merged_runs_give_one_profile_from_the_median_of_each_size() {
+    let dir = std::env::temp_dir().join(format!("pccl-tune-merge-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = |n: &str| dir.join(n).to_str().unwrap().to_string();
+    let mut runs = Vec::new();
+    for i in 0..3 {
+        let out = tune(&["--quick", "-o", &file(&format!("run{i}.toml"))]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        runs.push(Profile::load(std::path::Path::new(&file(&format!("run{i}.toml")))).unwrap());
+    }
+    // One run's 16 KiB … 2 MiB made 4× slower, as a badly placed process times them: the
+    // merge outvotes it.
+    let mut slow = runs[2].measured.clone().unwrap();
+    for (t, &s) in slow.exchange_us.iter_mut().zip(&slow.exchange_bytes) {
+        if (16 << 10..=2 << 20).contains(&s) {
+            *t *= 4.0;
+        }
+    }
+    runs[2].measured = Some(slow);
+    std::fs::write(file("run2.toml"), runs[2].to_toml()).unwrap();
+    let out = tune(&[
+        "--merge",
+        &file("run0.toml"),
+        &file("run1.toml"),
+        &file("run2.toml"),
+        "-v",
+        "-o",
+        &file("merged.toml"),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("2-rank exchange, measured vs fitted"), "{err}");
+    let merged = Profile::load(std::path::Path::new(&file("merged.toml"))).unwrap();
+    assert!(merged.source.contains("median of 3"), "{}", merged.source);
+    let m = merged.measured.as_ref().unwrap();
+    for (k, &t) in m.exchange_us.iter().enumerate() {
+        let mut v: Vec<f64> = runs
+            .iter()
+            .map(|r| r.measured.as_ref().unwrap().exchange_us[k])
+            .collect();
+        v.sort_by(f64::total_cmp);
+        assert_eq!(t, v[1], "size {}: the median of {v:?}", m.exchange_bytes[k]);
+    }
+    // A profile without timings (a preset) or a missing file is refused with its name.
+    std::fs::write(file("preset.toml"), Profile::default().to_toml()).unwrap();
+    for bad in [file("preset.toml"), file("missing.toml")] {
+        let out = tune(&["--merge", &file("run0.toml"), &bad, "-o", &file("x.toml")]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bad}");
+        assert!(err.contains("pccl-tune:") && err.contains(&bad), "{err}");
+    }
+    assert!(
+        !dir.join("x.toml").exists(),
+        "nothing written on a refused merge"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 

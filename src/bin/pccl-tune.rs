@@ -32,6 +32,13 @@
 //!   while they wait (no share; their node-bus measurement at 4 ranks already ran
 //!   oversubscribed).
 //!
+//! The raw timings go into the profile's `[measured]` table and the terms are derived from
+//! them ([`pccl::model::calibrate`]). `pccl-tune --merge A B C -o F` measures nothing: it
+//! derives F from the per-size medians of several runs' timings. On a shared host one
+//! process's ranks can sit badly for its whole life (one MPI pair in three on the 2-core
+//! VM timed 16 KiB–2 MiB 2–4× slower, and its fit put a false +450 µs step at 512 KiB);
+//! three runs merged outvote such a run where a single run cannot.
+//!
 //! Threads transport here (ranks are threads of one host: the inter-node level gets the same
 //! figures, one "NIC"); with `--features mpi` under `mpiexec -n 2` the MPI transport
 //! (`--transport mpi`), α and β from the MPI world's exchange.
@@ -39,8 +46,8 @@
 use clap::Parser;
 use half::{bf16, f16};
 use pccl::config::Config;
-use pccl::model::link_fit::{self, Sample};
-use pccl::model::profile::{CacheTier, Profile, Protocol, ReceiveReduce, Strided};
+use pccl::model::calibrate::{self, Measured, PROBE_BYTES, PROBE_PIECE, RING_BYTES};
+use pccl::model::profile::Profile;
 use pccl::{Algorithm, Communicator, Element, LevelAlgo, ReduceOp};
 use std::time::Instant;
 
@@ -72,6 +79,10 @@ struct Args {
     /// cores) and add it to this profile (from a 2-rank run), written to `-o`.
     #[arg(long)]
     oversub_of: Option<String>,
+    /// Measure nothing: derive one profile from the per-size medians of these profiles'
+    /// measurements (runs of the same pccl-tune command on the same host), written to `-o`.
+    #[arg(long, num_args = 1.., value_name = "PROFILE")]
+    merge: Vec<String>,
 }
 
 /// Cores this process may run on.
@@ -151,9 +162,9 @@ fn time(reps: usize, mut f: impl FnMut()) -> f64 {
     )
 }
 
-/// Memory's copy rate (GB/s) and the cache tier, from a `memcpy` sweep of working sets
-/// 256 KiB … 4× `llc` (at least 128 MiB).
-fn copy_tiers(llc: Option<usize>, reps: usize, verbose: bool) -> (f64, CacheTier) {
+/// The `memcpy` sweep: (working set, GB/s) for working sets 256 KiB … 4× `llc` (at least
+/// 128 MiB).
+fn copy_sweep(llc: Option<usize>, reps: usize) -> Vec<(f64, f64)> {
     let top = (4 * llc.unwrap_or(0)).max(128 << 20);
     let mut sweep = Vec::new();
     let mut ws = 256usize << 10;
@@ -161,24 +172,20 @@ fn copy_tiers(llc: Option<usize>, reps: usize, verbose: bool) -> (f64, CacheTier
         sweep.push((ws as f64, copy_rate(ws / 2, reps.max(7))));
         ws *= 2;
     }
-    let quarter = llc.unwrap_or(4 << 20) as f64 / 4.0;
-    let (mem, tier) = pccl::model::cache::fit(&sweep, quarter);
-    if verbose {
-        let p = Profile {
-            copy_gbps: mem,
-            cache: tier.clone(),
-            ..Profile::default()
-        };
-        eprintln!("pccl-tune: memcpy sweep, working set, measured vs fitted (GB/s):");
-        for (w, r) in &sweep {
-            eprintln!(
-                "  {:>10} KiB {r:>8.2} {:>8.2}",
-                *w as usize >> 10,
-                mem * p.cache_speedup(*w)
-            );
-        }
+    sweep
+}
+
+/// `-v`: the sweep measured and as the profile's cache tier fits it.
+fn copy_table(prof: &Profile) {
+    let Some(m) = &prof.measured else { return };
+    eprintln!("pccl-tune: memcpy sweep, working set, measured vs fitted (GB/s):");
+    for (w, r) in m.copy_set_bytes.iter().zip(&m.copy_gbps) {
+        eprintln!(
+            "  {:>10} KiB {r:>8.2} {:>8.2}",
+            *w as usize >> 10,
+            prof.copy_gbps * prof.cache_speedup(*w)
+        );
     }
-    (mem, tier)
 }
 
 fn reduce_gbps<T: Element>(reps: usize, one: T) -> f64 {
@@ -238,11 +245,6 @@ fn ring_cfg() -> Config {
     cfg
 }
 
-/// The piece-cost probe: an all-gather of `PROBE_BYTES` per rank sent whole and cut in
-/// pieces of `PROBE_PIECE` bytes.
-const PROBE_BYTES: usize = 2 << 20;
-const PROBE_PIECE: usize = 128 << 10;
-
 /// [`ring_cfg`] cutting messages at `piece` bytes (explicit, as `PCCL_CHUNK_SIZE`).
 fn piece_cfg(piece: usize) -> Config {
     let mut cfg = ring_cfg();
@@ -293,95 +295,18 @@ fn on_mpi<R>(f: impl Fn(&Communicator) -> pccl::Result<R>) -> (R, usize, bool) {
     (r, comm.size(), comm.rank() == 0)
 }
 
-/// `piece_overhead_us`: what each piece after the first costs beyond what the model already
-/// predicts for cutting a message (the pieces' pipelining), from the probe's all-gather at 2
-/// ranks whole (`t_whole`) and in pieces (`t_pieced`): the measured difference less the
-/// model's, per extra piece, never below 0 (pieces that run faster than modelled are the
-/// host's cache at work, not a negative cost).
-fn piece_overhead(prof: &Profile, t_whole: f64, t_pieced: f64) -> f64 {
-    use pccl::model::sim::{Cluster, Engine, Job};
-    use pccl::plan::Collective;
-    let topo = pccl::topology::Topology::uniform(2, 2);
-    let job = Job::new(
-        Collective::AllGather,
-        Algorithm::Flat(LevelAlgo::Ring),
-        PROBE_BYTES as f64,
-    );
-    let at = |piece: usize| {
-        let q = Profile {
-            piece_bytes: piece,
-            piece_overhead_us: 0.0,
-            ..prof.clone()
-        };
-        Cluster::new(&topo, &q)
-            .simulate(&job, Engine::Events)
-            .map_or(f64::NAN, |o| o.seconds)
-    };
-    let extra = (PROBE_BYTES / PROBE_PIECE - 1) as f64;
-    let modelled = at(PROBE_PIECE) - at(PROBE_BYTES);
-    let per = ((t_pieced - t_whole) - modelled) / extra * 1e6;
-    if per.is_finite() {
-        per.max(0.0)
-    } else {
-        0.0
-    }
-}
-
-/// Adds the oversubscription term from the 1 KiB ring at `p` ranks (`t` seconds), against
-/// `base_msg` seconds per message at 2 ranks; returns a note for the profile's source.
-fn set_oversub(prof: &mut Profile, cores: usize, p: usize, t: f64, base_msg: f64) -> String {
-    prof.oversub.cores = cores;
-    match pccl::model::oversub::per_message_us(t, p, base_msg, 2, cores) {
-        Some(us) => {
-            prof.oversub.per_message_us = us;
-            format!(
-                "; {p} ranks on {cores} cores: {:.1} us per 1 KiB message vs {:.1} at 2 ranks, +{us:.1} us per extra rank per core",
-                t / (p - 1) as f64 * 1e6,
-                base_msg * 1e6
-            )
-        }
-        None => format!("; {cores} cores, oversubscription not measured"),
-    }
-}
-
-/// The `oversub.rate_share` (0 … `MAX_RATE_SHARE`) with which the model's ring all-gather of
-/// `s` bytes per rank at `p` ranks on one host takes `t` seconds (bisection: the time grows
-/// with it); 0 when even no share predicts it slower, the maximum at most.
-#[cfg(feature = "mpi")]
-fn rate_share(prof: &Profile, p: usize, s: f64, t: f64) -> f64 {
-    use pccl::model::sim::{Cluster, Engine, Job};
-    use pccl::plan::Collective;
-    let topo = pccl::topology::Topology::uniform(p, p);
-    let job = Job::new(Collective::AllGather, Algorithm::Flat(LevelAlgo::Ring), s);
-    let at = |share: f64| {
-        let mut q = prof.clone();
-        q.oversub.rate_share = share;
-        Cluster::new(&topo, &q)
-            .simulate(&job, Engine::Events)
-            .map_or(f64::NAN, |o| o.seconds)
-    };
-    let (mut lo, mut hi) = (0.0, pccl::model::profile::MAX_RATE_SHARE);
-    if at(lo).is_nan() || at(lo) >= t {
-        return 0.0;
-    }
-    if at(hi) <= t {
-        return hi;
-    }
-    for _ in 0..30 {
-        let mid = 0.5 * (lo + hi);
-        if at(mid) < t {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    0.5 * (lo + hi)
-}
-
+/// `--oversub-of BASE`: the oversubscribed rings at this MPI world's size, added to BASE's
+/// measurements and the profile derived again.
 #[cfg(feature = "mpi")]
 fn mpi_oversub_only(args: &Args, base: &str) {
-    let mut prof = Profile::load(std::path::Path::new(base)).unwrap_or_else(|e| fail(e));
-    let sizes = [1usize << 10, 4 << 20];
+    let prof = Profile::load(std::path::Path::new(base)).unwrap_or_else(|e| fail(e));
+    let Some(mut m) = prof.measured else {
+        fail(format!(
+            "--oversub-of {base}: the profile holds no [measured] table (written by an older \
+             pccl-tune, or by hand): measure it again with `mpiexec -n 2 pccl-tune --transport mpi`"
+        ))
+    };
+    let sizes = [1usize << 10, RING_BYTES];
     let q = args.quick;
     let (t, p, root) = on_mpi(|c| ag_times(c, &sizes, q));
     let n = cores();
@@ -391,28 +316,58 @@ fn mpi_oversub_only(args: &Args, base: &str) {
             2 * n
         ));
     }
-    // The 2-rank profile's time of one 1 KiB message: latency, the transfer and the copy.
-    let s = 1024.0;
-    let base = prof.intra.alpha_us * 1e-6
-        + prof.rendezvous_seconds(s)
-        + s * prof.eager_factor(s) / (prof.intra.bandwidth_gbps * 1e9)
-        + s / (prof.copy_gbps * 1e9);
-    let note = set_oversub(&mut prof, n, p, t[0], base);
-    prof.source.push_str(&note);
-    let share = rate_share(&prof, p, sizes[1] as f64, t[1]);
-    prof.oversub.rate_share = share;
-    prof.source.push_str(&format!(
-        "; {} KiB ring at {p} ranks {:.0} us: rate share {share:.2}",
-        sizes[1] >> 10,
-        t[1] * 1e6
-    ));
+    (m.oversub_ranks, m.oversub_us, m.oversub_ring_us) = (p, t[0] * 1e6, t[1] * 1e6);
+    let prof = calibrate::derive(&m).unwrap_or_else(|e| fail(e));
     if root {
         write_profile(args, &prof);
     }
 }
 
+/// `--merge FILES`: one profile from the per-size medians of several runs' measurements.
+fn merge(args: &Args) {
+    let runs: Vec<Measured> = args
+        .merge
+        .iter()
+        .map(|f| {
+            let p = Profile::load(std::path::Path::new(f)).unwrap_or_else(|e| fail(e));
+            p.measured.unwrap_or_else(|| {
+                fail(format!(
+                    "--merge {f}: the profile holds no [measured] table (written by an older \
+                     pccl-tune, or by hand)"
+                ))
+            })
+        })
+        .collect();
+    let m = Measured::median(&runs).unwrap_or_else(|e| fail(e));
+    let mut prof = calibrate::derive(&m).unwrap_or_else(|e| fail(e));
+    prof.source = format!(
+        "the median of {} pccl-tune runs ({}): {}",
+        runs.len(),
+        args.merge.join(", "),
+        prof.source
+    );
+    if args.verbose {
+        exchange_table(&prof);
+    }
+    write_profile(args, &prof);
+}
+
+/// `-v`: the exchange measured and as the profile fits it, per size.
+fn exchange_table(prof: &Profile) {
+    let Some(m) = &prof.measured else { return };
+    eprintln!("pccl-tune: 2-rank exchange, measured vs fitted (us):");
+    for (&t, &s) in m.exchange_us.iter().zip(&m.exchange_bytes) {
+        let fit = calibrate::exchange_seconds(prof, s as f64) * 1e6;
+        eprintln!("  {:>9} B {:>10.1} {:>10.1}  x{:.2}", s, t, fit, t / fit);
+    }
+}
+
 fn main() {
     let args = Args::parse();
+    if !args.merge.is_empty() {
+        merge(&args);
+        return;
+    }
     if let Some(base) = args.oversub_of.as_deref() {
         #[cfg(feature = "mpi")]
         {
@@ -439,31 +394,40 @@ fn main() {
             std::iter::once(1usize << k).chain(half)
         })
         .collect();
+    let cache_bytes = args.cache_bytes.as_deref().map(|s| {
+        pccl::config::parse_bytes(s).unwrap_or_else(|e| fail(format!("--cache-bytes {s}: {e}")))
+    });
     // The exchanges first, in a process as fresh as pccl-bench's: the sweeps below free
     // 128 MiB buffers, after which glibc serves every allocation up to 32 MiB from its heap
     // (its mmap threshold follows the largest freed chunk); a 2-rank exchange of 16–256 KiB
     // timed after them ran 5–10× slower than in pccl-bench in one run.
     let ncores = cores();
-    let mut over = None;
-    let probe: (f64, f64);
-    let (pair, concurrent, transport, is_root) = match args.transport.as_str() {
+    let mut m = Measured {
+        cores: ncores,
+        exchange_bytes: sizes.clone(),
+        cache_bytes,
+        ..Measured::default()
+    };
+    let us = |t: f64| t * 1e6;
+    let is_root = match args.transport.as_str() {
         "threads" => {
             let q = args.quick;
             let pair = on_threads(2, |c| ag_times(&c, &sizes, q));
+            m.exchange_us = pair.into_iter().map(us).collect();
             let whole = on_threads_cfg(2, piece_cfg(2 * PROBE_BYTES), |c| {
                 ag_times(&c, &[PROBE_BYTES], q)
             })[0];
             let pieced = on_threads_cfg(2, piece_cfg(PROBE_PIECE), |c| {
                 ag_times(&c, &[PROBE_BYTES], q)
             })[0];
-            probe = (whole, pieced);
-            let big = [4usize << 20];
-            let conc = on_threads(args.ranks, |c| ag_times(&c, &big, q));
+            (m.probe_whole_us, m.probe_pieced_us) = (us(whole), us(pieced));
+            let conc = on_threads(args.ranks, |c| ag_times(&c, &[RING_BYTES], q));
+            (m.concurrent_ranks, m.concurrent_us) = (args.ranks, us(conc[0]));
             if let Some(p) = oversub_ranks(ncores) {
-                let small = [1usize << 10];
-                over = Some((p, on_threads(p, |c| ag_times(&c, &small, q))[0]));
+                let t = on_threads(p, |c| ag_times(&c, &[1usize << 10], q))[0];
+                (m.oversub_ranks, m.oversub_us) = (p, us(t));
             }
-            (pair, Some((args.ranks, conc[0])), "threads", true)
+            true
         }
         "mpi" => {
             #[cfg(feature = "mpi")]
@@ -473,193 +437,38 @@ fn main() {
                 if p != 2 {
                     fail("the MPI measurement runs under mpiexec -n 2");
                 }
+                m.exchange_us = pair.into_iter().map(us).collect();
                 let whole = mpi_comm(piece_cfg(2 * PROBE_BYTES));
                 let pieced = mpi_comm(piece_cfg(PROBE_PIECE));
-                probe = probe_times(&whole, &pieced, q).unwrap_or_else(|e| fail(e));
-                (pair, None, "mpi", root)
+                let (w, p) = probe_times(&whole, &pieced, q).unwrap_or_else(|e| fail(e));
+                (m.probe_whole_us, m.probe_pieced_us) = (us(w), us(p));
+                root
             }
             #[cfg(not(feature = "mpi"))]
             fail("this pccl-tune was built without the `mpi` feature")
         }
         o => fail(format!("--transport {o}: expected threads or mpi")),
     };
-    let (copy, cache) = copy_tiers(llc_bytes(), reps, args.verbose);
-    let mut prof = Profile {
-        name: "measured".into(),
-        copy_gbps: copy,
-        cache,
-        ..Profile::default()
-    };
-    if let Some(s) = args.cache_bytes.as_deref() {
-        let b = pccl::config::parse_bytes(s)
-            .unwrap_or_else(|e| fail(format!("--cache-bytes {s}: {e}")));
-        if b == 0 || prof.cache.copy_gbps == 0.0 {
-            prof.cache = CacheTier::default(); // no tier
-        } else {
-            prof.cache.bytes = b;
-        }
-    }
-    prof.reduce_host_gbps.clear();
-    prof.reduce_host_gbps
-        .insert("f32".into(), reduce_gbps(reps, 1f32));
-    prof.reduce_host_gbps
-        .insert("f64".into(), reduce_gbps(reps, 1f64));
-    prof.reduce_host_gbps
-        .insert("f16".into(), reduce_gbps(reps, f16::ONE));
-    prof.reduce_host_gbps
-        .insert("bf16".into(), reduce_gbps(reps, bf16::ONE));
-    prof.reduce_host_gbps
-        .insert("i32".into(), reduce_gbps(reps, 1i32));
-    prof.reduce_host_gbps
-        .insert("default".into(), prof.reduce_host_gbps["f32"]);
-
-    // The exchange is a local copy and one message: t = s/(copy·f) + link(s), f the cache
-    // tier's speed-up for its footprint (2 ranks × (input s + output 2s)). The message's
-    // part is fitted to α, β, the transfers' share of the cache's gain, an
-    // eager/rendezvous step and the small-message path's step (pccl::model::link_fit).
-    let tier = prof.clone();
-    let f = |s: f64, ranks: f64| tier.cache_speedup(ranks * (ranks + 1.0) * s);
-    let hit = |ws: f64| tier.cache_hit(ws);
-    let samples: Vec<Sample> = pair
-        .iter()
-        .zip(&sizes)
-        .map(|(t, &s)| {
-            let s = s as f64;
-            Sample {
-                bytes: s,
-                seconds: t - s / (copy * 1e9 * f(s, 2.0)),
-                hit: hit(6.0 * s),
-            }
-        })
-        .collect();
-    let ratio = if tier.cache.bytes == 0 {
-        1.0
-    } else {
-        tier.cache.copy_gbps / copy
-    };
-    // Thread ranks' transfer is the receiver's memcpy: only α is free (link_fit::fit_latency).
-    let fitted = if transport == "threads" {
-        link_fit::fit_latency(&samples, copy * 1e9, ratio)
-    } else {
-        link_fit::fit(&samples, ratio, transport == "mpi")
-    };
-    let (alpha, beta_gbps) = match fitted {
-        Some(lf) => {
-            prof.cache.link_share = lf.link_share;
-            prof.protocol = Protocol {
-                eager_bytes: lf.eager_bytes,
-                rendezvous_us: lf.rendezvous * 1e6,
-                eager_slowdown: lf.eager_slowdown.clamp(1.0, 100.0),
-                small_bytes: lf.small_bytes,
-                small_step_us: lf.small_step * 1e6,
-            };
-            (lf.alpha, lf.beta / 1e9)
-        }
-        None => fail(format!(
-            "the 2-rank exchange's times do not fit a latency and a bandwidth: {:?}",
-            pair.iter()
-                .zip(&sizes)
-                .map(|(t, s)| format!("{s} B {:.1} us", t * 1e6))
-                .collect::<Vec<_>>()
-        )),
-    };
-    prof.intra.alpha_us = alpha * 1e6;
-    prof.intra.bandwidth_gbps = beta_gbps;
-    prof.intra.pair_bandwidth_gbps = beta_gbps;
-    // How the transport sends strided blocks (`Transport::isendv`): not measured, known.
-    prof.strided = match transport {
-        "threads" => Strided::Gathered,
-        "mpi" => Strided::PackedBelowPiece,
-        _ => Strided::Packed,
-    };
-    // How a received block meets its reduction: also known, not measured.
-    prof.receive_reduce = match transport {
-        "threads" => ReceiveReduce::Fused,
-        "mpi" => ReceiveReduce::After,
-        _ => ReceiveReduce::Pieces,
-    };
+    m.transport = args.transport.clone();
+    let llc = llc_bytes();
+    let sweep = copy_sweep(llc, reps);
+    (m.copy_set_bytes, m.copy_gbps) = sweep.into_iter().unzip();
+    m.cache_quarter_bytes = llc.unwrap_or(4 << 20) as f64 / 4.0;
+    m.reduce_gbps = [
+        ("f32", reduce_gbps(reps, 1f32)),
+        ("f64", reduce_gbps(reps, 1f64)),
+        ("f16", reduce_gbps(reps, f16::ONE)),
+        ("bf16", reduce_gbps(reps, bf16::ONE)),
+        ("i32", reduce_gbps(reps, 1i32)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let prof = calibrate::derive(&m).unwrap_or_else(|e| fail(e));
     if args.verbose && is_root {
-        eprintln!("pccl-tune: 2-rank exchange, measured vs fitted (us):");
-        for (t, &s) in pair.iter().zip(&sizes) {
-            let s = s as f64;
-            let ws = 6.0 * s;
-            let fit = s / (copy * 1e9 * prof.cache_speedup(ws))
-                + alpha
-                + prof.rendezvous_seconds(s)
-                + s * prof.eager_factor(s) / (beta_gbps * 1e9 * prof.link_speedup(ws));
-            eprintln!(
-                "  {:>9} B {:>10.1} {:>10.1}  x{:.2}",
-                s,
-                t * 1e6,
-                fit * 1e6,
-                t / fit
-            );
-        }
+        copy_table(&prof);
+        exchange_table(&prof);
     }
-    // The reductions ran on 3 × 16 MiB: memory's rate is what the cache did not speed up.
-    let sped = prof.cache_speedup(3.0 * (16u64 << 20) as f64);
-    for v in prof.reduce_host_gbps.values_mut() {
-        *v /= sped;
-    }
-    let mut notes = format!(
-        "pccl-tune --transport {transport}: copy {copy:.2} GB/s, {:.2} GB/s in a {} KiB cache; 2-rank exchange fit alpha {:.2} us, beta {beta_gbps:.2} GB/s, transfers get {:.0}% of the cache's gain",
-        prof.cache.copy_gbps,
-        prof.cache.bytes >> 10,
-        alpha * 1e6,
-        prof.cache.link_share * 100.0
-    );
-    if prof.protocol.eager_bytes > 0 {
-        notes.push_str(&format!(
-            ", +{:.1} us above {} B (rendezvous), eager bytes {:.2}x slower",
-            prof.protocol.rendezvous_us, prof.protocol.eager_bytes, prof.protocol.eager_slowdown
-        ));
-    }
-    if prof.protocol.small_bytes > 0 {
-        notes.push_str(&format!(
-            ", +{:.1} us above {} B (small-message path)",
-            prof.protocol.small_step_us, prof.protocol.small_bytes
-        ));
-    }
-    if let Some((p, t)) = concurrent {
-        let s = (4 << 20) as f64;
-        let ws = p as f64 * (p as f64 + 1.0) * s;
-        let (fp, fl) = (prof.cache_speedup(ws), prof.link_speedup(ws));
-        // Ring at P ranks: copy + (P−1)(α + s/rate), copies sped up fp times, transfers fl.
-        let per_step =
-            (t - s / (copy * 1e9 * fp)) / (p - 1) as f64 - alpha - prof.rendezvous_seconds(s);
-        let rate = s / per_step.max(1e-9) / 1e9 / fl;
-        if rate < 0.95 * beta_gbps {
-            prof.intra.node_bandwidth_gbps = rate * p as f64;
-        }
-        notes.push_str(&format!(
-            "; {p} concurrent flows got {rate:.2} GB/s each (node total {:.2} GB/s)",
-            prof.intra.node_bandwidth_gbps
-        ));
-    }
-    if let Some((p, t)) = over {
-        // sizes[0] is 1 KiB: the 2-rank exchange is one message.
-        let note = set_oversub(&mut prof, ncores, p, t, pair[0]);
-        notes.push_str(&note);
-    } else {
-        prof.oversub.cores = ncores;
-    }
-    // One host: the "inter-node" level of pretend nodes is the same memory (the simulator
-    // gives each rank its own port there, so `nics` does not matter).
-    prof.inter.alpha_us = prof.intra.alpha_us;
-    prof.inter.nic_bandwidth_gbps = beta_gbps;
-    prof.inter.nics = 1;
-    prof.one_host = true;
-    prof.piece_overhead_us = piece_overhead(&prof, probe.0, probe.1);
-    notes.push_str(&format!(
-        "; {} KiB in {} KiB pieces {:.0} us vs whole {:.0} us: +{:.1} us per piece",
-        PROBE_BYTES >> 10,
-        PROBE_PIECE >> 10,
-        probe.1 * 1e6,
-        probe.0 * 1e6,
-        prof.piece_overhead_us
-    ));
-    prof.source = notes;
-    prof.validate().unwrap_or_else(|e| fail(e));
     if is_root {
         write_profile(&args, &prof);
     }

@@ -1,6 +1,7 @@
 //! The cost model, the simulator that replays plans on a modelled cluster, and the tuner.
 //!
 //! * [`cache`]: the cache tier's parameters fitted to a copy sweep (`pccl-tune`).
+//! * [`calibrate`]: a profile from `pccl-tune`'s raw timings, and the median of several runs.
 //! * [`link_fit`]: a transport's message curve fitted to the link terms (`pccl-tune`).
 //! * [`oversub`]: the per-message cost of ranks outnumbering cores, from two timings.
 //! * [`profile`]: machine parameters (TOML; `pccl-tune` writes them, `presets/` holds some).
@@ -14,6 +15,7 @@
 //! * [`cost`]: the older per-message α-β-γ estimate (kept for its callers).
 
 pub mod cache;
+pub mod calibrate;
 pub mod contention;
 pub mod cost;
 pub mod goal;

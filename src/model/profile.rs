@@ -250,6 +250,11 @@ pub struct Profile {
     pub strided: Strided,
     /// How a received block is reduced against the transfer; see [`ReceiveReduce`].
     pub receive_reduce: ReceiveReduce,
+    /// What `pccl-tune` measured, the terms above derived from it
+    /// ([`crate::model::calibrate`]): kept so that `pccl-tune --merge` can take the median
+    /// of several runs. Absent in presets and hand-written profiles.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub measured: Option<super::calibrate::Measured>,
 }
 
 /// How the reduction of a received message overlaps its transfer.
@@ -311,6 +316,7 @@ impl Default for Profile {
             receive_reduce: ReceiveReduce::Pieces,
             reduce_host_gbps: host,
             reduce_device_gbps: dev,
+            measured: None,
         }
     }
 }
