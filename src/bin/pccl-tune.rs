@@ -25,7 +25,7 @@
 //! * oversubscription: the host's cores (`available_parallelism`) and the 1 KiB ring
 //!   all-gather at 2 × cores ranks (at most 16) against the 2-rank exchange's 1 KiB time per
 //!   message: the growth per extra rank per core is `oversub.per_message_us`. Threads: in the
-//!   same run. MPI (whose world is fixed): a second run `mpiexec -n 2×cores pccl-tune
+//!   same run, at 4 × cores ranks too where that is at most 16, the slope fitted to both. MPI (whose world is fixed): a second run `mpiexec -n 2×cores pccl-tune
 //!   --transport mpi --oversub-of FILE -o FILE` adds the term to the 2-rank profile FILE, and
 //!   `oversub.rate_share` (busy-polling ranks take core time from the copies): the share
 //!   with which the model's 4 MiB ring at those ranks takes the measured time. Threads sleep
@@ -90,9 +90,14 @@ fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// Ranks for the oversubscribed measurement: 2 × cores, if that is a size we can run.
-fn oversub_ranks(cores: usize) -> Option<usize> {
-    (2 * cores <= 16).then_some(2 * cores)
+/// Ranks for the oversubscribed measurements: 2 × and 4 × cores, those at most 16 (the
+/// term is linear in the extra ranks per core; two points fit its slope where the growth
+/// bends instead of extrapolating one).
+fn oversub_ranks(cores: usize) -> Vec<usize> {
+    [2 * cores, 4 * cores]
+        .into_iter()
+        .filter(|&p| p <= 16)
+        .collect()
 }
 
 /// The size of the highest cache level cpu 0 has (sysfs), in bytes.
@@ -316,7 +321,7 @@ fn mpi_oversub_only(args: &Args, base: &str) {
             2 * n
         ));
     }
-    (m.oversub_ranks, m.oversub_us, m.oversub_ring_us) = (p, t[0] * 1e6, t[1] * 1e6);
+    (m.oversub_ranks, m.oversub_us, m.oversub_ring_us) = (vec![p], vec![t[0] * 1e6], t[1] * 1e6);
     let prof = calibrate::derive(&m).unwrap_or_else(|e| fail(e));
     if root {
         write_profile(args, &prof);
@@ -423,9 +428,10 @@ fn main() {
             (m.probe_whole_us, m.probe_pieced_us) = (us(whole), us(pieced));
             let conc = on_threads(args.ranks, |c| ag_times(&c, &[RING_BYTES], q));
             (m.concurrent_ranks, m.concurrent_us) = (args.ranks, us(conc[0]));
-            if let Some(p) = oversub_ranks(ncores) {
+            for p in oversub_ranks(ncores) {
                 let t = on_threads(p, |c| ag_times(&c, &[1usize << 10], q))[0];
-                (m.oversub_ranks, m.oversub_us) = (p, us(t));
+                m.oversub_ranks.push(p);
+                m.oversub_us.push(us(t));
             }
             true
         }

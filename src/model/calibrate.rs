@@ -61,12 +61,13 @@ pub struct Measured {
     pub concurrent_ranks: usize,
     /// Its time ([`RING_BYTES`] per rank).
     pub concurrent_us: f64,
-    /// Ranks of the oversubscribed 1 KiB ring (`0`: not measured).
-    pub oversub_ranks: usize,
-    /// Its time.
-    pub oversub_us: f64,
-    /// The [`RING_BYTES`] ring at `oversub_ranks` (MPI, whose ranks busy-poll; `0`: not
-    /// measured).
+    /// Rank counts (more than the cores) of the 1 KiB rings that measure oversubscription
+    /// (empty: not measured).
+    pub oversub_ranks: Vec<usize>,
+    /// Their times.
+    pub oversub_us: Vec<f64>,
+    /// The [`RING_BYTES`] ring at the first of `oversub_ranks` (MPI, whose ranks busy-poll;
+    /// `0`: not measured).
     pub oversub_ring_us: f64,
 }
 
@@ -134,17 +135,23 @@ impl Measured {
         };
         let (concurrent_ranks, concurrent_us) =
             ring(&|r| r.concurrent_ranks, &|r| r.concurrent_us)?;
-        let (oversub_ranks, oversub_us) = ring(&|r| r.oversub_ranks, &|r| r.oversub_us)?;
-        let (_, oversub_ring_us) = ring(
-            &|r| {
-                if r.oversub_ring_us > 0.0 {
-                    r.oversub_ranks
-                } else {
-                    0
-                }
-            },
-            &|r| r.oversub_ring_us,
-        )?;
+        // The oversubscribed rings: the median per rank count of the runs that measured them.
+        let over: Vec<&Measured> = runs
+            .iter()
+            .filter(|r| !r.oversub_ranks.is_empty())
+            .collect();
+        let oversub_ranks = over.first().map_or(Vec::new(), |r| r.oversub_ranks.clone());
+        if over.iter().any(|r| r.oversub_ranks != oversub_ranks) {
+            return Err(Error::invalid(
+                "the runs measured their rings at different rank counts",
+            ));
+        }
+        let oversub_us = (0..oversub_ranks.len())
+            .map(|k| median(over.iter().map(|r| r.oversub_us[k]).collect()))
+            .collect();
+        let (_, oversub_ring_us) = ring(&|r| usize::from(r.oversub_ring_us > 0.0), &|r| {
+            r.oversub_ring_us
+        })?;
         let mut reduce_gbps = BTreeMap::new();
         for k in first.reduce_gbps.keys() {
             let v: Vec<f64> = runs
@@ -182,6 +189,9 @@ impl Measured {
         }
         if self.copy_set_bytes.len() != self.copy_gbps.len() || self.copy_gbps.is_empty() {
             return bad("needs the copy sweep, a rate per working set");
+        }
+        if self.oversub_ranks.len() != self.oversub_us.len() {
+            return bad("needs a time per oversubscribed rank count");
         }
         let positive = |v: f64| v > 0.0 && v.is_finite();
         if !self
@@ -423,7 +433,7 @@ pub fn derive(m: &Measured) -> Result<Profile> {
         prof.piece_overhead_us
     ));
     prof.oversub.cores = m.cores;
-    if m.oversub_ranks > 0 {
+    if !m.oversub_ranks.is_empty() {
         // The 1 KiB message at 2 ranks: threads' own exchange (the first size is 1 KiB);
         // MPI's oversubscribed run is a process of its own, against the profile's message.
         let s = 1024.0;
@@ -435,19 +445,28 @@ pub fn derive(m: &Measured) -> Result<Profile> {
                 + s * prof.eager_factor(s) / (prof.intra.bandwidth_gbps * 1e9)
                 + s / (prof.copy_gbps * 1e9)
         };
-        let (p, t, n) = (m.oversub_ranks, m.oversub_us * 1e-6, m.cores);
-        match super::oversub::per_message_us(t, p, base, 2, n) {
+        let n = m.cores;
+        let points: Vec<(f64, usize)> = m
+            .oversub_us
+            .iter()
+            .zip(&m.oversub_ranks)
+            .map(|(&t, &p)| (t * 1e-6, p))
+            .collect();
+        match super::oversub::per_message_us(&points, base, 2, n) {
             Some(us) => {
                 prof.oversub.per_message_us = us;
+                let list = |v: Vec<String>| v.join(", ");
                 notes.push_str(&format!(
-                    "; {p} ranks on {n} cores: {:.1} us per 1 KiB message vs {:.1} at 2 ranks, +{us:.1} us per extra rank per core",
-                    t / (p - 1) as f64 * 1e6,
+                    "; {} ranks on {n} cores: {} us per 1 KiB message vs {:.1} at 2 ranks, +{us:.1} us per extra rank per core",
+                    list(m.oversub_ranks.iter().map(|p| p.to_string()).collect()),
+                    list(points.iter().map(|(t, p)| format!("{:.1}", t / (p - 1) as f64 * 1e6)).collect()),
                     base * 1e6
                 ));
             }
             None => notes.push_str(&format!("; {n} cores, oversubscription not measured")),
         }
         if m.oversub_ring_us > 0.0 {
+            let p = m.oversub_ranks[0];
             let share = rate_share(&prof, p, RING_BYTES as f64, m.oversub_ring_us * 1e-6);
             prof.oversub.rate_share = share;
             notes.push_str(&format!(
@@ -546,11 +565,16 @@ mod tests {
         let mut a = measured_from(&truth());
         let mut b = a.clone();
         let c = a.clone();
-        (a.oversub_ranks, a.oversub_us) = (4, 30.0);
-        (b.oversub_ranks, b.oversub_us) = (4, 50.0);
+        (a.oversub_ranks, a.oversub_us) = (vec![4, 8], vec![30.0, 100.0]);
+        (b.oversub_ranks, b.oversub_us) = (vec![4, 8], vec![50.0, 140.0]);
         let m = Measured::median(&[a.clone(), b.clone(), c]).unwrap();
-        assert_eq!((m.oversub_ranks, m.oversub_us), (4, 40.0));
-        b.oversub_ranks = 8;
+        assert_eq!(m.oversub_ranks, [4, 8]);
+        assert_eq!(m.oversub_us, [40.0, 120.0]);
+        let p = derive(&m).unwrap();
+        assert!(p.oversub.per_message_us > 0.0, "{p:?}");
+        assert!(p.source.contains("4, 8 ranks on 2 cores"), "{}", p.source);
+        b.oversub_ranks = vec![4];
+        b.oversub_us = vec![50.0];
         let e = Measured::median(&[a, b]).unwrap_err();
         assert!(e.message().contains("rank counts"), "{e}");
     }
