@@ -9,7 +9,9 @@
 #
 #   scripts/model-check.sh                          # threads: 2, 4, 8 ranks, 1 KiB … 64 MiB
 #   TRANSPORTS="threads mpi" MAX=16M scripts/model-check.sh
-# Env: ONLINE (default 1; 0 leaves `auto-online` out), REPEAT (default 3: pccl-bench processes per shape; each interleaves every algorithm,
+# Env: ONLINE (default 1; 0 leaves `auto-online` out), SPREAD (default 1: one more
+# calibration before each shape's benchmarks, the predictions from the merge of all; 0: the
+# first profile predicts), REPEAT (default 3: pccl-bench processes per shape; each interleaves every algorithm,
 # and each point is the median over the processes of each one's median — on the 2-core VM
 # one process's thread placement alone moved a point up to 1.8×), TUNE_RUNS (default 5:
 # pccl-tune processes per measurement, merged by `pccl-tune --merge` into the per-size
@@ -34,6 +36,7 @@ REPEAT=${REPEAT:-3}
 TUNE_RUNS=${TUNE_RUNS:-5}
 TRANSPORTS=${TRANSPORTS:-threads}
 ONLINE=${ONLINE:-1}
+SPREAD=${SPREAD:-1}
 online=""
 [ "$ONLINE" != 0 ] && online=",auto-online"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
@@ -66,14 +69,14 @@ echo "# load before: $(uptime)"
 for t in $TRANSPORTS; do
   case $t in
     threads)
-      tune=${TUNE:-$WORK/tune-threads.toml}
+      tune=${TUNE:-$WORK/tune-threads.toml} TUNE_PINNED=${TUNE:-}
       # REUSE keeps a profile already in KEEP (judging the same data with the same profile).
       if [ -z "${TUNE:-}" ] && { [ -z "${REUSE:-}" ] || [ ! -s "$tune" ]; }; then
         tune_runs "$tune" "$BIN/pccl-tune"
       fi
       ranks=$RANKS max=$MAX launch=() ;;
     mpi)
-      tune=${TUNE_MPI:-$WORK/tune-mpi.toml}
+      tune=${TUNE_MPI:-$WORK/tune-mpi.toml} TUNE_PINNED=${TUNE_MPI:-}
       if [ -z "${TUNE_MPI:-}" ] && { [ -z "${REUSE:-}" ] || [ ! -s "$tune" ]; }; then
         tune_runs "$tune.pair" mpiexec -n 2 "$BIN/pccl-tune" --transport mpi
         cp "$tune.pair" "$tune"
@@ -87,6 +90,12 @@ for t in $TRANSPORTS; do
   esac
   echo "# $t profile: $(grep '^source' "$tune")"
   export PCCL_TUNE_FILE=$tune
+  # One more calibration before each shape's benchmarks (SPREAD): the predictions come from
+  # the median of every calibration of the check, so the machine's state over the whole
+  # check is what they are calibrated in (not one minute's at its start: on the 2-core VM
+  # the 2-process copy rate of 16 KiB–2 MiB messages switched between two levels 3–4×
+  # apart every few minutes, bound to cores or not). `auto` runs with the first profile.
+  spread=()
   for p in $ranks; do
     shapes="$p"
     [ "$p" -ge 4 ] && shapes="$p $((p / 2))"
@@ -96,6 +105,17 @@ for t in $TRANSPORTS; do
       launch=("$BIN/pccl-bench" --ranks "$p" --transport threads)
       [ "$t" = mpi ] && launch=(mpiexec -n "$p" "$BIN/pccl-bench" --transport mpi --no-mpi-compare)
       for c in $COLLS; do
+        if [ "$SPREAD" != 0 ] && [ -z "${TUNE_PINNED:-}" ]; then
+          n=$((${#spread[@]} + 1))
+          if [ -z "${REUSE:-}" ] || [ ! -s "$tune.s$n" ]; then
+            if [ "$t" = mpi ]; then
+              mpiexec -n 2 "$BIN/pccl-tune" --transport mpi -o "$tune.s$n" 2>/dev/null
+            else
+              "$BIN/pccl-tune" -o "$tune.s$n" 2>/dev/null
+            fi
+          fi
+          spread+=("$tune.s$n")
+        fi
         for r in $(seq 1 "$REPEAT"); do
           out="$WORK/bench-$t-$p-$m-$c.r$r.json"
           # (Sets kept before REPEAT existed hold one run, without the .rN.)
@@ -105,8 +125,30 @@ for t in $TRANSPORTS; do
               -m "1K:$max" --json >"$out"
           fi
         done
+      done
+    done
+  done
+  # The predictions, from the median of every calibration of the check.
+  judge=$tune
+  if [ "${#spread[@]}" -gt 0 ]; then
+    judge=$WORK/tune-$t.all.toml
+    extra=()
+    for i in $(seq 1 "$TUNE_RUNS"); do
+      [ -s "$tune.$i" ] && extra+=("$tune.$i")
+      [ -s "$tune.pair.$i" ] && extra+=("$tune.pair.$i")
+    done
+    "$BIN/pccl-tune" --merge "${extra[@]}" "${spread[@]}" -o "$judge" 2>/dev/null
+    echo "# $t profile of the predictions ($((${#extra[@]} + ${#spread[@]})) calibrations): $(grep '^source' "$judge" | sed 's/^source = "the median of [0-9]* pccl-tune runs ([^)]*): //')"
+  fi
+  for p in $ranks; do
+    shapes="$p"
+    [ "$p" -ge 4 ] && shapes="$p $((p / 2))"
+    for m in $shapes; do
+      algos="auto ring rd"
+      [ "$m" -lt "$p" ] && algos="auto ring rd hier-rd hier-ring"
+      for c in $COLLS; do
         for a in $algos; do
-          "$BIN/pccl-sim" --preset-file "$tune" --on host --engine events --ranks "$p" \
+          "$BIN/pccl-sim" --preset-file "$judge" --on host --engine events --ranks "$p" \
             --ranks-per-node "$m" --coll "$c" --algo "$a" --size "1K:$max" --json \
             >"$WORK/sim-$t-$p-$m-$c-$a.jsonl"
         done

@@ -82,10 +82,18 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// `runs` with those whose `key` repeats an earlier one's left out.
+fn distinct(runs: &[Measured], key: impl Fn(&Measured) -> Vec<u64>) -> Vec<&Measured> {
+    let mut seen = std::collections::HashSet::new();
+    runs.iter().filter(|r| seen.insert(key(r))).collect()
+}
+
 impl Measured {
     /// The per-size, per-field median of several runs' measurements (the runs must have
     /// measured the same transport, sizes and cores). A ring only some runs measured takes
-    /// the median of those that did (their rank counts must agree).
+    /// the median of those that did (their rank counts must agree). Timings that several
+    /// profiles carry alike (the 2-rank ones `--oversub-of` copies from its base) count
+    /// once.
     pub fn median(runs: &[Measured]) -> Result<Measured> {
         let first = runs
             .first()
@@ -112,17 +120,34 @@ impl Measured {
                 )));
             }
         }
-        let each = |f: &dyn Fn(&Measured) -> f64| median(runs.iter().map(f).collect());
+        // A measurement counts once however many profiles carry it: `--oversub-of` copies
+        // its base profile's 2-rank timings into each profile it writes.
+        let base = distinct(runs, |r| {
+            [&r.exchange_us, &r.copy_gbps]
+                .into_iter()
+                .flatten()
+                .chain([&r.probe_whole_us, &r.probe_pieced_us])
+                .map(|v| v.to_bits())
+                .collect()
+        });
+        let over = distinct(runs, |r| {
+            r.oversub_us
+                .iter()
+                .chain([&r.oversub_ring_us])
+                .map(|v| v.to_bits())
+                .collect()
+        });
+        let each = |f: &dyn Fn(&Measured) -> f64| median(base.iter().map(|r| f(r)).collect());
         let per_index = |f: &dyn Fn(&Measured) -> &Vec<f64>| -> Vec<f64> {
             (0..f(first).len())
-                .map(|k| median(runs.iter().map(|r| f(r)[k]).collect()))
+                .map(|k| median(base.iter().map(|r| f(r)[k]).collect()))
                 .collect()
         };
         // A ring some runs measured: (ranks, median time) over those runs.
         let ring = |ranks: &dyn Fn(&Measured) -> usize,
                     t: &dyn Fn(&Measured) -> f64|
          -> Result<(usize, f64)> {
-            let did: Vec<&Measured> = runs.iter().filter(|r| ranks(r) > 0).collect();
+            let did: Vec<&Measured> = base.iter().copied().filter(|r| ranks(r) > 0).collect();
             let Some(p) = did.first().map(|r| ranks(r)) else {
                 return Ok((0, 0.0));
             };
@@ -136,8 +161,8 @@ impl Measured {
         let (concurrent_ranks, concurrent_us) =
             ring(&|r| r.concurrent_ranks, &|r| r.concurrent_us)?;
         // The oversubscribed rings: the median per rank count of the runs that measured them.
-        let over: Vec<&Measured> = runs
-            .iter()
+        let over: Vec<&Measured> = over
+            .into_iter()
             .filter(|r| !r.oversub_ranks.is_empty())
             .collect();
         let oversub_ranks = over.first().map_or(Vec::new(), |r| r.oversub_ranks.clone());
@@ -149,12 +174,15 @@ impl Measured {
         let oversub_us = (0..oversub_ranks.len())
             .map(|k| median(over.iter().map(|r| r.oversub_us[k]).collect()))
             .collect();
-        let (_, oversub_ring_us) = ring(&|r| usize::from(r.oversub_ring_us > 0.0), &|r| {
-            r.oversub_ring_us
-        })?;
+        let rings: Vec<f64> = over
+            .iter()
+            .map(|r| r.oversub_ring_us)
+            .filter(|&t| t > 0.0)
+            .collect();
+        let oversub_ring_us = if rings.is_empty() { 0.0 } else { median(rings) };
         let mut reduce_gbps = BTreeMap::new();
         for k in first.reduce_gbps.keys() {
-            let v: Vec<f64> = runs
+            let v: Vec<f64> = base
                 .iter()
                 .filter_map(|r| r.reduce_gbps.get(k))
                 .copied()
@@ -577,6 +605,37 @@ mod tests {
         b.oversub_us = vec![50.0];
         let e = Measured::median(&[a, b]).unwrap_err();
         assert!(e.message().contains("rank counts"), "{e}");
+    }
+
+    #[test]
+    fn timings_that_several_profiles_carry_alike_count_once() {
+        let a = measured_from(&truth());
+        let mut b = a.clone();
+        b.exchange_us.iter_mut().for_each(|t| *t *= 1.01);
+        let mut slow = a.clone();
+        slow.exchange_us.iter_mut().for_each(|t| *t *= 3.0);
+        // Three `--oversub-of` profiles of the slow base: its exchange copied into each.
+        let over: Vec<Measured> = [30.0, 40.0, 50.0]
+            .into_iter()
+            .map(|us| Measured {
+                oversub_ranks: vec![4],
+                oversub_us: vec![us],
+                oversub_ring_us: 100.0 * us,
+                ..slow.clone()
+            })
+            .collect();
+        let mut all = vec![a.clone(), b, slow];
+        all.extend(over);
+        let m = Measured::median(&all).unwrap();
+        assert_eq!(m.exchange_us, {
+            let mut v = a.exchange_us.clone();
+            v.iter_mut().for_each(|t| *t *= 1.01);
+            v
+        });
+        assert_eq!(
+            (m.oversub_us.clone(), m.oversub_ring_us),
+            (vec![40.0], 4000.0)
+        );
     }
 
     #[test]
