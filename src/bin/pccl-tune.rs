@@ -25,8 +25,9 @@
 //! * oversubscription: the host's cores (`available_parallelism`) and the 1 KiB ring
 //!   all-gather at 2 × cores ranks (at most 16) against the 2-rank exchange's 1 KiB time per
 //!   message: the growth per extra rank per core is `oversub.per_message_us`. Threads: in the
-//!   same run, at 4 × cores ranks too where that is at most 16, the slope fitted to both. MPI (whose world is fixed): a second run `mpiexec -n 2×cores pccl-tune
-//!   --transport mpi --oversub-of FILE -o FILE` adds the term to the 2-rank profile FILE, and
+//!   same run, at 4 × cores ranks too where that is at most 16, the slope fitted to both.
+//!   MPI (whose world is fixed): a second run `mpiexec -n 2×cores pccl-tune --transport mpi
+//!   --oversub-of FILE -o FILE` adds the term to the 2-rank profile FILE, and
 //!   `oversub.rate_share` (busy-polling ranks take core time from the copies): the share
 //!   with which the model's 4 MiB ring at those ranks takes the measured time. Threads sleep
 //!   while they wait (no share; their node-bus measurement at 4 ranks already ran
@@ -34,10 +35,11 @@
 //!
 //! The raw timings go into the profile's `[measured]` table and the terms are derived from
 //! them ([`pccl::model::calibrate`]). `pccl-tune --merge A B C -o F` measures nothing: it
-//! derives F from the per-size medians of several runs' timings. On a shared host one
-//! process's ranks can sit badly for its whole life (one MPI pair in three on the 2-core
-//! VM timed 16 KiB–2 MiB 2–4× slower, and its fit put a false +450 µs step at 512 KiB);
-//! three runs merged outvote such a run where a single run cannot.
+//! derives F from the per-size medians of several runs' timings. On a shared host a
+//! process's exchange can run slow for its whole life (on the 2-core VM 16 KiB–2 MiB took
+//! 3–4.5× longer in some periods, where the hypervisor placed the two vCPUs, and a single
+//! slow run's fit put a false +310–450 µs step at 512 KiB): runs merged outvote it, and
+//! runs spread over a job's time take the machine's usual state.
 //!
 //! Threads transport here (ranks are threads of one host: the inter-node level gets the same
 //! figures, one "NIC"); with `--features mpi` under `mpiexec -n 2` the MPI transport

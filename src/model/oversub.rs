@@ -12,9 +12,9 @@ pub fn extra_per_core(ranks: usize, cores: usize) -> f64 {
 /// takes `P − 1` messages one after another, so its time per message is `t / (P − 1)`; the
 /// slope is the growth of that per extra rank per core, fitted to every point by relative
 /// least squares (each rank count counts alike: on the 2-core VM the growth from 4 to 8
-/// ranks was a third below the line through 2 and 4). `None` when no point puts more ranks
-/// per core than `p_base` or a time is not finite; `0` when oversubscription measured no
-/// slower.
+/// ranks was a third below the line through 2 and 4). Points with no more ranks per core
+/// than `p_base` are left out. `None` when no point is left or a time is not finite; `0`
+/// when oversubscription measured no slower.
 pub fn per_message_us(
     points: &[(f64, usize)],
     base_msg: f64,
@@ -29,8 +29,11 @@ pub fn per_message_us(
     let mut den = 0.0;
     for &(t, p) in points {
         let dk = extra_per_core(p, cores) - k0;
-        if p < 2 || dk <= 0.0 || !t.is_finite() || t <= 0.0 {
+        if !t.is_finite() || t <= 0.0 {
             return None;
+        }
+        if p < 2 || dk <= 0.0 {
+            continue; // no more ranks per core than the base: nothing to fit
         }
         // Minimise Σ((base + s·dk)/m − 1)² over s: s = Σ (dk/m)(1 − base/m) / Σ (dk/m)².
         let m = t / (p - 1) as f64;
@@ -89,6 +92,14 @@ mod tests {
         );
         assert_eq!(per_message_us(&[(f64::NAN, 4)], 8e-6, 2, 2), None);
         assert_eq!(per_message_us(&[], 8e-6, 2, 2), None);
+        // One core: 2 ranks are no more per core than the base, 4 ranks are.
+        let s = per_message_us(
+            &[(1e-3, 2), (3.0 * (8e-6 + 3.0 * 30e-6), 4)],
+            8e-6 + 30e-6,
+            2,
+            1,
+        );
+        assert!((s.unwrap() - 30.0).abs() < 1e-9, "{s:?}");
         assert_eq!(per_message_us(&[(3.0 * 5e-6, 4)], 8e-6, 2, 2), Some(0.0));
     }
 }
