@@ -92,6 +92,10 @@ fn merged_runs_give_one_profile_from_the_median_of_each_size() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("2-rank exchange, measured vs fitted"), "{err}");
+    assert!(
+        err.contains("differ up to") && err.contains("state changed between the runs"),
+        "the slowed run is reported: {err}"
+    );
     let merged = Profile::load(std::path::Path::new(&file("merged.toml"))).unwrap();
     assert!(merged.source.contains("median of 3"), "{}", merged.source);
     let m = merged.measured.as_ref().unwrap();

@@ -346,6 +346,15 @@ fn merge(args: &Args) {
         })
         .collect();
     let m = Measured::median(&runs).unwrap_or_else(|e| fail(e));
+    if let Some((bytes, r)) = Measured::spread(&runs) {
+        let note = if r > 1.5 {
+            ": the machine's state changed between the runs; the median takes the state most \
+             of them met (merge more runs, spread over the time the job runs)"
+        } else {
+            ""
+        };
+        eprintln!("pccl-tune: the runs' exchanges differ up to {r:.2}x (at {bytes} B){note}");
+    }
     let mut prof = calibrate::derive(&m).unwrap_or_else(|e| fail(e));
     prof.source = format!(
         "the median of {} pccl-tune runs ({}): {}",

@@ -209,6 +209,30 @@ impl Measured {
         })
     }
 
+    /// Where `runs` disagree most on the exchange: (bytes, slowest / fastest run's time) at
+    /// the size with the largest ratio; `None` for fewer than two runs or sizes that differ.
+    /// Above about 1.5× the machine's state changed between the runs (on the 2-core VM the
+    /// two vCPUs' transfer rate switched 3–4.5× at 16 KiB–2 MiB), and the merge takes
+    /// whichever state most of them met.
+    pub fn spread(runs: &[Measured]) -> Option<(usize, f64)> {
+        let first = runs.first()?;
+        if runs.len() < 2
+            || runs
+                .iter()
+                .any(|r| r.exchange_us.len() != first.exchange_us.len())
+        {
+            return None;
+        }
+        (0..first.exchange_us.len())
+            .map(|k| {
+                let v = runs.iter().map(|r| r.exchange_us[k]);
+                let hi = v.clone().fold(f64::NEG_INFINITY, f64::max);
+                let lo = v.fold(f64::INFINITY, f64::min);
+                (first.exchange_bytes[k], hi / lo)
+            })
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+    }
+
     /// Checks the lists' lengths and that every time and rate is positive and finite.
     fn check(&self) -> Result<()> {
         let bad = |what: &str| Err(Error::invalid(format!("profile: [measured] {what}")));
@@ -636,6 +660,18 @@ mod tests {
             (m.oversub_us.clone(), m.oversub_ring_us),
             (vec![40.0], 4000.0)
         );
+    }
+
+    #[test]
+    fn the_spread_names_the_size_where_runs_disagree_most() {
+        let a = measured_from(&truth());
+        let mut b = a.clone();
+        b.exchange_us[5] *= 3.0;
+        b.exchange_us[6] *= 2.0;
+        let (bytes, r) = Measured::spread(&[a.clone(), b]).unwrap();
+        assert_eq!(bytes, a.exchange_bytes[5]);
+        assert!((r - 3.0).abs() < 1e-12, "{r}");
+        assert_eq!(Measured::spread(std::slice::from_ref(&a)), None);
     }
 
     #[test]
