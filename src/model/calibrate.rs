@@ -5,11 +5,12 @@
 //! sweep, α/β/the protocol's steps from the 2-rank exchange ([`super::link_fit`]), the
 //! node's shared bandwidth from the concurrent flows, the piece cost from the probe and the
 //! oversubscription terms. `pccl-tune --merge A B C` derives one profile from the per-size
-//! medians of several runs ([`Measured::median`]): on a shared host one process's ranks can
-//! be placed badly for its whole life (on the 2-core VM one MPI pair in three timed its
-//! 16 KiB–2 MiB exchanges 2–4× slower than the other two, which the fit turned into a false
-//! +450 µs "rendezvous" at 512 KiB), and the minimum or median over sweeps inside one
-//! process cannot see that.
+//! medians of several runs ([`Measured::median`]): on a shared host a process's exchange can
+//! run slow for its whole life (on the 2-core VM 16 KiB–2 MiB took 3–4.5× longer in periods
+//! of minutes, as the hypervisor placed the two vCPUs, and one slow run's fit put a false
+//! +310–450 µs "rendezvous" at 512 KiB), which the minimum or median over sweeps inside one
+//! process cannot see; runs merged outvote it, and runs spread over a job's time take the
+//! machine's usual state.
 
 use super::link_fit::{self, Sample};
 use super::profile::{CacheTier, Profile, Protocol, ReceiveReduce, Strided};
@@ -98,7 +99,9 @@ impl Measured {
         let first = runs
             .first()
             .ok_or_else(|| Error::invalid("no measurements to take the median of"))?;
-        for (i, r) in runs.iter().enumerate().skip(1) {
+        for (i, r) in runs.iter().enumerate() {
+            r.check()
+                .map_err(|e| Error::invalid(format!("run {}: {}", i + 1, e.message())))?;
             let differs = if r.transport != first.transport {
                 Some(format!("transport {} vs {}", r.transport, first.transport))
             } else if r.exchange_bytes != first.exchange_bytes {
@@ -689,6 +692,20 @@ mod tests {
         c.exchange_us.pop();
         assert!(Measured::median(&[a, c]).is_err());
         assert!(Measured::median(&[]).is_err());
+    }
+
+    #[test]
+    fn a_damaged_run_fails_the_merge_with_its_number_instead_of_panicking() {
+        let a = measured_from(&truth());
+        let mut b = a.clone();
+        b.exchange_us.truncate(3);
+        let e = Measured::median(&[a.clone(), b]).unwrap_err();
+        assert!(e.message().contains("run 2"), "{e}");
+        let mut c = a.clone();
+        c.oversub_ranks = vec![4, 8];
+        c.oversub_us = vec![30.0];
+        let e = Measured::median(&[c, a]).unwrap_err();
+        assert!(e.message().contains("run 1"), "{e}");
     }
 
     #[test]
