@@ -220,9 +220,10 @@ impl Measured {
     pub fn spread(runs: &[Measured]) -> Option<(usize, f64)> {
         let first = runs.first()?;
         if runs.len() < 2
-            || runs
-                .iter()
-                .any(|r| r.exchange_us.len() != first.exchange_us.len())
+            || runs.iter().any(|r| {
+                r.exchange_us.len() != first.exchange_us.len()
+                    || r.exchange_bytes.len() != r.exchange_us.len()
+            })
         {
             return None;
         }
