@@ -52,10 +52,10 @@ else
   trap 'rm -rf "$WORK"' EXIT
 fi
 # Runs the pccl-tune command "$2…" TUNE_RUNS times (each writing $1.N) and merges them into
-# $1: the per-size medians of their timings (`pccl-tune --merge`). With more ranks than
-# cores a process's times are mostly where the scheduler put its ranks: one MPI pair in
-# four on the 2-core VM timed 16 KiB–2 MiB 2–5× slower for its whole life, and one
-# pccl-tune process measured the oversubscription term anywhere from 3.9 to 10.7 us.
+# $1: the per-size medians of their timings (`pccl-tune --merge`). A process's times
+# follow the machine's state while it runs: on the 2-core VM a 2-process exchange of
+# 16 KiB–2 MiB ran 3–4.5× slower for its whole life in some periods, and one pccl-tune
+# process measured the oversubscription term anywhere from 3.9 to 10.7 us.
 tune_runs() {
   local out=$1 runs=()
   shift
@@ -64,6 +64,14 @@ tune_runs() {
     runs+=("$out.$i")
   done
   "$BIN/pccl-tune" --merge "${runs[@]}" -o "$out" 2>/dev/null
+}
+# Ranks per node measured at P ranks: all on one node, and from 4 ranks two nodes too.
+shapes_of() {
+  if [ "$1" -ge 4 ]; then echo "$1 $(($1 / 2))"; else echo "$1"; fi
+}
+# The algorithms compared at P ranks, M per node: the hierarchies where there are nodes.
+algos_of() {
+  if [ "$2" -lt "$1" ]; then echo "auto ring rd hier-rd hier-ring"; else echo "auto ring rd"; fi
 }
 echo "# load before: $(uptime)"
 for t in $TRANSPORTS; do
@@ -97,11 +105,8 @@ for t in $TRANSPORTS; do
   # apart every few minutes, bound to cores or not). `auto` runs with the first profile.
   spread=()
   for p in $ranks; do
-    shapes="$p"
-    [ "$p" -ge 4 ] && shapes="$p $((p / 2))"
-    for m in $shapes; do
-      algos="auto ring rd"
-      [ "$m" -lt "$p" ] && algos="auto ring rd hier-rd hier-ring"
+    for m in $(shapes_of "$p"); do
+      algos=$(algos_of "$p" "$m")
       launch=("$BIN/pccl-bench" --ranks "$p" --transport threads)
       [ "$t" = mpi ] && launch=(mpiexec -n "$p" "$BIN/pccl-bench" --transport mpi --no-mpi-compare)
       for c in $COLLS; do
@@ -141,13 +146,9 @@ for t in $TRANSPORTS; do
     echo "# $t profile of the predictions ($((${#extra[@]} + ${#spread[@]})) calibrations): $(grep '^source' "$judge" | sed 's/^source = "the median of [0-9]* pccl-tune runs ([^)]*): //')"
   fi
   for p in $ranks; do
-    shapes="$p"
-    [ "$p" -ge 4 ] && shapes="$p $((p / 2))"
-    for m in $shapes; do
-      algos="auto ring rd"
-      [ "$m" -lt "$p" ] && algos="auto ring rd hier-rd hier-ring"
+    for m in $(shapes_of "$p"); do
       for c in $COLLS; do
-        for a in $algos; do
+        for a in $(algos_of "$p" "$m"); do
           "$BIN/pccl-sim" --preset-file "$judge" --on host --engine events --ranks "$p" \
             --ranks-per-node "$m" --coll "$c" --algo "$a" --size "1K:$max" --json \
             >"$WORK/sim-$t-$p-$m-$c-$a.jsonl"
