@@ -142,7 +142,9 @@ for t in $TRANSPORTS; do
       [ -s "$tune.$i" ] && extra+=("$tune.$i")
       [ -s "$tune.pair.$i" ] && extra+=("$tune.pair.$i")
     done
-    "$BIN/pccl-tune" --merge "${extra[@]}" "${spread[@]}" -o "$judge" 2>/dev/null
+    # Its note on how far the calibrations disagree says whether the machine's state changed.
+    "$BIN/pccl-tune" --merge "${extra[@]}" "${spread[@]}" -o "$judge" 2>&1 \
+      | sed -n 's/^pccl-tune: the runs. exchanges differ/# '"$t"' calibrations differ/p'
     echo "# $t profile of the predictions ($((${#extra[@]} + ${#spread[@]})) calibrations): $(grep '^source' "$judge" | sed 's/^source = "the median of [0-9]* pccl-tune runs ([^)]*): //')"
   fi
   for p in $ranks; do
