@@ -72,15 +72,10 @@ pub struct Measured {
     pub oversub_ring_us: f64,
 }
 
-/// The median of `v` (the mean of the middle two for an even count); NaN when empty.
+/// The median of `v` ([`super::online::median`]: the mean of the middle two for an even
+/// count); every list merged here holds at least one run's value.
 fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => f64::NAN,
-        _ if n % 2 == 1 => v[n / 2],
-        _ => 0.5 * (v[n / 2 - 1] + v[n / 2]),
-    }
+    super::online::median(&mut v)
 }
 
 /// `runs` with those whose `key` repeats an earlier one's left out.
@@ -718,12 +713,5 @@ mod tests {
         m.exchange_us.pop();
         let e = derive(&m).unwrap_err();
         assert!(e.message().contains("[measured]"), "{e}");
-    }
-
-    #[test]
-    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
-        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
-        assert_eq!(median(vec![2.0, 9.0, 1.0]), 2.0);
-        assert!(median(vec![]).is_nan());
     }
 }

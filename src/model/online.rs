@@ -153,8 +153,8 @@ impl Trial {
     }
 }
 
-/// The median of `v` (infinite when empty).
-fn median(v: &mut [f64]) -> f64 {
+/// The median of `v`, the mean of the middle two for an even count (infinite when empty).
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {
         0 => f64::INFINITY,
@@ -261,5 +261,12 @@ mod tests {
         assert_eq!(decide(&[f64::INFINITY, f64::INFINITY]), 0);
         assert_eq!(decide(&[f64::INFINITY, 5.0]), 1);
         assert_eq!(decide(&[f64::NAN, 5.0]), 1);
+    }
+
+    #[test]
+    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&mut [2.0, 9.0, 1.0]), 2.0);
+        assert!(median(&mut []).is_infinite());
     }
 }
