@@ -16,11 +16,12 @@
 # one process's thread placement alone moved a point up to 1.8×), TUNE_RUNS (default 5:
 # pccl-tune processes per measurement, merged by `pccl-tune --merge` into the per-size
 # medians of their timings), TRANSPORTS (default "threads"; "mpi" runs `mpiexec -n P pccl-bench --transport mpi`
-# with a profile from `mpiexec -n 2 pccl-tune --transport mpi`, built with --features mpi),
+# with a profile from `mpiexec -n 2 pccl-tune --transport mpi` and its oversubscription term
+# from `--oversub-of` runs at 2 × and 4 × cores ranks, built with --features mpi),
 # MAX (largest size per rank, default 64M), RANKS (default "2 4 8"), MPI_MAX (default 4M:
-# oversubscribed MPI ranks on a small host are slow), MPI_RANKS (default "2 4"), COLLS
+# oversubscribed MPI ranks on a small host are slow), MPI_RANKS (default "2 4 8"), COLLS
 # (default "allgather reducescatter"), TUNE / TUNE_MPI (reuse a profile instead of
-# measuring one; the MPI one gets its oversubscription term from a second run at 2 × cores
+# measuring one; the MPI one gets its oversubscription term from runs at 2 × and 4 × cores
 # ranks), KEEP (a directory to keep the raw JSON in), REUSE=1 (with KEEP: measurements
 # already in KEEP are not run again, nor pccl-tune when KEEP holds its profile, only the
 # predictions: another profile or model judged
@@ -30,7 +31,7 @@ cd "$(dirname "$0")/.."
 MAX=${MAX:-64M}
 RANKS=${RANKS:-"2 4 8"}
 MPI_MAX=${MPI_MAX:-4M}
-MPI_RANKS=${MPI_RANKS:-"2 4"}
+MPI_RANKS=${MPI_RANKS:-"2 4 8"}
 COLLS=${COLLS:-"allgather reducescatter"}
 REPEAT=${REPEAT:-3}
 TUNE_RUNS=${TUNE_RUNS:-5}
@@ -65,6 +66,14 @@ tune_runs() {
   done
   "$BIN/pccl-tune" --merge "${runs[@]}" -o "$out" 2>/dev/null
 }
+# One pccl-tune run of transport $1 written to $2 (MPI: the 2-rank exchange only).
+calibrate_once() {
+  if [ "$1" = mpi ]; then
+    mpiexec -n 2 "$BIN/pccl-tune" --transport mpi -o "$2" 2>/dev/null
+  else
+    "$BIN/pccl-tune" -o "$2" 2>/dev/null
+  fi
+}
 # Ranks per node measured at P ranks: all on one node, and from 4 ranks two nodes too.
 shapes_of() {
   if [ "$1" -ge 4 ]; then echo "$1 $(($1 / 2))"; else echo "$1"; fi
@@ -87,11 +96,16 @@ for t in $TRANSPORTS; do
       tune=${TUNE_MPI:-$WORK/tune-mpi.toml} TUNE_PINNED=${TUNE_MPI:-}
       if [ -z "${TUNE_MPI:-}" ] && { [ -z "${REUSE:-}" ] || [ ! -s "$tune" ]; }; then
         tune_runs "$tune.pair" mpiexec -n 2 "$BIN/pccl-tune" --transport mpi
-        cp "$tune.pair" "$tune"
-        # The oversubscription term: 2 × cores MPI ranks (when that is at most 16).
-        over=$((2 * $(nproc)))
-        [ "$over" -le 16 ] && tune_runs "$tune" mpiexec -n "$over" "$BIN/pccl-tune" \
-          --transport mpi --oversub-of "$tune.pair"
+        # The oversubscription term: 2 × and 4 × cores MPI ranks (those at most 16), each
+        # added to the merge before it, so the slope is fitted to both points.
+        prev=$tune.pair
+        for over in $((2 * $(nproc))) $((4 * $(nproc))); do
+          [ "$over" -le 16 ] || continue
+          tune_runs "$tune.o$over" mpiexec -n "$over" "$BIN/pccl-tune" \
+            --transport mpi --oversub-of "$prev"
+          prev=$tune.o$over
+        done
+        cp "$prev" "$tune"
       fi
       ranks=$MPI_RANKS max=$MPI_MAX ;;
     *) echo "TRANSPORTS: $t is not threads or mpi" >&2; exit 2 ;;
@@ -104,6 +118,7 @@ for t in $TRANSPORTS; do
   # the 2-process copy rate of 16 KiB–2 MiB messages switched between two levels 3–4×
   # apart every few minutes, bound to cores or not). `auto` runs with the first profile.
   spread=()
+  declare -A shape_cal=()
   for p in $ranks; do
     for m in $(shapes_of "$p"); do
       algos=$(algos_of "$p" "$m")
@@ -113,13 +128,10 @@ for t in $TRANSPORTS; do
         if [ "$SPREAD" != 0 ] && [ -z "${TUNE_PINNED:-}" ]; then
           n=$((${#spread[@]} + 1))
           if [ -z "${REUSE:-}" ] || [ ! -s "$tune.s$n" ]; then
-            if [ "$t" = mpi ]; then
-              mpiexec -n 2 "$BIN/pccl-tune" --transport mpi -o "$tune.s$n" 2>/dev/null
-            else
-              "$BIN/pccl-tune" -o "$tune.s$n" 2>/dev/null
-            fi
+            calibrate_once "$t" "$tune.s$n"
           fi
           spread+=("$tune.s$n")
+          shape_cal["$p-$m-$c"]=$n
         fi
         for r in $(seq 1 "$REPEAT"); do
           out="$WORK/bench-$t-$p-$m-$c.r$r.json"
@@ -133,13 +145,26 @@ for t in $TRANSPORTS; do
       done
     done
   done
+  # One calibration after the last shape, so each shape has one on either side.
+  if [ "${#spread[@]}" -gt 0 ]; then
+    n=$((${#spread[@]} + 1))
+    if [ -z "${REUSE:-}" ] || [ ! -s "$tune.s$n" ]; then
+      calibrate_once "$t" "$tune.s$n"
+    fi
+  fi
   # The predictions, from the median of every calibration of the check.
   judge=$tune
   if [ "${#spread[@]}" -gt 0 ]; then
     judge=$WORK/tune-$t.all.toml
     extra=()
+    # The runs at the most oversubscribed point carry every point before it.
+    last=""
+    for over in $((2 * $(nproc))) $((4 * $(nproc))); do
+      [ -s "$tune.o$over.1" ] && last=$tune.o$over
+    done
     for i in $(seq 1 "$TUNE_RUNS"); do
       [ -s "$tune.$i" ] && extra+=("$tune.$i")
+      [ -n "$last" ] && [ -s "$last.$i" ] && extra+=("$last.$i")
       [ -s "$tune.pair.$i" ] && extra+=("$tune.pair.$i")
     done
     # Its note on how far the calibrations disagree says whether the machine's state changed.
@@ -150,10 +175,26 @@ for t in $TRANSPORTS; do
   for p in $ranks; do
     for m in $(shapes_of "$p"); do
       for c in $COLLS; do
+        # Each shape judged again by the calibrations either side of its benchmarks: the
+        # machine's state while they ran (MPI's with the oversubscribed rings of the first
+        # merge, thread ranks measure their own). On the 2-core VM a check's calibrations
+        # fall into two states 3–4.5× apart at 16 KiB–2 MiB, and the median of all of them
+        # is the state of neither.
+        bracket=""
+        if [ -n "${shape_cal["$p-$m-$c"]:-}" ]; then
+          n=${shape_cal["$p-$m-$c"]}
+          bracket=$WORK/tune-$t.b$n.toml
+          rings=()
+          [ "$t" = mpi ] && rings=(--rings-of "$tune")
+          "$BIN/pccl-tune" --merge "$tune.s$n" "$tune.s$((n + 1))" "${rings[@]}" \
+            -o "$bracket" 2>/dev/null
+        fi
         for a in $(algos_of "$p" "$m"); do
-          "$BIN/pccl-sim" --preset-file "$judge" --on host --engine events --ranks "$p" \
-            --ranks-per-node "$m" --coll "$c" --algo "$a" --size "1K:$max" --json \
-            >"$WORK/sim-$t-$p-$m-$c-$a.jsonl"
+          for j in "$judge:sim" ${bracket:+"$bracket:simb"}; do
+            "$BIN/pccl-sim" --preset-file "${j%:*}" --on host --engine events --ranks "$p" \
+              --ranks-per-node "$m" --coll "$c" --algo "$a" --size "1K:$max" --json \
+              >"$WORK/${j##*:}-$t-$p-$m-$c-$a.jsonl"
+          done
         done
       done
     done
@@ -174,11 +215,14 @@ for f in sorted(glob.glob(f"{w}/bench-*.json")):
         key = (t, int(p), int(m), c, r["bytes"])
         runs.setdefault((key, r["requested"]), []).append((r["median_us"], r["algo"]))
 preds = {}
-def pred_of(t, p, m, c, a, size):
-    k = (t, p, m, c, a)
+# kind "sim": the median of every calibration; "simb": the calibrations either side of the
+# shape's benchmarks (absent where the check had one profile).
+def pred_of(t, p, m, c, a, size, kind="sim"):
+    k = (kind, t, p, m, c, a)
     if k not in preds:
         preds[k] = {}
-        for line in open(f"{w}/sim-{t}-{p}-{m}-{c}-{a}.jsonl"):
+        f = f"{w}/{kind}-{t}-{p}-{m}-{c}-{a}.jsonl"
+        for line in open(f) if os.path.exists(f) else []:
             q = json.loads(line)
             preds[k][q["size"]] = q["seconds"] * 1e6
     return preds[k].get(size, float("nan"))
@@ -188,19 +232,22 @@ for (key, a), v in runs.items():
     times = sorted(x[0] for x in v)
     ran = max({x[1] for x in v}, key=lambda u: sum(1 for x in v if x[1] == u))
     pred = float("nan") if a == "auto-online" else pred_of(t, p, m, c, a, size)
-    rows.setdefault(key, {})[a] = (times[len(times) // 2], ran, pred)
-print("| transport | ranks | per node | coll | size | algo (ran) | measured median us | predicted us | meas/pred |")
-print("|---|---|---|---|---|---|---|---|---|")
-ratios, autos = {}, {}
+    predb = float("nan") if a == "auto-online" else pred_of(t, p, m, c, a, size, "simb")
+    rows.setdefault(key, {})[a] = (times[len(times) // 2], ran, pred, predb)
+print("| transport | ranks | per node | coll | size | algo (ran) | measured median us | predicted us | meas/pred | bracket predicted us | meas/bracket |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+ratios, autos, ratios_b = {}, {}, {}
 TUNERS = ("auto", "auto-online")
 def band(s):
     return "<= 32 KiB" if s <= 32 << 10 else "64 KiB - 1 MiB" if s <= 1 << 20 else "2 - 8 MiB" if s <= 8 << 20 else ">= 16 MiB"
 for (t, p, m, c, s), algos in sorted(rows.items()):
-    for a, (meas, used, pr) in sorted(algos.items()):
-        r = meas / pr
+    for a, (meas, used, pr, prb) in sorted(algos.items()):
+        r, rb = meas / pr, meas / prb
         if a != "auto-online":
             ratios.setdefault((t, band(s)), []).append(r)
-        print(f"| {t} | {p} | {m} | {c} | {s} | {a} ({used}) | {meas:.1f} | {pr:.1f} | {r:.2f} |")
+            if prb == prb:
+                ratios_b.setdefault((t, band(s)), []).append(rb)
+        print(f"| {t} | {p} | {m} | {c} | {s} | {a} ({used}) | {meas:.1f} | {pr:.1f} | {r:.2f} | {prb:.1f} | {rb:.2f} |")
     fixed = {k: v[0] for k, v in algos.items() if k not in TUNERS}
     for tu in TUNERS:
         if tu not in algos or not fixed:
@@ -216,12 +263,13 @@ def med(v):
     return v[len(v) // 2]
 allr = [r for v in ratios.values() for r in v]
 print()
-for t in sorted({k[0] for k in ratios}):
-    rs = [r for k, v in ratios.items() if k[0] == t for r in v]
+for name, rat in [("", ratios), (" (bracketing calibrations)", ratios_b)]:
+  for t in sorted({k[0] for k in rat}):
+    rs = [r for k, v in rat.items() if k[0] == t for r in v]
     ins = sum(1 for r in rs if 1 / 1.5 <= r <= 1.5)
-    print(f"{t}: measured/predicted within 1.5x: {ins}/{len(rs)}; median {med(rs):.2f}, min {min(rs):.2f}, max {max(rs):.2f}")
+    print(f"{t}: measured/predicted{name} within 1.5x: {ins}/{len(rs)}; median {med(rs):.2f}, min {min(rs):.2f}, max {max(rs):.2f}")
     for b in ["<= 32 KiB", "64 KiB - 1 MiB", "2 - 8 MiB", ">= 16 MiB"]:
-        v = ratios.get((t, b))
+        v = rat.get((t, b))
         if v:
             ins = sum(1 for r in v if 1 / 1.5 <= r <= 1.5)
             print(f"  {b}: median {med(v):.2f}, {ins}/{len(v)} within 1.5x")

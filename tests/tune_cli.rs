@@ -1,7 +1,7 @@
 //! `pccl-tune` on thread-ranks: a quick run writes a profile the communicator loads, with the
 //! terms a thread world is calibrated by (only α free for its memcpy transfers) and the raw
-//! timings they come from; `--merge` derives one profile from several runs' medians; bad
-//! arguments fail with a message.
+//! timings they come from; `--merge` derives one profile from several runs' medians (with
+//! `--rings-of`, the oversubscribed rings of another); bad arguments fail with a message.
 
 use pccl::model::profile::Profile;
 use std::process::Command;
@@ -119,6 +119,82 @@ fn merged_runs_give_one_profile_from_the_median_of_each_size() {
         !dir.join("x.toml").exists(),
         "nothing written on a refused merge"
     );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn rings_of_pairs_merged_exchanges_with_another_profiles_oversubscribed_rings() {
+    let dir = std::env::temp_dir().join(format!("pccl-tune-rings-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = |n: &str| dir.join(n).to_str().unwrap().to_string();
+    for i in 0..2 {
+        let out = tune(&["--quick", "-o", &file(&format!("run{i}.toml"))]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let load = |n: &str| Profile::load(std::path::Path::new(&file(n))).unwrap();
+    // The rings of another calibration, at 2 × and 4 × the host's cores.
+    let mut rings = load("run0.toml");
+    let mut m = rings.measured.clone().unwrap();
+    let (p1, p2) = (2 * m.cores, 4 * m.cores);
+    (m.oversub_ranks, m.oversub_us, m.oversub_ring_us) = (vec![], vec![], 0.0);
+    m.add_oversub_point(p2, 4000.0, 0.0);
+    m.add_oversub_point(p1, 900.0, 7000.0);
+    rings.measured = Some(m);
+    std::fs::write(file("rings.toml"), rings.to_toml()).unwrap();
+    let args = |r: &str| {
+        tune(&[
+            "--merge",
+            &file("run0.toml"),
+            &file("run1.toml"),
+            "--rings-of",
+            r,
+            "-o",
+            &file("merged.toml"),
+        ])
+    };
+    let out = args(&file("rings.toml"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let merged = load("merged.toml");
+    let mm = merged.measured.as_ref().unwrap();
+    assert_eq!(
+        (
+            mm.oversub_ranks.clone(),
+            mm.oversub_us.clone(),
+            mm.oversub_ring_us
+        ),
+        (vec![p1, p2], vec![900.0, 4000.0], 7000.0),
+        "the rings come from --rings-of"
+    );
+    let (a, b) = (load("run0.toml"), load("run1.toml"));
+    for (k, &t) in mm.exchange_us.iter().enumerate() {
+        let (x, y) = (
+            a.measured.as_ref().unwrap().exchange_us[k],
+            b.measured.as_ref().unwrap().exchange_us[k],
+        );
+        assert_eq!(t, (x + y) / 2.0, "the exchange from the merged runs");
+    }
+    let points = format!("{p1}, {p2} ranks on");
+    assert!(merged.source.contains(&points), "{}", merged.source);
+    // Rings of another transport are refused by name, and nothing is written.
+    std::fs::remove_file(file("merged.toml")).unwrap();
+    let mut other = load("rings.toml");
+    other.measured.as_mut().unwrap().transport = "mpi".into();
+    std::fs::write(file("other.toml"), other.to_toml()).unwrap();
+    let out = args(&file("other.toml"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("other.toml"), "{err}");
+    assert!(!dir.join("merged.toml").exists());
+    // Without --merge it is a usage error.
+    let out = tune(&["--rings-of", &file("rings.toml"), "-o", &file("x.toml")]);
+    assert!(!out.status.success());
     std::fs::remove_dir_all(&dir).ok();
 }
 

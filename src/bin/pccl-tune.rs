@@ -27,7 +27,8 @@
 //!   message: the growth per extra rank per core is `oversub.per_message_us`. Threads: in the
 //!   same run, at 4 × cores ranks too where that is at most 16, the slope fitted to both.
 //!   MPI (whose world is fixed): a second run `mpiexec -n 2×cores pccl-tune --transport mpi
-//!   --oversub-of FILE -o FILE` adds the term to the 2-rank profile FILE, and
+//!   --oversub-of FILE -o FILE2` adds the term to the 2-rank profile FILE (a third, at
+//!   4 × cores on FILE2, gives the slope its second point), and
 //!   `oversub.rate_share` (busy-polling ranks take core time from the copies): the share
 //!   with which the model's 4 MiB ring at those ranks takes the measured time. Threads sleep
 //!   while they wait (no share; their node-bus measurement at 4 ranks already ran
@@ -85,6 +86,11 @@ struct Args {
     /// measurements (runs of the same pccl-tune command on the same host), written to `-o`.
     #[arg(long, num_args = 1.., value_name = "PROFILE")]
     merge: Vec<String>,
+    /// With `--merge`: the oversubscribed rings from this profile's measurements (a merge of
+    /// `--oversub-of` runs) instead of the merged runs' (MPI measures them in runs of their
+    /// own, so a later 2-rank calibration can be paired with an earlier ring measurement).
+    #[arg(long, value_name = "PROFILE", requires = "merge")]
+    rings_of: Option<String>,
 }
 
 /// Cores this process may run on.
@@ -323,11 +329,22 @@ fn mpi_oversub_only(args: &Args, base: &str) {
             2 * n
         ));
     }
-    (m.oversub_ranks, m.oversub_us, m.oversub_ring_us) = (vec![p], vec![t[0] * 1e6], t[1] * 1e6);
+    m.add_oversub_point(p, t[0] * 1e6, t[1] * 1e6);
     let prof = calibrate::derive(&m).unwrap_or_else(|e| fail(e));
     if root {
         write_profile(args, &prof);
     }
+}
+
+/// The raw measurements of profile `f` (named by `flag` when it has none).
+fn measured_of(f: &str, flag: &str) -> Measured {
+    let p = Profile::load(std::path::Path::new(f)).unwrap_or_else(|e| fail(e));
+    p.measured.unwrap_or_else(|| {
+        fail(format!(
+            "{flag} {f}: the profile holds no [measured] table (written by an older \
+             pccl-tune, or by hand)"
+        ))
+    })
 }
 
 /// `--merge FILES`: one profile from the per-size medians of several runs' measurements.
@@ -335,17 +352,20 @@ fn merge(args: &Args) {
     let runs: Vec<Measured> = args
         .merge
         .iter()
-        .map(|f| {
-            let p = Profile::load(std::path::Path::new(f)).unwrap_or_else(|e| fail(e));
-            p.measured.unwrap_or_else(|| {
-                fail(format!(
-                    "--merge {f}: the profile holds no [measured] table (written by an older \
-                     pccl-tune, or by hand)"
-                ))
-            })
-        })
+        .map(|f| measured_of(f, "--merge"))
         .collect();
-    let m = Measured::median(&runs).unwrap_or_else(|e| fail(e));
+    let mut m = Measured::median(&runs).unwrap_or_else(|e| fail(e));
+    if let Some(f) = &args.rings_of {
+        let rings = measured_of(f, "--rings-of");
+        if (rings.transport.as_str(), rings.cores) != (m.transport.as_str(), m.cores) {
+            fail(format!(
+                "--rings-of {f}: measured {} on {} cores, the runs {} on {} cores",
+                rings.transport, rings.cores, m.transport, m.cores
+            ));
+        }
+        (m.oversub_ranks, m.oversub_us, m.oversub_ring_us) =
+            (rings.oversub_ranks, rings.oversub_us, rings.oversub_ring_us);
+    }
     if let Some((bytes, r)) = Measured::spread(&runs) {
         let note = if r > 1.5 {
             ": the machine's state changed between the runs; the median takes the state most \

@@ -207,6 +207,25 @@ impl Measured {
         })
     }
 
+    /// Adds the 1 KiB ring message (`msg_us`, µs for the whole ring) and 4 MiB ring
+    /// (`ring_us`) measured at `p` ranks to the oversubscribed points, kept in rank order and
+    /// replacing an earlier point at `p`. The 4 MiB ring (the rate share) stays the one at
+    /// the fewest ranks. MPI measures each point in a world of its own: a second
+    /// `--oversub-of` at 4 × cores on the first one's profile gives the slope two points, as
+    /// thread ranks get in one run.
+    pub fn add_oversub_point(&mut self, p: usize, msg_us: f64, ring_us: f64) {
+        if let Some(k) = self.oversub_ranks.iter().position(|&q| q == p) {
+            self.oversub_ranks.remove(k);
+            self.oversub_us.remove(k);
+        }
+        let k = self.oversub_ranks.partition_point(|&q| q < p);
+        if k == 0 || self.oversub_ring_us <= 0.0 {
+            self.oversub_ring_us = ring_us;
+        }
+        self.oversub_ranks.insert(k, p);
+        self.oversub_us.insert(k, msg_us);
+    }
+
     /// Where `runs` disagree most on the exchange: (bytes, slowest / fastest run's time) at
     /// the size with the largest ratio; `None` for fewer than two runs or sizes that differ.
     /// Above about 1.5× the machine's state changed between the runs (on the 2-core VM the
@@ -628,6 +647,30 @@ mod tests {
         b.oversub_us = vec![50.0];
         let e = Measured::median(&[a, b]).unwrap_err();
         assert!(e.message().contains("rank counts"), "{e}");
+    }
+
+    #[test]
+    fn a_second_oversubscribed_world_adds_its_point_and_keeps_the_first_ring() {
+        let t = truth();
+        let mut m = measured_from(&t);
+        // 2 cores, 1 KiB messages of the 2-rank profile plus 4 µs per extra rank per core:
+        // 4 ranks (k = 1 beyond the base) take 3 messages, 8 ranks (k = 3) take 7.
+        let base = derive(&m).unwrap();
+        let msg = |k: f64| exchange_seconds(&base, 1024.0) * 1e6 + 4.0 * k;
+        m.add_oversub_point(8, 7.0 * msg(3.0), 9000.0);
+        m.add_oversub_point(4, 3.0 * msg(1.0), 5000.0);
+        assert_eq!(m.oversub_ranks, [4, 8], "in rank order");
+        assert_eq!(m.oversub_ring_us, 5000.0, "the ring at the fewest ranks");
+        // Measured again at 8 ranks: replaced, not added; the 4-rank ring stays.
+        m.add_oversub_point(8, 7.0 * msg(3.0), 1.0);
+        assert_eq!((m.oversub_ranks.len(), m.oversub_ring_us), (2, 5000.0));
+        let p = derive(&m).unwrap();
+        let s = p.oversub.per_message_us;
+        assert!(
+            (s / 4.0 - 1.0).abs() < 0.2,
+            "the slope through both points: {s}"
+        );
+        assert!(p.source.contains("4, 8 ranks on 2 cores"), "{}", p.source);
     }
 
     #[test]
