@@ -622,3 +622,29 @@ fn on_one_host_an_overlapped_hierarchys_two_levels_share_each_ranks_copies() {
         "on one host: {host} vs whole blocks {plain}"
     );
 }
+
+#[test]
+fn a_ranks_reductions_run_one_after_another_even_when_the_levels_overlap() {
+    // Reductions at 1 GB/s, transfers ten times faster: the reduce-scatter is bound by the
+    // (P − 1)·s bytes each rank reduces. The executor reduces a phase's messages one at a
+    // time on the rank's own thread, so overlapping the two levels of a hierarchy must not
+    // let two of its reductions run at once.
+    let mut prof = two_levels_in_step();
+    prof.reduce_device_gbps = [("default".to_string(), 1.0)].into_iter().collect();
+    prof.reduce_host_gbps = prof.reduce_device_gbps.clone();
+    prof.inter.alpha_us = 0.0;
+    for (nodes, m) in [(2usize, 2usize), (4, 2), (2, 4)] {
+        let topo = Topology::uniform(nodes * m, m);
+        let s = 8e6;
+        let bound = (nodes * m - 1) as f64 * s / 1e9;
+        for k in [2usize, 4, 8] {
+            let algo = HIER.overlapped(k).unwrap();
+            let t = both_within(&topo, &prof, Job::new(RS, algo, s), 1e-6);
+            assert!(
+                t >= bound * (1.0 - 1e-9) && t <= 1.3 * bound,
+                "{}, {algo}: {t} s against the reductions' {bound} s",
+                topo.describe()
+            );
+        }
+    }
+}

@@ -294,22 +294,42 @@ impl<'a> Cluster<'a> {
         (pack, pack + w.copy_blocks as f64 * bb / rate)
     }
 
-    /// End of a received message's processing: pieces reduced as they arrive.
-    fn recv_end(&self, job: &Job, bytes: f64, reduce: bool, t0: f64, t1: f64) -> f64 {
+    /// Seconds the receiving rank spends reducing `bytes` (0 without a reduction).
+    fn reduce_seconds(&self, job: &Job, bytes: f64, reduce: bool) -> f64 {
         if !reduce || bytes == 0.0 {
-            return t1;
+            return 0.0;
         }
         let mut r = bytes / (self.prof.reduce_rate(job.device, job.dtype) * self.speed(job));
         if job.device == DeviceKind::Host {
             // `speed` holds `slowdown` already; the reduction is the rank's own core's work.
             r *= (self.cpu_slowdown / self.slowdown).max(1.0);
         }
+        r
+    }
+
+    /// End of a received message's processing: pieces reduced as they arrive. `busy_until`:
+    /// when the receiving rank's earlier work of the phase (its local copies, the reductions
+    /// of messages that arrived before) ends; the executor runs a rank's reductions one after
+    /// another on its own thread (or stream), so two messages of a phase (an overlapped
+    /// hierarchy's two levels) are not reduced at once.
+    fn recv_end(
+        &self,
+        job: &Job,
+        bytes: f64,
+        reduce: bool,
+        (t0, t1): (f64, f64),
+        busy_until: f64,
+    ) -> f64 {
+        let r = self.reduce_seconds(job, bytes, reduce);
+        if r == 0.0 {
+            return t1;
+        }
         let c = match self.prof.receive_reduce {
             ReceiveReduce::Pieces => (self.prof.piece_bytes as f64 / bytes).min(1.0),
-            ReceiveReduce::Fused => return t1.max(t0 + r),
+            ReceiveReduce::Fused => return t1.max(t0 + r).max(busy_until + r),
             ReceiveReduce::After => 1.0,
         };
-        (t1 + r * c).max(t0 + (t1 - t0) * c + r)
+        (t1 + r * c).max(t0 + (t1 - t0) * c + r).max(busy_until + r)
     }
 
     /// Per-hop latency of an NCCL-like pipelined ring, per pass through the ring.
@@ -368,6 +388,7 @@ impl<'a> Cluster<'a> {
                 let w = &work[r][s.phase];
                 s.phase += 1;
                 let (pack, local) = self.local(w, bb, speed);
+                s.busy_until = s.busy_until.max(now + local);
                 s.pending = w.sends.len() + w.recvs.len() + 1;
                 heap.push(Ev {
                     t: now + local,
@@ -445,7 +466,9 @@ impl<'a> Cluster<'a> {
                 let m = &mut msgs[mi];
                 m.parts -= 1;
                 if m.parts == 0 {
-                    let e = self.recv_end(job, m.bytes, m.reduce, m.t0, t);
+                    let busy = &mut st[m.dst].busy_until;
+                    let e = self.recv_end(job, m.bytes, m.reduce, (m.t0, t), *busy);
+                    *busy = busy.max(e);
                     heap.push(Ev {
                         t,
                         what: What::Item(m.src),
@@ -681,15 +704,23 @@ impl Summary {
             }
             let slowest = ends.iter().copied().fold(0.0, f64::max);
             let mut phase = 0.0f64;
+            let mut arrivals = Vec::new();
             for (lr, l) in sig.iter().enumerate() {
                 phase = phase.max(local[lr].1);
+                // This rank's receives in the order they arrive, reduced one after another.
+                arrivals.clear();
                 for &(same, lq, blocks, reduce) in &l.recvs {
-                    let bytes = blocks as f64 * bb;
-                    let (t0, t1) = msg_end
+                    let span = msg_end
                         .get(&(lq, lr, usize::from(!same)))
                         .copied()
                         .unwrap_or((0.0, slowest));
-                    phase = phase.max(cl.recv_end(&job, bytes, reduce, t0, t1));
+                    arrivals.push((span, blocks as f64 * bb, reduce));
+                }
+                arrivals.sort_by(|a, b| a.0 .1.total_cmp(&b.0 .1));
+                let mut busy = local[lr].1;
+                for &(span, bytes, reduce) in &arrivals {
+                    busy = busy.max(cl.recv_end(&job, bytes, reduce, span, busy));
+                    phase = phase.max(busy);
                 }
             }
             phase = phase.max(slowest);
@@ -708,6 +739,8 @@ impl Summary {
 struct RankState {
     phase: usize,
     pending: usize,
+    /// When the rank's own work (local copies, reductions) queued so far ends.
+    busy_until: f64,
 }
 
 struct MsgState {
