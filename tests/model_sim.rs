@@ -648,3 +648,34 @@ fn a_ranks_reductions_run_one_after_another_even_when_the_levels_overlap() {
         }
     }
 }
+
+#[test]
+fn on_one_host_a_ranks_reductions_take_the_core_its_incoming_pieces_need() {
+    // MPI-like ranks on one host: every message a copy the ranks' cores make, each message
+    // reduced after it arrived. A rank's core cannot reduce one level's piece while it copies
+    // the other level's in, so overlapping the levels of a reduce-scatter cannot beat moving
+    // and reducing the pieces one after another (the plain hierarchy).
+    use pccl::model::profile::ReceiveReduce;
+    let mut prof = two_levels_in_step();
+    prof.intra.bandwidth_gbps = 10.0;
+    prof.intra.pair_bandwidth_gbps = 10.0;
+    prof.inter.alpha_us = 0.0;
+    prof.one_host = true;
+    prof.receive_reduce = ReceiveReduce::After;
+    prof.reduce_host_gbps = [("default".to_string(), 10.0)].into_iter().collect();
+    let topo = Topology::uniform(4, 2);
+    let s = 8e6;
+    let plain = both(&topo, &prof, Job::new(RS, HIER, s));
+    for k in [2usize, 4, 8] {
+        let over = both(&topo, &prof, Job::new(RS, HIER.overlapped(k).unwrap(), s));
+        assert!(
+            over >= plain * (1.0 - 1e-9),
+            "pipe{k}: {over} s vs the plain hierarchy's {plain} s"
+        );
+    }
+    // Across real nodes the NIC moves the pieces while the core reduces: overlapping pays.
+    prof.one_host = false;
+    let plain = both(&topo, &prof, Job::new(RS, HIER, s));
+    let over = both(&topo, &prof, Job::new(RS, HIER.overlapped(4).unwrap(), s));
+    assert!(over < 0.9 * plain, "apart: {over} vs {plain}");
+}
