@@ -117,6 +117,15 @@ impl Inner {
                 .iter()
                 .map(|(a, t)| format!("{a} {:.1}us", t * 1e6))
                 .collect();
+            let fastest = scored.iter().map(|s| s.1).fold(f64::INFINITY, f64::min);
+            let margin = if fastest < choice.seconds {
+                format!(
+                    "; an overlapped hierarchy is taken only {:.0}% ahead of the plain candidates",
+                    tuner::OVERLAP_MARGIN * 100.0
+                )
+            } else {
+                String::new()
+            };
             let online = if cands.len() > 1 {
                 let names: Vec<String> = cands.iter().map(|c| c.0.to_string()).collect();
                 format!(
@@ -127,7 +136,7 @@ impl Inner {
                 String::new()
             };
             eprintln!(
-                "PCCL INFO {:?} {} B/block on {} ({}): {} (pieces of {} B applied{}){online} [profile {}: {}]",
+                "PCCL INFO {:?} {} B/block on {} ({}): {} (pieces of {} B applied{}){margin}{online} [profile {}: {}]",
                 coll,
                 block_bytes,
                 self.topo.describe(),
