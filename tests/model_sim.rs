@@ -221,6 +221,15 @@ fn two_levels_in_step() -> Profile {
     prof
 }
 
+/// `two_levels_in_step` with both levels at 10 GB/s and no latency between nodes.
+fn levels_at_10() -> Profile {
+    let mut prof = two_levels_in_step();
+    prof.intra.bandwidth_gbps = 10.0;
+    prof.intra.pair_bandwidth_gbps = 10.0;
+    prof.inter.alpha_us = 0.0;
+    prof
+}
+
 #[test]
 fn overlapping_the_levels_pays_their_max_per_piece_not_their_sum() {
     // 2 nodes x 2 ranks, rings on both levels: one inter-node and one intra-node phase, each
@@ -601,10 +610,7 @@ fn on_one_host_an_overlapped_hierarchys_two_levels_share_each_ranks_copies() {
     // and the pieces overlap. On one host each message is a copy the ranks' own cores make:
     // a rank receives its inter-node piece and its intra-node pieces through the same port,
     // so overlapping the levels cannot beat moving all 3·s bytes through it.
-    let mut prof = two_levels_in_step();
-    prof.intra.bandwidth_gbps = 10.0;
-    prof.intra.pair_bandwidth_gbps = 10.0;
-    prof.inter.alpha_us = 0.0;
+    let mut prof = levels_at_10();
     let topo = Topology::uniform(4, 2);
     let s = 8e6;
     let algo = HIER.overlapped(4).unwrap();
@@ -656,10 +662,7 @@ fn on_one_host_a_ranks_reductions_take_the_core_its_incoming_pieces_need() {
     // the other level's in, so overlapping the levels of a reduce-scatter cannot beat moving
     // and reducing the pieces one after another (the plain hierarchy).
     use pccl::model::profile::ReceiveReduce;
-    let mut prof = two_levels_in_step();
-    prof.intra.bandwidth_gbps = 10.0;
-    prof.intra.pair_bandwidth_gbps = 10.0;
-    prof.inter.alpha_us = 0.0;
+    let mut prof = levels_at_10();
     prof.one_host = true;
     prof.receive_reduce = ReceiveReduce::After;
     prof.reduce_host_gbps = [("default".to_string(), 10.0)].into_iter().collect();

@@ -13,10 +13,36 @@ fn tune(args: &[&str]) -> std::process::Output {
         .expect("pccl-tune runs")
 }
 
+/// A fresh directory for one test's profiles and a path-in-it helper.
+fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("pccl-tune-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn path_in(dir: &std::path::Path, n: &str) -> String {
+    dir.join(n).to_str().unwrap().to_string()
+}
+
+/// `n` quick thread calibrations written to `run0.toml` … in `dir`, loaded.
+fn quick_runs(dir: &std::path::Path, n: usize) -> Vec<Profile> {
+    (0..n)
+        .map(|i| {
+            let f = path_in(dir, &format!("run{i}.toml"));
+            let out = tune(&["--quick", "-o", &f]);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Profile::load(std::path::Path::new(&f)).unwrap()
+        })
+        .collect()
+}
+
 #[test]
 fn a_quick_thread_run_writes_a_valid_profile_with_memcpy_transfers() {
-    let dir = std::env::temp_dir().join(format!("pccl-tune-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("cli");
     let path = dir.join("tune.toml");
     let out = tune(&["--quick", "-v", "-o", path.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -57,19 +83,9 @@ fn a_quick_thread_run_writes_a_valid_profile_with_memcpy_transfers() {
 
 #[test]
 fn merged_runs_give_one_profile_from_the_median_of_each_size() {
-    let dir = std::env::temp_dir().join(format!("pccl-tune-merge-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = |n: &str| dir.join(n).to_str().unwrap().to_string();
-    let mut runs = Vec::new();
-    for i in 0..3 {
-        let out = tune(&["--quick", "-o", &file(&format!("run{i}.toml"))]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        runs.push(Profile::load(std::path::Path::new(&file(&format!("run{i}.toml")))).unwrap());
-    }
+    let dir = scratch_dir("merge");
+    let file = |n: &str| path_in(&dir, n);
+    let mut runs = quick_runs(&dir, 3);
     // One run's 16 KiB … 2 MiB made 4× slower, as a badly placed process times them: the
     // merge outvotes it.
     let mut slow = runs[2].measured.clone().unwrap();
@@ -124,17 +140,9 @@ fn merged_runs_give_one_profile_from_the_median_of_each_size() {
 
 #[test]
 fn rings_of_pairs_merged_exchanges_with_another_profiles_oversubscribed_rings() {
-    let dir = std::env::temp_dir().join(format!("pccl-tune-rings-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = |n: &str| dir.join(n).to_str().unwrap().to_string();
-    for i in 0..2 {
-        let out = tune(&["--quick", "-o", &file(&format!("run{i}.toml"))]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    let dir = scratch_dir("rings");
+    let file = |n: &str| path_in(&dir, n);
+    quick_runs(&dir, 2);
     let load = |n: &str| Profile::load(std::path::Path::new(&file(n))).unwrap();
     // The rings of another calibration, at 2 × and 4 × the host's cores.
     let mut rings = load("run0.toml");

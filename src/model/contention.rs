@@ -66,6 +66,11 @@ impl Fluid {
         }
     }
 
+    /// Capacity of resource `r` (bytes per second).
+    pub fn cap(&self, r: u32) -> f64 {
+        self.caps[r as usize]
+    }
+
     /// Flows in flight.
     pub fn active(&self) -> usize {
         self.active

@@ -362,8 +362,7 @@ impl<'a> Cluster<'a> {
             .first()
             .map_or(0, |w| w.iter().filter(|x| !x.sends.is_empty()).count());
         let (speed, link_speed) = self.speeds(job);
-        let caps = self.caps(nodes, nodes, link_speed);
-        let mut fluid = Fluid::new(caps.clone());
+        let mut fluid = Fluid::new(self.caps(nodes, nodes, link_speed));
         // On one host a rank's core does its reductions and its side of every copy: with
         // MPI's reduction after the whole message (`ReceiveReduce::After`), a reduction is
         // work on the rank's receive port, shared with the messages still arriving there
@@ -376,9 +375,8 @@ impl<'a> Cluster<'a> {
             let port = nodes * k + nb * k + self.nics.nic_of(lb);
             (self.prof.one_host
                 && job.device == DeviceKind::Host
-                && self.prof.receive_reduce == ReceiveReduce::After
-                && caps[port].is_finite())
-            .then_some(port as u32)
+                && self.prof.receive_reduce == ReceiveReduce::After)
+                .then_some(port as u32)
         };
         let mut heap: BinaryHeap<Ev> = BinaryHeap::new();
         let mut st = vec![RankState::default(); p];
@@ -483,7 +481,7 @@ impl<'a> Cluster<'a> {
             let mut reductions: Vec<(usize, u32, f64)> = Vec::new();
             let done = fluid.advance(dt.max(0.0));
             for id in done {
-                let mi = match flows.remove(&id).expect("flow of a message") {
+                let mi = match flows.remove(&id).expect("a flow of a message or reduction") {
                     Flow::Msg(mi) => mi,
                     Flow::Reduce(r) => {
                         heap.push(Ev {
@@ -501,8 +499,9 @@ impl<'a> Cluster<'a> {
                         what: What::Item(m.src),
                     });
                     let r = self.reduce_seconds(job, m.bytes, m.reduce);
-                    if let Some(port) = core_port(m.dst).filter(|_| r > 0.0) {
-                        reductions.push((m.dst, port, r * caps[port as usize]));
+                    let port = core_port(m.dst).filter(|&q| r > 0.0 && fluid.cap(q).is_finite());
+                    if let Some(port) = port {
+                        reductions.push((m.dst, port, r * fluid.cap(port)));
                         continue;
                     }
                     let busy = &mut st[m.dst].busy_until;
