@@ -13,13 +13,14 @@ fn tune(args: &[&str]) -> std::process::Output {
         .expect("pccl-tune runs")
 }
 
-/// A fresh directory for one test's profiles and a path-in-it helper.
+/// A fresh directory for one test's profiles.
 fn scratch_dir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("pccl-tune-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
 
+/// The path of file `n` in `dir`, as an argument for pccl-tune.
 fn path_in(dir: &std::path::Path, n: &str) -> String {
     dir.join(n).to_str().unwrap().to_string()
 }
