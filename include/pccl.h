@@ -472,6 +472,18 @@ pcclResult_t pcclCommSetDeviceRuntime(pcclComm_t comm, pcclDeviceRuntime_t runti
 pcclResult_t pcclCommGetTimeout(pcclComm_t comm, uint64_t *timeout_ms);
 
 /**
+ * Stores in `*async_error` the error a collective queued on a device stream met while
+ * running (`pcclSuccess` when none), as `ncclCommGetAsyncError` does; when there is one,
+ * `pcclGetLastError(comm)` says what failed (the collective, its number, the rank). The
+ * stream of a failed collective stays held (work queued behind it does not run on a wrong
+ * result) until `pcclCommAbort` or `pcclCommDestroy`; every later device call fails.
+ *
+ * # Safety
+ * `async_error` must be NULL (an error) or point to a writable `pcclResult_t`.
+ */
+pcclResult_t pcclCommGetAsyncError(pcclComm_t comm, pcclResult_t *async_error);
+
+/**
  * Splits `comm` as `MPI_Comm_split`: ranks passing the same non-negative `color` form a new
  * communicator, ordered by `key` then by rank in `comm`; a rank passing a negative color
  * (`PCCL_SPLIT_NOCOLOR`) joins none and gets `*newcomm = NULL`. Collective over `comm`.

@@ -19,6 +19,8 @@ pub mod transport;
 
 pub use comm::communicator::{Communicator, Dir, Group, P2pOp, RawCollective, RawRooted};
 pub use comm::request::Request;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+pub use comm::DeviceWork;
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, ErrorKind, Result};
 pub use plan::{Algorithm, LevelAlgo};

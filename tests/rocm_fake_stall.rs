@@ -2,7 +2,8 @@
 //! host-staged device collectives poll their device waits under the collective's deadline
 //! and the failure board, so every rank gets an error within the timeout plus a second,
 //! naming the rank whose device hung; later device collectives of that communicator are
-//! refused. On the fake ROCm runtime (`tests/fake_rocm/fake_rocm.c`, whose
+//! refused. Through the C ABI (queued on the caller's stream) the failure is the
+//! communicator's asynchronous error. On the fake ROCm runtime (`tests/fake_rocm/fake_rocm.c`, whose
 //! `fake_hip_stall_device_from_now` hook makes every later copy and kernel of one device wait
 //! until `fake_hip_release_stalls`), thread ranks through the Rust API and through the C ABI.
 //! Each check runs in a child process (see `tests/fake_rocm/harness.rs`); skipped where no C
@@ -128,6 +129,9 @@ fn child_hung_device() {
     println!("child-checked");
 }
 
+/// Through the C ABI a call on a stream is queued: it returns at once, and the hung device
+/// shows as the communicator's asynchronous error (`pcclCommGetAsyncError`) on every rank
+/// within the timeout plus a second, naming rank 0; the next device call fails.
 #[test]
 fn the_c_abi_returns_from_a_hung_hip_stream() {
     with_fake_runtime(
@@ -182,13 +186,24 @@ fn child_capi_hung() {
                     if r == 0 {
                         fake_hook("fake_hip_stall_device_from_now", Some(0));
                     }
+                    // Queued: the call returns at once; the failure comes asynchronously.
                     let t0 = Instant::now();
-                    let rc = call();
+                    assert_eq!(call(), pcclSuccess, "rank {r}: the queued call");
+                    let queued = t0.elapsed();
+                    assert!(queued < Duration::from_secs(1), "rank {r}: took {queued:?}");
+                    let mut rc = pcclSuccess;
+                    while rc == pcclSuccess && t0.elapsed() < Duration::from_secs(10) {
+                        // SAFETY: `rc` is a writable pcclResult_t.
+                        assert_eq!(unsafe { pcclCommGetAsyncError(comm, &mut rc) }, pcclSuccess);
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
                     let took = t0.elapsed();
                     // SAFETY: a NUL-terminated string owned by PCCL.
                     let msg = unsafe { std::ffi::CStr::from_ptr(pcclGetLastError(comm)) }
                         .to_string_lossy()
                         .into_owned();
+                    // Every later device call fails, naming what failed.
+                    assert_ne!(call(), pcclSuccess, "rank {r}: a call after the failure");
                     assert_eq!(pcclBarrier(comm), pcclSuccess);
                     if r == 0 {
                         fake_hook("fake_hip_release_stalls", None);
@@ -204,7 +219,11 @@ fn child_capi_hung() {
     pcclThreadWorldDestroy(world);
     for (r, (rc, msg, took)) in results.into_iter().enumerate() {
         println!("rank {r} after {took:?}: {rc} {msg}");
-        assert_eq!(rc, pcclTimeout, "rank {r}: {msg}");
+        assert_eq!(
+            rc,
+            if r == 0 { pcclTimeout } else { pcclRemoteError },
+            "rank {r}: {msg}"
+        );
         assert!(msg.contains("rank 0"), "rank {r}: {msg}");
         assert!(took <= Duration::from_secs(3), "rank {r} took {took:?}");
     }

@@ -937,6 +937,36 @@ pub unsafe extern "C" fn pcclCommGetTimeout(
     })
 }
 
+/// Stores in `*async_error` the error a collective queued on a device stream met while
+/// running (`pcclSuccess` when none), as `ncclCommGetAsyncError` does; when there is one,
+/// `pcclGetLastError(comm)` says what failed (the collective, its number, the rank). The
+/// stream of a failed collective stays held (work queued behind it does not run on a wrong
+/// result) until `pcclCommAbort` or `pcclCommDestroy`; every later device call fails.
+///
+/// # Safety
+/// `async_error` must be NULL (an error) or point to a writable `pcclResult_t`.
+#[no_mangle]
+pub unsafe extern "C" fn pcclCommGetAsyncError(
+    comm: pcclComm_t,
+    async_error: *mut pcclResult_t,
+) -> pcclResult_t {
+    entry("pcclCommGetAsyncError", || {
+        let c = handles::comm(comm as usize, "comm", false)?;
+        not_null(async_error, "async_error").on(&c)?;
+        let code = match c.comm.async_error() {
+            Some(e) => {
+                let msg = format!("a queued device collective failed: {}", e.message());
+                msg.clone_into(&mut lock(&c.last_error));
+                code_of(e.kind())
+            }
+            None => pcclSuccess,
+        };
+        // SAFETY: `async_error` is non-NULL and writable (caller's promise).
+        unsafe { put(async_error, code) };
+        Ok(())
+    })
+}
+
 /// Splits `comm` as `MPI_Comm_split`: ranks passing the same non-negative `color` form a new
 /// communicator, ordered by `key` then by rank in `comm`; a rank passing a negative color
 /// (`PCCL_SPLIT_NOCOLOR`) joins none and gets `*newcomm = NULL`. Collective over `comm`.

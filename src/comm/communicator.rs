@@ -84,6 +84,10 @@ struct Inner {
     recvs: Outstanding,
     /// Threads that finish non-blocking point-to-point requests (see `p2p`).
     p2p_pool: Arc<Pool>,
+    /// Run by [`Communicator::abort`] (the device front end's stream gates).
+    abort_hooks: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
+    /// The first error of a queued device collective (NCCL's asynchronous error).
+    device_error: Arc<Mutex<Option<Error>>>,
 }
 
 /// This rank's NIC view: discovery (cached per process) with the configured map and file.
@@ -182,6 +186,8 @@ impl Communicator {
                 p2p_turn: Condvar::new(),
                 recvs: Outstanding::default(),
                 p2p_pool: Arc::new(Pool::new(format!("pccl-p2p-{rank}"))),
+                abort_hooks: Mutex::new(Vec::new()),
+                device_error: Arc::new(Mutex::new(None)),
             }),
         }
     }
@@ -591,8 +597,67 @@ impl Communicator {
             .unwrap_or(self.inner.cfg.chunk_bytes)
     }
 
+    /// Runs `coll` on host memory (NCCL's counts and in-place forms) as collective `seq`, a
+    /// number taken earlier with [`Communicator::take_tag`], on the calling thread and
+    /// without waiting for queued work: the host part of a queued device collective, run by
+    /// the progress worker in issue order. A failure is made known to every peer.
+    ///
+    /// # Safety
+    /// The buffers must be valid for the counts `coll` implies until the call returns.
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
+    pub(crate) unsafe fn host_collective_as<T: Element>(
+        &self,
+        coll: RawCollective,
+        send: *const T,
+        recv: *mut T,
+        count: usize,
+        seq: u32,
+    ) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        let call = unsafe { self.raw_call(coll, send, recv, count) }
+            .map_err(|e| self.inner.refuse(seq, "collective", e))?;
+        let p = self
+            .inner
+            .plan(call.coll, call.block_bytes, false)
+            .map_err(|e| self.inner.refuse(seq, "planning", e))?;
+        self.inner.execute(&p.plan, call, seq, p.piece)
+    }
+
+    /// The error a collective queued on a device stream met while running, if any (NCCL's
+    /// `ncclCommGetAsyncError`): the stream it was queued on stays held, and every later
+    /// device call fails, until the communicator is aborted or destroyed.
+    pub fn async_error(&self) -> Option<Error> {
+        lock(&self.inner.device_error).clone()
+    }
+
+    /// Where queued device collectives keep their first error (see
+    /// [`Communicator::async_error`]).
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
+    pub(crate) fn device_errors(&self) -> Arc<Mutex<Option<Error>>> {
+        self.inner.device_error.clone()
+    }
+
+    /// The transport's key of this rank's host (equal on ranks of one host).
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
+    pub(crate) fn node_key(&self) -> u64 {
+        self.inner.transport.node_key()
+    }
+
+    /// Refuses collective `seq` (taken earlier) on every rank with `err` (what: the call).
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
+    pub(crate) fn refuse_seq(&self, seq: u32, what: &str, err: Error) {
+        self.inner.refuse(seq, what, err);
+    }
+
+    /// Runs `hook` when the communicator is aborted (the device front end releases its
+    /// stream gates then).
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
+    pub(crate) fn on_abort(&self, hook: Box<dyn Fn() + Send + Sync>) {
+        lock(&self.inner.abort_hooks).push(hook);
+    }
+
     /// Another handle on this communicator (for a job of the progress worker).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
     pub(crate) fn handle(&self) -> Communicator {
         Communicator {
             inner: self.inner.clone(),

@@ -5,14 +5,14 @@
 //! for CUDA and HIP.
 
 use super::communicator::{Communicator, RawCollective};
+use super::device_program::{coll_name, GateTickets, PinnedPool, Program};
 use super::device_run::DeviceCall;
 use super::nccl_level::NcclLevel;
 use crate::config::DebugLevel;
-use crate::device::api::Device;
-use crate::dtype::{DType, Element};
+use crate::device::api::{DevSpan, Device};
+use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::exec::device::DeviceStaging;
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,42 +22,53 @@ pub(crate) struct DeviceState<D: Device> {
     pub(crate) staging: Option<DeviceStaging<D>>,
     /// Whether the first device collective has decided on the vendor library's level yet.
     decided: bool,
-    /// Whether another rank of the communicator uses this rank's GPU (equal UUIDs), found
-    /// with the level decision: its collectives then block instead of gating the stream.
-    gpu_shared: bool,
+    /// Another rank of this process on this rank's GPU (then collectives block), found with
+    /// the level decision.
+    thread_sharer: Option<usize>,
     /// The NCCL-shaped intra-node level (NCCL or RCCL), when in use.
     pub(crate) level: Option<NcclLevel<D>>,
-    /// Stream-ordered (enqueued) collectives: per device ordinal, the handle on PCCL's own
-    /// stream they run on and the gate the callers' streams wait on.
-    queues: Vec<(usize, Arc<D>, D::Gate)>,
-    /// The first error of an enqueued collective (sticky, as NCCL's asynchronous error).
+    /// Stream programs (queued collectives): per device ordinal, PCCL's own stream and gate.
+    queues: Vec<Queue<D>>,
+    /// The pinned buffers of the programs' host sections.
+    pool: PinnedPool<D>,
+    /// The first error of a queued collective (sticky, as NCCL's asynchronous error).
     async_error: Arc<Mutex<Option<Error>>>,
-    /// Shapes (collective, dtype, count, GPU) run once already: their staging, scratch and
-    /// vendor buffers exist. A collective is enqueued only then: the first run of a shape
-    /// blocks, because allocating page-locked memory while a caller's stream waits on a gate
-    /// can serialise the device behind that stream and never return.
-    warm: HashSet<(u8, u64, DType, usize, usize)>,
 }
 
-fn shape_key<T: Element>(
-    coll: RawCollective,
-    count: usize,
+/// PCCL's stream of one device: the handle whose stream runs the programs, the gate they
+/// wait on, its tickets, and the end event of the newest program.
+struct Queue<D: Device> {
     ordinal: usize,
-) -> (u8, u64, DType, usize, usize) {
-    let (kind, arg) = match coll {
-        RawCollective::AllGather => (0, 0),
-        RawCollective::ReduceScatter(op) => (1, op as u64),
-        RawCollective::AllReduce(op) => (2, op as u64),
-        RawCollective::Broadcast(root) => (3, root as u64),
-    };
-    (kind, arg, T::DTYPE, count, ordinal)
+    own: Arc<D>,
+    gate: D::Gate,
+    tickets: Arc<GateTickets>,
+    last_end: Option<Arc<D::Event>>,
+}
+
+impl<D: Device> Drop for DeviceState<D> {
+    fn drop(&mut self) {
+        if lock(&self.async_error).is_some() {
+            if let Some(level) = self.level.as_mut() {
+                // A queued vendor call may still wait for a peer: abort, don't destroy.
+                level.mark_broken("a queued collective failed");
+            }
+        }
+        // Streams still waiting on a gate must pass it before its counter is freed (freeing
+        // page-locked memory waits for the device's work).
+        for q in &self.queues {
+            q.tickets.release_all();
+        }
+    }
 }
 
 type DeviceGuard<'a> = std::sync::MutexGuard<'a, Option<Box<dyn std::any::Any + Send>>>;
 
 /// The state of back end `D` in `slot`, made on first use; a usage error when the
 /// communicator already ran collectives of another back end.
-fn state_of<'a, D: Device>(slot: &'a mut DeviceGuard<'_>) -> Result<&'a mut DeviceState<D>> {
+fn state_of<'a, D: Device>(
+    slot: &'a mut DeviceGuard<'_>,
+    errors: &Arc<Mutex<Option<Error>>>,
+) -> Result<&'a mut DeviceState<D>> {
     if slot
         .as_ref()
         .and_then(|b| b.downcast_ref::<DeviceState<D>>())
@@ -73,11 +84,11 @@ fn state_of<'a, D: Device>(slot: &'a mut DeviceGuard<'_>) -> Result<&'a mut Devi
         **slot = Some(Box::new(DeviceState::<D> {
             staging: None,
             decided: false,
-            gpu_shared: false,
+            thread_sharer: None,
             level: None,
             queues: Vec::new(),
-            async_error: Arc::new(Mutex::new(None)),
-            warm: HashSet::new(),
+            pool: PinnedPool::default(),
+            async_error: errors.clone(),
         }));
     }
     slot.as_mut()
@@ -92,12 +103,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Communicator {
     /// A collective on device memory of `dev`, any [`Device`] back end, blocking: returns
     /// once the device work is done, ordered after the work already queued on `dev`'s
-    /// stream. `send` and `recv` are device addresses with NCCL's counts and in-place forms
-    /// (see [`Communicator::raw_collective_device`] for CUDA's typed front end). The first
-    /// call decides, collectively, whether the vendor's NCCL-shaped library (NCCL, RCCL)
-    /// runs the intra-node level (`PCCL_NCCL`); otherwise it runs host-staged through the
-    /// transport, or direct when the transport moves device memory and `PCCL_DEVICE_DIRECT`
-    /// is set. Fails when an earlier enqueued collective failed ([`Communicator::enqueue_on`]).
+    /// stream (and after the collectives this communicator queued before). `send` and `recv`
+    /// are device addresses with NCCL's counts and in-place forms (see
+    /// [`Communicator::raw_collective_device`] for CUDA's typed front end). The first call
+    /// decides, collectively, whether the vendor's NCCL-shaped library (NCCL, RCCL) runs the
+    /// intra-node level (`PCCL_NCCL`); otherwise it runs host-staged through the transport, or
+    /// direct when the transport moves device memory and `PCCL_DEVICE_DIRECT` is set. Fails
+    /// when an earlier queued collective failed ([`Communicator::enqueue_on`]).
     ///
     /// # Safety
     /// `send` and `recv` must be device memory of `dev` valid for the element counts the
@@ -114,24 +126,27 @@ impl Communicator {
         self.decide_level(dev)?;
         self.wait_idle();
         self.earlier_error::<D>()?;
+        self.after_queued(dev)?;
         let tag = self.take_tag();
         // SAFETY: forwarded from the caller.
         unsafe { self.run_device::<T, D>(dev, &call, tag) }
     }
 
     /// [`Communicator::collective_on`] ordered on `dev`'s stream without blocking the caller,
-    /// as NCCL's calls are: the caller's stream waits (on the device, through the vendor's
-    /// stream gate, [`Device::Gate`]) until the collective is done, while the communicator's
-    /// progress thread runs it on PCCL's own stream once the work queued before it on `dev`'s
-    /// stream has finished. Enqueued and blocking collectives of one communicator run in
-    /// issue order.
+    /// as NCCL's calls are. The collective runs on PCCL's own stream of the device, after an
+    /// event recorded on `dev`'s stream; `dev`'s stream then waits (on the device, an event)
+    /// for the collective's end. Everything it does on the device is queued here, at the
+    /// call: the progress thread only moves bytes between pinned host buffers and releases a
+    /// stream gate (see `comm::device_program`), so no allocation or synchronisation made by
+    /// any thread meanwhile can wait on it forever. Nothing here waits for the device.
     ///
     /// An error found when the call is made is returned; one met while running is kept and
-    /// returned by every later device call of this communicator (the caller's stream is
-    /// released either way). The first collective of each shape (collective, dtype, count)
-    /// blocks, sizing the buffers; so does every call where the device cannot make a stream
-    /// wait on host memory, with `PCCL_DEVICE_ASYNC=0`, and on thread-ranks (several ranks of
-    /// one process) unless `PCCL_DEVICE_ASYNC=1`.
+    /// returned by every later device call of this communicator, and the stream stays held
+    /// (work queued after the collective does not run on a wrong result) until the
+    /// communicator is aborted or destroyed. On one rank the call is one device copy (none in
+    /// place). A stream that is capturing a graph is refused (on every rank). With
+    /// `PCCL_DEVICE_ASYNC=0` (or where the device cannot make a stream wait on host memory)
+    /// the call blocks instead.
     ///
     /// # Safety
     /// `send` and `recv` must be device memory valid for the counts the collective implies,
@@ -144,165 +159,303 @@ impl Communicator {
         recv: u64,
         count: usize,
     ) -> Result<()> {
-        let call = self.device_call::<T>(coll, send, recv, count)?;
-        let gpu_shared = self.decide_level(dev)?;
-        // Enqueueing makes the caller's stream wait on the host: device calls that
-        // synchronise the context (page-locked allocations, stream creation) made by another
-        // rank of the same process while that rank's progress depends on this one could then
-        // wait forever, so thread-ranks sharing a process block unless asked
-        // (PCCL_DEVICE_ASYNC=1). Ranks of different processes sharing one GPU block too:
-        // FSDP2 with 2 processes on one H200 hung on the gates (an enqueued job's copy stream
-        // never finished; which wait closed the cycle is not established: docs/DEVICE.md).
-        let enqueue = match std::env::var("PCCL_DEVICE_ASYNC").as_deref().map(str::trim) {
-            Ok("0") => false,
-            Ok("1") => true,
-            _ => self.transport_name() != "threads" && !gpu_shared,
-        };
-        self.earlier_error::<D>()?;
-        let blocking = |comm: &Communicator| {
-            comm.wait_idle();
-            let tag = comm.take_tag();
-            // SAFETY: forwarded from the caller.
-            unsafe { comm.run_device::<T, D>(dev, &call, tag) }
-        };
-        if !enqueue {
-            return blocking(self);
-        }
-        let (_, mut slot) = self.device_parts();
-        let state = state_of::<D>(&mut slot)?;
-        if state
-            .warm
-            .insert(shape_key::<T>(coll, count, dev.ordinal()))
-        {
-            // First of its shape: run it now, sizing every buffer it needs.
-            drop(slot);
-            return blocking(self);
-        }
-        dev.bind()?;
-        let qi = match state.queues.iter().position(|q| q.0 == dev.ordinal()) {
-            Some(i) => i,
-            None => {
-                // Made before any stream is held: creating a stream may synchronise the
-                // device, which must not wait for a gated stream.
-                let made = dev.open_own().and_then(|own| {
-                    let gate = own.new_gate()?;
-                    Ok((own, gate))
-                });
-                match made {
-                    Ok((own, gate)) => {
-                        state.queues.push((dev.ordinal(), Arc::new(own), gate));
-                        state.queues.len() - 1
-                    }
-                    Err(e) => {
-                        drop(slot);
-                        return self.block_instead(e, blocking);
-                    }
-                }
-            }
-        };
-        let ready = dev.new_event()?;
-        dev.record(&ready, None)?;
-        let (_, own, gate) = &mut state.queues[qi];
-        let own = own.clone();
-        let ticket = match dev.gate_hold(gate) {
-            Ok(t) => t,
-            Err(e) => {
-                drop(slot);
-                return self.block_instead(e, blocking);
-            }
-        };
-        let release = D::gate_releaser(gate);
-        let errors = state.async_error.clone();
-        drop(slot);
-        let tag = self.take_tag();
-        let comm = self.handle();
-        let job = Box::new(move || {
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                // Read when the job starts: a set_timeout made meanwhile applies.
-                wait_event(&*own, &ready, comm.timeout(), comm.rank())?;
-                // SAFETY: the caller keeps the buffers valid until its stream passed the
-                // gate, which is released only below, after the collective finished.
-                unsafe { comm.run_device::<T, D>(&own, &call, tag) }
-            }))
-            .unwrap_or_else(|_| Err(Error::internal("a device collective panicked")));
-            if let Err(e) = r {
-                eprintln!(
-                    "PCCL WARN rank {}: enqueued {} collective failed: {e}",
-                    comm.rank(),
-                    D::VENDOR
-                );
-                lock(&errors).get_or_insert(e);
-            }
-            release.release(ticket);
-            drop(comm);
-        });
-        if let Err(e) = self.submit_job(job) {
-            // Nobody will run it: let the stream go and report.
-            release.release(ticket);
-            return Err(e);
+        // SAFETY: forwarded from the caller.
+        let end = unsafe { self.enqueue_program::<T, D>(dev, coll, send, recv, count)? };
+        if let Some(end) = end {
+            dev.wait_on(&end)?;
         }
         Ok(())
     }
 
-    /// Runs a collective blocking after the stream gate could not be used (`why`).
-    fn block_instead(
+    /// [`Communicator::enqueue_on`] without making `dev`'s stream wait: the collective is
+    /// ordered after the work queued on `dev`'s stream, and the returned [`DeviceWork`] makes
+    /// any stream wait for its end ([`DeviceWork::wait_on`], torch's `work.wait()` with
+    /// `async_op=True`), tells whether it ended, or waits for it on the host.
+    ///
+    /// # Safety
+    /// As [`Communicator::enqueue_on`], until the work has ended.
+    pub unsafe fn enqueue_async_on<T: Element, D: Device>(
         &self,
-        why: Error,
-        blocking: impl FnOnce(&Communicator) -> Result<()>,
-    ) -> Result<()> {
-        if self.config().debug >= DebugLevel::Info {
-            eprintln!("PCCL INFO device collectives block the caller: {why}");
-        }
-        blocking(self)
+        dev: &D,
+        coll: RawCollective,
+        send: u64,
+        recv: u64,
+        count: usize,
+    ) -> Result<DeviceWork<D>> {
+        // SAFETY: forwarded from the caller.
+        let end = unsafe { self.enqueue_program::<T, D>(dev, coll, send, recv, count)? };
+        let end = match end {
+            Some(e) => e,
+            None => {
+                // Ran blocking, or on one rank on `dev`'s own stream: its end is there.
+                let e = Arc::new(dev.new_event()?);
+                dev.record(&e, None)?;
+                e
+            }
+        };
+        let (_, mut slot) = self.device_parts();
+        let errors = state_of::<D>(&mut slot, &self.device_errors())?
+            .async_error
+            .clone();
+        Ok(DeviceWork {
+            end,
+            errors,
+            timeout: self.timeout(),
+        })
     }
 
-    /// The error an enqueued collective met, if any (then every later device call fails).
+    /// Queues the stream program of a collective; its end event (None: it ran to completion
+    /// already, or on one rank on `dev`'s stream itself).
+    ///
+    /// # Safety
+    /// As [`Communicator::enqueue_on`].
+    unsafe fn enqueue_program<T: Element, D: Device>(
+        &self,
+        dev: &D,
+        coll: RawCollective,
+        send: u64,
+        recv: u64,
+        count: usize,
+    ) -> Result<Option<Arc<D::Event>>> {
+        let name = coll_name(coll);
+        if dev.is_capturing()? {
+            return Err(self.refuse_call(
+                name,
+                Error::usage(format!(
+                    "{name}: the {} stream is capturing a graph; PCCL's device collectives run \
+                     their inter-rank part on the host and cannot be captured: issue it outside \
+                     the capture (torch.cuda.graph / cudaStreamBeginCapture)",
+                    D::VENDOR
+                )),
+            ));
+        }
+        let call = self.device_call::<T>(coll, send, recv, count)?;
+        if self.size() == 1 {
+            self.earlier_error::<D>()?;
+            // SAFETY: forwarded from the caller.
+            unsafe { self.one_rank::<T, D>(dev, &call)? };
+            return Ok(None);
+        }
+        self.decide_level(dev)?;
+        self.earlier_error::<D>()?;
+        let blocking = |comm: &Communicator| {
+            comm.wait_idle();
+            comm.after_queued(dev)?;
+            let tag = comm.take_tag();
+            // SAFETY: forwarded from the caller.
+            unsafe { comm.run_device::<T, D>(dev, &call, tag) }
+        };
+        let (_, mut slot) = self.device_parts();
+        let state = state_of::<D>(&mut slot, &self.device_errors())?;
+        if state.thread_sharer.is_some()
+            || std::env::var("PCCL_DEVICE_ASYNC").is_ok_and(|v| v.trim() == "0")
+        {
+            drop(slot);
+            return blocking(self).map(|()| None);
+        }
+        let qi = match state.queues.iter().position(|q| q.ordinal == dev.ordinal()) {
+            Some(i) => i,
+            None => match self.open_queue(dev) {
+                Ok(q) => {
+                    state.queues.push(q);
+                    state.queues.len() - 1
+                }
+                Err(e) => {
+                    drop(slot);
+                    self.say(&format!("device collectives block the caller: {e}"));
+                    return blocking(self).map(|()| None);
+                }
+            },
+        };
+        let DeviceState {
+            level,
+            queues,
+            pool,
+            async_error,
+            ..
+        } = state;
+        let q = &mut queues[qi];
+        let own = q.own.clone();
+        let ready = dev.new_event()?;
+        dev.record(&ready, None)?;
+        own.wait_on(&ready)?;
+        let mut prog = Program::new(&*own, &mut q.gate, &q.tickets, pool);
+        let timeout = self.timeout();
+        let seq = self.take_tag();
+        let what = format!("{name} #{seq} ({count} x {})", T::DTYPE);
+        // SAFETY: forwarded from the caller: the buffers stay valid until the program's end.
+        let built = unsafe {
+            match level.as_mut() {
+                Some(l) => l
+                    .program::<T>(&own, call.raw, send, recv, count, &mut prog)
+                    .and_then(|probe| prog.hold_until_checked(Some(probe), what.clone())),
+                None => prog.collective::<T>(self.handle(), seq, call.raw, send, recv, count),
+            }
+        };
+        let host_bytes = prog.host_bytes;
+        let ended =
+            built.and_then(|()| prog.end(timeout, self.rank(), async_error.clone(), own.clone()));
+        let (end, job) = match ended {
+            Ok(x) => x,
+            Err(e) => {
+                // Parts of the program may be queued with tickets nobody will release: keep
+                // them shut and fail every later call.
+                q.tickets.shut();
+                let e = Error::new(e.kind(), format!("queueing {what}: {}", e.message()));
+                lock(async_error).get_or_insert(e.clone());
+                if level.is_none() {
+                    self.refuse_seq(seq, &what, e.clone());
+                }
+                return Err(e);
+            }
+        };
+        q.last_end = Some(end.clone());
+        let tickets = q.tickets.clone();
+        let errors = async_error.clone();
+        let path = match level.as_ref() {
+            Some(l) => l.name_for(coll, count, std::mem::size_of::<T>()),
+            None => "host-staged".to_string(),
+        };
+        drop(slot);
+        if self.config().debug >= DebugLevel::Info && self.rank() == 0 {
+            eprintln!(
+                "PCCL INFO {what}: queued on PCCL's {} stream of device {} after the caller's \
+                 stream ({path}; {host_bytes} bytes through pinned host memory)",
+                D::VENDOR,
+                dev.ordinal()
+            );
+        }
+        if let Some(job) = job {
+            if let Err(e) = self.submit_job(job) {
+                // Nobody will run it: the stream stays held, every later call fails.
+                tickets.shut();
+                lock(&errors).get_or_insert(e.clone());
+                return Err(e);
+            }
+        }
+        Ok(Some(end))
+    }
+
+    /// PCCL's stream of `dev`'s device: a handle with a stream of its own, and a gate. Made
+    /// before any stream of this communicator waits on anything.
+    fn open_queue<D: Device>(&self, dev: &D) -> Result<Queue<D>> {
+        dev.bind()?;
+        let own = dev.open_own()?;
+        let gate = own.new_gate()?;
+        let tickets = Arc::new(GateTickets::new(D::gate_releaser(&gate)));
+        let t = tickets.clone();
+        self.on_abort(Box::new(move || t.release_all()));
+        Ok(Queue {
+            ordinal: dev.ordinal(),
+            own: Arc::new(own),
+            gate,
+            tickets,
+            last_end: None,
+        })
+    }
+
+    /// Makes `dev`'s stream wait for the collectives queued on PCCL's stream of its device
+    /// (a blocking collective shares their scratch and buffers).
+    fn after_queued<D: Device>(&self, dev: &D) -> Result<()> {
+        let (_, mut slot) = self.device_parts();
+        let state = state_of::<D>(&mut slot, &self.device_errors())?;
+        if let Some(end) = state
+            .queues
+            .iter()
+            .find(|q| q.ordinal == dev.ordinal())
+            .and_then(|q| q.last_end.as_ref())
+        {
+            dev.wait_on(end)?;
+        }
+        Ok(())
+    }
+
+    /// A collective of one rank on `dev`'s stream: one device copy out of place, nothing in
+    /// place (an average over one rank is the value itself).
+    ///
+    /// # Safety
+    /// As [`Communicator::enqueue_on`].
+    unsafe fn one_rank<T: Element, D: Device>(&self, dev: &D, call: &DeviceCall) -> Result<()> {
+        let (send, in_len, _) = call.send;
+        let (recv, out_len, _) = call.recv;
+        let es = std::mem::size_of::<T>();
+        let bytes = in_len.min(out_len) * es;
+        if bytes == 0 || send == recv {
+            return Ok(());
+        }
+        let ord = dev.ordinal();
+        // SAFETY: both ranges are device memory of `dev` valid for `bytes` (the caller's
+        // promise, checked not to partly overlap by `device_call`).
+        unsafe {
+            dev.copy_dtod(
+                DevSpan::new(recv, bytes, ord)?,
+                DevSpan::new(send, bytes, ord)?,
+            )
+        }
+    }
+
+    /// Prints `msg` at `PCCL_DEBUG=INFO`.
+    fn say(&self, msg: &str) {
+        if self.config().debug >= DebugLevel::Info {
+            eprintln!("PCCL INFO rank {}: {msg}", self.rank());
+        }
+    }
+
+    /// The error a queued collective met, if any (then every later device call fails).
     fn earlier_error<D: Device>(&self) -> Result<()> {
         let (_, mut slot) = self.device_parts();
-        let state = state_of::<D>(&mut slot)?;
+        let state = state_of::<D>(&mut slot, &self.device_errors())?;
         let first = lock(&state.async_error);
         match first.as_ref() {
             Some(e) => Err(Error::new(
                 e.kind(),
-                format!("an earlier enqueued collective failed: {}", e.message()),
+                format!("an earlier queued collective failed: {}", e.message()),
             )),
             None => Ok(()),
         }
     }
 
     /// On the first device collective, decides (collectively) whether the vendor's library
-    /// runs the intra-node level, and learns whether another rank uses this rank's GPU (the
-    /// answer). Runs on the caller's thread: the decision takes host collectives.
-    fn decide_level<D: Device>(&self, dev: &D) -> Result<bool> {
+    /// runs the intra-node level. Runs on the caller's thread: the decision takes host
+    /// collectives (once per communicator).
+    fn decide_level<D: Device>(&self, dev: &D) -> Result<()> {
         let (_, mut slot) = self.device_parts();
-        let state = state_of::<D>(&mut slot)?;
+        let state = state_of::<D>(&mut slot, &self.device_errors())?;
         if !state.decided {
             self.wait_idle();
-            state.gpu_shared = self.gpu_sharer(dev)?.is_some();
+            state.thread_sharer = self.thread_sharer(dev)?;
             state.level = NcclLevel::setup(self, dev)?;
             state.decided = true;
         }
-        Ok(state.gpu_shared)
+        Ok(())
     }
 
-    /// Collectively: the first other rank whose GPU has this rank's UUID, if any (`None`
-    /// also where a UUID cannot be read). Printed at `PCCL_DEBUG=INFO`.
-    fn gpu_sharer<D: Device>(&self, dev: &D) -> Result<Option<usize>> {
+    /// Collectively: another rank of this process whose GPU has this rank's UUID, if any.
+    /// Such ranks block instead of queueing: under CUDA's implicit synchronisation one
+    /// rank's allocation orders the other's later program behind its own pending
+    /// collective, which waits for that program (processes sharing a GPU have contexts of
+    /// their own and queue).
+    fn thread_sharer<D: Device>(&self, dev: &D) -> Result<Option<usize>> {
         let (rank, p) = (self.rank(), self.size());
+        let node = self.node_key();
         let uuid = dev.uuid().ok();
         let u = uuid.unwrap_or([0; 16]);
         let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
-        let mine = [u64::from(uuid.is_some()), word(&u[..8]), word(&u[8..])];
-        let mut all = vec![0u64; 3 * p];
+        let mine = [
+            u64::from(uuid.is_some()),
+            word(&u[..8]),
+            word(&u[8..]),
+            u64::from(std::process::id()),
+            node,
+        ];
+        let mut all = vec![0u64; 5 * p];
         self.all_gather(&mine, &mut all)?;
-        let sharer = uuid.and((0..p).find(|&r| r != rank && all[3 * r..3 * r + 3] == mine));
+        let sharer = uuid.and((0..p).find(|&r| r != rank && all[5 * r..5 * r + 5] == mine));
         if let Some(r) = sharer {
-            if self.config().debug >= DebugLevel::Info {
-                eprintln!(
-                    "PCCL INFO rank {rank}: device collectives block the caller (no stream \
-                     gate): rank {r} uses the same GPU; PCCL_DEVICE_ASYNC=1 queues them anyway"
-                );
-            }
+            self.say(&format!(
+                "device collectives block the caller: rank {r} of this process uses the same \
+                 GPU (ranks of one process on one GPU cannot queue: docs/DEVICE.md)"
+            ));
         }
         Ok(sharer)
     }
@@ -318,7 +471,7 @@ impl Communicator {
         tag: u32,
     ) -> Result<()> {
         let (tr, mut slot) = self.device_parts();
-        let state = state_of::<D>(&mut slot)?;
+        let state = state_of::<D>(&mut slot, &self.device_errors())?;
         if let Some(level) = state.level.as_mut() {
             // The level reads the communicator's timeout at every call (set_timeout).
             // SAFETY: forwarded from the caller.
@@ -347,7 +500,7 @@ impl Communicator {
         count: usize,
     ) -> Option<String> {
         let (_, mut slot) = self.device_parts();
-        let state = state_of::<D>(&mut slot).ok()?;
+        let state = state_of::<D>(&mut slot, &self.device_errors()).ok()?;
         state
             .level
             .as_ref()
@@ -355,27 +508,63 @@ impl Communicator {
     }
 }
 
-/// Waits, polling, until `ev` completed; a timeout error naming `rank` after `timeout`.
-fn wait_event<D: Device>(dev: &D, ev: &D::Event, timeout: Duration, rank: usize) -> Result<()> {
-    let t0 = Instant::now();
-    let mut spins = 0u32;
-    loop {
-        if dev.event_done(ev)? {
-            return Ok(());
+/// A collective queued with [`Communicator::enqueue_async_on`]: its end event on PCCL's
+/// stream and the communicator's asynchronous error.
+pub struct DeviceWork<D: Device> {
+    end: Arc<D::Event>,
+    errors: Arc<Mutex<Option<Error>>>,
+    timeout: Duration,
+}
+
+impl<D: Device> std::fmt::Debug for DeviceWork<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceWork")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Device> DeviceWork<D> {
+    /// The error of a failed queued collective of the communicator, if any.
+    fn failed(&self) -> Result<()> {
+        match lock(&self.errors).as_ref() {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
         }
-        if t0.elapsed() > timeout {
-            return Err(Error::timeout(format!(
-                "rank {rank}: the work queued on the caller's {} stream before a device \
-                 collective did not finish within {timeout:?} (PCCL_TIMEOUT or set_timeout sets \
-                 the limit)",
-                D::VENDOR
-            )));
-        }
-        spins += 1;
-        if spins < 200 {
-            std::hint::spin_loop();
-        } else {
-            std::thread::sleep(Duration::from_micros(20));
+    }
+
+    /// Makes `dev`'s stream wait (on the device) for the collective's end; an error, and no
+    /// wait, when a queued collective of the communicator failed.
+    pub fn wait_on(&self, dev: &D) -> Result<()> {
+        self.failed()?;
+        dev.wait_on(&self.end)
+    }
+
+    /// Whether the collective ended (its output is ready); an error when it, or an earlier
+    /// queued collective, failed.
+    pub fn is_completed(&self, dev: &D) -> Result<bool> {
+        self.failed()?;
+        dev.event_done(&self.end)
+    }
+
+    /// Waits on the host until the collective ended: an error when it failed (a stuck
+    /// collective fails within the communicator's timeout), or when it has not ended within
+    /// twice that and a second (from this call: a watchdog behind the collective's own).
+    pub fn synchronize(&self, dev: &D) -> Result<()> {
+        let t0 = Instant::now();
+        let limit = self.timeout * 2 + Duration::from_secs(1);
+        loop {
+            if self.is_completed(dev)? {
+                return Ok(());
+            }
+            if t0.elapsed() > limit {
+                return Err(Error::timeout(format!(
+                    "a queued {} collective did not end within {limit:?} (twice the \
+                     communicator's timeout and a second: PCCL_TIMEOUT or set_timeout sets it)",
+                    D::VENDOR,
+                )));
+            }
+            std::thread::sleep(Duration::from_micros(50));
         }
     }
 }

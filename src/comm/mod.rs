@@ -4,7 +4,11 @@ pub mod communicator;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
+mod device_program;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
 mod device_queue;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+pub use device_queue::DeviceWork;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 mod device_run;
 #[cfg(any(feature = "cuda", feature = "rocm"))]

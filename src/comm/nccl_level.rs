@@ -30,9 +30,10 @@
 //! may or may not share it).
 
 use super::communicator::{Communicator, RawCollective};
+use super::device_program::Program;
 use crate::config::{DebugLevel, NcclMode};
 use crate::device::api::{DevSpan, Device};
-use crate::device::nccl_abi::{NcclApi, NcclComm, NcclUniqueId};
+use crate::device::nccl_abi::{AsyncErrorProbe, NcclApi, NcclComm, NcclUniqueId};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::plan::Collective;
@@ -83,6 +84,8 @@ pub(crate) struct NcclLevel<D: Device> {
     size: usize,
     placement: Placement,
     scratch: Option<D::Memory>,
+    /// Scratch buffers outgrown (freed with the level, see `scratch`).
+    retired: Vec<D::Memory>,
     done: D::Event,
     /// Set after a timeout or asynchronous error: the vendor communicator is unusable.
     broken: Option<String>,
@@ -217,6 +220,7 @@ impl<D: Device> NcclLevel<D> {
             size: p,
             placement,
             scratch: None,
+            retired: Vec::new(),
             done: dev.new_event()?,
             broken: None,
         }))
@@ -236,8 +240,14 @@ impl<D: Device> NcclLevel<D> {
             .as_ref()
             .is_none_or(|s| dev.span_of(s).len() < bytes)
         {
-            self.scratch = None;
-            self.scratch = Some(dev.alloc_zeroed(bytes.max(16))?);
+            // The old buffer is kept, not freed: freeing device memory waits for the whole
+            // device (queued collectives and the caller's work), which a queued call must
+            // never do. Sizes double, so what is kept is at most what is in use.
+            let size = bytes.max(16).checked_next_power_of_two().unwrap_or(bytes);
+            let new = dev.alloc_zeroed(size)?;
+            if let Some(old) = self.scratch.replace(new) {
+                self.retired.push(old);
+            }
         }
         let s = self
             .scratch
@@ -265,6 +275,68 @@ impl<D: Device> NcclLevel<D> {
         if self.inter.timeout() != timeout {
             self.inter.set_timeout(timeout)?;
         }
+        self.usable(dev)?;
+        if count == 0 {
+            return Ok(());
+        }
+        dev.bind()?;
+        let r = match coll {
+            RawCollective::AllGather => self.all_gather::<T>(dev, send, recv, count, None),
+            RawCollective::ReduceScatter(op) => {
+                self.reduce_scatter::<T>(dev, send, recv, count, op, None)
+            }
+            RawCollective::AllReduce(op) => self.all_reduce::<T>(dev, send, recv, count, op, None),
+            RawCollective::Broadcast(root) => {
+                self.broadcast::<T>(dev, send, recv, count, root, None)
+            }
+        };
+        r.and_then(|()| self.finish(dev, timeout))
+    }
+
+    /// Queues [`NcclLevel::run`]'s device work on `own`'s stream (PCCL's stream), the
+    /// inter-node level as host sections of `prog`, without waiting for anything: the
+    /// caller then holds the stream until the returned probe of the vendor communicator
+    /// reports no asynchronous error once the work is done.
+    ///
+    /// # Safety
+    /// As [`Communicator::enqueue_on`], the buffers valid until the program's end.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn program<T: Element>(
+        &mut self,
+        own: &D,
+        coll: RawCollective,
+        send: u64,
+        recv: u64,
+        count: usize,
+        prog: &mut Program<'_, D>,
+    ) -> Result<AsyncErrorProbe> {
+        self.usable(own)?;
+        if count > 0 {
+            own.bind()?;
+            let p = Some(prog);
+            match coll {
+                RawCollective::AllGather => self.all_gather::<T>(own, send, recv, count, p),
+                RawCollective::ReduceScatter(op) => {
+                    self.reduce_scatter::<T>(own, send, recv, count, op, p)
+                }
+                RawCollective::AllReduce(op) => self.all_reduce::<T>(own, send, recv, count, op, p),
+                RawCollective::Broadcast(root) => {
+                    self.broadcast::<T>(own, send, recv, count, root, p)
+                }
+            }?;
+        }
+        // SAFETY: the vendor communicator lives as long as this level, which the device state
+        // keeps until the communicator (held by the program's job) is gone.
+        Ok(unsafe { self.nccl.probe() })
+    }
+
+    /// Marks the vendor communicator unusable (it is aborted, not destroyed, when dropped).
+    pub(crate) fn mark_broken(&mut self, why: &str) {
+        self.broken.get_or_insert_with(|| why.to_string());
+    }
+
+    /// An error when the level cannot run a call on `dev` (broken earlier, another GPU).
+    fn usable(&self, dev: &D) -> Result<()> {
         if let Some(why) = &self.broken {
             return Err(Error::usage(format!(
                 "this communicator's {} level failed earlier ({why}); destroy the communicator",
@@ -281,19 +353,7 @@ impl<D: Device> NcclLevel<D> {
                 dev.ordinal()
             )));
         }
-        if count == 0 {
-            return Ok(());
-        }
-        dev.bind()?;
-        let r = match coll {
-            RawCollective::AllGather => self.all_gather::<T>(dev, send, recv, count),
-            RawCollective::ReduceScatter(op) => {
-                self.reduce_scatter::<T>(dev, send, recv, count, op)
-            }
-            RawCollective::AllReduce(op) => self.all_reduce::<T>(dev, send, recv, count, op),
-            RawCollective::Broadcast(root) => self.broadcast::<T>(dev, send, recv, count, root),
-        };
-        r.and_then(|()| self.finish(dev, timeout))
+        Ok(())
     }
 
     /// The name of what runs `coll` of `count` elements of `es` bytes: `rccl-level` (one
@@ -425,6 +485,7 @@ impl<D: Device> NcclLevel<D> {
     ///
     /// # Safety
     /// As [`NcclLevel::run`]; `send` and `recv` hold `count` elements.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn inter_level<T: Element>(
         &self,
         dev: &D,
@@ -432,14 +493,23 @@ impl<D: Device> NcclLevel<D> {
         send: u64,
         recv: u64,
         count: usize,
+        prog: Option<&mut Program<'_, D>>,
     ) -> Result<()> {
         if self.nodes == 1 {
             return self.copy(dev, recv, send, count * std::mem::size_of::<T>());
         }
         // SAFETY: forwarded from the caller.
         unsafe {
-            self.inter
-                .collective_on::<T, D>(dev, coll, send, recv, count)
+            match prog {
+                // A host section on the program's stream, collective number taken now.
+                Some(p) => {
+                    let seq = self.inter.take_tag();
+                    p.collective::<T>(self.inter.handle(), seq, coll, send, recv, count)
+                }
+                None => self
+                    .inter
+                    .collective_on::<T, D>(dev, coll, send, recv, count),
+            }
         }
     }
 
@@ -449,11 +519,12 @@ impl<D: Device> NcclLevel<D> {
         send: u64,
         recv: u64,
         count: usize,
+        prog: Option<&mut Program<'_, D>>,
     ) -> Result<()> {
         let es = std::mem::size_of::<T>();
         let nn = self.nodes;
         let (direct, tmp_a, tmp_b) = self.grid_scratch(dev, count * es)?;
-        self.inter_level::<T>(dev, RawCollective::AllGather, send, tmp_a, count)?;
+        self.inter_level::<T>(dev, RawCollective::AllGather, send, tmp_a, count, prog)?;
         let grid = if direct { recv } else { tmp_b };
         self.nccl
             .all_gather(tmp_a, grid, nn * count, T::DTYPE, dev.raw_stream())?;
@@ -463,6 +534,7 @@ impl<D: Device> NcclLevel<D> {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     unsafe fn reduce_scatter<T: Element>(
         &mut self,
         dev: &D,
@@ -470,6 +542,7 @@ impl<D: Device> NcclLevel<D> {
         recv: u64,
         count: usize,
         op: ReduceOp,
+        prog: Option<&mut Program<'_, D>>,
     ) -> Result<()> {
         let es = std::mem::size_of::<T>();
         let nn = self.nodes;
@@ -487,13 +560,21 @@ impl<D: Device> NcclLevel<D> {
         };
         self.nccl
             .reduce_scatter(grid, tmp_a, nn * count, T::DTYPE, sum, dev.raw_stream())?;
-        self.inter_level::<T>(dev, RawCollective::ReduceScatter(sum), tmp_a, recv, count)?;
+        self.inter_level::<T>(
+            dev,
+            RawCollective::ReduceScatter(sum),
+            tmp_a,
+            recv,
+            count,
+            prog,
+        )?;
         if op == ReduceOp::Avg {
             self.average::<T>(dev, recv, count)?;
         }
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     unsafe fn all_reduce<T: Element>(
         &mut self,
         dev: &D,
@@ -501,6 +582,7 @@ impl<D: Device> NcclLevel<D> {
         recv: u64,
         count: usize,
         op: ReduceOp,
+        prog: Option<&mut Program<'_, D>>,
     ) -> Result<()> {
         let es = std::mem::size_of::<T>();
         let mm = self.local;
@@ -524,7 +606,7 @@ impl<D: Device> NcclLevel<D> {
         };
         self.nccl
             .reduce_scatter(whole, tmp_a, part, T::DTYPE, sum, dev.raw_stream())?;
-        self.inter_level::<T>(dev, RawCollective::AllReduce(sum), tmp_a, tmp_a, part)?;
+        self.inter_level::<T>(dev, RawCollective::AllReduce(sum), tmp_a, tmp_a, part, prog)?;
         if op == ReduceOp::Avg {
             self.average::<T>(dev, tmp_a, part)?;
         }
@@ -537,6 +619,7 @@ impl<D: Device> NcclLevel<D> {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     unsafe fn broadcast<T: Element>(
         &mut self,
         dev: &D,
@@ -544,10 +627,11 @@ impl<D: Device> NcclLevel<D> {
         recv: u64,
         count: usize,
         root: usize,
+        prog: Option<&mut Program<'_, D>>,
     ) -> Result<()> {
         let (rn, rm) = self.position_of(root);
         if self.lrank == rm {
-            self.inter_level::<T>(dev, RawCollective::Broadcast(rn), send, recv, count)?;
+            self.inter_level::<T>(dev, RawCollective::Broadcast(rn), send, recv, count, prog)?;
         }
         self.nccl
             .broadcast(recv, recv, count, T::DTYPE, rm, dev.raw_stream())

@@ -110,8 +110,9 @@ pub trait PinnedHost: Send {
 pub trait Device: Send + Sync + Sized + 'static {
     /// A stream of the device (owned; destroyed when dropped).
     type Stream: Send;
-    /// An event of the device.
-    type Event: Send;
+    /// An event of the device (shared between the caller's thread and a queued collective's
+    /// handle).
+    type Event: Send + Sync;
     /// Page-locked host memory.
     type Pinned: PinnedHost;
     /// Owned device memory, freed when dropped.
@@ -173,6 +174,12 @@ pub trait Device: Send + Sync + Sized + 'static {
     fn record(&self, ev: &Self::Event, on: Option<&Self::Stream>) -> Result<()>;
     /// Makes `stream` wait (on the device) for `ev`.
     fn stream_wait(&self, stream: &Self::Stream, ev: &Self::Event) -> Result<()>;
+    /// Makes the handle's own stream wait (on the device) for `ev`: how a caller's stream is
+    /// ordered after a collective on PCCL's stream, and PCCL's stream after the caller's.
+    fn wait_on(&self, ev: &Self::Event) -> Result<()>;
+    /// Whether the handle's stream is capturing a graph (`cuStreamIsCapturing`,
+    /// `hipStreamIsCapturing`): work whose middle runs on the host cannot be captured.
+    fn is_capturing(&self) -> Result<bool>;
     /// True when the work before `ev`'s record has finished.
     fn event_done(&self, ev: &Self::Event) -> Result<bool>;
     /// Waits for `ev`.

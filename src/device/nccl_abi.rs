@@ -320,6 +320,36 @@ pub struct NcclComm {
 // collectives.
 unsafe impl Send for NcclComm {}
 
+/// Reads an [`NcclComm`]'s asynchronous error from any thread (`ncclCommGetAsyncError` is
+/// thread-safe); made by [`NcclComm::probe`], whose contract keeps the communicator alive.
+#[derive(Clone, Copy)]
+pub struct AsyncErrorProbe {
+    api: &'static NcclApi,
+    raw: RawComm,
+}
+
+// SAFETY: ncclCommGetAsyncError may be called from any thread, concurrently with the
+// communicator's other calls; the probe's maker guarantees the communicator outlives it.
+unsafe impl Send for AsyncErrorProbe {}
+// SAFETY: as for Send: the probe only reads the error state.
+unsafe impl Sync for AsyncErrorProbe {}
+
+impl AsyncErrorProbe {
+    /// As [`NcclComm::async_error`].
+    pub fn check(&self) -> Result<()> {
+        let a = self.api;
+        let mut r: RawResult = NCCL_SUCCESS;
+        // SAFETY: the communicator is live (the probe's contract); `r` is a valid out-pointer.
+        check(a, "ncclCommGetAsyncError", unsafe {
+            (a.async_error)(self.raw, &mut r)
+        })?;
+        if r == NCCL_IN_PROGRESS {
+            return Ok(());
+        }
+        check(a, "asynchronous operation", r)
+    }
+}
+
 impl NcclComm {
     /// `ncclCommInitRank`: collective over the `size` ranks holding `id`. The device is the
     /// one whose context is current on the calling thread.
@@ -374,6 +404,18 @@ impl NcclComm {
             return Ok(());
         }
         check(a, "asynchronous operation", r)
+    }
+
+    /// A handle that reads this communicator's asynchronous error from another thread (the
+    /// watch of a queued collective), while the communicator lives.
+    ///
+    /// # Safety
+    /// The probe must not be used after the communicator was destroyed or aborted.
+    pub unsafe fn probe(&self) -> AsyncErrorProbe {
+        AsyncErrorProbe {
+            api: self.api,
+            raw: self.raw,
+        }
     }
 
     /// `ncclAllGather` of `count` elements per rank.

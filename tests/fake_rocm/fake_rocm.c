@@ -11,7 +11,13 @@
  * FAKE_HIP_STALL_STREAM=N makes every copy or kernel queued on a stream after the N-th one
  * never complete (a hung kernel), until the test hook fake_hip_release_stalls() is called
  * (fake_hip_stall_device_from_now(d) does the same from the call on, for device d or, with
- * d = -1, every device). */
+ * d = -1, every device).
+ * FAKE_HIP_IMPLICIT_SYNC=1: an allocation (hipMalloc, hipHostMalloc) orders every operation
+ * queued afterwards on any stream of its device behind every operation queued on those streams
+ * before it, as CUDA's "implicit synchronization" rule does (the cycle behind the FSDP2 hang
+ * of 2026-11-26: see src/comm/device_program.rs); the allocation itself returns at once.
+ * fake_hip_capture_all(on): every stream reports that it is capturing a graph
+ * (hipStreamIsCapturing), for the refusal of collectives during capture. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -122,6 +128,13 @@ E hipStreamCreate(void** out) {
     all_streams = s;
     pthread_mutex_unlock(&streams_mu);
     *out = s;
+    return 0;
+}
+static int capture_all;
+void fake_hip_capture_all(int on) { __atomic_store_n(&capture_all, on, __ATOMIC_SEQ_CST); }
+/* hipStreamCaptureStatusNone (0) or hipStreamCaptureStatusActive (1). */
+E hipStreamIsCapturing(void* s, int* status) {
+    *status = s && __atomic_load_n(&capture_all, __ATOMIC_SEQ_CST) ? 1 : 0;
     return 0;
 }
 E hipStreamGetDevice(void* s, int* d) { if (!s) return 1; *d = ((Stream*)s)->dev; return 0; }
@@ -254,12 +267,64 @@ static void free_on(void* p, size_t align) {
     sync_device(*(int*)base);
     free(base);
 }
-E hipMalloc(void** p, size_t n) { *p = alloc_on(256, n); return *p ? 0 : 2; }
+/* ---- implicit synchronisation (FAKE_HIP_IMPLICIT_SYNC=1) -------------------------------- */
+typedef struct { int n; Stream** s; long* upto; } BarrierArg;
+static int barrier_run(void* p) {
+    BarrierArg* a = p;
+    for (int i = 0; i < a->n; i++) {
+        Stream* s = a->s[i];
+        pthread_mutex_lock(&s->mu);
+        while (s->done < a->upto[i] && !s->quit) pthread_cond_wait(&s->cv, &s->mu);
+        pthread_mutex_unlock(&s->mu);
+    }
+    free(a->s);
+    free(a->upto);
+    return 0;
+}
+/* Queues on every stream of device d a barrier that waits for what every other stream of d
+ * had queued when the allocation was made. */
+static void implicit_sync(int d) {
+    const char* on = getenv("FAKE_HIP_IMPLICIT_SYNC");
+    if (!on || *on != '1') return;
+    pthread_mutex_lock(&streams_mu);
+    Stream* all = all_streams;
+    pthread_mutex_unlock(&streams_mu);
+    int n = 0;
+    for (Stream* s = all; s; s = s->next_all) if (s->dev == d && !s->quit) n++;
+    Stream** ss = calloc(n + 1, sizeof *ss);
+    long* upto = calloc(n + 1, sizeof *upto);
+    int k = 0;
+    for (Stream* s = all; s && k < n; s = s->next_all) {
+        if (s->dev != d || s->quit) continue;
+        pthread_mutex_lock(&s->mu);
+        ss[k] = s;
+        upto[k] = s->queued;
+        pthread_mutex_unlock(&s->mu);
+        k++;
+    }
+    for (int i = 0; i < k; i++) {
+        BarrierArg* a = malloc(sizeof *a);
+        a->n = 0;
+        a->s = calloc(k + 1, sizeof *a->s);
+        a->upto = calloc(k + 1, sizeof *a->upto);
+        for (int j = 0; j < k; j++) {
+            if (j == i) continue;
+            a->s[a->n] = ss[j];
+            a->upto[a->n] = upto[j];
+            a->n++;
+        }
+        enqueue(ss[i], barrier_run, a);
+    }
+    free(ss);
+    free(upto);
+}
+E hipMalloc(void** p, size_t n) { implicit_sync(current); *p = alloc_on(256, n); return *p ? 0 : 2; }
 E hipFree(void* p) { free_on(p, 256); return 0; }
 /* Flags: hipHostMallocPortable (1), hipHostMallocMapped (2); mapped memory's device address is
  * its host address. */
 E hipHostMalloc(void** p, size_t n, unsigned f) {
     if (f & ~3u) return 1;
+    implicit_sync(current);
     *p = alloc_on(64, n);
     return *p ? 0 : 2;
 }

@@ -63,6 +63,15 @@ impl Communicator {
     pub fn abort(&self) {
         let why = format!("aborted by the application on rank {}", self.rank());
         self.inner.transport.abort(&why);
+        for hook in self
+            .inner
+            .abort_hooks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            hook();
+        }
     }
 
     /// Ranks this communicator knows to be dead, with how each was detected (what to pass

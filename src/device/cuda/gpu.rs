@@ -122,6 +122,18 @@ impl Device for CudaDevice {
         stream.wait(ev).map_err(cuda_err("stream wait"))
     }
 
+    fn wait_on(&self, ev: &CudaEvent) -> Result<()> {
+        self.stream().wait(ev).map_err(cuda_err("stream wait"))
+    }
+
+    fn is_capturing(&self) -> Result<bool> {
+        let status = self
+            .stream()
+            .capture_status()
+            .map_err(cuda_err("stream capture status"))?;
+        Ok(status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
     fn event_done(&self, ev: &CudaEvent) -> Result<bool> {
         ev.try_is_complete().map_err(cuda_err("event query"))
     }

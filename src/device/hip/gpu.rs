@@ -63,6 +63,8 @@ pub struct HipOwnedEvent {
 
 // SAFETY: HIP events may be used and destroyed from any thread.
 unsafe impl Send for HipOwnedEvent {}
+// SAFETY: HIP's event calls (record, query, wait) are thread-safe on a shared event.
+unsafe impl Sync for HipOwnedEvent {}
 
 impl Drop for HipOwnedEvent {
     fn drop(&mut self) {
@@ -255,6 +257,31 @@ impl Device for HipDevice {
             unsafe { (api.hipStreamWaitEvent)(stream.raw, ev.raw, 0) },
             "hipStreamWaitEvent",
         )
+    }
+
+    fn wait_on(&self, ev: &HipOwnedEvent) -> Result<()> {
+        let api = self.api();
+        // SAFETY: the event is live and the handle's stream valid; flags must be 0.
+        api.check(
+            unsafe { (api.hipStreamWaitEvent)(self.stream, ev.raw, 0) },
+            "hipStreamWaitEvent",
+        )
+    }
+
+    fn is_capturing(&self) -> Result<bool> {
+        let api = self.api();
+        let Some(query) = api.hipStreamIsCapturing else {
+            // A runtime without graphs captures nothing.
+            return Ok(false);
+        };
+        let mut status: c_int = 0;
+        // SAFETY: the handle's stream is valid and `status` a valid out-pointer.
+        api.check(
+            unsafe { query(self.stream, &mut status) },
+            "hipStreamIsCapturing",
+        )?;
+        // hipStreamCaptureStatusNone is 0.
+        Ok(status != 0)
     }
 
     fn event_done(&self, ev: &HipOwnedEvent) -> Result<bool> {

@@ -150,6 +150,8 @@ pub struct HipApi {
     /// uint32_t mask)`, where present (the stream gate).
     pub hipStreamWaitValue32:
         Option<unsafe extern "C" fn(HipStream, *mut c_void, u32, c_uint, u32) -> HipError>,
+    /// `hipStreamIsCapturing(hipStream_t, hipStreamCaptureStatus*)`, where present.
+    pub hipStreamIsCapturing: Option<unsafe extern "C" fn(HipStream, *mut c_int) -> HipError>,
     /// `hipHostGetDevicePointer(void** devPtr, void* hostPtr, unsigned flags)`, where present.
     pub hipHostGetDevicePointer:
         Option<unsafe extern "C" fn(*mut *mut c_void, *mut c_void, c_uint) -> HipError>,
@@ -212,6 +214,8 @@ impl HipApi {
             hipStreamWaitValue32: unsafe { optional_symbol(&lib, "hipStreamWaitValue32") },
             // SAFETY: as for `sym!`.
             hipHostGetDevicePointer: unsafe { optional_symbol(&lib, "hipHostGetDevicePointer") },
+            // SAFETY: as for `sym!` (`hipStreamCaptureStatus` is a C enum, an int).
+            hipStreamIsCapturing: unsafe { optional_symbol(&lib, "hipStreamIsCapturing") },
             path,
             lib,
         })

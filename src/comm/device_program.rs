@@ -1,0 +1,472 @@
+//! Device collectives as **stream programs**: everything a queued collective does on the GPU
+//! is queued, on the caller's thread and at the call, on PCCL's own stream of the device; the
+//! progress thread then only waits for events, moves bytes between pinned host buffers over
+//! the transport, and releases tickets of a stream gate. It makes no device call that queues
+//! work, allocates or synchronises.
+//!
+//! Why: a stream that waits on a host-written value (a gate) closes a cycle as soon as work
+//! the host still has to queue is needed to release it. CUDA orders work queued after a
+//! page-locked or device allocation (any thread of the process: torch's caching allocator,
+//! FSDP2's unshard buffers) behind all work queued before it ("implicit synchronisation" in
+//! the CUDA programming guide), and `cudaFree` waits for the whole device. A progress thread
+//! that queued its device-to-host copies after such a call saw them wait behind the gated
+//! stream, which waited for the progress thread: the FSDP2 hang of 2026-11-26 (two ranks on
+//! one H200; `tests/rocm_fake_program.rs` reproduces the rule on the fake runtime). Queued
+//! up front, the device work a gate's release depends on always precedes the gate.
+//!
+//! A program on PCCL's stream `own` of one device:
+//! ```text
+//! wait(ready: recorded on the caller's stream)
+//! [vendor-library steps (NCCL/RCCL) on own]
+//! host section:  copy device -> pinned; record(staged); wait(gate >= t); copy pinned -> device
+//! [vendor-library steps]
+//! [record(done); wait(gate >= t_end)]        (when a vendor library ran: its failure holds)
+//! record(end)                                (the caller's stream, or a Work, waits on it)
+//! ```
+//! The job on the progress thread, per host section: waits for `staged`, runs the host
+//! collective on the pinned buffer (PCCL's plans and host reductions, the collective number
+//! taken at the call), releases `t`; then waits for `done` watching the vendor library's
+//! asynchronous error, and releases `t_end`. A failure releases nothing: the gate stays shut
+//! (and every later ticket with it) until the communicator is aborted or destroyed, so work
+//! that depends on the output never runs on wrong data; the error is kept and returned by
+//! every later call (NCCL's asynchronous error).
+
+use super::communicator::{Communicator, RawCollective};
+use crate::device::api::{DevSpan, Device, GateReleaser, PinnedHost};
+use crate::device::nccl_abi::AsyncErrorProbe;
+use crate::dtype::Element;
+use crate::error::{Error, Result};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The tickets of one stream gate: taken in program order on the caller's thread, released
+/// in the same order by the progress thread, never after a failure (until
+/// [`GateTickets::release_all`]: abort or destruction).
+pub(crate) struct GateTickets {
+    releaser: GateReleaser,
+    state: Mutex<TicketState>,
+}
+
+#[derive(Default)]
+struct TicketState {
+    taken: u32,
+    released: u32,
+    shut: bool,
+}
+
+// SAFETY: the releaser writes the gate's counter; every write happens under `state`'s lock,
+// and the gate (owned next to this in the device state) outlives it.
+unsafe impl Sync for GateTickets {}
+
+impl GateTickets {
+    pub(crate) fn new(releaser: GateReleaser) -> GateTickets {
+        GateTickets {
+            releaser,
+            state: Mutex::new(TicketState::default()),
+        }
+    }
+
+    /// Notes that ticket `t` was taken (the newest).
+    fn taken(&self, t: u32) {
+        lock(&self.state).taken = t;
+    }
+
+    /// Lets the streams waiting for `t` and earlier tickets go on, unless the gate was shut.
+    pub(crate) fn release(&self, t: u32) {
+        let mut s = lock(&self.state);
+        if !s.shut {
+            self.releaser.release(t);
+            s.released = t;
+        }
+    }
+
+    /// Keeps every taken ticket unreleased (a collective failed).
+    pub(crate) fn shut(&self) {
+        lock(&self.state).shut = true;
+    }
+
+    /// Releases every ticket taken and shuts the gate for good: the communicator is aborted
+    /// or destroyed (as after `ncclCommAbort`, work behind it runs on whatever the buffers
+    /// hold; the error was returned first).
+    pub(crate) fn release_all(&self) {
+        let mut s = lock(&self.state);
+        self.releaser.release(s.taken);
+        s.released = s.taken;
+        s.shut = true;
+    }
+}
+
+/// A page-locked buffer of the pool and the end event of the last program that used it.
+struct PoolEntry<D: Device> {
+    mem: D::Pinned,
+    until: Option<Arc<D::Event>>,
+    taken: bool,
+}
+
+/// Page-locked buffers of host sections, reused once the program that used one has ended.
+/// Sizes are rounded up to powers of two so that a new shape rarely allocates.
+pub(crate) struct PinnedPool<D: Device> {
+    entries: Vec<PoolEntry<D>>,
+}
+
+impl<D: Device> Default for PinnedPool<D> {
+    fn default() -> Self {
+        PinnedPool {
+            entries: Vec::new(),
+        }
+    }
+}
+
+impl<D: Device> PinnedPool<D> {
+    /// A free buffer of at least `bytes`: its index and address.
+    fn acquire(&mut self, dev: &D, bytes: usize) -> Result<(usize, *mut u8)> {
+        let mut best: Option<(usize, usize)> = None;
+        for (i, e) in self.entries.iter_mut().enumerate() {
+            if e.taken || e.mem.len() < bytes {
+                continue;
+            }
+            if let Some(until) = &e.until {
+                if !dev.event_done(until)? {
+                    continue;
+                }
+                e.until = None;
+            }
+            if best.is_none_or(|(_, len)| len > e.mem.len()) {
+                best = Some((i, e.mem.len()));
+            }
+        }
+        let i = match best {
+            Some((i, _)) => i,
+            None => {
+                let size = bytes
+                    .max(1 << 16)
+                    .checked_next_power_of_two()
+                    .unwrap_or(bytes);
+                self.entries.push(PoolEntry {
+                    mem: dev.pinned(size)?,
+                    until: None,
+                    taken: false,
+                });
+                self.entries.len() - 1
+            }
+        };
+        let e = &mut self.entries[i];
+        e.taken = true;
+        Ok((i, e.mem.as_mut_ptr()))
+    }
+
+    /// Marks the buffers a program took as busy until its `end` event.
+    fn settle(&mut self, taken: &[usize], end: &Arc<D::Event>) {
+        for &i in taken {
+            if let Some(e) = self.entries.get_mut(i) {
+                e.taken = false;
+                e.until = Some(end.clone());
+            }
+        }
+    }
+}
+
+/// A device-to-host copy of a host section: source address, bytes, offset in the buffer.
+type InCopy = (u64, usize, usize);
+
+/// What [`Program::end`] hands back: the end event, and the job of the host part.
+type Ended<D> = (Arc<<D as Device>::Event>, Option<Box<dyn FnOnce() + Send>>);
+
+/// The host part of a program: after `staged` completed, `run` moves the bytes (a host
+/// collective on the pinned buffer), then ticket `ticket` lets the stream copy them back.
+struct HostSection<D: Device> {
+    staged: D::Event,
+    ticket: u32,
+    what: String,
+    run: Box<dyn FnOnce() -> Result<()> + Send>,
+    /// Tells the peers this rank will not run the section (an earlier one failed).
+    refuse: Box<dyn FnOnce(Error) + Send>,
+}
+
+/// The end of a program whose vendor-library steps must succeed before the stream goes on.
+struct Finish<D: Device> {
+    done: D::Event,
+    ticket: u32,
+    probe: Option<AsyncErrorProbe>,
+    what: String,
+}
+
+/// A program being queued on PCCL's stream of one device (see the module docs).
+pub(crate) struct Program<'a, D: Device> {
+    own: &'a D,
+    gate: &'a mut D::Gate,
+    tickets: &'a Arc<GateTickets>,
+    pool: &'a mut PinnedPool<D>,
+    sections: Vec<HostSection<D>>,
+    finish: Option<Finish<D>>,
+    taken: Vec<usize>,
+    /// Host sections queued (for `PCCL_DEBUG=INFO`).
+    pub(crate) host_bytes: usize,
+}
+
+/// A raw pointer moved into a job: the pinned buffer it points into lives in the pool of the
+/// device state, which the job's communicator handle keeps alive, and is not reused before
+/// the program's end event.
+#[derive(Clone, Copy)]
+struct HostPtr(*mut u8);
+// SAFETY: see the type's docs; the job is the only user while the program runs.
+unsafe impl Send for HostPtr {}
+
+impl<'a, D: Device> Program<'a, D> {
+    pub(crate) fn new(
+        own: &'a D,
+        gate: &'a mut D::Gate,
+        tickets: &'a Arc<GateTickets>,
+        pool: &'a mut PinnedPool<D>,
+    ) -> Self {
+        Program {
+            own,
+            gate,
+            tickets,
+            pool,
+            sections: Vec::new(),
+            finish: None,
+            taken: Vec::new(),
+            host_bytes: 0,
+        }
+    }
+
+    /// Queues `coll` (NCCL's counts and in-place forms, device buffers `send`/`recv`) as a
+    /// host section run on `comm` as its collective `seq`: the input copied to a pinned
+    /// buffer, the host collective in place there, the result copied to `recv`.
+    ///
+    /// # Safety
+    /// `send` and `recv` must be device memory of the stream's device valid for the counts
+    /// `coll` implies until the program's end event completed.
+    pub(crate) unsafe fn collective<T: Element>(
+        &mut self,
+        comm: Communicator,
+        seq: u32,
+        coll: RawCollective,
+        send: u64,
+        recv: u64,
+        count: usize,
+    ) -> Result<()> {
+        let es = std::mem::size_of::<T>();
+        let (p, rank) = (comm.size(), comm.rank());
+        let ord = self.own.ordinal();
+        let bytes = count * es;
+        // What goes in, where it lands in the pinned buffer; what comes out.
+        let (total, d2h, h2d): (usize, Option<InCopy>, (usize, usize)) = match coll {
+            RawCollective::AllGather => {
+                (p * bytes, Some((send, bytes, rank * bytes)), (0, p * bytes))
+            }
+            RawCollective::ReduceScatter(_) => {
+                (p * bytes, Some((send, p * bytes, 0)), (rank * bytes, bytes))
+            }
+            RawCollective::AllReduce(_) => (bytes, Some((send, bytes, 0)), (0, bytes)),
+            RawCollective::Broadcast(root) => (
+                bytes,
+                (root == rank).then_some((send, bytes, 0)),
+                (0, bytes),
+            ),
+        };
+        let (slot, base) = self.pool.acquire(self.own, total.max(1))?;
+        self.taken.push(slot);
+        let own = self.own;
+        if let Some((src, len, at)) = d2h {
+            // SAFETY: `src` holds `len` bytes of the device (caller's promise); the pinned
+            // buffer holds `total >= at + len` bytes and is not reused before the end event.
+            unsafe { own.copy_dtoh(None, base.add(at), DevSpan::new(src, len, ord)?)? };
+        }
+        let staged = own.new_event()?;
+        own.record(&staged, None)?;
+        let ticket = own.gate_hold(self.gate)?;
+        self.tickets.taken(ticket);
+        let (from, len) = h2d;
+        // SAFETY: `recv` holds `len` bytes (caller's promise); the pinned bytes are written by
+        // the host section before the ticket this copy waits behind is released.
+        unsafe { own.copy_htod(DevSpan::new(recv, len, ord)?, base.add(from))? };
+        self.host_bytes += total;
+        let ptr = HostPtr(base);
+        let what = format!("{} #{seq} ({count} x {})", coll_name(coll), T::DTYPE);
+        let refuser = comm.handle();
+        let run = Box::new(move || {
+            let b = ptr;
+            let b = b.0 as *mut T;
+            // SAFETY: the pinned buffer holds `total` bytes (the in-place form of `coll`:
+            // all-gather's block at `rank`, reduce-scatter's result at block `rank`); the
+            // device's copies in and out are ordered around this by `staged` and the ticket.
+            unsafe {
+                let (s, r) = match coll {
+                    RawCollective::AllGather => (b.add(rank * count) as *const T, b),
+                    RawCollective::ReduceScatter(_) => (b as *const T, b.add(rank * count)),
+                    _ => (b as *const T, b),
+                };
+                comm.host_collective_as::<T>(coll, s, r, count, seq)
+            }
+        });
+        let what2 = what.clone();
+        let refuse = Box::new(move |e: Error| refuser.refuse_seq(seq, &what2, e));
+        self.sections.push(HostSection {
+            staged,
+            ticket,
+            what,
+            run,
+            refuse,
+        });
+        Ok(())
+    }
+
+    /// Ends the vendor-library steps: the stream then waits until the progress thread saw
+    /// them complete without an asynchronous error (`probe`), so a failed call never
+    /// releases the work behind it.
+    pub(crate) fn hold_until_checked(
+        &mut self,
+        probe: Option<AsyncErrorProbe>,
+        what: String,
+    ) -> Result<()> {
+        let done = self.own.new_event()?;
+        self.own.record(&done, None)?;
+        let ticket = self.own.gate_hold(self.gate)?;
+        self.tickets.taken(ticket);
+        self.finish = Some(Finish {
+            done,
+            ticket,
+            probe,
+            what,
+        });
+        Ok(())
+    }
+
+    /// Records the program's end event and hands back the job that runs its host part (None
+    /// when it has none).
+    pub(crate) fn end(
+        self,
+        timeout: Duration,
+        rank: usize,
+        errors: Arc<Mutex<Option<Error>>>,
+        own: Arc<D>,
+    ) -> Result<Ended<D>> {
+        let end = Arc::new(self.own.new_event()?);
+        self.own.record(&end, None)?;
+        self.pool.settle(&self.taken, &end);
+        if self.sections.is_empty() && self.finish.is_none() {
+            return Ok((end, None));
+        }
+        let tickets = self.tickets.clone();
+        let (sections, finish) = (self.sections, self.finish);
+        let job = Box::new(move || {
+            run_job::<D>(&own, sections, finish, &tickets, &errors, timeout, rank);
+        });
+        Ok((end, Some(job)))
+    }
+}
+
+/// The progress thread's part of one program.
+fn run_job<D: Device>(
+    own: &D,
+    sections: Vec<HostSection<D>>,
+    finish: Option<Finish<D>>,
+    tickets: &GateTickets,
+    errors: &Mutex<Option<Error>>,
+    timeout: Duration,
+    rank: usize,
+) {
+    let fail = |e: Error| {
+        tickets.shut();
+        eprintln!(
+            "PCCL WARN rank {rank}: queued {} collective failed: {e}",
+            D::VENDOR
+        );
+        lock(errors).get_or_insert(e);
+    };
+    for s in sections {
+        if let Some(earlier) = lock(errors).clone() {
+            (s.refuse)(Error::new(
+                earlier.kind(),
+                format!("an earlier queued collective failed: {}", earlier.message()),
+            ));
+            continue;
+        }
+        let staged = poll(own, &s.staged, None, timeout, || {
+            format!(
+                "rank {rank}: the device work queued before it (on the caller's {} stream, or \
+                 the copy of its input) did not finish within {timeout:?} (PCCL_TIMEOUT or \
+                 set_timeout sets the limit)",
+                D::VENDOR
+            )
+        });
+        let r = match staged {
+            // The peers learn at once that this rank will not run it.
+            Err(e) => {
+                (s.refuse)(e.clone());
+                Err(e)
+            }
+            Ok(()) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(s.run))
+                .unwrap_or_else(|_| Err(Error::internal("a queued device collective panicked"))),
+        };
+        match r {
+            Ok(()) => tickets.release(s.ticket),
+            Err(e) => fail(Error::new(e.kind(), format!("{}: {}", s.what, e.message()))),
+        }
+    }
+    if let Some(f) = finish {
+        if lock(errors).is_some() {
+            return;
+        }
+        let r = poll(own, &f.done, f.probe.as_ref(), timeout, || {
+            format!(
+                "rank {rank}: {} did not complete within {timeout:?} (a peer is stuck or gone; \
+                 PCCL_TIMEOUT or set_timeout sets the limit)",
+                f.what
+            )
+        });
+        match r {
+            Ok(()) => tickets.release(f.ticket),
+            Err(e) => fail(Error::new(e.kind(), format!("{}: {}", f.what, e.message()))),
+        }
+    }
+}
+
+/// Waits, polling, until `ev` completed (checking `probe` too); a timeout error with
+/// `late()`'s message after `timeout`.
+fn poll<D: Device>(
+    own: &D,
+    ev: &D::Event,
+    probe: Option<&AsyncErrorProbe>,
+    timeout: Duration,
+    late: impl Fn() -> String,
+) -> Result<()> {
+    let t0 = Instant::now();
+    let mut spins = 0u32;
+    loop {
+        let done = own.event_done(ev)?;
+        // Checked after the event too: a vendor call that ended because a peer failed
+        // completes without its result.
+        if let Some(p) = probe {
+            p.check()?;
+        }
+        if done {
+            return Ok(());
+        }
+        if t0.elapsed() > timeout {
+            return Err(Error::timeout(late()));
+        }
+        spins += 1;
+        if spins < 200 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+}
+
+/// The C-style name of a collective, for messages.
+pub(crate) fn coll_name(coll: RawCollective) -> &'static str {
+    match coll {
+        RawCollective::AllGather => "all_gather",
+        RawCollective::ReduceScatter(_) => "reduce_scatter",
+        RawCollective::AllReduce(_) => "all_reduce",
+        RawCollective::Broadcast(_) => "broadcast",
+    }
+}
