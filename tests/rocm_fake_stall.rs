@@ -219,11 +219,14 @@ fn child_capi_hung() {
     pcclThreadWorldDestroy(world);
     for (r, (rc, msg, took)) in results.into_iter().enumerate() {
         println!("rank {r} after {took:?}: {rc} {msg}");
-        assert_eq!(
-            rc,
-            if r == 0 { pcclTimeout } else { pcclRemoteError },
-            "rank {r}: {msg}"
-        );
+        // Rank 0 timed out; rank 1 learns it from rank 0, or its own deadline (the same
+        // length) passes first: either way its error names rank 0.
+        let expected: &[pcclResult_t] = if r == 0 {
+            &[pcclTimeout]
+        } else {
+            &[pcclRemoteError, pcclTimeout]
+        };
+        assert!(expected.contains(&rc), "rank {r}: {rc} {msg}");
         assert!(msg.contains("rank 0"), "rank {r}: {msg}");
         assert!(took <= Duration::from_secs(3), "rank {r} took {took:?}");
     }

@@ -247,9 +247,12 @@ impl Communicator {
         };
         let (_, mut slot) = self.device_parts();
         let state = state_of::<D>(&mut slot, &self.device_errors())?;
-        if state.thread_sharer.is_some()
-            || std::env::var("PCCL_DEVICE_ASYNC").is_ok_and(|v| v.trim() == "0")
-        {
+        let queue = match std::env::var("PCCL_DEVICE_ASYNC").as_deref().map(str::trim) {
+            Ok("0") => false,
+            Ok("1") => true,
+            _ => state.thread_sharer.is_none(),
+        };
+        if !queue {
             drop(slot);
             return blocking(self).map(|()| None);
         }

@@ -104,6 +104,7 @@ _SIGNATURES = {
     "pcclCommSplit": [_comm_t, _int, _int, ctypes.POINTER(_comm_t)],
     "pcclCommSetTimeout": [_comm_t, ctypes.c_uint64],
     "pcclCommGetTimeout": [_comm_t, ctypes.POINTER(ctypes.c_uint64)],
+    "pcclCommGetAsyncError": [_comm_t, ctypes.POINTER(ctypes.c_int)],
     "pcclCommSetDeviceRuntime": [_comm_t, _int],
     "pcclAllGather": [_vp, _vp, _sz, _int, _comm_t, _vp],
     "pcclReduceScatter": [_vp, _vp, _sz, _int, _int, _comm_t, _vp],
@@ -339,6 +340,18 @@ class Communicator:
         check("pcclCommGetTimeout", lib().pcclCommGetTimeout(self.handle, ctypes.byref(ms)),
               self.handle)
         return ms.value / 1000
+
+    def async_error(self):
+        """``pcclCommGetAsyncError``: a :class:`PcclError` for the error a collective queued
+        on a device stream met while running, or None (also for a libpccl without it)."""
+        if self.handle is None or not has("pcclCommGetAsyncError"):
+            return None
+        code = ctypes.c_int(0)
+        check("pcclCommGetAsyncError",
+              lib().pcclCommGetAsyncError(self.handle, ctypes.byref(code)), self.handle)
+        if code.value == pcclSuccess:
+            return None
+        return PcclError("queued device collective", code.value, last_error(self.handle))
 
     def destroy(self) -> None:
         if self.handle is not None and self.handle.value:

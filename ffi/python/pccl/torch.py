@@ -16,12 +16,14 @@ CPU tensors: every collective is issued as a PCCL non-blocking request (requests
 order on the communicator's worker thread); a synchronous call waits for it before returning,
 ``async_op=True`` returns a :class:`PcclWork`.
 
-CUDA tensors (a libpccl built with ``--features cuda``): the collective runs on device memory,
-queued on the tensors' current CUDA stream through the C ABI's stream argument (as torch's
-nccl backend orders its work): the call returns at once, and later work on that stream runs
-after the collective; the returned work is complete from the host's point of view (wait on
-the stream, e.g. ``torch.cuda.synchronize()``, before reading results on the host). All
-tensors of one call must be on one device. On torch's ROCm build (``torch.version.hip`` set;
+CUDA tensors (a libpccl built with ``--features cuda``): the collective runs on device memory
+with torch's nccl stream semantics (see ``_streams.py``): on PCCL's own stream per device,
+after the current stream's work; a synchronous call makes the current stream wait for it (on
+the device), ``async_op=True`` leaves the current stream free until ``work.wait()`` makes the
+then current stream wait; ``work.synchronize()`` waits on the host. Nothing blocks the host.
+A collective that failed holds its stream and raises at ``wait()`` / ``is_completed()`` /
+``synchronize()`` (and every later call). All tensors of one call must be on one device. Each
+device collective shows in the torch profiler as ``pccl:<name>``. On torch's ROCm build (``torch.version.hip`` set;
 HIP tensors are called "cuda") the stream is a HIP stream, and the backend says so to the
 library (``pcclCommSetDeviceRuntime``; needs a libpccl built with ``--features rocm``).
 """
@@ -39,7 +41,8 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Backend as C10DBackend
 from torch._C._distributed_c10d import ReduceOp
 
-from . import _lib
+from . import _lib, _streams
+from ._streams import DeviceRequest
 
 __all__ = ["PcclBackend", "PcclWork", "PcclTimeoutError", "BACKEND_NAME", "register",
            "inflight", "reap", "drain"]
@@ -101,8 +104,7 @@ def _sync(opts) -> bool:
 
 
 class _Done:
-    """The request of a device collective: queued on the stream, nothing to wait for on the
-    host (the stream orders everything after it)."""
+    """The request of a call that already ran (blocking, on host memory)."""
 
     @staticmethod
     def wait():
@@ -120,14 +122,6 @@ def _device_runtime() -> int:
     """The runtime of torch's "cuda" tensors: HIP on torch's ROCm build (``torch.version.hip``
     set; its HIP tensors are called "cuda"), CUDA otherwise."""
     return _lib.pcclRuntimeHip if getattr(torch.version, "hip", None) else _lib.pcclRuntimeCuda
-
-
-def _stream_of(dev: torch.device) -> int:
-    """The cudaStream_t (hipStream_t on ROCm) of torch's current stream on ``dev``; the
-    legacy default stream (handle 0, which the C ABI reads as "host memory") is passed as
-    cudaStreamLegacy (1)."""
-    s = torch.cuda.current_stream(dev).cuda_stream
-    return s if s else 1
 
 
 def _is_device(dev: torch.device) -> bool:
@@ -220,10 +214,16 @@ class _Op:
                 try:
                     err = None
                     for r in self.requests:  # wait for every one (frees them), first error wins
+                        if isinstance(r, DeviceRequest):
+                            continue  # below, once per stream
                         try:
                             r.wait()
                         except BaseException as e:  # noqa: BLE001
                             err = err or e
+                    try:
+                        _streams.wait_last(self.requests)
+                    except BaseException as e:  # noqa: BLE001
+                        err = err or e
                     if err is not None:
                         raise err
                     if self.post is not None:
@@ -289,6 +289,12 @@ def drain() -> None:
 atexit.register(drain)
 
 
+def _on_device(op) -> bool:
+    """Whether an unfinished operation is made of device collectives only."""
+    reqs = op.requests
+    return bool(reqs) and all(isinstance(r, DeviceRequest) for r in reqs)
+
+
 class PcclWork(dist._Work):
     """Work of one (or several) PCCL requests. The operation itself lives in the in-flight
     registry until it ends, so dropping the Work is safe."""
@@ -351,6 +357,10 @@ class PcclWork(dist._Work):
         secs = _seconds(timeout)
         if secs is None and self._backend is not None:
             secs = self._backend._wait_timeout_s()
+        if _on_device(op):
+            # torch's semantics: the current stream waits for the collective, the host does
+            # not (synchronize() does).
+            secs = None
         if not op.finished and secs is not None:
             deadline = time.monotonic() + secs
             pause = 0.0
@@ -365,6 +375,19 @@ class PcclWork(dist._Work):
         op.finish()
         self._raise()
         return True
+
+    def synchronize(self):
+        """Waits on the host until the operation ended (device collectives included), then
+        finishes it as ``wait()`` does; raises its error. Bounded by the group's timeout."""
+        op = self._op
+        secs = self._backend._wait_timeout_s() if self._backend is not None else None
+        for r in list(op.requests):
+            if isinstance(r, DeviceRequest):
+                try:
+                    r.synchronize(secs)
+                except TimeoutError as e:
+                    raise PcclTimeoutError(f"{e} (sequence number {op.seq})") from None
+        return self.wait()
 
     def is_completed(self):
         op = self._op
@@ -401,6 +424,8 @@ class PcclWork(dist._Work):
 
         def run():
             try:
+                if _on_device(op):  # the future completes once the device work ended
+                    self.synchronize()
                 op.finish()
                 if op.error is not None:
                     raise op.error
@@ -565,6 +590,7 @@ class PcclBackend(_BASE):
         self._async_p2p = _lib.has("pcclGroupEndAsync")
         self._coalescing = False
         self._splits = {}  # (group name, ranks) -> child backend or None (see split)
+        self._dev_streams = _streams.DeviceStreams()  # PCCL's stream per device
         self._split_count = 0
         ranks = tuple(getattr(self._options, "global_ranks_in_group", None) or ())
         self._global_ranks = list(ranks) if ranks else list(range(size))
@@ -802,10 +828,10 @@ class PcclBackend(_BASE):
 
     def _start(self, name, dev, *args, sync=False):
         """Issues collective ``name``: a PCCL request on host memory, or a device collective
-        queued on the current stream of CUDA device ``dev``. ``sync`` (a synchronous call on
-        host memory) runs it blocking on this thread instead: no hand-off to the worker
-        thread and back (the library first waits for this rank's earlier requests, so the
-        order is the same)."""
+        on PCCL's stream of CUDA device ``dev`` after the current stream's work (its
+        :class:`DeviceRequest`). ``sync`` (a synchronous call on host memory) runs it
+        blocking on this thread instead: no hand-off to the worker thread and back (the
+        library first waits for this rank's earlier requests, so the order is the same)."""
         self._flush_p2p()  # queued sends/receives go first
         comm = self._live()
         if not _is_device(dev):
@@ -819,9 +845,12 @@ class PcclBackend(_BASE):
             # stream (a ROCm machine has no libcuda to ask).
             comm.set_device_runtime(runtime)
             comm.device_runtime = runtime
-        with _device_context(dev):
-            getattr(comm, name)(*args, _stream_of(dev))
-        return _DONE
+        def launch(stream):
+            with _device_context(dev):
+                getattr(comm, name)(*args, stream)
+
+        return _streams.issue(comm, self._dev_streams, dev, name, launch,
+                              f"pccl:{name} ({args[2]} elements)")
 
     def _fast_handle(self, opts, *tensors):
         """The communicator's C handle when a call may take the fast path: synchronous,
@@ -859,8 +888,11 @@ class PcclBackend(_BASE):
         if collect is not None:  # a piece of a coalesced call
             collect.append((requests, keep, post))
             return None
-        if not getattr(opts, "asyncOp", True) and all(r is _DONE for r in requests):
-            if post is not None:  # ran blocking (see _start): complete at once
+        _streams.keep_alive(requests, keep)
+        if not getattr(opts, "asyncOp", True) and all(
+                r is _DONE or isinstance(r, DeviceRequest) for r in requests):
+            _streams.wait_last(requests)  # the current stream waits for it (on the device)
+            if post is not None:  # ran blocking (see _start), or ordered after it: at once
                 post()
             return PcclWork._completed(result, call, self._next_seq(), self)
         reap()  # finish what dropped Works left behind

@@ -2,8 +2,9 @@
 
 torch's runtime detection is stubbed here only: ``torch.version.hip`` is set (as on torch's
 ROCm build) or cleared, and the backend's device seams are pointed at the fake runtime: CPU
-tensors count as device tensors (the fake's device memory is host memory) and the current
-stream is a stream of the fake (``hipStreamCreate``). With ``PCCL_DEVICE_RUNTIME=cuda`` in the
+tensors count as device tensors (the fake's device memory is host memory), and the streams
+and events of ``pccl._streams.STREAMS`` are the fake's (``FakeStreams``), the current stream
+one made with ``hipStreamCreate``. With ``PCCL_DEVICE_RUNTIME=cuda`` in the
 environment, a collective reaches the fake only if the backend told the library the stream is
 a HIP stream; otherwise the library takes it for a CUDA stream and fails.
 """
@@ -15,6 +16,7 @@ import ctypes
 import json
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -23,27 +25,102 @@ import torch.distributed as dist
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # ffi/python, for `import pccl`
 
+import pccl._streams as pccl_streams  # noqa: E402
 import pccl.torch as pt  # noqa: E402  (registers "pccl")
 
 N = 1000
+
+
+class FakeEvent:
+    def __init__(self, fake):
+        self.fake = fake
+        self.raw = ctypes.c_void_p()
+        assert fake.hipEventCreate(ctypes.byref(self.raw)) == 0
+
+    def record(self, stream):
+        assert self.fake.hipEventRecord(self.raw, stream.raw) == 0
+
+    def query(self):
+        return self.fake.hipEventQuery(self.raw) == 0
+
+
+class FakeStream:
+    def __init__(self, fake, raw=None):
+        self.fake = fake
+        self.raw = raw if raw is not None else ctypes.c_void_p()
+        if raw is None:
+            assert fake.hipStreamCreate(ctypes.byref(self.raw)) == 0
+
+    def wait_event(self, ev):
+        assert self.fake.hipStreamWaitEvent(self.raw, ev.raw, 0) == 0
+
+    def wait_stream(self, other):
+        ev = FakeEvent(self.fake)
+        ev.record(other)
+        self.wait_event(ev)
+
+    def synchronize(self):
+        assert self.fake.hipStreamSynchronize(self.raw) == 0
+
+    def copy(self, dst, src):
+        """Queues a copy of tensor ``src`` into ``dst`` (CPU tensors: fake device memory)."""
+        n = src.numel() * src.element_size()
+        assert self.fake.hipMemcpyAsync(ctypes.c_void_p(dst.data_ptr()),
+                                        ctypes.c_void_p(src.data_ptr()), ctypes.c_size_t(n),
+                                        3, self.raw) == 0
+
+
+class FakeStreams:
+    """The seam of pccl._streams over the fake runtime: one current stream."""
+
+    def __init__(self, fake):
+        self.fake = fake
+        self.cur = FakeStream(fake)
+
+    def current(self, dev):
+        return self.cur
+
+    def new_stream(self, dev):
+        return FakeStream(self.fake)
+
+    def new_event(self):
+        return FakeEvent(self.fake)
+
+    @staticmethod
+    def handle(stream):
+        return stream.raw.value
+
+    @staticmethod
+    def keep_alive(tensor, stream):
+        pass
+
+    def capturing(self, dev):
+        status = ctypes.c_int(0)
+        assert self.fake.hipStreamIsCapturing(self.cur.raw, ctypes.byref(status)) == 0
+        return status.value != 0
 
 
 def main(rank, world, init, outdir, mode):
     report = {"checks": 0, "failures": [], "errors": []}
     try:
         fake = ctypes.CDLL(os.environ["PCCL_HIP_LIBRARY"])
+        fake.hipMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                        ctypes.c_int, ctypes.c_void_p]
         assert fake.hipSetDevice(rank % 2) == 0
-        stream = ctypes.c_void_p()
-        assert fake.hipStreamCreate(ctypes.byref(stream)) == 0
-        torch.version.hip = "6.2.41133-fake" if mode == "hip" else None
+        streams = FakeStreams(fake)
+        pccl_streams.STREAMS = streams
+        torch.version.hip = "6.2.41133-fake" if mode != "cuda" else None
         pt._is_device = lambda dev: True
         pt._device_context = lambda dev: contextlib.nullcontext()
-        pt._stream_of = lambda dev: stream.value
         dist.init_process_group("pccl", init_method=init, rank=rank, world_size=world)
+        if mode == "async":
+            _async_checks(rank, world, streams, report)
+            dist.destroy_process_group()
+            return
 
         def synced():
-            # The collective is queued on the stream: wait for it as torch.cuda would.
-            assert fake.hipStreamSynchronize(stream) == 0
+            # The collective is ordered on the current stream: wait as torch.cuda would.
+            streams.cur.synchronize()
 
         def check(what, got, want):
             report["checks"] += 1
@@ -52,7 +129,7 @@ def main(rank, world, init, outdir, mode):
                                           f"want {want[:4].tolist()}...")
 
         total = sum(range(1, world + 1))
-        for rep in range(2):  # the first call of a shape blocks, the second is queued
+        for rep in range(2):  # twice: the first device call also decides the level
             try:
                 t = torch.full((N,), float(rank + 1))
                 dist.all_reduce(t)
@@ -81,3 +158,55 @@ def main(rank, world, init, outdir, mode):
         report["failures"].append(traceback.format_exc())
     with open(os.path.join(outdir, f"rocm{rank}.json"), "w") as f:
         json.dump(report, f)
+
+
+def _async_checks(rank, world, streams, report):
+    """torch's stream semantics on the fake runtime: ``async_op=True`` leaves the current
+    stream free (a copy queued after the call runs while the collective waits for a late
+    peer), ``work.wait()`` orders the current stream after it, ``is_completed`` /
+    ``synchronize`` tell the host; each collective is a ``pccl:`` profiler event."""
+    cur = streams.cur
+    t = torch.full((N,), float(rank + 1))
+    dist.all_reduce(t)  # the first device call decides the level with every rank
+    cur.synchronize()
+    dist.barrier()
+    if rank == 1:
+        time.sleep(1.0)  # the peer joins late
+    t = torch.full((N,), float(rank + 1))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        work = dist.all_reduce(t, async_op=True)
+    names = [e.name for e in prof.events()]
+    report["checks"] += 1
+    if not any(n.startswith("pccl:allreduce") for n in names):
+        report["failures"].append(f"no pccl:allreduce profiler event in {names[:20]}")
+    if rank == 0:
+        src = torch.full((N,), 5.0)
+        mine = torch.zeros(N)
+        cur.copy(mine, src)
+        ev = FakeEvent(cur.fake)
+        ev.record(cur)
+        t0 = time.monotonic()
+        while not ev.query() and time.monotonic() - t0 < 0.6:
+            time.sleep(0.001)
+        report["checks"] += 1
+        if not ev.query():
+            report["failures"].append("the current stream was held by an async_op=True call")
+        if work.is_completed():
+            report["failures"].append("the collective ended before the late peer joined")
+        if not torch.equal(mine, src):
+            report["failures"].append("the copy queued after the call did not run")
+    work.wait()
+    back = torch.zeros(N)
+    cur.copy(back, t)
+    cur.synchronize()
+    report["checks"] += 1
+    want = torch.full((N,), float(sum(range(1, world + 1))))
+    if not torch.equal(back, want):
+        report["failures"].append(f"after wait(): {back[:4].tolist()}, want {want[:4].tolist()}")
+    # synchronize(): the host waits; is_completed() then says so.
+    t2 = torch.full((N,), 1.0)
+    w2 = dist.all_reduce(t2, async_op=True)
+    w2.synchronize()
+    report["checks"] += 1
+    if not w2.is_completed() or not torch.equal(t2, torch.full((N,), float(world))):
+        report["failures"].append(f"synchronize(): {t2[:4].tolist()}")

@@ -88,6 +88,14 @@ def test_hip_tensors_route_to_the_hip_path(world, tmp_path, monkeypatch):
         assert rep["checks"] == 8, f"rank {r}: {rep['checks']} checks"
 
 
+def test_async_op_leaves_the_stream_free_until_wait(tmp_path, monkeypatch):
+    # torch's stream semantics (ProcessGroupNCCL's) on the fake runtime's streams.
+    reports = _run(2, "async", tmp_path, monkeypatch)
+    for r, rep in enumerate(reports):
+        assert not rep["errors"], f"rank {r}: {rep['errors']}"
+        assert rep["checks"] >= 3, f"rank {r}: {rep['checks']} checks"
+
+
 def test_cuda_tensors_are_not_sent_to_the_hip_path(tmp_path, monkeypatch):
     # The same stubs with torch.version.hip unset: the backend says CUDA, and the library
     # (no libcuda here, or built without CUDA) refuses the stream.
