@@ -114,8 +114,12 @@ def main(rank, world, init, outdir, mode):
         pt._device_context = lambda dev: contextlib.nullcontext()
         dist.init_process_group("pccl", init_method=init, rank=rank, world_size=world)
         if mode == "async":
-            _async_checks(rank, world, streams, report)
+            try:
+                _async_checks(rank, world, streams, report)
+            except Exception as e:  # noqa: BLE001
+                report["errors"].append(f"{type(e).__name__}: {e}")
             dist.destroy_process_group()
+            _write(outdir, rank, report)
             return
 
         def synced():
@@ -156,6 +160,10 @@ def main(rank, world, init, outdir, mode):
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001
         report["failures"].append(traceback.format_exc())
+    _write(outdir, rank, report)
+
+
+def _write(outdir, rank, report):
     with open(os.path.join(outdir, f"rocm{rank}.json"), "w") as f:
         json.dump(report, f)
 
@@ -203,10 +211,12 @@ def _async_checks(rank, world, streams, report):
     want = torch.full((N,), float(sum(range(1, world + 1))))
     if not torch.equal(back, want):
         report["failures"].append(f"after wait(): {back[:4].tolist()}, want {want[:4].tolist()}")
-    # synchronize(): the host waits; is_completed() then says so.
+    # The future completes once the device work ended (the host waits on it); is_completed()
+    # then says so. (torch >= 2.12 forwards wait() and get_future() to the backend's Work,
+    # not its deprecated synchronize().)
     t2 = torch.full((N,), 1.0)
     w2 = dist.all_reduce(t2, async_op=True)
-    w2.synchronize()
+    w2.get_future().wait()
     report["checks"] += 1
     if not w2.is_completed() or not torch.equal(t2, torch.full((N,), float(world))):
-        report["failures"].append(f"synchronize(): {t2[:4].tolist()}")
+        report["failures"].append(f"get_future().wait(): {t2[:4].tolist()}")
