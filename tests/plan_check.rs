@@ -416,3 +416,59 @@ fn overlapped_hierarchy_is_correct_for_every_piece_count_up_to_16() {
         }
     }
 }
+
+/// The ring reduce-scatter keeps its partial sums in two rotating scratch blocks at every rank
+/// count (the executor allocates only the blocks a plan touches), and the checker proves it.
+#[test]
+fn ring_reduce_scatter_needs_two_scratch_blocks_at_every_rank_count() {
+    for p in 1..=64 {
+        let topo = Topology::uniform(p, p);
+        let coll = Collective::ReduceScatter { average: false };
+        let algo = Algorithm::Flat(LevelAlgo::Ring);
+        let ps = plans(coll, algo, &topo);
+        for pl in &ps {
+            assert!(
+                pl.scratch_blocks() <= 2,
+                "P={p} rank {}: {} scratch blocks",
+                pl.rank,
+                pl.scratch_blocks()
+            );
+        }
+        check_all(coll, algo, &topo);
+    }
+}
+
+/// A ring that folded every partial into one scratch slot would overwrite the partial it is
+/// still sending: the checker catches it.
+#[test]
+fn a_ring_reduce_scatter_with_one_slot_is_caught() {
+    use pccl::plan::{ring, Buf, Level, Span};
+    let p = 5;
+    let coll = Collective::ReduceScatter { average: false };
+    let group: Vec<usize> = (0..p).collect();
+    let ps: Vec<Plan> = (0..p)
+        .map(|r| {
+            let lvl = Level {
+                group: &group,
+                me: r,
+            };
+            let src: Vec<Vec<Span>> = (0..p).map(|b| vec![Span::block(Buf::Input, b)]).collect();
+            let one = vec![Span::block(Buf::Scratch, 0)];
+            let phases = ring::reduce_scatter_two_slots(
+                lvl,
+                &src,
+                &[one.clone(), one],
+                &vec![Span::block(Buf::Output, 0)],
+            );
+            Plan {
+                collective: coll,
+                algorithm: Algorithm::Flat(LevelAlgo::Ring),
+                rank: r,
+                nranks: p,
+                phases,
+                pieces: 1,
+            }
+        })
+        .collect();
+    assert!(check_plans(coll, &ps, false).is_err());
+}

@@ -75,6 +75,11 @@ struct Args {
     /// bytes of its output at least once.
     #[arg(long)]
     floor: bool,
+    /// Print each size's peak host scratch bytes per rank (the executor's working space for
+    /// partial sums) and, at the end, the process's peak resident memory (VmHWM): run one
+    /// collective per process to compare them.
+    #[arg(long)]
+    memory: bool,
     /// Where the buffers live: host memory, or cuda / rocm (GPU `local rank % devices`;
     /// needs a build with `--features cuda` / `rocm`), or gpu (whichever of the two has
     /// devices here).
@@ -188,6 +193,8 @@ struct Row {
     /// Mean over ranks of the vendor library's collective on the same device buffers.
     vendor_us: Option<f64>,
     floor_us: Option<f64>,
+    /// Peak host scratch bytes of rank 0 so far (`--memory`).
+    scratch: Option<usize>,
     wrong: u64,
     /// The algorithm asked for, in a list run.
     requested: Option<String>,
@@ -342,6 +349,7 @@ fn finish_row(comm: &Communicator, coll: Coll, op: ReduceOp, m: Measured) -> pcc
         mpi_us: mpi_mine.map(|_| stats[3] * 1e6),
         vendor_us: None,
         floor_us: None,
+        scratch: None,
         wrong: stats[4] as u64,
         requested: None,
         median_us: None,
@@ -522,6 +530,9 @@ fn bench_rank(comm: &Communicator, native: &Native<'_>, args: &Args) -> pccl::Re
                 };
             }
             let mut row = by_dtype!(dtype, go);
+            if args.memory {
+                row.scratch = Some(comm.scratch_bytes());
+            }
             if let (Some(bw), Coll::AllGather) = (copy_bw, coll) {
                 // All P ranks each read and write P·size bytes of output at least once.
                 let p = comm.size() as f64;
@@ -774,6 +785,9 @@ fn print_header(
     if args.floor && coll == Coll::AllGather {
         h.push_str(&format!(" {:>10} {:>7}", "floor(us)", "xfloor"));
     }
+    if args.memory {
+        h.push_str(&format!(" {:>12}", "scratch(B)"));
+    }
     if args.check {
         h.push_str(&format!(" {:>7}", "#wrong"));
     }
@@ -794,6 +808,9 @@ fn print_row(r: &Row, check: bool) {
     if let Some(f) = r.floor_us {
         s.push_str(&format!(" {:>10.1} {:>7.2}", f, r.avg_us / f));
     }
+    if let Some(b) = r.scratch {
+        s.push_str(&format!(" {b:>12}"));
+    }
     if check {
         s.push_str(&format!(" {:>7}", r.wrong));
     }
@@ -811,6 +828,7 @@ fn json(rows: &[Row], comm_desc: &serde_json::Value) -> String {
                 "mpi_avg_us": r.mpi_us, "ratio_vs_mpi": r.mpi_us.map(|m| r.avg_us / m),
                 "vendor_avg_us": r.vendor_us, "ratio_vs_vendor": r.vendor_us.map(|v| r.avg_us / v),
                 "floor_us": r.floor_us, "x_floor": r.floor_us.map(|f| r.avg_us / f), "wrong": r.wrong,
+                "scratch_bytes": r.scratch,
             });
             if let (Some(req), Some(med)) = (&r.requested, r.median_us) {
                 v["requested"] = req.as_str().into();
@@ -832,6 +850,12 @@ fn report(comm: &Communicator, rows: &[Row], args: &Args) -> u64 {
             "dtype": args.dtype, "op": args.op, "algo": args.algo, "device": args.device.name(),
         });
         println!("{}", json(rows, &desc));
+    }
+    if comm.rank() == 0 && args.memory && !args.json {
+        match peak_rss_kib() {
+            Some(k) => println!("# peak resident memory of this process (VmHWM): {k} KiB"),
+            None => println!("# peak resident memory: /proc/self/status not readable"),
+        }
     }
     if comm.rank() == 0 && args.check {
         if wrong == 0 {
@@ -986,4 +1010,13 @@ fn main() {
     if wrong > 0 {
         std::process::exit(1);
     }
+}
+
+/// The process's peak resident set size (`VmHWM` of /proc/self/status), in KiB.
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }

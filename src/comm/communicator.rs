@@ -623,6 +623,13 @@ impl Communicator {
         self.inner.execute(&p.plan, call, seq, p.piece)
     }
 
+    /// Bytes of host scratch this rank's collectives have held at most (the executor's
+    /// working space for partial sums, kept between calls): what `pccl-bench --memory`
+    /// reports per rank.
+    pub fn scratch_bytes(&self) -> usize {
+        lock(&self.inner.exec).len() * 8
+    }
+
     /// The error a collective queued on a device stream met while running, if any (NCCL's
     /// `ncclCommGetAsyncError`): the stream it was queued on stays held, and every later
     /// device call fails, until the communicator is aborted or destroyed.
@@ -856,6 +863,11 @@ impl Inner {
         piece: Option<usize>,
     ) -> Result<()> {
         let mut scratch = lock(&self.exec);
+        // Only the scratch blocks the plan touches (the ring reduce-scatter: two).
+        let call = Call {
+            scratch: call.scratch.first(plan.scratch_blocks()),
+            ..call
+        };
         let words = (call.scratch.total() * std::mem::size_of::<T>()).div_ceil(8);
         if scratch.len() < words {
             scratch.resize(words, 0);

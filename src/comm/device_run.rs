@@ -171,6 +171,8 @@ impl Communicator {
         let (send, in_len, inl) = call.send;
         let (recv, out_len, outl) = call.recv;
         let plan = self.plan_of(c, block_bytes)?;
+        // Only the scratch blocks the plan touches (the ring reduce-scatter: two).
+        let scl = scl.first(plan.scratch_blocks());
         if !staging.as_ref().is_some_and(|st| st.serves(dev)) {
             *staging = None;
             *staging = Some(DeviceStaging::new(dev)?);

@@ -43,6 +43,18 @@ impl BlockLayout {
             }
         }
     }
+    /// The layout of the first `blocks` blocks only (a uniform layout; a balanced one is
+    /// kept whole, its block sizes depending on the number of parts).
+    pub fn first(&self, blocks: usize) -> BlockLayout {
+        match *self {
+            BlockLayout::Uniform { count, parts } => BlockLayout::Uniform {
+                count,
+                parts: parts.min(blocks),
+            },
+            b => b,
+        }
+    }
+
     /// Total elements.
     pub fn total(&self) -> usize {
         match *self {

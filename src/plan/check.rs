@@ -163,6 +163,10 @@ impl Layout {
                 Some(rank as u32)
             }
             (Collective::Reduce { .. }, _) => Some(0),
+            // The reduce-scatter's scratch blocks are all one size (a uniform layout): any
+            // block's partial sum may use any of them (the ring rotates two); combining
+            // partials of different blocks is still caught (`combine`).
+            (Collective::ReduceScatter { .. }, Phys::Scr) => None,
             (Collective::ReduceScatter { .. }, _) | (Collective::AllReduce { .. }, _) => {
                 Some(idx as u32)
             }

@@ -429,6 +429,27 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Blocks of the scratch buffer the plan touches (`0..n`): what a rank must allocate
+    /// (the collective's scratch layout cut to that many blocks).
+    pub fn scratch_blocks(&self) -> usize {
+        let k = self.pieces.max(1);
+        self.phases
+            .iter()
+            .flat_map(|ph| &ph.steps)
+            .flat_map(|st| -> Vec<&Span> {
+                match st {
+                    Step::Send { src, .. } => src.iter().collect(),
+                    Step::Recv { dst, .. } | Step::Average { dst } => dst.iter().collect(),
+                    Step::RecvReduce { dst, with, .. } => dst.iter().chain(with).collect(),
+                    Step::Copy { src, dst } => src.iter().chain(dst).collect(),
+                }
+            })
+            .filter(|sp| sp.buf == Buf::Scratch && sp.len > 0)
+            .map(|sp| (sp.start + sp.len).div_ceil(k))
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Number of messages this rank sends.
     pub fn sends(&self) -> usize {
         self.phases
@@ -503,6 +524,21 @@ pub fn build(
         },
         Collective::ReduceScatter { average } => {
             let mut ph = match algorithm {
+                // Uniform blocks: the ring's partial sums rotate through two scratch blocks.
+                Algorithm::Flat(LevelAlgo::Ring) if p > 2 => {
+                    let group = flat_group(p);
+                    let lvl = Level {
+                        group: &group,
+                        me: rank,
+                    };
+                    let slots = [
+                        vec![Span::block(Buf::Scratch, 0)],
+                        vec![Span::block(Buf::Scratch, 1)],
+                    ];
+                    let src = flat_units(p, Buf::Input);
+                    let out = vec![Span::block(Buf::Output, 0)];
+                    ring::reduce_scatter_two_slots(lvl, &src, &slots, &out)
+                }
                 Algorithm::Flat(a) => flat_reduce_scatter(a, rank, p, Span::block(Buf::Output, 0)),
                 Algorithm::VectorRd => {
                     flat_reduce_scatter(LevelAlgo::Rd, rank, p, Span::block(Buf::Output, 0))

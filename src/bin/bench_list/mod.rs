@@ -173,6 +173,7 @@ pub fn run_size<T: Element>(
             mpi_us: None,
             vendor_us: None,
             floor_us: None,
+            scratch: None,
             wrong: wrong_all[a] as u64,
             requested: Some(names[a].clone()),
             median_us: Some(med * 1e6),
