@@ -3,14 +3,17 @@
 //! ```text
 //! pccl-gpu-bench [kernels] [--size-mib 256] [--transpose-mib 64] [--iters 30] [--sweep]
 //! pccl-gpu-bench staged [--size-mib 256] [--ranks 2] [--iters 5] [--piece-mib 4] [--algo NAME]
+//! pccl-gpu-bench queue [--size-kib 4] [--ranks 2] [--iters 200] [--hip]
 //! ```
 //! `kernels` (the default): copy ceiling, reductions and transposes ([`kernels`]); `staged`:
-//! the host-staged reduce-scatter and each of its stages ([`staged`]).
+//! the host-staged reduce-scatter and each of its stages ([`staged`]); `queue`: host time per
+//! call of a queued device collective against a blocking one ([`queue`]).
 
 use clap::{Parser, Subcommand};
 use pccl::Algorithm;
 
 mod kernels;
+mod queue;
 mod staged;
 
 #[derive(Parser, Debug)]
@@ -32,6 +35,25 @@ enum Cmd {
     Kernels(KernelArgs),
     /// The host-staged device reduce-scatter on thread-ranks sharing one GPU, and its stages.
     Staged(StagedArgs),
+    /// Host time per call of a device all-reduce queued on the stream vs a blocking one.
+    Queue(QueueArgs),
+}
+
+/// Arguments of `queue`.
+#[derive(clap::Args, Debug)]
+pub struct QueueArgs {
+    /// KiB of the all-reduced vector.
+    #[arg(long, default_value_t = 4, value_parser = positive)]
+    pub size_kib: usize,
+    /// Thread-ranks (rank r on GPU r % GPUs).
+    #[arg(long, default_value_t = 2, value_parser = positive)]
+    pub ranks: usize,
+    /// Timed calls of each kind.
+    #[arg(long, default_value_t = 200, value_parser = positive)]
+    pub iters: usize,
+    /// HIP devices (a build with --features rocm; PCCL_HIP_LIBRARY may name the fake runtime).
+    #[arg(long)]
+    pub hip: bool,
 }
 
 fn positive(s: &str) -> Result<usize, String> {
@@ -90,6 +112,7 @@ fn main() {
             }
             staged::run(&a)
         }
+        Some(Cmd::Queue(a)) => queue::run(&a),
     };
     if let Err(e) = r {
         eprintln!("pccl-gpu-bench: {e}");

@@ -1,0 +1,122 @@
+//! `queue`: the host time of one device all-reduce call queued on the caller's stream
+//! (`Communicator::enqueue_on`, what the C ABI and torch do) against the blocking call
+//! (`collective_on`, what `PCCL_DEVICE_ASYNC=0` does), on thread-ranks each on GPU
+//! `rank % GPUs`: CUDA, or HIP with `--hip` (the fake ROCm runtime included, whose streams run
+//! on threads: the queued call's host time is then the host cost of queueing a stream program).
+
+use crate::QueueArgs;
+use pccl::device::api::Device;
+use pccl::{Communicator, RawCollective, ReduceOp, Result, ThreadWorld};
+use std::time::{Duration, Instant};
+
+/// Median and mean of `v` in microseconds.
+fn stats(v: &mut [Duration]) -> (f64, f64) {
+    v.sort();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let mean = v.iter().map(|&d| us(d)).sum::<f64>() / v.len().max(1) as f64;
+    (us(v[v.len() / 2]), mean)
+}
+
+/// One rank: host times of `iters` queued calls, then of `iters` blocking calls.
+fn rank_times<D: Device>(
+    c: &Communicator,
+    dev: &D,
+    a: &QueueArgs,
+) -> Result<(Vec<Duration>, Vec<Duration>, Duration)> {
+    let n = (a.size_kib * 1024 / 4).max(1);
+    let buf = dev.alloc_zeroed(n * 4)?;
+    let addr = dev.span_of(&buf).addr();
+    let sum = RawCollective::AllReduce(ReduceOp::Sum);
+    // SAFETY: `buf` holds n f32 of `dev` and lives until the stream is synchronised below.
+    let queued = || unsafe { c.enqueue_on::<f32, D>(dev, sum, addr, addr, n) };
+    // SAFETY: as above; the call returns when done.
+    let blocking = || unsafe { c.collective_on::<f32, D>(dev, sum, addr, addr, n) };
+    for _ in 0..3 {
+        queued()?;
+    }
+    dev.synchronize()?;
+    let mut q = Vec::with_capacity(a.iters);
+    let t_all = Instant::now();
+    for _ in 0..a.iters {
+        let t0 = Instant::now();
+        queued()?;
+        q.push(t0.elapsed());
+    }
+    dev.synchronize()?;
+    let device_time = t_all.elapsed();
+    let mut b = Vec::with_capacity(a.iters);
+    for _ in 0..a.iters {
+        let t0 = Instant::now();
+        blocking()?;
+        b.push(t0.elapsed());
+    }
+    Ok((q, b, device_time))
+}
+
+fn bench<D: Device>(
+    a: &QueueArgs,
+    gpus: usize,
+    open: impl Fn(usize) -> Result<D> + Sync,
+) -> Result<()> {
+    let world = ThreadWorld::new(a.ranks);
+    let results: Vec<Result<(Vec<Duration>, Vec<Duration>, Duration)>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..a.ranks)
+            .map(|r| {
+                let t = world.transport(r);
+                let open = &open;
+                s.spawn(move || {
+                    let c = Communicator::new(t?)?;
+                    let dev = open(r % gpus.max(1))?;
+                    rank_times(&c, &dev, a)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(pccl::Error::internal("a rank panicked")))
+            })
+            .collect()
+    });
+    let mut rows = Vec::new();
+    for r in results {
+        rows.push(r?);
+    }
+    let (mut q, mut b, device) = rows.swap_remove(0);
+    let (qm, qa) = stats(&mut q);
+    let (bm, ba) = stats(&mut b);
+    println!(
+        "# host time per {} KiB f32 all-reduce call, rank 0 of {} thread-ranks on {} {} GPU(s), {} calls",
+        a.size_kib, a.ranks, gpus, D::VENDOR, a.iters
+    );
+    println!("{:<22} {:>12} {:>12}", "call", "median(us)", "mean(us)");
+    println!("{:<22} {:>12.1} {:>12.1}", "queued (enqueue_on)", qm, qa);
+    println!(
+        "{:<22} {:>12.1} {:>12.1}",
+        "blocking (collective_on)", bm, ba
+    );
+    println!(
+        "# queued calls until their stream drained: {:.1} us per call",
+        device.as_secs_f64() * 1e6 / a.iters as f64
+    );
+    Ok(())
+}
+
+pub fn run(a: &QueueArgs) -> Result<()> {
+    if a.hip {
+        #[cfg(feature = "rocm")]
+        {
+            use pccl::device::hip::HipDevice;
+            let gpus = HipDevice::count()?;
+            return bench::<HipDevice>(a, gpus, HipDevice::open);
+        }
+        #[cfg(not(feature = "rocm"))]
+        return Err(pccl::Error::usage(
+            "--hip needs a build with --features rocm",
+        ));
+    }
+    use pccl::device::cuda::CudaDevice;
+    pccl::device::cuda::ensure_available()?;
+    let gpus = CudaDevice::count()?;
+    bench::<CudaDevice>(a, gpus, CudaDevice::open)
+}
