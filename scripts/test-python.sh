@@ -2,7 +2,7 @@
 # The Python side: the torch.distributed backend "pccl" (ffi/python) against gloo, and the
 # FSDP2 harness with both backends. Installs the Python packages it needs with pip (torch,
 # pytest, numpy; deepspeed optionally), builds libpccl.so (cargo build --release --features
-# mpi,rocm), installs ffi/python in editable mode and runs pytest on the newest torch; then runs the
+# mpi,rocm, or PCCL_TEST_FEATURES), installs ffi/python in editable mode and runs pytest on the newest torch; then runs the
 # subset that depends on torch's version (backend ops, Work lifetime, timeouts, FSDP2 /
 # DeviceMesh / functional collectives, point-to-point and all-to-all) again on torch 2.11 (the Python-ProcessGroup code path),
 # in a virtual environment kept at $PCCL_TORCH211_VENV (default ~/.cache/pccl/venv-torch2.11).
@@ -24,9 +24,12 @@ pipi() { "$PYTHON" -m pip install -q --disable-pip-version-check "$@"; }
 "$PYTHON" -c "import deepspeed" 2>/dev/null || pipi deepspeed || echo "test-python: deepspeed not installed; its test will be skipped"
 "$PYTHON" -c "import torch; print('torch', torch.__version__)"
 
-echo "== cargo build --release --features mpi,rocm"
+# rocm: test_rocm.py (fake runtime, no GPU). scripts/test.sh passes its own feature set in
+# PCCL_TEST_FEATURES, so the library its cargo test built is reused instead of rebuilt.
+features="${PCCL_TEST_FEATURES:-mpi,rocm}"
+echo "== cargo build --release --features $features"
 export CARGO_TERM_COLOR=never
-cargo build --release --features mpi,rocm  # rocm: test_rocm.py (fake runtime, no GPU)
+cargo build --release --features "$features"
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 lib="$target_dir/release/libpccl.so"
 [ -f "$lib" ] || { echo "test-python: $lib was not built" >&2; exit 1; }

@@ -13,4 +13,5 @@ cargo clippy --release --all-targets --features "$features" -- -D warnings
 echo "== cargo test (features: $features)"
 cargo test --release --features "$features" 2>&1
 echo "== python: torch.distributed backend, FSDP2 harness"
-scripts/test-python.sh
+# The same features as the cargo test build above: libpccl.so is already built, not rebuilt.
+PCCL_TEST_FEATURES="$features" scripts/test-python.sh
