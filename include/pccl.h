@@ -696,7 +696,8 @@ pcclResult_t pcclGroupEndAsync(pcclRequest_t *request);
 /**
  * Reduces `count` elements of every rank's `sendbuff` with `op` into `recvbuff` on rank
  * `root` (`recvbuff` is used on `root` only and may be NULL elsewhere). In place when
- * `sendbuff == recvbuff` on the root. `stream` must be NULL (host memory).
+ * `sendbuff == recvbuff` on the root. With a `stream`, device memory queued on it (as
+ * `pcclAllReduce`); NULL: host memory.
  *
  * # Safety
  * `sendbuff` must be readable for `count` elements, and on `root` `recvbuff` writable for
@@ -715,7 +716,7 @@ pcclResult_t pcclReduce(const void *sendbuff,
  * Gathers `sendcount` elements of every rank's `sendbuff` into `recvbuff` on `root`, in
  * rank order (`sendcount * nranks` elements; `recvbuff` is used on `root` only and may be
  * NULL elsewhere). In place on the root when `sendbuff == recvbuff + root * sendcount` (in
- * elements). `stream` must be NULL (host memory).
+ * elements). With a `stream`, device memory queued on it; NULL: host memory.
  *
  * # Safety
  * `sendbuff` must be readable for `sendcount` elements, and on `root` `recvbuff` writable
@@ -733,7 +734,8 @@ pcclResult_t pcclGather(const void *sendbuff,
  * Scatters `root`'s `sendbuff` (`recvcount * nranks` elements, block `i` for rank `i`):
  * every rank's `recvbuff` gets its `recvcount` elements (`sendbuff` is read on `root` only
  * and may be NULL elsewhere). In place on the root when
- * `recvbuff == sendbuff + root * recvcount` (in elements). `stream` must be NULL.
+ * `recvbuff == sendbuff + root * recvcount` (in elements). With a `stream`, device memory
+ * queued on it; NULL: host memory.
  *
  * # Safety
  * On `root` `sendbuff` must be readable for `recvcount * nranks` elements; `recvbuff` must
@@ -750,7 +752,8 @@ pcclResult_t pcclScatter(const void *sendbuff,
 /**
  * All-to-all of equal blocks: block `j` of `sendbuff` (`count` elements at `j * count`)
  * goes to rank `j`, and block `i` of `recvbuff` comes from rank `i`. Both buffers hold
- * `count * nranks` elements and must not overlap. `stream` must be NULL (host memory).
+ * `count * nranks` elements and must not overlap. With a `stream`, device memory queued on
+ * it; NULL: host memory.
  *
  * # Safety
  * `sendbuff` must be readable and `recvbuff` writable for `count * nranks` elements,

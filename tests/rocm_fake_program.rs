@@ -532,3 +532,104 @@ fn child_one_rank() {
     });
     println!("child-checked");
 }
+
+// ---- rooted collectives and all-to-all on device memory -------------------------------------
+
+#[test]
+fn rooted_collectives_and_all_to_all_are_queued_on_device_memory() {
+    let mut e = env(false);
+    e.push(("FAKE_HIP_DEVICES", "3"));
+    with_fake_runtime("child_rooted_on_device", &e);
+}
+
+/// Reduce, gather and scatter (out of place and in place at the root) and all-to-all, queued
+/// on a held stream (each call returns before the stream moves), on 3 thread ranks; every
+/// result exact, buffers a rank does not use untouched.
+#[test]
+fn child_rooted_on_device() {
+    use pccl::RawRooted;
+    if !is_child() {
+        return;
+    }
+    const C: usize = 5;
+    let p = 3usize;
+    on_ranks(p, false, |r, c, dev, barrier| {
+        let val = |rank: usize, i: usize| (rank * 100 + i) as f32;
+        let mine: Vec<f32> = (0..p * C).map(|i| val(r, i)).collect();
+        let run = |coll: RawRooted, send: u64, recv: u64| {
+            barrier.wait();
+            let held = Held::new(&dev);
+            let (rc, took) = held.during(|| {
+                // SAFETY: the buffers hold what `coll` uses on this rank and live until the
+                // stream is synchronised below.
+                unsafe { c.enqueue_rooted_on::<f32, HipDevice>(&dev, coll, send, recv, C) }
+            });
+            rc.unwrap_or_else(|e| panic!("rank {r} {coll:?}: {e}"));
+            assert!(
+                took < Duration::from_millis(1500),
+                "rank {r} {coll:?}: took {took:?}"
+            );
+            held.release();
+            dev.synchronize().unwrap();
+        };
+        // Reduce to root 1: sum over ranks of element i of the first C.
+        let sb = dev.upload(&mine).unwrap();
+        let mut out = dev.upload(&[-1.0f32; 3 * C]).unwrap();
+        run(
+            RawRooted::Reduce(ReduceOp::Sum, 1),
+            sb.device_ptr(),
+            out.device_ptr(),
+        );
+        let got = dev.download::<f32>(&out).unwrap();
+        if r == 1 {
+            let want: Vec<f32> = (0..C).map(|i| (0..p).map(|q| val(q, i)).sum()).collect();
+            assert_eq!(&got[..C], &want[..], "reduce at the root");
+        } else {
+            assert!(
+                got.iter().all(|&v| v == -1.0),
+                "rank {r}: reduce wrote off the root"
+            );
+        }
+        // Gather to root 2 (each sends its first C).
+        dev.upload_into(&[-1.0f32; 3 * C], &mut out).unwrap();
+        run(RawRooted::Gather(2), sb.device_ptr(), out.device_ptr());
+        let got = dev.download::<f32>(&out).unwrap();
+        let gathered: Vec<f32> = (0..p)
+            .flat_map(|q| (0..C).map(move |i| val(q, i)))
+            .collect();
+        if r == 2 {
+            assert_eq!(got, gathered, "gather at the root");
+        }
+        // Gather in place at the root: its block already at block `root` of the output.
+        let mut inplace: Vec<f32> = vec![-1.0; p * C];
+        inplace[2 * C..3 * C].copy_from_slice(&mine[..C]);
+        dev.upload_into(&inplace, &mut out).unwrap();
+        let send = if r == 2 {
+            out.device_ptr() + (2 * C * 4) as u64
+        } else {
+            sb.device_ptr()
+        };
+        run(RawRooted::Gather(2), send, out.device_ptr());
+        if r == 2 {
+            assert_eq!(
+                dev.download::<f32>(&out).unwrap(),
+                gathered,
+                "gather in place"
+            );
+        }
+        // Scatter from root 0: rank q receives block q of the root's buffer.
+        dev.upload_into(&[-1.0f32; 3 * C], &mut out).unwrap();
+        run(RawRooted::Scatter(0), sb.device_ptr(), out.device_ptr());
+        let got = dev.download::<f32>(&out).unwrap();
+        let want: Vec<f32> = (0..C).map(|i| val(0, r * C + i)).collect();
+        assert_eq!(&got[..C], &want[..], "rank {r}: scatter");
+        // All-to-all: rank r receives block r of every rank, in rank order.
+        run(RawRooted::AllToAll, sb.device_ptr(), out.device_ptr());
+        let got = dev.download::<f32>(&out).unwrap();
+        let want: Vec<f32> = (0..p)
+            .flat_map(|q| (0..C).map(move |i| val(q, r * C + i)))
+            .collect();
+        assert_eq!(got, want, "rank {r}: all-to-all");
+    });
+    println!("child-checked");
+}

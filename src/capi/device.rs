@@ -1,13 +1,14 @@
-//! The device branch of the C ABI: a collective called with a stream runs on device memory of
-//! that stream's GPU, ordered on the stream; the call returns once it is queued (NCCL's
-//! semantics, [`Communicator::enqueue_on`]), on CUDA and HIP alike. Which runtime a stream
+//! The device branch of the C ABI: a collective (or a rooted collective / all-to-all) called
+//! with a stream runs on device memory of that stream's GPU, ordered on the stream; the call
+//! returns once it is queued (NCCL's semantics, [`Communicator::enqueue_on`],
+//! [`Communicator::enqueue_rooted_on`]), on CUDA and HIP alike. Which runtime a stream
 //! belongs to is the communicator's setting (`pcclCommSetDeviceRuntime`, set by the torch
 //! backend from `torch.version.hip`), else `PCCL_DEVICE_RUNTIME`, else CUDA where libcuda
 //! loads and HIP otherwise.
 
 use super::{pcclDeviceRuntime_t, pcclRuntimeAuto, pcclRuntimeCuda, pcclRuntimeHip};
 use crate::error::{Error, Result};
-use crate::{Communicator, DType, RawCollective};
+use crate::{Communicator, DType, RawCollective, RawRooted};
 use std::ffi::c_void;
 
 /// The device runtimes a stream can belong to.
@@ -96,7 +97,16 @@ fn auto_runtime() -> Runtime {
     }
 }
 
-/// Queues `coll` on device buffers, ordered on `stream` of the runtime `runtime` (a
+/// What a device call runs: a collective, or a rooted collective / all-to-all.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum DeviceOp {
+    /// `pcclAllGather`, `pcclReduceScatter`, `pcclAllReduce`, `pcclBroadcast`.
+    Coll(RawCollective),
+    /// `pcclReduce`, `pcclGather`, `pcclScatter`, `pcclAllToAll`.
+    Rooted(RawRooted),
+}
+
+/// Queues `op` on device buffers, ordered on `stream` of the runtime `runtime` (a
 /// `pcclDeviceRuntime_t`, see [`runtime_of`]).
 ///
 /// # Safety
@@ -107,7 +117,7 @@ fn auto_runtime() -> Runtime {
 pub(super) unsafe fn collective(
     comm: &Communicator,
     runtime: pcclDeviceRuntime_t,
-    coll: RawCollective,
+    coll: DeviceOp,
     dt: DType,
     send: *const c_void,
     recv: *mut c_void,
@@ -135,21 +145,34 @@ pub(super) unsafe fn collective(
     }
 }
 
-/// Calls `enqueue_on::<T, $devty>(...)` with `T` the element type of `$dt`.
+/// Calls `$method::<T, $devty>(...)` with `T` the element type of `$dt`.
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 macro_rules! by_dtype {
-    ($comm:ident, $dev:ident, $devty:ty, $dt:expr, $coll:ident, $s:ident, $r:ident, $n:ident) => {
+    ($method:ident, $comm:ident, $dev:ident, $devty:ty, $dt:expr, $coll:ident, $s:ident, $r:ident, $n:ident) => {
         match $dt {
-            DType::I8 => $comm.enqueue_on::<i8, $devty>(&$dev, $coll, $s, $r, $n),
-            DType::U8 => $comm.enqueue_on::<u8, $devty>(&$dev, $coll, $s, $r, $n),
-            DType::I32 => $comm.enqueue_on::<i32, $devty>(&$dev, $coll, $s, $r, $n),
-            DType::U32 => $comm.enqueue_on::<u32, $devty>(&$dev, $coll, $s, $r, $n),
-            DType::I64 => $comm.enqueue_on::<i64, $devty>(&$dev, $coll, $s, $r, $n),
-            DType::U64 => $comm.enqueue_on::<u64, $devty>(&$dev, $coll, $s, $r, $n),
-            DType::F16 => $comm.enqueue_on::<half::f16, $devty>(&$dev, $coll, $s, $r, $n),
-            DType::BF16 => $comm.enqueue_on::<half::bf16, $devty>(&$dev, $coll, $s, $r, $n),
-            DType::F32 => $comm.enqueue_on::<f32, $devty>(&$dev, $coll, $s, $r, $n),
-            DType::F64 => $comm.enqueue_on::<f64, $devty>(&$dev, $coll, $s, $r, $n),
+            DType::I8 => $comm.$method::<i8, $devty>(&$dev, $coll, $s, $r, $n),
+            DType::U8 => $comm.$method::<u8, $devty>(&$dev, $coll, $s, $r, $n),
+            DType::I32 => $comm.$method::<i32, $devty>(&$dev, $coll, $s, $r, $n),
+            DType::U32 => $comm.$method::<u32, $devty>(&$dev, $coll, $s, $r, $n),
+            DType::I64 => $comm.$method::<i64, $devty>(&$dev, $coll, $s, $r, $n),
+            DType::U64 => $comm.$method::<u64, $devty>(&$dev, $coll, $s, $r, $n),
+            DType::F16 => $comm.$method::<half::f16, $devty>(&$dev, $coll, $s, $r, $n),
+            DType::BF16 => $comm.$method::<half::bf16, $devty>(&$dev, $coll, $s, $r, $n),
+            DType::F32 => $comm.$method::<f32, $devty>(&$dev, $coll, $s, $r, $n),
+            DType::F64 => $comm.$method::<f64, $devty>(&$dev, $coll, $s, $r, $n),
+        }
+    };
+}
+
+/// Runs `op` through the right entry point of `dev`'s back end.
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+macro_rules! run_op {
+    ($comm:ident, $dev:ident, $devty:ty, $dt:expr, $op:expr, $s:ident, $r:ident, $n:ident) => {
+        match $op {
+            DeviceOp::Coll(c) => by_dtype!(enqueue_on, $comm, $dev, $devty, $dt, c, $s, $r, $n),
+            DeviceOp::Rooted(c) => {
+                by_dtype!(enqueue_rooted_on, $comm, $dev, $devty, $dt, c, $s, $r, $n)
+            }
         }
     };
 }
@@ -161,7 +184,7 @@ macro_rules! by_dtype {
 #[cfg(feature = "cuda")]
 unsafe fn cuda_collective(
     comm: &Communicator,
-    coll: RawCollective,
+    coll: DeviceOp,
     dt: DType,
     send: *const c_void,
     recv: *mut c_void,
@@ -170,13 +193,19 @@ unsafe fn cuda_collective(
 ) -> Result<()> {
     use crate::device::cuda::CudaDevice;
     crate::device::cuda::ensure_available()?;
-    // The receive buffer is read on every rank (the send buffer of a broadcast only on root).
-    let ordinal = CudaDevice::ordinal_of(recv as u64)?;
+    // The receive buffer is read on every rank (the send buffer of a broadcast only on root),
+    // except in a reduce or gather off the root.
+    let any = if recv.is_null() {
+        send as u64
+    } else {
+        recv as u64
+    };
+    let ordinal = CudaDevice::ordinal_of(any)?;
     // SAFETY: the caller guarantees `stream` is a stream of the buffers' GPU.
     let dev = unsafe { CudaDevice::with_stream(ordinal, stream) }?;
     let (s, r) = (send as u64, recv as u64);
     // SAFETY: forwarded from the caller.
-    unsafe { by_dtype!(comm, dev, CudaDevice, dt, coll, s, r, count) }
+    unsafe { run_op!(comm, dev, CudaDevice, dt, coll, s, r, count) }
 }
 
 /// Without feature `cuda`: CUDA streams are refused.
@@ -186,7 +215,7 @@ unsafe fn cuda_collective(
 #[cfg(not(feature = "cuda"))]
 unsafe fn cuda_collective(
     _comm: &Communicator,
-    _coll: RawCollective,
+    _coll: DeviceOp,
     _dt: DType,
     _send: *const c_void,
     _recv: *mut c_void,
@@ -203,7 +232,7 @@ unsafe fn cuda_collective(
 #[cfg(feature = "rocm")]
 unsafe fn hip_collective(
     comm: &Communicator,
-    coll: RawCollective,
+    coll: DeviceOp,
     dt: DType,
     send: *const c_void,
     recv: *mut c_void,
@@ -225,7 +254,7 @@ unsafe fn hip_collective(
     })?;
     let (s, r) = (send as u64, recv as u64);
     // SAFETY: forwarded from the caller.
-    unsafe { by_dtype!(comm, dev, HipDevice, dt, coll, s, r, count) }
+    unsafe { run_op!(comm, dev, HipDevice, dt, coll, s, r, count) }
 }
 
 /// Without feature `rocm`: HIP streams are refused.
@@ -235,7 +264,7 @@ unsafe fn hip_collective(
 #[cfg(not(feature = "rocm"))]
 unsafe fn hip_collective(
     _comm: &Communicator,
-    _coll: RawCollective,
+    _coll: DeviceOp,
     _dt: DType,
     _send: *const c_void,
     _recv: *mut c_void,

@@ -429,7 +429,8 @@ unsafe fn collective(
         // SAFETY: forwarded from the caller (device buffers valid for the counts, `stream` a
         // stream of their GPU).
         let runtime = c.runtime.load(std::sync::atomic::Ordering::SeqCst);
-        return unsafe { device::collective(comm, runtime, coll, dt, send, recv, count, stream) }
+        let op = device::DeviceOp::Coll(coll);
+        return unsafe { device::collective(comm, runtime, op, dt, send, recv, count, stream) }
             .map(|()| None)
             .on(c);
     }

@@ -1,6 +1,7 @@
 //! Rooted collectives (reduce, gather, scatter), all-to-all(v) and point-to-point calls of the
-//! C ABI, with NCCL's group semantics for sends and receives. Host memory only for now: a
-//! non-NULL `stream` is answered with `pcclInvalidUsage`.
+//! C ABI, with NCCL's group semantics for sends and receives. Reduce, gather, scatter and
+//! all-to-all take device memory with a stream (queued on it, as the collectives are); the
+//! others are host memory only for now: a non-NULL `stream` is `pcclInvalidUsage`.
 
 use super::handles::{self, CommEntry};
 use super::{
@@ -239,19 +240,31 @@ unsafe fn rooted(
 ) -> Outcome<()> {
     let c = handles::comm(comm as usize, "comm", false)?;
     let cm = &c.comm;
-    let args = host_collective(stream)
+    let args = host_collective(std::ptr::null_mut())
         .and_then(|()| datatype(dtype_code))
         .and_then(|dt| Ok((dt, make(cm.size())?)));
     let (dt, coll) = args
         .map_err(|e| cm.refuse_call("argument check", e))
         .on(&c)?;
+    if !stream.is_null() {
+        // Device buffers, queued on the stream (as the collectives are).
+        let runtime = c.runtime.load(std::sync::atomic::Ordering::SeqCst);
+        let op = super::device::DeviceOp::Rooted(coll);
+        // SAFETY: forwarded from the caller (device buffers valid for the counts, `stream` a
+        // stream of their GPU).
+        return unsafe {
+            super::device::collective(cm, runtime, op, dt, send, recv, count, stream)
+        }
+        .on(&c);
+    }
     // SAFETY: forwarded from the caller.
     unsafe { by_type!(dt, rooted_typed(cm, coll, send, recv, count)) }.on(&c)
 }
 
 /// Reduces `count` elements of every rank's `sendbuff` with `op` into `recvbuff` on rank
 /// `root` (`recvbuff` is used on `root` only and may be NULL elsewhere). In place when
-/// `sendbuff == recvbuff` on the root. `stream` must be NULL (host memory).
+/// `sendbuff == recvbuff` on the root. With a `stream`, device memory queued on it (as
+/// `pcclAllReduce`); NULL: host memory.
 ///
 /// # Safety
 /// `sendbuff` must be readable for `count` elements, and on `root` `recvbuff` writable for
@@ -277,7 +290,7 @@ pub unsafe extern "C" fn pcclReduce(
 /// Gathers `sendcount` elements of every rank's `sendbuff` into `recvbuff` on `root`, in
 /// rank order (`sendcount * nranks` elements; `recvbuff` is used on `root` only and may be
 /// NULL elsewhere). In place on the root when `sendbuff == recvbuff + root * sendcount` (in
-/// elements). `stream` must be NULL (host memory).
+/// elements). With a `stream`, device memory queued on it; NULL: host memory.
 ///
 /// # Safety
 /// `sendbuff` must be readable for `sendcount` elements, and on `root` `recvbuff` writable
@@ -302,7 +315,8 @@ pub unsafe extern "C" fn pcclGather(
 /// Scatters `root`'s `sendbuff` (`recvcount * nranks` elements, block `i` for rank `i`):
 /// every rank's `recvbuff` gets its `recvcount` elements (`sendbuff` is read on `root` only
 /// and may be NULL elsewhere). In place on the root when
-/// `recvbuff == sendbuff + root * recvcount` (in elements). `stream` must be NULL.
+/// `recvbuff == sendbuff + root * recvcount` (in elements). With a `stream`, device memory
+/// queued on it; NULL: host memory.
 ///
 /// # Safety
 /// On `root` `sendbuff` must be readable for `recvcount * nranks` elements; `recvbuff` must
@@ -326,7 +340,8 @@ pub unsafe extern "C" fn pcclScatter(
 
 /// All-to-all of equal blocks: block `j` of `sendbuff` (`count` elements at `j * count`)
 /// goes to rank `j`, and block `i` of `recvbuff` comes from rank `i`. Both buffers hold
-/// `count * nranks` elements and must not overlap. `stream` must be NULL (host memory).
+/// `count * nranks` elements and must not overlap. With a `stream`, device memory queued on
+/// it; NULL: host memory.
 ///
 /// # Safety
 /// `sendbuff` must be readable and `recvbuff` writable for `count * nranks` elements,

@@ -31,7 +31,7 @@
 //! that depends on the output never runs on wrong data; the error is kept and returned by
 //! every later call (NCCL's asynchronous error).
 
-use super::communicator::{Communicator, RawCollective};
+use super::communicator::{Communicator, RawCollective, RawRooted};
 use crate::device::api::{DevSpan, Device, GateReleaser, PinnedHost};
 use crate::device::nccl_abi::AsyncErrorProbe;
 use crate::dtype::Element;
@@ -253,7 +253,6 @@ impl<'a, D: Device> Program<'a, D> {
     ) -> Result<()> {
         let es = std::mem::size_of::<T>();
         let (p, rank) = (comm.size(), comm.rank());
-        let ord = self.own.ordinal();
         let bytes = count * es;
         // What goes in, where it lands in the pinned buffer; what comes out.
         let (total, d2h, h2d): (usize, Option<InCopy>, (usize, usize)) = match coll {
@@ -270,6 +269,123 @@ impl<'a, D: Device> Program<'a, D> {
                 (0, bytes),
             ),
         };
+        let what = format!("{} #{seq} ({count} x {})", coll_name(coll), T::DTYPE);
+        let out = Some((h2d.0, recv, h2d.1));
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.section(comm, seq, what, total, d2h, out, move |comm, b| {
+                let b = b as *mut T;
+                // The in-place form of `coll` in the pinned buffer: all-gather's block at
+                // `rank`, reduce-scatter's result at block `rank`.
+                let (s, r) = match coll {
+                    RawCollective::AllGather => (b.add(rank * count) as *const T, b),
+                    RawCollective::ReduceScatter(_) => (b as *const T, b.add(rank * count)),
+                    _ => (b as *const T, b),
+                };
+                comm.host_collective_as::<T>(coll, s, r, count, seq)
+            })
+        }
+    }
+
+    /// Queues a rooted collective or all-to-all (NCCL's conventions, [`RawRooted`]) as a host
+    /// section on `comm` as its collective `seq`, as [`Program::collective`] does: buffers a
+    /// rank does not use (the receive buffer of a reduce or gather off the root, the send
+    /// buffer of a scatter off the root) are neither read nor written.
+    ///
+    /// # Safety
+    /// As [`Program::collective`], for the buffers `coll` uses on this rank.
+    pub(crate) unsafe fn rooted<T: Element>(
+        &mut self,
+        comm: Communicator,
+        seq: u32,
+        coll: RawRooted,
+        send: u64,
+        recv: u64,
+        count: usize,
+    ) -> Result<()> {
+        let es = std::mem::size_of::<T>();
+        let (p, rank) = (comm.size(), comm.rank());
+        let bytes = count * es;
+        // (pinned bytes, copy in, copy out (offset, bytes)), and the host call's form:
+        // in place in the pinned buffer, `recv` at element `r_at` (None: no receive buffer).
+        // The send buffer at element `s_at` (None: none), the receive buffer at `r_at`.
+        type Form = (
+            usize,
+            Option<InCopy>,
+            Option<(usize, usize)>,
+            Option<usize>,
+            Option<usize>,
+        );
+        let (total, d2h, h2d, s_at, r_at): Form = match coll {
+            RawRooted::Reduce(_, root) => (
+                bytes,
+                Some((send, bytes, 0)),
+                (rank == root).then_some((0, bytes)),
+                Some(0),
+                (rank == root).then_some(0),
+            ),
+            RawRooted::Gather(root) if rank == root => (
+                p * bytes,
+                Some((send, bytes, root * bytes)),
+                Some((0, p * bytes)),
+                Some(root * count),
+                Some(0),
+            ),
+            RawRooted::Gather(_) => (bytes, Some((send, bytes, 0)), None, Some(0), None),
+            RawRooted::Scatter(root) if rank == root => (
+                p * bytes,
+                Some((send, p * bytes, 0)),
+                Some((root * bytes, bytes)),
+                Some(0),
+                Some(root * count),
+            ),
+            RawRooted::Scatter(_) => (bytes, None, Some((0, bytes)), None, Some(0)),
+            RawRooted::AllToAll => (
+                2 * p * bytes,
+                Some((send, p * bytes, 0)),
+                Some((p * bytes, p * bytes)),
+                Some(0),
+                Some(p * count),
+            ),
+        };
+        let name = match coll {
+            RawRooted::Reduce(..) => "reduce",
+            RawRooted::Gather(_) => "gather",
+            RawRooted::Scatter(_) => "scatter",
+            RawRooted::AllToAll => "all_to_all",
+        };
+        let what = format!("{name} #{seq} ({count} x {})", T::DTYPE);
+        let out = h2d.map(|(at, len)| (at, recv, len));
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.section(comm, seq, what, total, d2h, out, move |comm, b| {
+                let b = b as *mut T;
+                let s = s_at.map_or(std::ptr::null(), |at| b.add(at) as *const T);
+                let r = r_at.map_or(std::ptr::null_mut(), |at| b.add(at));
+                comm.host_rooted_as::<T>(coll, s, r, count, seq)
+            })
+        }
+    }
+
+    /// Queues one host section: `d2h` (device address, bytes, offset) copied into a pinned
+    /// buffer of `total` bytes, an event, a ticket, `h2d` (offset, device address, bytes)
+    /// copied back; `run(comm, buffer)` runs on the progress thread between the two.
+    ///
+    /// # Safety
+    /// The device ranges must be memory of the stream's device, valid until the program's
+    /// end event completed; `run` may touch only the `total` bytes of the buffer.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn section(
+        &mut self,
+        comm: Communicator,
+        seq: u32,
+        what: String,
+        total: usize,
+        d2h: Option<InCopy>,
+        h2d: Option<(usize, u64, usize)>,
+        run: impl FnOnce(&Communicator, *mut u8) -> Result<()> + Send + 'static,
+    ) -> Result<()> {
+        let ord = self.own.ordinal();
         let (slot, base) = self.pool.acquire(self.own, total.max(1))?;
         self.taken.push(slot);
         let own = self.own;
@@ -282,28 +398,18 @@ impl<'a, D: Device> Program<'a, D> {
         own.record(&staged, None)?;
         let ticket = own.gate_hold(self.gate)?;
         self.tickets.taken(ticket);
-        let (from, len) = h2d;
-        // SAFETY: `recv` holds `len` bytes (caller's promise); the pinned bytes are written by
-        // the host section before the ticket this copy waits behind is released.
-        unsafe { own.copy_htod(DevSpan::new(recv, len, ord)?, base.add(from))? };
+        if let Some((from, dst, len)) = h2d {
+            // SAFETY: `dst` holds `len` bytes (caller's promise); the pinned bytes are
+            // written by the host section before the ticket this copy waits behind is
+            // released.
+            unsafe { own.copy_htod(DevSpan::new(dst, len, ord)?, base.add(from))? };
+        }
         self.host_bytes += total;
         let ptr = HostPtr(base);
-        let what = format!("{} #{seq} ({count} x {})", coll_name(coll), T::DTYPE);
         let refuser = comm.handle();
         let run = Box::new(move || {
             let b = ptr;
-            let b = b.0 as *mut T;
-            // SAFETY: the pinned buffer holds `total` bytes (the in-place form of `coll`:
-            // all-gather's block at `rank`, reduce-scatter's result at block `rank`); the
-            // device's copies in and out are ordered around this by `staged` and the ticket.
-            unsafe {
-                let (s, r) = match coll {
-                    RawCollective::AllGather => (b.add(rank * count) as *const T, b),
-                    RawCollective::ReduceScatter(_) => (b as *const T, b.add(rank * count)),
-                    _ => (b as *const T, b),
-                };
-                comm.host_collective_as::<T>(coll, s, r, count, seq)
-            }
+            run(&comm, b.0)
         });
         let what2 = what.clone();
         let refuse = Box::new(move |e: Error| refuser.refuse_seq(seq, &what2, e));

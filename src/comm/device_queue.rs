@@ -4,7 +4,7 @@
 //! collective decision on the vendor's intra-node level, and the stream gate written once
 //! for CUDA and HIP.
 
-use super::communicator::{Communicator, RawCollective};
+use super::communicator::{Communicator, RawCollective, RawRooted};
 use super::device_program::{coll_name, GateTickets, PinnedPool, Program};
 use super::device_run::DeviceCall;
 use super::nccl_level::NcclLevel;
@@ -218,6 +218,40 @@ impl Communicator {
         count: usize,
     ) -> Result<Option<Arc<D::Event>>> {
         let name = coll_name(coll);
+        self.refuse_capture(dev, name)?;
+        let call = self.device_call::<T>(coll, send, recv, count)?;
+        if self.size() == 1 {
+            self.earlier_error::<D>()?;
+            // SAFETY: forwarded from the caller.
+            unsafe { self.one_rank::<T, D>(dev, &call)? };
+            return Ok(None);
+        }
+        let blocking = |comm: &Communicator| {
+            comm.wait_idle();
+            comm.after_queued(dev)?;
+            let tag = comm.take_tag();
+            // SAFETY: forwarded from the caller.
+            unsafe { comm.run_device::<T, D>(dev, &call, tag) }
+        };
+        let what = |seq: u32| format!("{name} #{seq} ({count} x {})", T::DTYPE);
+        let path = |level: Option<&NcclLevel<D>>| match level {
+            Some(l) => l.name_for(coll, count, std::mem::size_of::<T>()),
+            None => "host-staged".to_string(),
+        };
+        // SAFETY: forwarded from the caller: the buffers stay valid until the program's end.
+        let build = |prog: &mut Program<'_, D>, level: Option<&mut NcclLevel<D>>, own: &D, seq| unsafe {
+            match level {
+                Some(l) => l
+                    .program::<T>(own, call.raw, send, recv, count, prog)
+                    .and_then(|probe| prog.hold_until_checked(Some(probe), what(seq))),
+                None => prog.collective::<T>(self.handle(), seq, call.raw, send, recv, count),
+            }
+        };
+        self.queue_program(dev, &what, path, build, blocking)
+    }
+
+    /// Refuses, on every rank, a call made while `dev`'s stream is capturing a graph.
+    fn refuse_capture<D: Device>(&self, dev: &D, name: &str) -> Result<()> {
         if dev.is_capturing()? {
             return Err(self.refuse_call(
                 name,
@@ -229,22 +263,23 @@ impl Communicator {
                 )),
             ));
         }
-        let call = self.device_call::<T>(coll, send, recv, count)?;
-        if self.size() == 1 {
-            self.earlier_error::<D>()?;
-            // SAFETY: forwarded from the caller.
-            unsafe { self.one_rank::<T, D>(dev, &call)? };
-            return Ok(None);
-        }
+        Ok(())
+    }
+
+    /// Queues a program on PCCL's stream of `dev`'s device after `dev`'s stream: `build` adds
+    /// its steps (given the vendor level, PCCL's stream and the collective number), the job
+    /// of its host part goes to the progress thread; `blocking` runs the call instead where
+    /// it must not be queued. Returns the program's end event (None: it ran blocking).
+    fn queue_program<D: Device>(
+        &self,
+        dev: &D,
+        what: &dyn Fn(u32) -> String,
+        path: impl FnOnce(Option<&NcclLevel<D>>) -> String,
+        build: impl FnOnce(&mut Program<'_, D>, Option<&mut NcclLevel<D>>, &D, u32) -> Result<()>,
+        blocking: impl FnOnce(&Communicator) -> Result<()>,
+    ) -> Result<Option<Arc<D::Event>>> {
         self.decide_level(dev)?;
         self.earlier_error::<D>()?;
-        let blocking = |comm: &Communicator| {
-            comm.wait_idle();
-            comm.after_queued(dev)?;
-            let tag = comm.take_tag();
-            // SAFETY: forwarded from the caller.
-            unsafe { comm.run_device::<T, D>(dev, &call, tag) }
-        };
         let (_, mut slot) = self.device_parts();
         let state = state_of::<D>(&mut slot, &self.device_errors())?;
         let queue = match std::env::var("PCCL_DEVICE_ASYNC").as_deref().map(str::trim) {
@@ -285,16 +320,9 @@ impl Communicator {
         let mut prog = Program::new(&*own, &mut q.gate, &q.tickets, pool);
         let timeout = self.timeout();
         let seq = self.take_tag();
-        let what = format!("{name} #{seq} ({count} x {})", T::DTYPE);
-        // SAFETY: forwarded from the caller: the buffers stay valid until the program's end.
-        let built = unsafe {
-            match level.as_mut() {
-                Some(l) => l
-                    .program::<T>(&own, call.raw, send, recv, count, &mut prog)
-                    .and_then(|probe| prog.hold_until_checked(Some(probe), what.clone())),
-                None => prog.collective::<T>(self.handle(), seq, call.raw, send, recv, count),
-            }
-        };
+        let what = what(seq);
+        let has_level = level.is_some();
+        let built = build(&mut prog, level.as_mut(), &own, seq);
         let host_bytes = prog.host_bytes;
         let ended =
             built.and_then(|()| prog.end(timeout, self.rank(), async_error.clone(), own.clone()));
@@ -306,7 +334,7 @@ impl Communicator {
                 q.tickets.shut();
                 let e = Error::new(e.kind(), format!("queueing {what}: {}", e.message()));
                 lock(async_error).get_or_insert(e.clone());
-                if level.is_none() {
+                if !has_level {
                     self.refuse_seq(seq, &what, e.clone());
                 }
                 return Err(e);
@@ -315,10 +343,7 @@ impl Communicator {
         q.last_end = Some(end.clone());
         let tickets = q.tickets.clone();
         let errors = async_error.clone();
-        let path = match level.as_ref() {
-            Some(l) => l.name_for(coll, count, std::mem::size_of::<T>()),
-            None => "host-staged".to_string(),
-        };
+        let path = path(level.as_ref());
         drop(slot);
         if self.config().debug >= DebugLevel::Info && self.rank() == 0 {
             eprintln!(
@@ -337,6 +362,154 @@ impl Communicator {
             }
         }
         Ok(Some(end))
+    }
+
+    /// A rooted collective or all-to-all on device memory (NCCL's conventions, [`RawRooted`]:
+    /// `pcclReduce`, `pcclGather`, `pcclScatter`, `pcclAllToAll` with a stream), queued on
+    /// `dev`'s stream as [`Communicator::enqueue_on`] queues a collective: the bytes go
+    /// through pinned host memory and PCCL's plans on the progress thread. Buffers a rank does
+    /// not use may be 0 (the receive buffer of a reduce or gather off the root, the send
+    /// buffer of a scatter off the root).
+    ///
+    /// # Safety
+    /// The buffers this rank uses must be device memory of `dev` valid for the counts the
+    /// call implies, untouched by other work until `dev`'s stream has passed it.
+    pub unsafe fn enqueue_rooted_on<T: Element, D: Device>(
+        &self,
+        dev: &D,
+        coll: RawRooted,
+        send: u64,
+        recv: u64,
+        count: usize,
+    ) -> Result<()> {
+        let name = match coll {
+            RawRooted::Reduce(..) => "reduce",
+            RawRooted::Gather(_) => "gather",
+            RawRooted::Scatter(_) => "scatter",
+            RawRooted::AllToAll => "all_to_all",
+        };
+        self.refuse_capture(dev, name)?;
+        let (s_len, r_len) = self.rooted_device_check::<T>(name, coll, send, recv, count)?;
+        if self.size() == 1 {
+            self.earlier_error::<D>()?;
+            let bytes = s_len.min(r_len);
+            if bytes > 0 && send != recv {
+                let ord = dev.ordinal();
+                // SAFETY: both ranges are device memory of `dev` valid for `bytes` (the
+                // caller's promise; checked not to overlap).
+                unsafe {
+                    dev.copy_dtod(
+                        DevSpan::new(recv, bytes, ord)?,
+                        DevSpan::new(send, bytes, ord)?,
+                    )?
+                };
+            }
+            return Ok(());
+        }
+        let what = |seq: u32| format!("{name} #{seq} ({count} x {})", T::DTYPE);
+        // SAFETY: forwarded from the caller.
+        let build = |prog: &mut Program<'_, D>, _: Option<&mut NcclLevel<D>>, _: &D, seq| unsafe {
+            prog.rooted::<T>(self.handle(), seq, coll, send, recv, count)
+        };
+        let blocking = |comm: &Communicator| {
+            comm.wait_idle();
+            comm.after_queued(dev)?;
+            dev.synchronize()?;
+            // Through host copies on the calling thread: the stream is idle, nothing queued.
+            let ord = dev.ordinal();
+            let mut s = vec![0u8; s_len];
+            let mut r = vec![0u8; r_len];
+            if s_len > 0 {
+                // SAFETY: `send` holds `s_len` bytes of `dev` (caller's promise).
+                unsafe { dev.copy_dtoh(None, s.as_mut_ptr(), DevSpan::new(send, s_len, ord)?)? };
+                dev.synchronize()?;
+            }
+            let sp = if s_len > 0 {
+                s.as_ptr() as *const T
+            } else {
+                std::ptr::null()
+            };
+            let rp = if r_len > 0 {
+                r.as_mut_ptr() as *mut T
+            } else {
+                std::ptr::null_mut()
+            };
+            // SAFETY: host buffers of the lengths the call implies, alive for the call.
+            unsafe { comm.raw_rooted::<T>(coll, sp, rp, count)? };
+            if r_len > 0 {
+                // SAFETY: `recv` holds `r_len` bytes of `dev`; `r` lives until synchronised.
+                unsafe { dev.copy_htod(DevSpan::new(recv, r_len, ord)?, r.as_ptr())? };
+                dev.synchronize()?;
+            }
+            Ok(())
+        };
+        self.queue_program(dev, &what, |_| "host-staged".to_string(), build, blocking)
+            .map(|_| ())
+    }
+
+    /// Validates a device rooted call; the bytes read from `send` and written to `recv` on
+    /// this rank.
+    fn rooted_device_check<T: Element>(
+        &self,
+        name: &str,
+        coll: RawRooted,
+        send: u64,
+        recv: u64,
+        count: usize,
+    ) -> Result<(usize, usize)> {
+        let (p, rank) = (self.size(), self.rank());
+        let es = std::mem::size_of::<T>();
+        let mul = |a: usize, b: usize| {
+            a.checked_mul(b)
+                .ok_or_else(|| Error::invalid(format!("{name}: count {a} x {b} overflows")))
+        };
+        let root = match coll {
+            RawRooted::Reduce(op, root) => {
+                T::DTYPE.check_op(op)?;
+                Some(root)
+            }
+            RawRooted::Gather(root) | RawRooted::Scatter(root) => Some(root),
+            RawRooted::AllToAll => None,
+        };
+        if let Some(root) = root.filter(|&r| r >= p) {
+            return Err(Error::invalid(format!(
+                "{name}: root {root} is not a rank of this communicator of {p}"
+            )));
+        }
+        let bytes = mul(count, es)?;
+        let (s_len, r_len) = match coll {
+            RawRooted::Reduce(_, root) => (bytes, if rank == root { bytes } else { 0 }),
+            RawRooted::Gather(root) => (bytes, if rank == root { mul(p, bytes)? } else { 0 }),
+            RawRooted::Scatter(root) => (if rank == root { mul(p, bytes)? } else { 0 }, bytes),
+            RawRooted::AllToAll => (mul(p, bytes)?, mul(p, bytes)?),
+        };
+        if (s_len > 0 && send == 0) || (r_len > 0 && recv == 0) {
+            return Err(Error::invalid(format!(
+                "{name}: a device pointer this rank uses is NULL but the count is above zero"
+            )));
+        }
+        if (s_len > 0 && send % es as u64 != 0) || (r_len > 0 && recv % es as u64 != 0) {
+            return Err(Error::invalid(format!(
+                "{name}: device buffers of dtype {} must be aligned to {es} bytes",
+                T::DTYPE
+            )));
+        }
+        let overlap = s_len > 0
+            && r_len > 0
+            && send < recv.saturating_add(r_len as u64)
+            && recv < send.saturating_add(s_len as u64);
+        let inplace = match coll {
+            RawRooted::Reduce(..) => send == recv,
+            RawRooted::Gather(root) => send == recv + (root * bytes) as u64,
+            RawRooted::Scatter(root) => recv == send + (root * bytes) as u64,
+            RawRooted::AllToAll => false,
+        };
+        if overlap && !inplace {
+            return Err(Error::invalid(format!(
+                "{name}: device send and receive buffers overlap without being the in-place form"
+            )));
+        }
+        Ok((s_len, r_len))
     }
 
     /// PCCL's stream of `dev`'s device: a handle with a stream of its own, and a gate. Made

@@ -168,10 +168,12 @@ static void rank_main(struct rank_ctx *R) {
     ROW(pcclInvalidArgument, "sdispls is NULL", comm, pcclAllToAllv(f, cnt, NULL, g, cnt, dsp, pcclFloat32, comm, NULL));
     ROW(pcclInvalidArgument, "recvcounts is NULL", comm, pcclAllToAllv(f, cnt, dsp, g, NULL, dsp, pcclFloat32, comm, NULL));
     ROW(pcclInvalidArgument, "rdispls is NULL", comm, pcclAllToAllv(f, cnt, dsp, g, cnt, NULL, pcclFloat32, comm, NULL));
-    ROW(pcclInvalidUsage, "device memory is not supported", comm, pcclReduce(f, g, 4, pcclFloat32, pcclSum, 0, comm, (void *)bytes));
-    ROW(pcclInvalidUsage, "device memory is not supported", comm, pcclGather(f, g, 2, pcclFloat32, 0, comm, (void *)bytes));
-    ROW(pcclInvalidUsage, "device memory is not supported", comm, pcclScatter(f, g, 2, pcclFloat32, 0, comm, (void *)bytes));
-    ROW(pcclInvalidUsage, "device memory is not supported", comm, pcclAllToAll(f, g, 2, pcclFloat32, comm, (void *)bytes));
+    /* Reduce, gather, scatter and all-to-all take device memory with a stream, as the
+     * collectives do (the same answer for host buffers); the others refuse a stream. */
+    ROW(scode, swant, comm, pcclReduce(f, g, 4, pcclFloat32, pcclSum, 0, comm, (void *)bytes));
+    ROW(scode, swant, comm, pcclGather(f, g, 2, pcclFloat32, 0, comm, (void *)bytes));
+    ROW(scode, swant, comm, pcclScatter(f, g, 2, pcclFloat32, 0, comm, (void *)bytes));
+    ROW(scode, swant, comm, pcclAllToAll(f, g, 2, pcclFloat32, comm, (void *)bytes));
     ROW(pcclInvalidUsage, "device memory is not supported", comm,
         pcclAllToAllv(f, cnt, dsp, g, cnt, dsp, pcclFloat32, comm, (void *)bytes));
     ROW(pcclInvalidUsage, "device memory is not supported", comm, pcclSend(f, 4, pcclFloat32, other, comm, (void *)bytes));

@@ -289,6 +289,31 @@ impl Communicator {
         }
     }
 
+    /// [`Communicator::raw_rooted`] as collective `seq` (taken earlier) on the calling
+    /// thread without waiting for queued work: the host part of a queued device call (see
+    /// [`Communicator::host_collective_as`]).
+    ///
+    /// # Safety
+    /// As [`Communicator::raw_rooted`].
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
+    pub(crate) unsafe fn host_rooted_as<T: Element>(
+        &self,
+        coll: RawRooted,
+        send: *const T,
+        recv: *mut T,
+        count: usize,
+        seq: u32,
+    ) -> Result<()> {
+        let call = self
+            .raw_rooted_call(coll, send, recv, count)
+            .map_err(|e| self.inner.refuse(seq, "collective", e))?;
+        let p = self
+            .inner
+            .plan(call.coll, call.block_bytes, false)
+            .map_err(|e| self.inner.refuse(seq, "planning", e))?;
+        self.inner.execute(&p.plan, call, seq, p.piece)
+    }
+
     fn raw_rooted_call<T: Element>(
         &self,
         coll: RawRooted,
