@@ -9,6 +9,9 @@ use pccl::device::api::Device;
 use pccl::{Communicator, RawCollective, ReduceOp, Result, ThreadWorld};
 use std::time::{Duration, Instant};
 
+/// One rank's host times of the queued and blocking calls, and the queued calls' drain time.
+type Times = (Vec<Duration>, Vec<Duration>, Duration);
+
 /// Median and mean of `v` in microseconds.
 fn stats(v: &mut [Duration]) -> (f64, f64) {
     v.sort();
@@ -18,11 +21,7 @@ fn stats(v: &mut [Duration]) -> (f64, f64) {
 }
 
 /// One rank: host times of `iters` queued calls, then of `iters` blocking calls.
-fn rank_times<D: Device>(
-    c: &Communicator,
-    dev: &D,
-    a: &QueueArgs,
-) -> Result<(Vec<Duration>, Vec<Duration>, Duration)> {
+fn rank_times<D: Device>(c: &Communicator, dev: &D, a: &QueueArgs) -> Result<Times> {
     let n = (a.size_kib * 1024 / 4).max(1);
     let buf = dev.alloc_zeroed(n * 4)?;
     let addr = dev.span_of(&buf).addr();
@@ -59,7 +58,7 @@ fn bench<D: Device>(
     open: impl Fn(usize) -> Result<D> + Sync,
 ) -> Result<()> {
     let world = ThreadWorld::new(a.ranks);
-    let results: Vec<Result<(Vec<Duration>, Vec<Duration>, Duration)>> = std::thread::scope(|s| {
+    let results: Vec<Result<Times>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..a.ranks)
             .map(|r| {
                 let t = world.transport(r);
