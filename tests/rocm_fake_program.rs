@@ -556,7 +556,7 @@ fn child_rooted_on_device() {
     on_ranks(p, false, |r, c, dev, barrier| {
         let val = |rank: usize, i: usize| (rank * 100 + i) as f32;
         let mine: Vec<f32> = (0..p * C).map(|i| val(r, i)).collect();
-        let run = |coll: RawRooted, send: u64, recv: u64| {
+        let run = |coll: RawRooted, send: u64, recv: u64| -> Vec<f32> {
             barrier.wait();
             let held = Held::new(&dev);
             let (rc, took) = held.during(|| {
@@ -569,18 +569,22 @@ fn child_rooted_on_device() {
                 took < Duration::from_millis(1500),
                 "rank {r} {coll:?}: took {took:?}"
             );
+            // A copy queued on the caller's stream after the call must see the result.
+            let mut back = vec![f32::NAN; 3 * C];
+            let ev = copy_back(&dev, recv, &mut back);
             held.release();
+            dev.sync_event(&ev).unwrap();
             dev.synchronize().unwrap();
+            back
         };
         // Reduce to root 1: sum over ranks of element i of the first C.
         let sb = dev.upload(&mine).unwrap();
         let mut out = dev.upload(&[-1.0f32; 3 * C]).unwrap();
-        run(
+        let got = run(
             RawRooted::Reduce(ReduceOp::Sum, 1),
             sb.device_ptr(),
             out.device_ptr(),
         );
-        let got = dev.download::<f32>(&out).unwrap();
         if r == 1 {
             let want: Vec<f32> = (0..C).map(|i| (0..p).map(|q| val(q, i)).sum()).collect();
             assert_eq!(&got[..C], &want[..], "reduce at the root");
@@ -592,8 +596,7 @@ fn child_rooted_on_device() {
         }
         // Gather to root 2 (each sends its first C).
         dev.upload_into(&[-1.0f32; 3 * C], &mut out).unwrap();
-        run(RawRooted::Gather(2), sb.device_ptr(), out.device_ptr());
-        let got = dev.download::<f32>(&out).unwrap();
+        let got = run(RawRooted::Gather(2), sb.device_ptr(), out.device_ptr());
         let gathered: Vec<f32> = (0..p)
             .flat_map(|q| (0..C).map(move |i| val(q, i)))
             .collect();
@@ -609,23 +612,17 @@ fn child_rooted_on_device() {
         } else {
             sb.device_ptr()
         };
-        run(RawRooted::Gather(2), send, out.device_ptr());
+        let got = run(RawRooted::Gather(2), send, out.device_ptr());
         if r == 2 {
-            assert_eq!(
-                dev.download::<f32>(&out).unwrap(),
-                gathered,
-                "gather in place"
-            );
+            assert_eq!(got, gathered, "gather in place");
         }
-        // Scatter from root 0: rank q receives block q of the root's buffer.
+        // Scatter from root 2: rank q receives block q of the root's buffer.
         dev.upload_into(&[-1.0f32; 3 * C], &mut out).unwrap();
-        run(RawRooted::Scatter(0), sb.device_ptr(), out.device_ptr());
-        let got = dev.download::<f32>(&out).unwrap();
-        let want: Vec<f32> = (0..C).map(|i| val(0, r * C + i)).collect();
+        let got = run(RawRooted::Scatter(2), sb.device_ptr(), out.device_ptr());
+        let want: Vec<f32> = (0..C).map(|i| val(2, r * C + i)).collect();
         assert_eq!(&got[..C], &want[..], "rank {r}: scatter");
         // All-to-all: rank r receives block r of every rank, in rank order.
-        run(RawRooted::AllToAll, sb.device_ptr(), out.device_ptr());
-        let got = dev.download::<f32>(&out).unwrap();
+        let got = run(RawRooted::AllToAll, sb.device_ptr(), out.device_ptr());
         let want: Vec<f32> = (0..p)
             .flat_map(|q| (0..C).map(move |i| val(q, r * C + i)))
             .collect();

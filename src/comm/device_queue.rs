@@ -443,8 +443,12 @@ impl Communicator {
             }
             Ok(())
         };
-        self.queue_program(dev, &what, |_| "host-staged".to_string(), build, blocking)
-            .map(|_| ())
+        let end = self.queue_program(dev, &what, |_| "host-staged".to_string(), build, blocking)?;
+        if let Some(end) = end {
+            // The caller's stream goes on after the call, as with a collective.
+            dev.wait_on(&end)?;
+        }
+        Ok(())
     }
 
     /// Validates a device rooted call; the bytes read from `send` and written to `recv` on

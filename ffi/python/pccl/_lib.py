@@ -420,20 +420,22 @@ class Communicator:
 
     # Blocking calls on host memory (stream NULL): rooted collectives, all-to-all(v) and
     # point-to-point; they return once this rank's part is done.
-    def reduce(self, send, recv, count, dtype, op, root) -> None:
-        code = lib().pcclReduce(send, recv, count, dtype, op, root, self.handle, None)
+    # Rooted calls and all-to-all: host memory with stream None (blocking), device memory
+    # queued on a stream otherwise.
+    def reduce(self, send, recv, count, dtype, op, root, stream=None) -> None:
+        code = lib().pcclReduce(send, recv, count, dtype, op, root, self.handle, stream)
         check("pcclReduce", code, self.handle)
 
-    def gather(self, send, recv, sendcount, dtype, root) -> None:
-        code = lib().pcclGather(send, recv, sendcount, dtype, root, self.handle, None)
+    def gather(self, send, recv, sendcount, dtype, root, stream=None) -> None:
+        code = lib().pcclGather(send, recv, sendcount, dtype, root, self.handle, stream)
         check("pcclGather", code, self.handle)
 
-    def scatter(self, send, recv, recvcount, dtype, root) -> None:
-        code = lib().pcclScatter(send, recv, recvcount, dtype, root, self.handle, None)
+    def scatter(self, send, recv, recvcount, dtype, root, stream=None) -> None:
+        code = lib().pcclScatter(send, recv, recvcount, dtype, root, self.handle, stream)
         check("pcclScatter", code, self.handle)
 
-    def alltoall(self, send, recv, count, dtype) -> None:
-        code = lib().pcclAllToAll(send, recv, count, dtype, self.handle, None)
+    def alltoall(self, send, recv, count, dtype, stream=None) -> None:
+        code = lib().pcclAllToAll(send, recv, count, dtype, self.handle, stream)
         check("pcclAllToAll", code, self.handle)
 
     def alltoallv(self, send, sendcounts, sdispls, recv, recvcounts, rdispls, dtype) -> None:

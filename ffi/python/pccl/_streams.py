@@ -49,7 +49,8 @@ class TorchStreams:
 
     @staticmethod
     def keep_alive(tensor, stream) -> None:
-        tensor.record_stream(stream)
+        if tensor.device.type != "cpu":
+            tensor.record_stream(stream)
 
     @staticmethod
     def capturing(dev) -> bool:
@@ -152,6 +153,6 @@ def keep_alive(requests, tensors) -> None:
     if not streams:
         return
     for t in tensors:
-        if isinstance(t, torch.Tensor) and t.device.type != "cpu":
+        if isinstance(t, torch.Tensor):
             for s in streams:
                 STREAMS.keep_alive(t, s)

@@ -1234,7 +1234,7 @@ class PcclBackend(_BASE):
         call = "reduce"
         if not self._has("pcclReduce"):
             return self._reduce_emulated(tensors, opts)
-        _device_of(tensors, call)
+        dev = _device_of(tensors, call)
         root = opts.rootRank
         if len(tensors) != 1:
             raise ValueError(f"pccl: {call} takes one tensor per process")
@@ -1243,12 +1243,19 @@ class PcclBackend(_BASE):
             return self._done(opts, list(tensors))
         dt = _dtype(t, call)
         op, factor = self._op(opts.reduceOp, t.dtype, call)
+        me = self.rank()
+        if _is_device(dev):  # queued on PCCL's stream (see _start)
+            buf, copy_back = self._out_buffer(t)
+            if factor is not None:
+                buf.copy_(self._premul(buf, factor))
+            req = self._start("reduce", dev, _ptr(buf), _ptr(buf), buf.numel(), dt, op, root)
+            post = copy_back if me == root else None
+            return self._issue(opts, [req], [buf, t], post, list(tensors), call)
         buf, copy_back = self._host_out(t)
         if buf is not t:
             buf.copy_(t)
         if factor is not None:
             buf.copy_(self._premul(buf, factor))
-        me = self.rank()
 
         def run():
             self._live().reduce(_ptr(buf), _ptr(buf), buf.numel(), dt, op, root)
@@ -1267,7 +1274,7 @@ class PcclBackend(_BASE):
         root = opts.rootRank
         me = self.rank()
         outs = output_tensors[0] if (me == root and output_tensors) else []
-        _device_of([inp, *outs], call)
+        dev = _device_of([inp, *outs], call)
         n = inp.numel()
         if me == root:
             if len(outs) != self.size():
@@ -1280,6 +1287,19 @@ class PcclBackend(_BASE):
         if n == 0:
             return self._done(opts, output_tensors)
         dt = _dtype(inp, call)
+        if _is_device(dev):  # queued on PCCL's stream (see _start)
+            src = inp.contiguous()
+            flat = (torch.empty(n * self.size(), dtype=inp.dtype, device=inp.device)
+                    if me == root else None)
+            req = self._start("gather", dev, _ptr(src),
+                              _ptr(flat) if flat is not None else None, n, dt, root)
+
+            def copy_out():
+                for i, o in enumerate(outs):
+                    o.copy_(flat.narrow(0, i * n, n).view(o.shape))
+
+            keep = [src, inp, *outs] + ([flat] if flat is not None else [])
+            return self._issue(opts, [req], keep, copy_out, output_tensors, call)
         src = self._host_in(inp)
         flat = torch.empty(n * self.size(), dtype=inp.dtype) if me == root else None
 
@@ -1301,7 +1321,7 @@ class PcclBackend(_BASE):
         root = opts.rootRank
         me = self.rank()
         ins = input_tensors[0] if (me == root and input_tensors) else []
-        _device_of([out, *ins], call)
+        dev = _device_of([out, *ins], call)
         n = out.numel()
         if me == root:
             if len(ins) != self.size():
@@ -1314,6 +1334,13 @@ class PcclBackend(_BASE):
         if n == 0:
             return self._done(opts, output_tensors)
         dt = _dtype(out, call)
+        if _is_device(dev):  # queued on PCCL's stream (see _start)
+            flat = torch.cat([t.reshape(-1) for t in ins]) if me == root else None
+            buf, copy_back = self._out_buffer(out)
+            req = self._start("scatter", dev, _ptr(flat) if flat is not None else None,
+                              _ptr(buf), n, dt, root)
+            keep = [buf, out] + ([flat] if flat is not None else [])
+            return self._issue(opts, [req], keep, copy_back, output_tensors, call)
         flat = (torch.cat([self._host_in(t).reshape(-1) for t in ins]) if me == root else None)
         buf, copy_back = self._host_out(out)
 
@@ -1338,11 +1365,22 @@ class PcclBackend(_BASE):
                         output.numel() == total and total % p == 0 and src != dst:
                     code = self._c_alltoall(src, dst, total // p, dt, h, None)
                     return self._fast_done(code, call, "pcclAllToAll", h, [output])
-        _device_of([output, input], call)
+        dev = _device_of([output, input], call)
         if output.dtype != input.dtype:
             raise TypeError(f"pccl: {call}: output dtype {output.dtype} != input {input.dtype}")
         p = self.size()
         dt = _dtype(input, call)
+        even = not output_split_sizes and not input_split_sizes
+        if (_is_device(dev) and even and input.numel() == output.numel()
+                and input.numel() % p == 0 and input.numel()):
+            # Queued on PCCL's stream (see _start); uneven splits go through the host below.
+            src = input.contiguous()
+            buf, copy_back = self._out_buffer(output)
+            if buf.data_ptr() == src.data_ptr():  # the buffers must not overlap
+                src = src.clone()
+            req = self._start("alltoall", dev, _ptr(src), _ptr(buf), src.numel() // p, dt)
+            return self._issue(opts, [req], [src, buf, input, output], copy_back, [output],
+                               call)
         src = self._host_in(input)
         buf, copy_back = self._host_out(output)
         if buf.data_ptr() == src.data_ptr() and src.numel():  # the buffers must not overlap

@@ -76,6 +76,7 @@ class FakeStreams:
     def __init__(self, fake):
         self.fake = fake
         self.cur = FakeStream(fake)
+        self.kept = []  # tensors a queued call uses (CPU memory has no record_stream)
 
     def current(self, dev):
         return self.cur
@@ -90,9 +91,8 @@ class FakeStreams:
     def handle(stream):
         return stream.raw.value
 
-    @staticmethod
-    def keep_alive(tensor, stream):
-        pass
+    def keep_alive(self, tensor, stream):
+        self.kept.append(tensor)
 
     def capturing(self, dev):
         status = ctypes.c_int(0)
@@ -113,9 +113,10 @@ def main(rank, world, init, outdir, mode):
         pt._is_device = lambda dev: True
         pt._device_context = lambda dev: contextlib.nullcontext()
         dist.init_process_group("pccl", init_method=init, rank=rank, world_size=world)
-        if mode == "async":
+        if mode in ("async", "rooted"):
             try:
-                _async_checks(rank, world, streams, report)
+                checks = _async_checks if mode == "async" else _rooted_checks
+                checks(rank, world, streams, report)
             except Exception as e:  # noqa: BLE001
                 report["errors"].append(f"{type(e).__name__}: {e}")
             dist.destroy_process_group()
@@ -220,3 +221,46 @@ def _async_checks(rank, world, streams, report):
     report["checks"] += 1
     if not w2.is_completed() or not torch.equal(t2, torch.full((N,), float(world))):
         report["failures"].append(f"get_future().wait(): {t2[:4].tolist()}")
+
+
+def _rooted_checks(rank, world, streams, report):
+    """reduce, gather, scatter and all_to_all_single on "device" tensors: queued on PCCL's
+    stream through the C ABI's stream argument (no host copies), every result exact."""
+    cur = streams.cur
+    n = 6
+
+    def check(what, got, want):
+        report["checks"] += 1
+        if not torch.equal(got, want):
+            report["failures"].append(f"{what}: got {got.tolist()}, want {want.tolist()}")
+
+    def val(r):
+        return torch.arange(n, dtype=torch.float32) + 100 * r
+
+    t = val(rank)
+    dist.reduce(t, dst=world - 1)
+    cur.synchronize()
+    if rank == world - 1:
+        check("reduce", t, sum(val(r) for r in range(world)))
+    outs = [torch.zeros(n) for _ in range(world)] if rank == 0 else None
+    # The list copy-out runs when the work finishes; the stand-in "device" tensors are CPU
+    # tensors, whose copies run on the host at once, not on the stream: finish the work
+    # after the device did (its future), as a host reader would.
+    dist.gather(val(rank), outs, dst=0, async_op=True).get_future().wait()
+    cur.synchronize()
+    if rank == 0:
+        for r in range(world):
+            check(f"gather[{r}]", outs[r], val(r))
+    got = torch.zeros(n)
+    ins = [val(r) * 2 for r in range(world)] if rank == world - 1 else None
+    dist.scatter(got, ins, src=world - 1)
+    cur.synchronize()
+    check("scatter", got, val(rank) * 2)
+    inp = torch.arange(world * n, dtype=torch.float32) + 1000 * rank
+    out = torch.zeros(world * n)
+    work = dist.all_to_all_single(out, inp, async_op=True)
+    work.wait()
+    cur.synchronize()
+    want = torch.cat([torch.arange(rank * n, (rank + 1) * n, dtype=torch.float32) + 1000 * r
+                      for r in range(world)])
+    check("all_to_all_single", out, want)
