@@ -614,8 +614,14 @@ impl Communicator {
         seq: u32,
     ) -> Result<()> {
         // SAFETY: forwarded from the caller.
-        let call = unsafe { self.raw_call(coll, send, recv, count) }
-            .map_err(|e| self.inner.refuse(seq, "collective", e))?;
+        self.run_as(unsafe { self.raw_call(coll, send, recv, count) }, seq)
+    }
+
+    /// Runs a built call as collective `seq` on this thread, without waiting for queued
+    /// work (see [`Communicator::host_collective_as`]); a failure is made known to every peer.
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
+    fn run_as<T: Element>(&self, call: Result<Call<T>>, seq: u32) -> Result<()> {
+        let call = call.map_err(|e| self.inner.refuse(seq, "collective", e))?;
         let p = self
             .inner
             .plan(call.coll, call.block_bytes, false)

@@ -394,16 +394,8 @@ impl NcclComm {
 
     /// An error the communicator met asynchronously (a peer failed, a network error), if any.
     pub fn async_error(&self) -> Result<()> {
-        let a = self.api;
-        let mut r: RawResult = NCCL_SUCCESS;
-        // SAFETY: `self.raw` is a live communicator and `r` a valid out-pointer.
-        check(a, "ncclCommGetAsyncError", unsafe {
-            (a.async_error)(self.raw, &mut r)
-        })?;
-        if r == NCCL_IN_PROGRESS {
-            return Ok(());
-        }
-        check(a, "asynchronous operation", r)
+        // SAFETY: the probe is used while `self` (a live communicator) is borrowed.
+        unsafe { self.probe() }.check()
     }
 
     /// A handle that reads this communicator's asynchronous error from another thread (the

@@ -1,6 +1,6 @@
 //! Ring all-gather and reduce-scatter: `k-1` steps, each moving one unit to the next member.
 
-use super::{Level, Partials, Phase, Spans, Step};
+use super::{Level, Phase, Spans, Step};
 
 /// Ring all-gather: at step `t` member `i` forwards unit `i-t` and receives unit `i-t-1`.
 pub fn allgather(lvl: Level<'_>, units: &[Spans]) -> Vec<Phase> {
@@ -27,33 +27,7 @@ pub fn allgather(lvl: Level<'_>, units: &[Spans]) -> Vec<Phase> {
 /// Ring reduce-scatter: at step `t` member `i` sends its partial sum of unit `i-t-1` and folds
 /// the received partial of unit `i-t-2` into its own; the last step lands unit `i` in `out`.
 pub fn reduce_scatter(lvl: Level<'_>, src: &[Spans], work: &[Spans], out: &Spans) -> Vec<Phase> {
-    let k = lvl.size();
-    let i = lvl.me;
-    let mut parts = Partials::new(src, work);
-    (0..k - 1)
-        .map(|t| {
-            let su = (i + 2 * k - t - 1) % k;
-            let ru = (i + 2 * k - t - 2) % k;
-            let send = parts.current(su).clone();
-            let with = parts.current(ru).clone();
-            let dst = if t == k - 2 {
-                out.clone()
-            } else {
-                parts.next(ru).clone()
-            };
-            Phase::of(vec![
-                Step::Send {
-                    peer: lvl.peer(i + 1),
-                    src: send,
-                },
-                Step::RecvReduce {
-                    peer: lvl.peer(i + k - 1),
-                    dst,
-                    with,
-                },
-            ])
-        })
-        .collect()
+    ring_reduce_scatter(lvl, src, out, |u, _| work[u].clone())
 }
 
 /// [`reduce_scatter`] whose partial sums live in two rotating work slots instead of one work
@@ -67,25 +41,33 @@ pub fn reduce_scatter_two_slots(
     slots: &[Spans; 2],
     out: &Spans,
 ) -> Vec<Phase> {
+    ring_reduce_scatter(lvl, src, out, |_, t| slots[t % 2].clone())
+}
+
+/// The ring reduce-scatter with the partial sum of unit `u` folded at step `t` into
+/// `work(u, t)`.
+fn ring_reduce_scatter(
+    lvl: Level<'_>,
+    src: &[Spans],
+    out: &Spans,
+    mut work: impl FnMut(usize, usize) -> Spans,
+) -> Vec<Phase> {
     let k = lvl.size();
     let i = lvl.me;
     // Where each unit's current partial sum is: its source until folded once.
-    let mut at: Vec<Option<usize>> = vec![None; k];
+    let mut at: Vec<Option<Spans>> = vec![None; k];
     (0..k - 1)
         .map(|t| {
             let su = (i + 2 * k - t - 1) % k;
             let ru = (i + 2 * k - t - 2) % k;
-            let current = |u: usize, at: &[Option<usize>]| match at[u] {
-                Some(slot) => slots[slot].clone(),
-                None => src[u].clone(),
-            };
-            let send = current(su, &at);
-            let with = current(ru, &at);
+            let send = at[su].clone().unwrap_or_else(|| src[su].clone());
+            let with = at[ru].clone().unwrap_or_else(|| src[ru].clone());
             let dst = if t == k - 2 {
                 out.clone()
             } else {
-                at[ru] = Some(t % 2);
-                slots[t % 2].clone()
+                let w = work(ru, t);
+                at[ru] = Some(w.clone());
+                w
             };
             Phase::of(vec![
                 Step::Send {

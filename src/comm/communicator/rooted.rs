@@ -304,14 +304,7 @@ impl Communicator {
         count: usize,
         seq: u32,
     ) -> Result<()> {
-        let call = self
-            .raw_rooted_call(coll, send, recv, count)
-            .map_err(|e| self.inner.refuse(seq, "collective", e))?;
-        let p = self
-            .inner
-            .plan(call.coll, call.block_bytes, false)
-            .map_err(|e| self.inner.refuse(seq, "planning", e))?;
-        self.inner.execute(&p.plan, call, seq, p.piece)
+        self.run_as(self.raw_rooted_call(coll, send, recv, count), seq)
     }
 
     fn raw_rooted_call<T: Element>(
