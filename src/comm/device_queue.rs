@@ -25,6 +25,9 @@ pub(crate) struct DeviceState<D: Device> {
     /// Another rank of this process on this rank's GPU (then collectives block), found with
     /// the level decision.
     thread_sharer: Option<usize>,
+    /// Whether calls with a stream are queued (else they block): `PCCL_DEVICE_ASYNC`, else
+    /// unless `thread_sharer`.
+    queue: bool,
     /// The NCCL-shaped intra-node level (NCCL or RCCL), when in use.
     pub(crate) level: Option<NcclLevel<D>>,
     /// Stream programs (queued collectives): per device ordinal, PCCL's own stream and gate.
@@ -85,6 +88,7 @@ fn state_of<'a, D: Device>(
             staging: None,
             decided: false,
             thread_sharer: None,
+            queue: true,
             level: None,
             queues: Vec::new(),
             pool: PinnedPool::default(),
@@ -282,12 +286,7 @@ impl Communicator {
         self.earlier_error::<D>()?;
         let (_, mut slot) = self.device_parts();
         let state = state_of::<D>(&mut slot, &self.device_errors())?;
-        let queue = match std::env::var("PCCL_DEVICE_ASYNC").as_deref().map(str::trim) {
-            Ok("0") => false,
-            Ok("1") => true,
-            _ => state.thread_sharer.is_none(),
-        };
-        if !queue {
+        if !state.queue {
             drop(slot);
             return blocking(self).map(|()| None);
         }
@@ -604,6 +603,12 @@ impl Communicator {
         if !state.decided {
             self.wait_idle();
             state.thread_sharer = self.thread_sharer(dev)?;
+            // Read once, not on every call.
+            state.queue = match std::env::var("PCCL_DEVICE_ASYNC").as_deref().map(str::trim) {
+                Ok("0") => false,
+                Ok("1") => true,
+                _ => state.thread_sharer.is_none(),
+            };
             state.level = NcclLevel::setup(self, dev)?;
             state.decided = true;
         }
