@@ -885,10 +885,11 @@ fn config(args: &Args) -> Config {
 
 fn use_mpi(args: &Args) -> bool {
     match args.transport.as_str() {
-        "threads" | "tcp" => false,
-        // Under mpiexec, libfabric bootstraps through the MPI world (MPI's own collectives
-        // are then measured beside it); otherwise thread-ranks join through a unique id.
-        "ofi" => {
+        "threads" => false,
+        // Under mpiexec, TCP and libfabric bootstrap through the MPI world (MPI's own
+        // collectives are then measured beside them); otherwise one process launched by
+        // environment, or thread-ranks, join through a unique id.
+        "tcp" | "ofi" => {
             #[cfg(feature = "mpi")]
             {
                 pccl::transport::mpi::launched_by_mpiexec()
@@ -941,6 +942,17 @@ fn run_mpi(args: &Args, cfg: Config) -> u64 {
 #[cfg(not(feature = "mpi"))]
 fn run_mpi(_args: &Args, _cfg: Config) -> u64 {
     fail("this pccl-bench was built without the `mpi` feature (cargo build --features mpi)")
+}
+
+/// This process's transport when a launcher started one process per rank (`PCCL_RANK` /
+/// `PCCL_WORLD_SIZE` or a launcher's variables, with `PCCL_UNIQUE_ID(_FILE)`; see
+/// `pccl::transport::launch`); `None` to run thread-ranks.
+fn launched(cfg: &Config, kind: &str) -> Option<std::sync::Arc<dyn pccl::transport::Transport>> {
+    use pccl::transport::{launch, select};
+    let kind = select::parse(kind).unwrap_or_else(|e| fail(e));
+    launch::join_launched(kind, cfg.chunk_bytes, cfg.timeout)
+        .unwrap_or_else(|e| fail(e))
+        .map(|(_, t)| t)
 }
 
 /// Runs `f` on `p` thread-ranks, each with its own `tcp` or `ofi` transport joined through
@@ -996,9 +1008,14 @@ fn main() {
             let rows = bench_rank(&comm, &native, &args)?;
             Ok::<u64, pccl::Error>(report(&comm, &rows, &args))
         };
-        let res = match args.transport.as_str() {
-            "tcp" | "ofi" => on_unique_id(p, cfg, &args.transport, body),
-            _ => Communicator::run_threads(p, cfg, body),
+        let launched = match args.transport.as_str() {
+            "tcp" | "ofi" => launched(&cfg, &args.transport),
+            _ => None,
+        };
+        let res = match (launched, args.transport.as_str()) {
+            (Some(t), _) => Communicator::with_config(t, cfg).and_then(|c| Ok(vec![body(c)])),
+            (None, "tcp" | "ofi") => on_unique_id(p, cfg, &args.transport, body),
+            (None, _) => Communicator::run_threads(p, cfg, body),
         }
         .unwrap_or_else(|e| fail(e));
         let mut wrong = 0;

@@ -6,6 +6,7 @@
 
 pub mod faults;
 mod gate;
+pub mod launch;
 mod mesh;
 mod rendezvous;
 mod secret;

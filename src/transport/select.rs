@@ -93,14 +93,30 @@ fn ofi(_: &UniqueId, _: usize, _: usize, _: usize, _: Duration) -> Result<Arc<dy
 }
 
 /// The transport of this rank of the MPI world (`pcclCommInitMPIWorld`, `pccl-bench` under
-/// mpiexec): libfabric for `ofi`, its addresses exchanged through MPI (no unique id); MPI
-/// for every other choice.
+/// mpiexec): libfabric for `ofi`, its addresses exchanged through MPI; TCP for `tcp`, rank 0's
+/// unique id broadcast through MPI; MPI for every other choice.
 #[cfg(feature = "mpi")]
 pub fn world(kind: Kind, chunk_bytes: usize, timeout: Duration) -> Result<Arc<dyn Transport>> {
     match kind {
         Kind::Ofi => ofi_world(chunk_bytes, timeout),
+        Kind::Tcp => tcp_world(chunk_bytes, timeout),
         _ => Ok(Arc::new(super::mpi::MpiTransport::world(chunk_bytes)?)),
     }
+}
+
+/// TCP between the ranks of the MPI world, MPI used only to hand rank 0's unique id around.
+#[cfg(feature = "mpi")]
+fn tcp_world(chunk_bytes: usize, timeout: Duration) -> Result<Arc<dyn Transport>> {
+    use super::tcp::UNIQUE_ID_BYTES;
+    let ctl = crate::Communicator::new(Arc::new(super::mpi::MpiTransport::world(chunk_bytes)?))?;
+    let mut bytes = [0u8; UNIQUE_ID_BYTES];
+    if ctl.rank() == 0 {
+        // The rendezvous thread lives on after the id value is dropped.
+        bytes = UniqueId::new(timeout)?.to_bytes();
+    }
+    ctl.broadcast(&mut bytes[..], 0)?;
+    let id = UniqueId::from_bytes(&bytes)?;
+    join(Kind::Tcp, &id, ctl.size(), ctl.rank(), chunk_bytes, timeout)
 }
 
 #[cfg(all(feature = "mpi", feature = "ofi"))]

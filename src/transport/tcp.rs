@@ -415,9 +415,28 @@ impl TcpTransport {
     }
 }
 
+/// Dials `addr` from this rank's advertised address (`PCCL_SOCKET_ADDR`, the address of the
+/// NIC the map gives it) when it has one, so the host's source routing sends the connection
+/// out of that NIC whatever network the destination is on; from any address otherwise.
+fn dial(addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
+    use socket2::{Domain, Socket, Type};
+    let from = std::env::var("PCCL_SOCKET_ADDR")
+        .ok()
+        .and_then(|a| a.trim().parse::<std::net::IpAddr>().ok())
+        .filter(|ip| ip.is_ipv4() == addr.is_ipv4() && !ip.is_unspecified());
+    let Some(from) = from else {
+        return TcpStream::connect_timeout(&addr, timeout);
+    };
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    // An address that is not this host's (a stale setting) dials unbound rather than failing.
+    let _ = s.bind(&SocketAddr::new(from, 0).into());
+    s.connect_timeout(&addr.into(), timeout)?;
+    Ok(s.into())
+}
+
 pub(super) fn connect_retry(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream> {
     loop {
-        match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+        match dial(addr, Duration::from_secs(2)) {
             Ok(s) => return Ok(s),
             Err(e) if Instant::now() >= deadline => return Err(e),
             Err(_) => std::thread::sleep(Duration::from_millis(10)),
