@@ -1,0 +1,402 @@
+#!/usr/bin/env bash
+# A cluster in one machine: network namespaces as nodes, veth pairs as NICs, one bridge per
+# rail (NIC index) in a "switch" namespace, `htb` giving every NIC a rate in both directions.
+#
+#   scripts/cluster.sh up --nodes N --nics K --rate 200mbit [--burst 32k] [--name pcc]
+#   scripts/cluster.sh run [--ranks-per-node M] [--timeout S] [--mpi] [--keep-logs] -- CMD ARGS...
+#   scripts/cluster.sh exec NODE -- CMD ARGS...       one command inside node NODE
+#   scripts/cluster.sh link NODE NIC up|down          take a NIC down (faults) or back up
+#   scripts/cluster.sh counters                       bytes sent/received per node and NIC
+#   scripts/cluster.sh status | down
+#
+# Layout (N nodes, K NICs each): node i is namespace NAME-n<i> with host name NAME-n<i>
+# (each rank's own `unshare --uts`), NICs pn0..pn<K-1>; NIC k of node i has 10.77.k.<i+1>/24
+# on bridge br<k> of namespace NAME-sw, whose own address there is 10.77.k.254 and which
+# routes between rails. Each node sends what leaves from a NIC's address out of that NIC
+# (source routing: one table per NIC), as multi-rail hosts are set up, so a rank bound to its
+# NIC's address uses that NIC whatever rail its peer is on.
+#
+# Shaping (measured choices, docs/CLUSTER.md): `htb`, one class per peer address (u32 filter)
+# under a class of the NIC's rate, burst 32 KiB, on the node's side of each veth (what the
+# node sends) and on the switch's side (what it receives); GSO stays on.
+#
+# `run` starts M ranks per node (rank = node * M + local), each with PCCL_RANK,
+# PCCL_WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, PCCL_UNIQUE_ID_FILE (fresh per run),
+# PCCL_TOPO_FILE (a topology of K NICs so the NIC map applies), and the run's CMD. Rank 0's
+# output goes to the terminal, every rank's to STATE/run/rank<r>.log; the exit status is the
+# first failing rank's. `--mpi` starts CMD under MPICH's mpiexec instead (hydra's ssh launcher
+# pointed at a script that enters the node), with UCX on tcp. `--timeout` kills a run that
+# outlives it (exit 124).
+#
+# Needs root, ip, tc, unshare; `up` says why and exits 77 where the machine does not allow it.
+# `down` removes namespaces, veths, processes, /etc/netns entries and leaked /dev/shm rings,
+# also after a crash. State: $PCCL_CLUSTER_DIR (default /run/pccl-cluster/NAME).
+set -euo pipefail
+
+NAME=${PCCL_CLUSTER_NAME:-pcc}
+NET=10.77
+
+die() { echo "cluster.sh: $*" >&2; exit 1; }
+skip() { echo "cluster.sh: cannot build the cluster here: $*" >&2; exit 77; }
+state() { echo "${PCCL_CLUSTER_DIR:-/run/pccl-cluster/$NAME}"; }
+load() {
+    local s; s=$(state)
+    [ -f "$s/config" ] || die "no cluster '$NAME' is up (scripts/cluster.sh up ...)"
+    # shellcheck disable=SC1091
+    . "$s/config"
+}
+ns_node() { echo "$NAME-n$1"; }
+ns_sw() { echo "$NAME-sw"; }
+sw_port() { echo "$NAME-s$1r$2"; }
+
+# The rate in bit/s of a tc rate such as 200mbit, 1gbit, 500kbit.
+rate_bits() {
+    local r=${1,,}
+    case $r in
+        *gbit) echo $(( ${r%gbit} * 1000000000 )) ;;
+        *mbit) echo $(( ${r%mbit} * 1000000 )) ;;
+        *kbit) echo $(( ${r%kbit} * 1000 )) ;;
+        *bit) echo "${r%bit}" ;;
+        *) die "--rate $1: expected a number with kbit, mbit or gbit" ;;
+    esac
+}
+
+check_machine() {
+    [ "$(id -u)" = 0 ] || skip "needs root (network namespaces)"
+    for c in ip tc unshare; do
+        command -v "$c" >/dev/null || skip "no '$c' command"
+    done
+    local probe="$NAME-probe$$"
+    ip netns add "$probe" 2>/dev/null || skip "ip netns add is not allowed"
+    if ! ip -n "$probe" link add pccl-b0 type bridge 2>/dev/null; then
+        ip netns del "$probe"; skip "no bridge support"
+    fi
+    if ! ip -n "$probe" link add pccl-v0 type veth peer name pccl-v1 2>/dev/null; then
+        ip netns del "$probe"; skip "no veth support"
+    fi
+    ip -n "$probe" link set pccl-v0 up
+    if ! tc -n "$probe" qdisc add dev pccl-v0 root handle 1: htb 2>/dev/null; then
+        ip netns del "$probe"; skip "no htb qdisc"
+    fi
+    ip netns del "$probe"
+}
+
+# htb on DEV (in namespace NS): a class of RATE, under it one class per peer address
+# (matched by MATCH: dst on the node's side, src on the switch's side).
+shape() {
+    local ns=$1 dev=$2 rate=$3 burst=$4 match=$5; shift 5
+    tc -n "$ns" qdisc add dev "$dev" root handle 1: htb default 9
+    tc -n "$ns" class add dev "$dev" parent 1: classid 1:1 htb rate "$rate" ceil "$rate" \
+        burst "$burst" cburst "$burst" quantum 32768
+    tc -n "$ns" class add dev "$dev" parent 1:1 classid 1:9 htb rate 1mbit ceil "$rate" \
+        burst "$burst" cburst "$burst" quantum 32768
+    local n=10 a
+    for a in "$@"; do
+        tc -n "$ns" class add dev "$dev" parent 1:1 classid "1:$n" htb rate 1mbit ceil "$rate" \
+            burst "$burst" cburst "$burst" quantum 32768
+        tc -n "$ns" filter add dev "$dev" parent 1: protocol ip prio 1 u32 \
+            match ip "$match" "$a/32" flowid "1:$n"
+        n=$((n + 1))
+    done
+}
+
+topo_xml() { # K NICs pn0..pn<K-1>, one package each, for PCCL_TOPO_FILE
+    local k=$1 i
+    echo '<?xml version="1.0" encoding="UTF-8"?>'
+    echo '<!DOCTYPE topology SYSTEM "hwloc2.dtd">'
+    echo '<topology version="2.0">'
+    echo '  <object type="Machine" os_index="0" cpuset="0x00000003" complete_cpuset="0x00000003" allowed_cpuset="0x00000003" nodeset="0x00000001" complete_nodeset="0x00000001" allowed_nodeset="0x00000001" gp_index="1">'
+    echo "    <info name=\"DMIProductName\" value=\"emulated node, $k Ethernet NICs (scripts/cluster.sh)\"/>"
+    echo '    <object type="Package" os_index="0" cpuset="0x00000003" complete_cpuset="0x00000003" nodeset="0x00000001" complete_nodeset="0x00000001" gp_index="2">'
+    echo '      <object type="NUMANode" os_index="0" cpuset="0x00000003" complete_cpuset="0x00000003" nodeset="0x00000001" complete_nodeset="0x00000001" gp_index="3" local_memory="17179869184"/>'
+    echo '      <object type="Core" os_index="0" cpuset="0x00000003" complete_cpuset="0x00000003" nodeset="0x00000001" complete_nodeset="0x00000001" gp_index="4">'
+    echo '        <object type="PU" os_index="0" cpuset="0x00000001" complete_cpuset="0x00000001" nodeset="0x00000001" complete_nodeset="0x00000001" gp_index="5"/>'
+    echo '        <object type="PU" os_index="1" cpuset="0x00000002" complete_cpuset="0x00000002" nodeset="0x00000001" complete_nodeset="0x00000001" gp_index="6"/>'
+    echo '      </object>'
+    for ((i = 0; i < k; i++)); do
+        local g=$((10 + 4 * i)) bus
+        bus=$(printf '%02x' $((i + 1)))
+        echo "      <object type=\"Bridge\" gp_index=\"$g\" bridge_type=\"0-1\" depth=\"0\" bridge_pci=\"0000:[$bus-$bus]\">"
+        echo "        <object type=\"PCIDev\" gp_index=\"$((g + 1))\" pci_busid=\"0000:$bus:00.0\" pci_type=\"0200 [8086:1593] [8086:0000] 01\" pci_link_speed=\"31.507692\">"
+        echo "          <object type=\"OSDev\" gp_index=\"$((g + 2))\" name=\"pn$i\" osdev_type=\"2\"/>"
+        echo '        </object>'
+        echo '      </object>'
+    done
+    echo '    </object>'
+    echo '  </object>'
+    echo '</topology>'
+}
+
+cmd_up() {
+    local nodes=2 nics=1 rate=200mbit burst=32k
+    while [ $# -gt 0 ]; do
+        case $1 in
+            --nodes) nodes=$2; shift 2 ;;
+            --nics) nics=$2; shift 2 ;;
+            --rate) rate=$2; shift 2 ;;
+            --burst) burst=$2; shift 2 ;;
+            *) die "up: unknown option $1" ;;
+        esac
+    done
+    [ "$nodes" -ge 1 ] && [ "$nodes" -le 64 ] || die "--nodes $nodes: expected 1..64"
+    [ "$nics" -ge 1 ] && [ "$nics" -le 8 ] || die "--nics $nics: expected 1..8"
+    rate_bits "$rate" >/dev/null
+    check_machine
+    local s; s=$(state)
+    [ -f "$s/config" ] && cmd_down >/dev/null 2>&1 || true
+    mkdir -p "$s"
+    printf 'NODES=%s\nNICS=%s\nRATE=%s\nBURST=%s\n' "$nodes" "$nics" "$rate" "$burst" >"$s/config"
+    topo_xml "$nics" >"$s/topo.xml"
+    local sw i k; sw=$(ns_sw)
+    ip netns add "$sw"
+    ip -n "$sw" link set lo up
+    ip netns exec "$sw" sysctl -qw net.ipv4.ip_forward=1
+    ip netns exec "$sw" sysctl -qw net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0
+    for ((k = 0; k < nics; k++)); do
+        ip -n "$sw" link add "br$k" type bridge
+        ip -n "$sw" addr add "$NET.$k.254/24" dev "br$k"
+        ip -n "$sw" link set "br$k" up
+    done
+    local hosts="127.0.0.1 localhost"$'\n'
+    for ((i = 0; i < nodes; i++)); do
+        hosts+="$NET.0.$((i + 1)) $(ns_node "$i")"$'\n'
+    done
+    for n in "$sw" $(for ((i = 0; i < nodes; i++)); do ns_node "$i"; done); do
+        mkdir -p "/etc/netns/$n"
+        printf '%s' "$hosts" >"/etc/netns/$n/hosts"
+    done
+    for ((i = 0; i < nodes; i++)); do
+        local n; n=$(ns_node "$i")
+        ip netns add "$n"
+        ip -n "$n" link set lo up
+        ip netns exec "$n" sysctl -qw net.ipv4.conf.all.rp_filter=0 \
+            net.ipv4.conf.default.rp_filter=0 net.ipv4.conf.all.arp_ignore=1
+        for ((k = 0; k < nics; k++)); do
+            local port tmp addr; port=$(sw_port "$i" "$k"); tmp="$NAME-t$i-$k"
+            addr="$NET.$k.$((i + 1))"
+            ip link add "$tmp" type veth peer name "$port"
+            ip link set "$tmp" netns "$n"
+            ip -n "$n" link set "$tmp" name "pn$k"
+            ip link set "$port" netns "$sw"
+            ip -n "$sw" link set "$port" master "br$k"
+            ip -n "$sw" link set "$port" up
+            ip -n "$n" addr add "$addr/24" dev "pn$k"
+            ip -n "$n" link set "pn$k" up
+            ip netns exec "$n" sysctl -qw "net.ipv4.conf.pn$k.rp_filter=0"
+            # What leaves from this NIC's address leaves through this NIC.
+            ip -n "$n" route add "$NET.$k.0/24" dev "pn$k" src "$addr" table $((100 + k))
+            ip -n "$n" route add "$NET.0.0/16" via "$NET.$k.254" dev "pn$k" table $((100 + k))
+            ip -n "$n" rule add from "$addr" table $((100 + k)) priority $((100 + k))
+        done
+    done
+    # Shaping, once every address exists.
+    for ((i = 0; i < nodes; i++)); do
+        local n peers=() j; n=$(ns_node "$i")
+        for ((j = 0; j < nodes; j++)); do
+            [ "$j" = "$i" ] && continue
+            for ((k = 0; k < nics; k++)); do peers+=("$NET.$k.$((j + 1))"); done
+        done
+        for ((k = 0; k < nics; k++)); do
+            shape "$n" "pn$k" "$rate" "$burst" dst "${peers[@]}"
+            shape "$sw" "$(sw_port "$i" "$k")" "$rate" "$burst" src "${peers[@]}"
+        done
+    done
+    date +%s >"$s/up_since"
+    echo "cluster '$NAME' up: $nodes nodes x $nics NICs at $rate (burst $burst); state in $s"
+}
+
+cmd_down() {
+    local s; s=$(state)
+    local ns
+    for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$NAME-(sw|n[0-9]+|probe[0-9]+)$" || true); do
+        local pids; pids=$(ip netns pids "$ns" 2>/dev/null || true)
+        [ -n "$pids" ] && kill -9 $pids 2>/dev/null || true
+        ip netns del "$ns" 2>/dev/null || true
+        rm -rf "/etc/netns/$ns"
+    done
+    # veths left in the root namespace by an `up` that died half way.
+    local l
+    for l in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -E "^$NAME-(t|s)[0-9]" || true); do
+        ip link del "$l" 2>/dev/null || true
+    done
+    if [ -f "$s/pids" ]; then
+        kill -9 $(cat "$s/pids") 2>/dev/null || true
+    fi
+    # Rings a crashed rank created but nobody mapped (mapped ones are unlinked at once).
+    if [ -f "$s/up_since" ]; then
+        local since f; since=$(cat "$s/up_since")
+        for f in /dev/shm/pccl-*; do
+            [ -e "$f" ] || continue
+            [ "$(stat -c %Y "$f")" -ge "$since" ] || continue
+            if ! find /proc/[0-9]*/fd -lname "$f" 2>/dev/null | grep -q .; then rm -f "$f"; fi
+        done
+    fi
+    rm -rf "$s"
+    echo "cluster '$NAME' down"
+}
+
+cmd_status() {
+    load
+    echo "cluster '$NAME': $NODES nodes x $NICS NICs at $RATE (burst $BURST)"
+    ip netns list | grep -E "^$NAME-" || true
+}
+
+cmd_counters() {
+    load
+    local i k
+    printf '%-8s %-4s %14s %14s\n' node nic tx_bytes rx_bytes
+    for ((i = 0; i < NODES; i++)); do
+        for ((k = 0; k < NICS; k++)); do
+            printf '%-8s %-4s %14s %14s\n' "$i" "pn$k" \
+                "$(ip netns exec "$(ns_node "$i")" cat "/sys/class/net/pn$k/statistics/tx_bytes")" \
+                "$(ip netns exec "$(ns_node "$i")" cat "/sys/class/net/pn$k/statistics/rx_bytes")"
+        done
+    done
+}
+
+cmd_link() {
+    load
+    [ $# -eq 3 ] || die "link NODE NIC up|down"
+    local i=$1 k=$2 how=$3
+    [ "$how" = up ] || [ "$how" = down ] || die "link: expected up or down, not $how"
+    ip -n "$(ns_node "$i")" link set "pn$k" "$how"
+    if [ "$how" = up ]; then # the routes of a NIC that went down are gone: put them back
+        local addr="$NET.$k.$((i + 1))"
+        ip -n "$(ns_node "$i")" route replace "$NET.$k.0/24" dev "pn$k" src "$addr" table $((100 + k))
+        ip -n "$(ns_node "$i")" route replace "$NET.0.0/16" via "$NET.$k.254" dev "pn$k" table $((100 + k))
+    fi
+}
+
+# Runs "$@" inside node $1 with its own host name.
+in_node() {
+    local i=$1; shift
+    ip netns exec "$(ns_node "$i")" unshare --uts sh -c 'hostname "$0" && exec "$@"' \
+        "$(ns_node "$i")" "$@"
+}
+
+cmd_exec() {
+    load
+    local i=$1; shift
+    [ "${1:-}" = -- ] && shift
+    in_node "$i" "$@"
+}
+
+cmd_run() {
+    load
+    local m=1 timeout=0 mpi=0 keep=0
+    while [ $# -gt 0 ]; do
+        case $1 in
+            --ranks-per-node) m=$2; shift 2 ;;
+            --timeout) timeout=$2; shift 2 ;;
+            --mpi) mpi=1; shift ;;
+            --keep-logs) keep=1; shift ;;
+            --) shift; break ;;
+            *) die "run: unknown option $1 (the command goes after --)" ;;
+        esac
+    done
+    [ $# -gt 0 ] || die "run: no command (run [options] -- CMD ARGS...)"
+    local s run world; s=$(state); run="$s/run"; world=$((NODES * m))
+    rm -rf "$run"; mkdir -p "$run"; chmod 700 "$run"
+    if [ "$mpi" = 1 ]; then
+        run_mpi "$m" "$timeout" "$@"
+        return
+    fi
+    : >"$s/pids"
+    local r i l map=${PCCL_NIC_MAP:-}
+    if [ -z "$map" ]; then # local ranks spread evenly over the NICs, in blocks
+        local k part
+        for ((k = 0; k < NICS; k++)); do
+            part=""
+            for ((l = 0; l < m; l++)); do
+                [ $((l * NICS / m)) = "$k" ] && part+="${part:+,}$l"
+            done
+            [ -n "$part" ] && map+="${map:+;}$k:$part"
+        done
+    fi
+    for ((i = 0; i < NODES; i++)); do
+        for ((l = 0; l < m; l++)); do
+            r=$((i * m + l))
+            env PCCL_RANK="$r" PCCL_WORLD_SIZE="$world" LOCAL_RANK="$l" LOCAL_WORLD_SIZE="$m" \
+                PCCL_UNIQUE_ID_FILE="$run/id" PCCL_TOPO_FILE="$s/topo.xml" \
+                PCCL_NIC_MAP="$map" PCCL_CLUSTER_NODE="$i" \
+                ip netns exec "$(ns_node "$i")" unshare --uts sh -c 'hostname "$0" && exec "$@"' \
+                "$(ns_node "$i")" "$@" >"$run/rank$r.log" 2>&1 &
+            echo $! >>"$s/pids"
+        done
+    done
+    local tail_pid=
+    tail -n +1 -F "$run/rank0.log" 2>/dev/null &
+    tail_pid=$!
+    local start rc=0 pid left
+    start=$(date +%s)
+    mapfile -t pids <"$s/pids"
+    for ((r = 0; r < world; r++)); do
+        pid=${pids[$r]}
+        while kill -0 "$pid" 2>/dev/null; do
+            if [ "$timeout" -gt 0 ] && [ $(($(date +%s) - start)) -ge "$timeout" ]; then
+                echo "cluster.sh: run timed out after ${timeout}s; killing the ranks" >&2
+                {
+                    kill -9 "${pids[@]}"
+                    for ((i = 0; i < NODES; i++)); do
+                        left=$(ip netns pids "$(ns_node "$i")" || true)
+                        [ -n "$left" ] && kill -9 $left
+                    done
+                    wait "${pids[@]}"
+                } 2>/dev/null || true
+                rc=124
+                break 2
+            fi
+            sleep 0.1
+        done
+        local st=0
+        wait "$pid" || st=$?
+        if [ "$st" != 0 ] && [ "$rc" = 0 ]; then
+            rc=$st
+            echo "cluster.sh: rank $r exited with $st; its log:" >&2
+            tail -n 20 "$run/rank$r.log" >&2
+        fi
+    done
+    sleep 0.2
+    kill "$tail_pid" 2>/dev/null || true
+    wait "$tail_pid" 2>/dev/null || true
+    : >"$s/pids"
+    [ "$keep" = 1 ] || rm -f "$run/id"
+    return "$rc"
+}
+
+# MPICH's mpiexec in the switch namespace; hydra's ssh launcher enters each node instead.
+run_mpi() {
+    local m=$1 timeout=$2; shift 2
+    command -v mpiexec >/dev/null || die "run --mpi: no mpiexec"
+    local s enter hosts="" i; s=$(state); enter="$s/enter.sh"
+    cat >"$enter" <<EOF
+#!/usr/bin/env bash
+# hydra: enter.sh [ssh options] HOST COMMAND... : runs COMMAND in HOST's namespace.
+while [ "\${1#-}" != "\$1" ]; do shift; done
+host=\$1; shift
+exec ip netns exec "\$host" unshare --uts sh -c "hostname \$host && cd $(printf %q "$PWD") && exec \$*"
+EOF
+    chmod 755 "$enter"
+    for ((i = 0; i < NODES; i++)); do hosts+="$(ns_node "$i"):$m,"; done
+    local t=()
+    [ "$timeout" -gt 0 ] && t=(timeout --kill-after=5 "$timeout")
+    ip netns exec "$(ns_sw)" env UCX_TLS=tcp,self PCCL_TOPO_FILE="$s/topo.xml" \
+        "${t[@]}" mpiexec -launcher ssh -launcher-exec "$enter" -iface br0 \
+        -hosts "${hosts%,}" -np $((NODES * m)) "$@"
+}
+
+main() {
+    [ $# -gt 0 ] || die "usage: cluster.sh up|run|exec|link|counters|status|down ... (see the header)"
+    local c=$1; shift
+    case $c in
+        up) cmd_up "$@" ;;
+        down) cmd_down ;;
+        status) cmd_status ;;
+        counters) cmd_counters ;;
+        link) cmd_link "$@" ;;
+        exec) cmd_exec "$@" ;;
+        run) cmd_run "$@" ;;
+        *) die "unknown command $c" ;;
+    esac
+}
+main "$@"
