@@ -75,6 +75,12 @@ struct Args {
     /// bytes of its output at least once.
     #[arg(long)]
     floor: bool,
+    /// Rate of each NIC of the network the ranks run on (`tc` units: 200mbit, 1gbit), as on
+    /// `scripts/cluster.sh`: adds a column with the NIC floor (the bytes through the busiest
+    /// NIC direction, from every rank's plan and the topology's NIC map, at this rate) and the
+    /// measured time over it.
+    #[arg(long)]
+    nic_rate: Option<String>,
     /// Print each size's peak host scratch bytes per rank (the executor's working space for
     /// partial sums) and, at the end, the process's peak resident memory (VmHWM): run one
     /// collective per process to compare them.
@@ -370,11 +376,6 @@ fn run_size<T: Element>(
     let (in_len, out_len) = lens(coll, count, p);
     let input: Vec<T> = input_of(r, in_len);
     let mut output: Vec<T> = vec![T::from_i64(0); out_len];
-    let raw = match coll {
-        Coll::AllGather => RawCollective::AllGather,
-        Coll::ReduceScatter => RawCollective::ReduceScatter(op),
-        Coll::AllReduce => RawCollective::AllReduce(op),
-    };
     let run_once = |out: &mut Vec<T>| -> pccl::Result<()> {
         match coll {
             Coll::AllGather => comm.all_gather(&input, out),
@@ -403,52 +404,20 @@ fn run_size<T: Element>(
     if args.check {
         wrong = count_wrong(coll, op, p, r, count, &output);
     }
-    let mpi_mine = {
-        #[cfg(feature = "mpi")]
-        {
-            match native.mpi {
-                Some(m)
-                    if !args.no_mpi_compare
-                        && T::DTYPE != DType::F16
-                        && T::DTYPE != DType::BF16
-                        && op != ReduceOp::Avg =>
-                {
-                    for _ in 0..args.warmup {
-                        // SAFETY: the buffers have the lengths the collective implies.
-                        unsafe {
-                            m.native_collective(
-                                raw,
-                                T::DTYPE,
-                                input.as_ptr() as *const u8,
-                                output.as_mut_ptr() as *mut u8,
-                                count,
-                            )?
-                        };
-                    }
-                    comm.barrier()?;
-                    let t0 = Instant::now();
-                    for _ in 0..iters {
-                        // SAFETY: as above.
-                        unsafe {
-                            m.native_collective(
-                                raw,
-                                T::DTYPE,
-                                input.as_ptr() as *const u8,
-                                output.as_mut_ptr() as *mut u8,
-                                count,
-                            )?
-                        };
-                    }
-                    Some(t0.elapsed().as_secs_f64() / iters as f64)
-                }
-                _ => None,
-            }
+    let mpi_mine = if let Some(first) = mpi_once(native, coll, op, &input, &mut output, count, args)
+    {
+        first?;
+        for _ in 0..args.warmup {
+            mpi_once(native, coll, op, &input, &mut output, count, args).transpose()?;
         }
-        #[cfg(not(feature = "mpi"))]
-        {
-            let _ = (native, raw);
-            None::<f64>
+        comm.barrier()?;
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            mpi_once(native, coll, op, &input, &mut output, count, args).transpose()?;
         }
+        Some(t0.elapsed().as_secs_f64() / iters as f64)
+    } else {
+        None
     };
     finish_row(
         comm,
@@ -483,7 +452,7 @@ fn bench_rank(comm: &Communicator, native: &Native<'_>, args: &Args) -> pccl::Re
     dtype.check_op(op)?;
     let szs = sizes(&args.sizes).map_err(pccl::Error::invalid)?;
     if let Some(names) = list::parse_list(&args.algo) {
-        return list::bench(comm, &names, &colls, dtype, op, &szs, args);
+        return list::bench(comm, native, &names, &colls, dtype, op, &szs, args);
     }
     let mpi = native_present(native);
     let mut notes = Vec::new();
@@ -510,7 +479,7 @@ fn bench_rank(comm: &Communicator, native: &Native<'_>, args: &Args) -> pccl::Re
             );
         }
     }
-    let copy_bw = if args.floor {
+    let copy_bw = if args.floor && args.nic_rate.is_none() {
         Some(machine_copy_bandwidth(comm)?)
     } else {
         None
@@ -533,7 +502,10 @@ fn bench_rank(comm: &Communicator, native: &Native<'_>, args: &Args) -> pccl::Re
             if args.memory {
                 row.scratch = Some(comm.scratch_bytes());
             }
-            if let (Some(bw), Coll::AllGather) = (copy_bw, coll) {
+            if let Some(f) = nic_floor_us(comm, coll, op, &row.algo, row.count, dtype.size(), args)?
+            {
+                row.floor_us = Some(f);
+            } else if let (Some(bw), Coll::AllGather) = (copy_bw, coll) {
                 // All P ranks each read and write P·size bytes of output at least once.
                 let p = comm.size() as f64;
                 row.floor_us = Some(p * 2.0 * p * row.bytes as f64 / bw * 1e6);
@@ -722,6 +694,78 @@ fn machine_copy_bandwidth(comm: &Communicator) -> pccl::Result<f64> {
     Ok(total[0])
 }
 
+/// One call of MPI's own collective on the same buffers; `None` where MPI's collective is not
+/// there to time (no MPI world, a dtype or op MPI lacks, `--no-mpi-compare`).
+fn mpi_once<T: Element>(
+    native: &Native<'_>,
+    coll: Coll,
+    op: ReduceOp,
+    input: &[T],
+    output: &mut [T],
+    count: usize,
+    args: &Args,
+) -> Option<pccl::Result<()>> {
+    if args.no_mpi_compare
+        || T::DTYPE == DType::F16
+        || T::DTYPE == DType::BF16
+        || op == ReduceOp::Avg
+    {
+        return None;
+    }
+    let raw = match coll {
+        Coll::AllGather => RawCollective::AllGather,
+        Coll::ReduceScatter => RawCollective::ReduceScatter(op),
+        Coll::AllReduce => RawCollective::AllReduce(op),
+    };
+    #[cfg(feature = "mpi")]
+    {
+        let m = native.mpi?;
+        let (i, o) = lens(coll, count, pccl::transport::Transport::size(m));
+        if input.len() < i || output.len() < o {
+            return Some(Err(pccl::Error::internal(
+                "MPI comparison buffers too short",
+            )));
+        }
+        // SAFETY: `input` and `output` hold at least the lengths the collective implies for
+        // `count` elements per block (checked above).
+        Some(unsafe {
+            m.native_collective(
+                raw,
+                T::DTYPE,
+                input.as_ptr() as *const u8,
+                output.as_mut_ptr() as *mut u8,
+                count,
+            )
+        })
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        let _ = (native, raw, input, output, count);
+        None
+    }
+}
+
+/// The NIC floor of a call of `coll` run with the algorithm named `algo` (µs): the bytes
+/// through its busiest NIC direction at `--nic-rate`. `None` without `--nic-rate`.
+fn nic_floor_us(
+    comm: &Communicator,
+    coll: Coll,
+    op: ReduceOp,
+    algo: &str,
+    count: usize,
+    es: usize,
+    args: &Args,
+) -> pccl::Result<Option<f64>> {
+    let Some(rate) = &args.nic_rate else {
+        return Ok(None);
+    };
+    let rate = pccl::model::nic_load::parse_rate(rate)?;
+    let algo: pccl::Algorithm = algo.parse()?;
+    let load = pccl::model::nic_load::nic_load(coll.plan_key(op), algo, comm.topology())?;
+    let block = coll.block_bytes(count, comm.size(), es) as f64;
+    Ok(Some(load.floor_seconds(block, rate) * 1e6))
+}
+
 fn native_present(native: &Native<'_>) -> bool {
     #[cfg(feature = "mpi")]
     {
@@ -782,7 +826,9 @@ fn print_header(
             format!("PCCL/{v}")
         ));
     }
-    if args.floor && coll == Coll::AllGather {
+    if args.nic_rate.is_some() {
+        h.push_str(&format!(" {:>10} {:>7}", "nicfloor", "xfloor"));
+    } else if args.floor && coll == Coll::AllGather {
         h.push_str(&format!(" {:>10} {:>7}", "floor(us)", "xfloor"));
     }
     if args.memory {
@@ -1013,7 +1059,7 @@ fn main() {
             _ => None,
         };
         let res = match (launched, args.transport.as_str()) {
-            (Some(t), _) => Communicator::with_config(t, cfg).and_then(|c| Ok(vec![body(c)])),
+            (Some(t), _) => Communicator::with_config(t, cfg).map(|c| vec![body(c)]),
             (None, "tcp" | "ofi") => on_unique_id(p, cfg, &args.transport, body),
             (None, _) => Communicator::run_threads(p, cfg, body),
         }

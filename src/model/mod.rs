@@ -6,6 +6,7 @@
 //! * [`oversub`]: the per-message cost of ranks outnumbering cores, from two timings.
 //! * [`profile`]: machine parameters (TOML; `pccl-tune` writes them, `presets/` holds some).
 //! * [`traffic`]: what a plan asks of the machine, phase by phase.
+//! * [`nic_load`]: the bytes each NIC carries in a plan (the network floor).
 //! * [`contention`]: max-min fair sharing of links by the messages in flight.
 //! * [`sim`]: the simulator engines (all ranks as events; one node phase by phase).
 //! * [`presets`]: named machines (Frontier, Perlmutter).
@@ -20,6 +21,7 @@ pub mod contention;
 pub mod cost;
 pub mod goal;
 pub mod link_fit;
+pub mod nic_load;
 pub mod online;
 pub mod oversub;
 pub mod presets;

@@ -7,8 +7,13 @@
 //! lined up by a barrier before each batch), so a burst of load from elsewhere falls on all
 //! of them alike. A row per algorithm and size: the median over rounds of the per-iteration
 //! time (averaged over ranks), the mean, and the fastest and slowest round.
+//!
+//! `mpi` in the list is MPI's own collective on the same buffers, interleaved like the others
+//! (under mpiexec; refused elsewhere). With `--nic-rate` each row also shows its NIC floor.
 
-use super::{count_wrong, input_of, iters_for, lens, Args, Coll, Row};
+use super::{
+    count_wrong, input_of, iters_for, lens, mpi_once, nic_floor_us, Args, Coll, Native, Row,
+};
 use pccl::{Communicator, DType, Element, ReduceOp};
 use std::time::Instant;
 
@@ -54,10 +59,17 @@ pub fn settle(
 }
 
 /// Communicators over `comm`'s ranks, one per algorithm of `algos` (`auto`: the tuner's;
-/// `auto-online`: the tuner's with its online trials).
-pub fn split_per_algo(comm: &Communicator, algos: &[String]) -> pccl::Result<Vec<Communicator>> {
+/// `auto-online`: the tuner's with its online trials); `None` for `mpi` (MPI's own).
+pub fn split_per_algo(
+    comm: &Communicator,
+    algos: &[String],
+) -> pccl::Result<Vec<Option<Communicator>>> {
     let mut out = Vec::new();
     for a in algos {
+        if a == "mpi" {
+            out.push(None);
+            continue;
+        }
         let mut cfg = comm.config().clone();
         cfg.algo = if a == "auto" {
             None
@@ -72,7 +84,7 @@ pub fn split_per_algo(comm: &Communicator, algos: &[String]) -> pccl::Result<Vec
         let sub = comm
             .split_with_config(Some(0), comm.rank() as i32, cfg)?
             .ok_or_else(|| pccl::Error::internal("a split with one colour left a rank out"))?;
-        out.push(sub);
+        out.push(Some(sub));
     }
     Ok(out)
 }
@@ -89,9 +101,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// One size of `coll`, every algorithm of `subs` interleaved; a row per algorithm.
+#[allow(clippy::too_many_arguments)]
 pub fn run_size<T: Element>(
     comm: &Communicator,
-    subs: &[Communicator],
+    native: &Native<'_>,
+    subs: &[Option<Communicator>],
     names: &[String],
     coll: Coll,
     op: ReduceOp,
@@ -104,11 +118,20 @@ pub fn run_size<T: Element>(
     let (in_len, out_len) = lens(coll, count, p);
     let input: Vec<T> = input_of(r, in_len);
     let mut output: Vec<T> = vec![T::from_i64(0); out_len];
-    let run_once = |c: &Communicator, out: &mut Vec<T>| -> pccl::Result<()> {
-        match coll {
-            Coll::AllGather => c.all_gather(&input, out),
-            Coll::ReduceScatter => c.reduce_scatter(&input, out, op),
-            Coll::AllReduce => c.all_reduce(&input, out, op),
+    let run_once = |c: &Option<Communicator>, out: &mut Vec<T>| -> pccl::Result<()> {
+        match (c, coll) {
+            (Some(c), Coll::AllGather) => c.all_gather(&input, out),
+            (Some(c), Coll::ReduceScatter) => c.reduce_scatter(&input, out, op),
+            (Some(c), Coll::AllReduce) => c.all_reduce(&input, out, op),
+            (None, _) => {
+                mpi_once(native, coll, op, &input, out, count, args).unwrap_or_else(|| {
+                    Err(pccl::Error::usage(format!(
+                    "--algo mpi: MPI's own {} cannot be timed here (needs mpiexec, a dtype and \
+                     op MPI has, and no --no-mpi-compare)",
+                    coll.name()
+                )))
+                })
+            }
         }
     };
     let total_bytes = out_len.max(in_len) * es;
@@ -118,7 +141,9 @@ pub fn run_size<T: Element>(
     let coll_key = coll.plan_key(op);
     let block_bytes = coll.block_bytes(count, p, es);
     for c in subs {
-        settle(c, coll_key, block_bytes, || run_once(c, &mut output))?;
+        if let Some(sub) = c {
+            settle(sub, coll_key, block_bytes, || run_once(c, &mut output))?;
+        }
         for _ in 0..args.warmup {
             run_once(c, &mut output)?;
         }
@@ -159,6 +184,14 @@ pub fn run_size<T: Element>(
         let avg = per_round.iter().sum::<f64>() / rounds as f64;
         let med = median(per_round.clone());
         let algbw = total_bytes as f64 / avg / 1e9;
+        let ran = match c {
+            Some(c) => c.algorithm_for(coll_key, block_bytes)?.name(),
+            None => "mpi".to_string(),
+        };
+        let floor_us = match c {
+            Some(_) => nic_floor_us(comm, coll, op, &ran, count, es, args)?,
+            None => None,
+        };
         rows.push(Row {
             coll,
             bytes: count * es,
@@ -169,10 +202,10 @@ pub fn run_size<T: Element>(
             iters: rounds * batch,
             algbw,
             busbw: algbw * factor,
-            algo: c.algorithm_for(coll_key, block_bytes)?.name(),
+            algo: ran,
             mpi_us: None,
             vendor_us: None,
-            floor_us: None,
+            floor_us,
             scratch: None,
             wrong: wrong_all[a] as u64,
             requested: Some(names[a].clone()),
@@ -183,8 +216,10 @@ pub fn run_size<T: Element>(
 }
 
 /// Every size of every collective with the algorithms of `names` interleaved.
+#[allow(clippy::too_many_arguments)]
 pub fn bench(
     comm: &Communicator,
+    native: &Native<'_>,
     names: &[String],
     colls: &[Coll],
     dtype: DType,
@@ -192,9 +227,10 @@ pub fn bench(
     szs: &[usize],
     args: &Args,
 ) -> pccl::Result<Vec<Row>> {
-    if args.device != super::Device::Host || args.floor {
+    if args.device != super::Device::Host || (args.floor && args.nic_rate.is_none()) {
         return Err(pccl::Error::usage(
-            "--algo with a list measures host buffers without --floor",
+            "--algo with a list measures host buffers, with no --floor but the NIC floor \
+             (--nic-rate)",
         ));
     }
     let subs = split_per_algo(comm, names)?;
@@ -224,6 +260,9 @@ pub fn bench(
                 "Iterations",
                 "busbw(GB/s)"
             );
+            if args.nic_rate.is_some() {
+                h.push_str(&format!(" {:>10} {:>7}", "nicfloor", "xfloor"));
+            }
             if args.check {
                 h.push_str(&format!(" {:>7}", "#wrong"));
             }
@@ -232,7 +271,7 @@ pub fn bench(
         for &b in szs {
             macro_rules! go {
                 ($t:ty) => {
-                    run_size::<$t>(comm, &subs, names, coll, op, b, args)?
+                    run_size::<$t>(comm, native, &subs, names, coll, op, b, args)?
                 };
             }
             let got = by_dtype!(dtype, go);
@@ -250,6 +289,15 @@ pub fn bench(
                         r.iters,
                         r.busbw
                     );
+                    match (args.nic_rate.is_some(), r.floor_us) {
+                        (true, Some(f)) => s.push_str(&format!(
+                            " {:>10.1} {:>7.2}",
+                            f,
+                            r.median_us.unwrap_or(r.avg_us) / f
+                        )),
+                        (true, None) => s.push_str(&format!(" {:>10} {:>7}", "-", "-")),
+                        _ => {}
+                    }
                     if args.check {
                         s.push_str(&format!(" {:>7}", r.wrong));
                     }
