@@ -281,6 +281,22 @@ cmd_exec() {
     in_node "$i" "$@"
 }
 
+# PCCL_NIC_MAP for M local ranks: the user's, else the local ranks spread evenly over the
+# NICs in blocks (Cray MPICH's syntax, NIC:local ranks).
+nic_map() {
+    local m=$1 map=${PCCL_NIC_MAP:-} k l part
+    if [ -z "$map" ]; then
+        for ((k = 0; k < NICS; k++)); do
+            part=""
+            for ((l = 0; l < m; l++)); do
+                [ $((l * NICS / m)) = "$k" ] && part+="${part:+,}$l"
+            done
+            [ -n "$part" ] && map+="${map:+;}$k:$part"
+        done
+    fi
+    echo "$map"
+}
+
 cmd_run() {
     load
     local m=1 timeout=0 mpi=0 keep=0
@@ -302,17 +318,8 @@ cmd_run() {
         return
     fi
     : >"$s/pids"
-    local r i l map=${PCCL_NIC_MAP:-}
-    if [ -z "$map" ]; then # local ranks spread evenly over the NICs, in blocks
-        local k part
-        for ((k = 0; k < NICS; k++)); do
-            part=""
-            for ((l = 0; l < m; l++)); do
-                [ $((l * NICS / m)) = "$k" ] && part+="${part:+,}$l"
-            done
-            [ -n "$part" ] && map+="${map:+;}$k:$part"
-        done
-    fi
+    local r i l map
+    map=$(nic_map "$m")
     for ((i = 0; i < NODES; i++)); do
         for ((l = 0; l < m; l++)); do
             r=$((i * m + l))
@@ -381,6 +388,7 @@ EOF
     local t=()
     [ "$timeout" -gt 0 ] && t=(timeout --kill-after=5 "$timeout")
     ip netns exec "$(ns_sw)" env UCX_TLS=tcp,self PCCL_TOPO_FILE="$s/topo.xml" \
+        PCCL_NIC_MAP="$(nic_map "$m")" \
         "${t[@]}" mpiexec -launcher ssh -launcher-exec "$enter" -iface br0 \
         -hosts "${hosts%,}" -np $((NODES * m)) "$@"
 }

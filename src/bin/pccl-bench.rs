@@ -964,7 +964,7 @@ fn use_mpi(args: &Args) -> bool {
 
 #[cfg(feature = "mpi")]
 fn run_mpi(args: &Args, cfg: Config) -> u64 {
-    use pccl::transport::mpi::{finalize, init, MpiTransport};
+    use pccl::transport::mpi::{init, MpiTransport};
     init().unwrap_or_else(|e| fail(e));
     let wrong = {
         // `--transport ofi`: libfabric with its addresses exchanged through MPI.
@@ -981,8 +981,25 @@ fn run_mpi(args: &Args, cfg: Config) -> u64 {
             .unwrap_or_else(|e| fail(format!("rank {}: {e}", comm.rank())));
         report(&comm, &rows, args)
     };
-    finalize();
+    finalize_guarded(if wrong > 0 { 1 } else { 0 });
     wrong
+}
+
+/// `MPI_Finalize`, with a watchdog: across network namespaces UCX's TCP progress sometimes never
+/// returns from it (a known UCX issue). The results are printed by then, so after 10 s the
+/// process ends with the status it would have had, without running exit handlers (one of them
+/// would finalise again).
+#[cfg(feature = "mpi")]
+fn finalize_guarded(status: i32) {
+    use std::io::Write;
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(10));
+        eprintln!("pccl-bench: MPI_Finalize did not return within 10 s; exiting without it");
+        let _ = std::io::stdout().flush();
+        // SAFETY: _exit ends the process at once; nothing after it runs.
+        unsafe { libc::_exit(status) };
+    });
+    pccl::transport::mpi::finalize();
 }
 
 #[cfg(not(feature = "mpi"))]
