@@ -189,6 +189,75 @@ fn two_threads_on_one_communicator_never_get_wrong_data() {
 }
 
 #[test]
+fn a_peer_that_destroyed_its_communicator_fails_each_later_call_at_once() {
+    // Rank 2 leaves after one call; ranks 0 and 1 go on. Each later collective fails within a
+    // second naming rank 2 (not after the 30 s deadline), point-to-point between the two
+    // survivors still works, and a send to the departed rank fails too.
+    let out = Communicator::run_threads(3, cfg(1, None, 30.0, vec![]), |comm| {
+        let mut sum = [0f32; 64];
+        comm.all_reduce(&[1f32; 64], &mut sum, ReduceOp::Sum)?;
+        assert_eq!(sum, [3f32; 64]);
+        if comm.rank() == 2 {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        for a in algos() {
+            let sub = comm.split_with_config(Some(0), comm.rank() as i32, cfg(1, a, 30.0, vec![]));
+            // The split itself needs rank 2: it fails promptly like any collective.
+            let t0 = Instant::now();
+            let e = expect_err(sub.map(|_| ()), "a split without rank 2");
+            assert!(
+                t0.elapsed() < prompt(SECOND),
+                "split took {:?}: {e}",
+                t0.elapsed()
+            );
+            assert!(e.message().contains("rank 2 left"), "{e}");
+        }
+        for (i, name) in COLLS.iter().enumerate() {
+            let t0 = Instant::now();
+            let mut buf = vec![0f32; 3 * 64];
+            let r = match i {
+                0 => comm.all_gather(&[1f32; 64], &mut buf),
+                1 => comm.reduce_scatter(&[1f32; 192], &mut buf[..64], ReduceOp::Sum),
+                2 => comm.all_reduce(&[1f32; 64], &mut buf[..64], ReduceOp::Sum),
+                _ => comm.broadcast(&mut buf, 2),
+            };
+            let e = expect_err(r, name);
+            assert!(
+                t0.elapsed() < prompt(SECOND),
+                "{name} took {:?} on rank {}: {e}",
+                t0.elapsed(),
+                comm.rank()
+            );
+            assert!(e.message().contains("rank 2"), "{name}: {e}");
+        }
+        let peer = 1 - comm.rank();
+        let mine = [comm.rank() as f32 + 7.0; 16];
+        let mut theirs = [0f32; 16];
+        if comm.rank() == 0 {
+            comm.send(&mine, peer)?;
+            comm.recv(&mut theirs, peer)?;
+        } else {
+            comm.recv(&mut theirs, peer)?;
+            comm.send(&mine, peer)?;
+        }
+        assert_eq!(theirs, [peer as f32 + 7.0; 16]);
+        let t0 = Instant::now();
+        let e = expect_err(comm.send(&mine, 2), "a send to the departed rank");
+        assert!(
+            t0.elapsed() < prompt(SECOND),
+            "send took {:?}: {e}",
+            t0.elapsed()
+        );
+        assert!(e.message().contains("rank 2 left"), "{e}");
+        Ok::<(), Error>(())
+    });
+    for (r, res) in out.unwrap().into_iter().enumerate() {
+        res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+}
+
+#[test]
 fn concurrent_use_is_invalid_usage() {
     // Two threads of rank 0 call at once while rank 1 holds back: whichever enters first
     // waits inside its call for rank 1, so the other is refused, every time (no luck with

@@ -457,7 +457,9 @@ fn a_rank_that_never_arrives_ends_in_a_timeout_error() {
     c.timeout = Duration::from_millis(500);
     let res = Communicator::run_threads(3, c, |comm| {
         if comm.rank() == 2 {
-            return Ok(()); // this rank "dies"
+            // Alive, holding its communicator, but never calling.
+            std::thread::sleep(Duration::from_millis(1500));
+            return Ok(());
         }
         let mut out = vec![0f64; 3 * 10];
         comm.all_gather(&[1.0; 10], &mut out)
@@ -467,6 +469,27 @@ fn a_rank_that_never_arrives_ends_in_a_timeout_error() {
         let e = r.as_ref().unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
     }
+}
+
+#[test]
+fn a_rank_that_leaves_without_calling_fails_the_others_at_once_naming_it() {
+    let mut c = cfg(1, None);
+    c.timeout = Duration::from_secs(30);
+    let t0 = std::time::Instant::now();
+    let res = Communicator::run_threads(3, c, |comm| {
+        if comm.rank() == 2 {
+            return Ok(()); // destroys its communicator without calling
+        }
+        let mut out = vec![0f64; 3 * 10];
+        comm.all_gather(&[1.0; 10], &mut out)
+    })
+    .unwrap();
+    for r in &res[..2] {
+        let e = r.as_ref().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Remote, "{e}");
+        assert!(e.message().contains("rank 2 left"), "{e}");
+    }
+    assert!(t0.elapsed() < Duration::from_secs(10), "took {:?}", t0.elapsed());
 }
 
 #[test]

@@ -17,6 +17,7 @@ use super::faults::{self, Faults};
 use super::{fnv1a, hostname, Notice, SendOp, Tag, Transport};
 use crate::error::{Error, Result};
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -86,6 +87,20 @@ impl Envelope {
 struct Channel {
     queue: Mutex<VecDeque<Envelope>>,
     cv: Condvar,
+    /// The sending rank's transport was dropped (it destroyed its communicator): a receive
+    /// that finds nothing queued fails at once instead of waiting out its deadline.
+    src_left: AtomicBool,
+    /// The receiving rank's transport was dropped: nobody will take what is posted.
+    dst_left: AtomicBool,
+}
+
+/// The error of a wait on `peer`, which destroyed its communicator.
+fn left_error(rank: usize, peer: usize, tag: Tag, what: &str) -> Error {
+    Error::remote(format!(
+        "rank {peer} left (it destroyed its communicator) while rank {rank} still {what} \
+         collective #{}",
+        faults::seq_of(tag)
+    ))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -118,8 +133,28 @@ impl Hub {
             .clone()
     }
 
+    /// Marks (or, for a new transport of the same rank, clears) that world rank `w` of group
+    /// `ctx` (world ranks `world`) left, on every channel it sends or receives on, and wakes
+    /// their waiters.
+    fn set_left(&self, ctx: u64, world: &[usize], w: usize, left: bool) {
+        for &o in world.iter().filter(|&&o| o != w) {
+            let out = self.channel(ctx, w, o);
+            out.src_left.store(left, Ordering::Release);
+            let inn = self.channel(ctx, o, w);
+            inn.dst_left.store(left, Ordering::Release);
+            // Take the queue locks so no waiter misses the wake-up between check and wait.
+            drop(lock(&out.queue));
+            out.cv.notify_all();
+            drop(lock(&inn.queue));
+            inn.cv.notify_all();
+        }
+    }
+
     /// The board of `rank` of the group `ctx` (world ranks `world`), created and registered.
     fn board(&self, ctx: u64, world: &Arc<Vec<usize>>, rank: usize) -> Arc<Faults> {
+        if let Some(&w) = world.get(rank) {
+            self.set_left(ctx, world, w, false);
+        }
         let f = Arc::new(Faults::default());
         for (i, w) in world.iter().enumerate() {
             if let Some(how) = lock(&self.gone).get(w) {
@@ -244,6 +279,7 @@ pub struct ThreadTransport {
 
 struct ThreadSend {
     state: Arc<SendState>,
+    ch: Arc<Channel>,
     rank: usize,
     peer: usize,
     tag: Tag,
@@ -278,7 +314,11 @@ impl SendOp for ThreadSend {
             // A posted send is revoked when its collective failed or its deadline passed; a
             // claimed one (the receiver is copying right now) finishes by itself.
             if *s == POSTED {
-                let fault = self.faults.check(self.tag, self.peer).err();
+                let fault = self.faults.check(self.tag, self.peer).err().or_else(|| {
+                    self.ch.dst_left.load(Ordering::Acquire).then(|| {
+                        left_error(self.rank, self.peer, self.tag, "had a message for it of")
+                    })
+                });
                 if fault.is_some() || Instant::now() >= deadline {
                     *s = REVOKED;
                     return Err(fault.unwrap_or_else(|| {
@@ -321,6 +361,9 @@ impl ThreadTransport {
             .ok_or_else(|| Error::invalid(format!("no rank {peer}")))?;
         self.faults.check(tag, peer)?;
         let ch = self.hub.channel(self.ctx, self.world[self.rank], dst);
+        if ch.dst_left.load(Ordering::Acquire) {
+            return Err(left_error(self.rank, peer, tag, "had a message for it of"));
+        }
         let state = Arc::new(SendState::default());
         lock(&ch.queue).push_back(Envelope {
             tag,
@@ -333,6 +376,7 @@ impl ThreadTransport {
         ch.cv.notify_all();
         Ok(Box::new(ThreadSend {
             state,
+            ch,
             rank: self.rank,
             peer,
             tag,
@@ -371,39 +415,72 @@ impl ThreadTransport {
                     }
                     continue;
                 }
-                if head.tag != tag
-                    && faults::is_p2p(head.tag)
-                    && *lock(&head.state.state) == REVOKED
-                {
-                    // A point-to-point send its sender gave up (nobody received it in time):
-                    // it holds no later message back.
+                if head.tag != tag && *lock(&head.state.state) == REVOKED {
+                    // A send its sender gave up (nobody received it in time, or its collective
+                    // failed there): it holds no later message back.
                     q.pop_front();
                     continue;
                 }
-                if head.tag != tag {
-                    // The board usually explains it (the peer gave up this collective).
-                    self.faults.check(tag, peer)?;
-                    if faults::seq_of(head.tag) != faults::seq_of(tag) {
-                        // A later collective's message stays for the call it belongs to.
-                        return Err(faults::mismatch(self.rank, peer, tag, head.tag));
+                let failed_here = self.faults.any();
+                if head.tag != tag
+                    && failed_here
+                    && !faults::is_p2p(head.tag)
+                    && self
+                        .faults
+                        .refused_seqs()
+                        .contains(&faults::seq_of(head.tag))
+                {
+                    // A message of a collective some rank refused: nobody will take it.
+                    if let Some(old) = q.pop_front() {
+                        let mut st = lock(&old.state.state);
+                        if *st == POSTED {
+                            *st = DROPPED;
+                            old.state.cv.notify_all();
+                        }
                     }
+                    continue;
                 }
-                let Some(env) = q.pop_front() else { continue };
-                let mut st = lock(&env.state.state);
-                if *st == REVOKED {
+                let settling = head.tag != tag
+                    && failed_here
+                    && faults::is_p2p(tag)
+                    && !faults::is_p2p(head.tag);
+                // `settling`: a point-to-point receive behind a message of a collective that
+                // is failing; its sender revokes it (or a refusal names it) in a moment, so
+                // wait for that below instead of calling it a mismatch.
+                if !settling {
+                    if head.tag != tag {
+                        // The board usually explains it (the peer gave up this collective).
+                        self.faults.check(tag, peer)?;
+                        if faults::seq_of(head.tag) != faults::seq_of(tag) {
+                            // A later collective's message stays for the call it belongs to.
+                            return Err(faults::mismatch(self.rank, peer, tag, head.tag));
+                        }
+                    }
+                    let Some(env) = q.pop_front() else { continue };
+                    let mut st = lock(&env.state.state);
+                    if *st == REVOKED {
+                        drop(st);
+                        self.faults.check(tag, peer)?;
+                        return Err(Error::remote(format!(
+                            "rank {peer} gave up its send of collective #{} to rank {}",
+                            faults::seq_of(tag),
+                            self.rank
+                        )));
+                    }
+                    *st = CLAIMED;
                     drop(st);
-                    self.faults.check(tag, peer)?;
-                    return Err(Error::remote(format!(
-                        "rank {peer} gave up its send of collective #{} to rank {}",
-                        faults::seq_of(tag),
-                        self.rank
-                    )));
+                    return Ok(env);
                 }
-                *st = CLAIMED;
-                drop(st);
-                return Ok(env);
             }
             self.faults.check(tag, peer)?;
+            if ch.src_left.load(Ordering::Acquire) {
+                return Err(left_error(
+                    self.rank,
+                    peer,
+                    tag,
+                    "expected a message from it of",
+                ));
+            }
             let now = Instant::now();
             if now >= deadline {
                 return Err(faults::timed_out(
@@ -501,6 +578,16 @@ unsafe fn copy_device(_dst: u64, _src: u64, _len: usize) -> Result<()> {
     Err(Error::usage(
         "device-to-device receives need PCCL built with feature `cuda`",
     ))
+}
+
+impl Drop for ThreadTransport {
+    /// A rank that destroys its communicator tells its peers at once: their waits on it fail
+    /// naming it, as a TCP peer's goodbye does, instead of running into their deadlines.
+    fn drop(&mut self) {
+        if let Some(&w) = self.world.get(self.rank) {
+            self.hub.set_left(self.ctx, &self.world, w, true);
+        }
+    }
 }
 
 impl Transport for ThreadTransport {
