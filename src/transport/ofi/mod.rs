@@ -304,11 +304,13 @@ impl OfiTransport {
                 let theirs = String::from_utf8_lossy(&rec[24 + NAME_MAX..])
                     .trim_end_matches('\0')
                     .to_string();
-                if word(0) != MAGIC || theirs != label {
+                // The provider must match; the fabric may not: each rail of a multi-rail
+                // IP network is a subnet of its own (tcp's fabric), joined by routing.
+                let provider = |l: &str| l.split(" / ").next().unwrap_or("").to_string();
+                if word(0) != MAGIC || provider(&theirs) != provider(&label) {
                     result = Err(Error::invalid(format!(
                         "rank {j} opened libfabric {theirs}, rank {rank} opened {label}: every \
-                         rank must use the same provider and fabric (set FI_PROVIDER the same \
-                         everywhere)"
+                         rank must use the same provider (set FI_PROVIDER the same everywhere)"
                     )));
                     break;
                 }
