@@ -331,12 +331,12 @@ cmd_run() {
             echo $! >>"$s/pids"
         done
     done
-    local tail_pid=
-    tail -n +1 -F "$run/rank0.log" 2>/dev/null &
-    tail_pid=$!
-    local start rc=0 pid left
-    start=$(date +%s)
+    local tail_pid= start rc=0 pid left
     mapfile -t pids <"$s/pids"
+    # Rank 0's output as it comes; tail ends once rank 0 has (after printing all of it).
+    tail -n +1 -F --pid="${pids[0]}" "$run/rank0.log" 2>/dev/null &
+    tail_pid=$!
+    start=$(date +%s)
     for ((r = 0; r < world; r++)); do
         pid=${pids[$r]}
         while kill -0 "$pid" 2>/dev/null; do
@@ -363,8 +363,6 @@ cmd_run() {
             tail -n 20 "$run/rank$r.log" >&2
         fi
     done
-    sleep 0.2
-    kill "$tail_pid" 2>/dev/null || true
     wait "$tail_pid" 2>/dev/null || true
     : >"$s/pids"
     [ "$keep" = 1 ] || rm -f "$run/id"

@@ -489,7 +489,11 @@ fn a_rank_that_leaves_without_calling_fails_the_others_at_once_naming_it() {
         assert_eq!(e.kind(), ErrorKind::Remote, "{e}");
         assert!(e.message().contains("rank 2 left"), "{e}");
     }
-    assert!(t0.elapsed() < Duration::from_secs(10), "took {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        t0.elapsed()
+    );
 }
 
 #[test]

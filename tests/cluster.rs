@@ -1,0 +1,297 @@
+//! A small emulated cluster (`scripts/cluster.sh`): 3 nodes × 2 ranks, 2 NICs per node, each
+//! NIC shaped to 1 Gbit/s both ways. One process per rank, launched by environment
+//! (`PCCL_RANK`, `PCCL_WORLD_SIZE`, `PCCL_UNIQUE_ID_FILE`):
+//!
+//! - checked collectives (`pccl-bench --check`: every element compared) over TCP and, with
+//!   the `ofi` feature, libfabric's `tcp;ofi_rxm`;
+//! - the traffic on the NICs the map gives each rank (interface counters): both NICs of every
+//!   node carry the hierarchy's traffic with one rank per NIC, and one NIC carries all of it
+//!   when the map puts both ranks there;
+//! - a NIC taken down in the middle of a run of collectives ends in an error on every rank
+//!   within `PCCL_TIMEOUT` (never a hang, never a success);
+//! - `down` leaves no namespace, veth, process or state behind.
+//!
+//! Needs root, `ip`, `tc`, `unshare` and the `hwloc` feature (the NICs come from a topology
+//! file); skips, saying why, otherwise.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const NODES: usize = 3;
+const NICS: usize = 2;
+
+/// The cluster of this test process (its own name and state directory); `down` on drop.
+struct Cluster {
+    name: String,
+    dir: PathBuf,
+}
+
+fn script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster.sh")
+}
+
+impl Cluster {
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("bash");
+        c.arg(script())
+            .args(args)
+            .env("PCCL_CLUSTER_NAME", &self.name)
+            .env("PCCL_CLUSTER_DIR", &self.dir)
+            .env_remove("PCCL_NIC_MAP")
+            .env_remove("PCCL_SOCKET_ADDR")
+            .env_remove("PCCL_TRANSPORT");
+        c
+    }
+
+    fn up() -> Result<Cluster, String> {
+        let id = std::process::id() % 100_000;
+        let c = Cluster {
+            name: format!("pt{id}"),
+            dir: std::env::temp_dir().join(format!("pccl-cluster-test-{id}")),
+        };
+        let out = c
+            .cmd(&[
+                "up",
+                "--nodes",
+                &NODES.to_string(),
+                "--nics",
+                &NICS.to_string(),
+                "--rate",
+                "1gbit",
+            ])
+            .output()
+            .map_err(|e| format!("cannot run cluster.sh: {e}"))?;
+        match out.status.code() {
+            Some(0) => Ok(c),
+            Some(77) => Err(String::from_utf8_lossy(&out.stderr).trim().to_string()),
+            _ => panic!(
+                "cluster.sh up failed:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        }
+    }
+
+    /// `run` with 2 ranks per node; the extra environment goes to every rank.
+    fn run(&self, env: &[(&str, &str)], timeout_s: u32, cmd: &[&str]) -> Output {
+        let t = timeout_s.to_string();
+        let mut args = vec!["run", "--ranks-per-node", "2", "--timeout", &t, "--"];
+        args.extend_from_slice(cmd);
+        let mut c = self.cmd(&args);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().expect("cluster.sh run")
+    }
+
+    /// Bytes sent plus received by NIC `pn{nic}` of every node.
+    fn bytes(&self) -> Vec<[u64; NICS]> {
+        let out = self.cmd(&["counters"]).output().expect("counters");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let mut v = vec![[0u64; NICS]; NODES];
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (Ok(node), Some(nic)) = (
+                f[0].parse::<usize>(),
+                f[1].strip_prefix("pn").and_then(|n| n.parse::<usize>().ok()),
+            ) else {
+                continue;
+            };
+            let n = |i: usize| f[i].parse::<u64>().expect("a byte count");
+            v[node][nic] = n(2) + n(3);
+        }
+        v
+    }
+
+    fn rank_logs(&self) -> Vec<String> {
+        (0..NODES * 2)
+            .map(|r| {
+                std::fs::read_to_string(self.dir.join(format!("run/rank{r}.log")))
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["down"]).output();
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn unsupported() -> Option<&'static str> {
+    if !cfg!(feature = "hwloc") {
+        return Some("built without the `hwloc` feature (the NICs come from a topology file)");
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("needs root for network namespaces");
+    }
+    None
+}
+
+fn delta(a: &[[u64; NICS]], b: &[[u64; NICS]]) -> Vec<[u64; NICS]> {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| [y[0] - x[0], y[1] - x[1]])
+        .collect()
+}
+
+fn bench() -> &'static str {
+    env!("CARGO_BIN_EXE_pccl-bench")
+}
+
+/// Checked collectives of every algorithm; the bytes each NIC moved meanwhile.
+fn checked_run(c: &Cluster, transport: &str, env: &[(&str, &str)]) -> Vec<[u64; NICS]> {
+    let before = c.bytes();
+    let o = c.run(
+        env,
+        240,
+        &[
+            bench(),
+            "--transport",
+            transport,
+            "-m",
+            "4K:256K",
+            "-i",
+            "2",
+            "-x",
+            "1",
+            "--coll",
+            "all",
+            "--algo",
+            "auto,ring,rd,hier-rd,hier-ring,hier-rd-pipe4",
+            "--check",
+        ],
+    );
+    let out = text(&o);
+    assert!(
+        o.status.success(),
+        "{transport}: checked collectives failed:\n{out}\n{}",
+        c.rank_logs().join("\n---\n")
+    );
+    assert!(out.contains("all results correct"), "{transport}:\n{out}");
+    delta(&before, &c.bytes())
+}
+
+#[test]
+fn an_emulated_cluster_runs_checked_collectives_on_the_mapped_nics_and_fails_cleanly() {
+    if let Some(why) = unsupported() {
+        println!("skipped: {why}");
+        return;
+    }
+    let c = match Cluster::up() {
+        Ok(c) => c,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let (name, dir) = (c.name.clone(), c.dir.clone());
+
+    // TCP, one rank per NIC: every node's two NICs both carry traffic (the hierarchy's
+    // inter-node steps run between same-index ranks, one per NIC).
+    let moved = checked_run(&c, "tcp", &[]);
+    println!("tcp, map 0:0;1:1: bytes per node and NIC {moved:?}");
+    for (node, m) in moved.iter().enumerate() {
+        assert!(
+            m[0] > 1 << 20 && m[1] > 1 << 20,
+            "node {node}: both NICs must carry traffic: {moved:?}"
+        );
+    }
+    // Both ranks on NIC 0: NIC 1 carries nothing but stray packets.
+    let moved = checked_run(&c, "tcp", &[("PCCL_NIC_MAP", "0:0-1")]);
+    println!("tcp, map 0:0-1: bytes per node and NIC {moved:?}");
+    for (node, m) in moved.iter().enumerate() {
+        assert!(
+            m[0] > 1 << 20 && m[1] * 100 < m[0],
+            "node {node}: only NIC 0 may carry traffic: {moved:?}"
+        );
+    }
+    if cfg!(feature = "ofi") {
+        let moved = checked_run(&c, "ofi", &[("FI_PROVIDER", "tcp;ofi_rxm")]);
+        println!("ofi tcp;ofi_rxm, map 0:0;1:1: bytes per node and NIC {moved:?}");
+        for (node, m) in moved.iter().enumerate() {
+            assert!(
+                m[0] > 1 << 20 && m[1] > 1 << 20,
+                "node {node}: both NICs must carry libfabric's traffic: {moved:?}"
+            );
+        }
+    }
+
+    // A NIC taken down while every rank loops over all-reduces: every rank fails within
+    // PCCL_TIMEOUT (5 s) of it, none hangs (the run's own limit is 60 s), none succeeds.
+    let t0 = Instant::now();
+    let runner = {
+        let c2 = Cluster {
+            name: name.clone(),
+            dir: dir.clone(),
+        };
+        std::thread::spawn(move || {
+            let o = c2.run(
+                &[("PCCL_TIMEOUT", "5")],
+                60,
+                &[
+                    bench(),
+                    "--transport",
+                    "tcp",
+                    "-m",
+                    "64K:64K",
+                    "-i",
+                    "1000000",
+                    "--coll",
+                    "allreduce",
+                    "--algo",
+                    "hier-ring",
+                ],
+            );
+            // Not `down` when this handle goes: the test's own cluster does that.
+            std::mem::forget(c2);
+            o
+        })
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    let o = c.cmd(&["link", "1", "0", "down"]).output().unwrap();
+    assert!(o.status.success(), "link down: {}", text(&o));
+    let down_at = t0.elapsed();
+    let o = runner.join().unwrap();
+    let after = t0.elapsed() - down_at;
+    let logs = c.rank_logs();
+    let all = logs.join("\n---\n");
+    assert_ne!(o.status.code(), Some(124), "a rank hung after the NIC went down:\n{all}");
+    assert!(!o.status.success(), "the run succeeded with a NIC down:\n{all}");
+    assert!(after < Duration::from_secs(30), "the ranks took {after:?} to fail:\n{all}");
+    for (r, log) in logs.iter().enumerate() {
+        assert!(
+            log.contains("pccl-bench: ") && log.contains("rank "),
+            "rank {r} did not end with an error naming a rank:\n{log}"
+        );
+    }
+    let o = c.cmd(&["link", "1", "0", "up"]).output().unwrap();
+    assert!(o.status.success(), "link up: {}", text(&o));
+
+    // `down` removes everything.
+    drop(c);
+    let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let ns = String::from_utf8_lossy(&ns.stdout);
+    assert!(
+        !ns.lines().any(|l| l.starts_with(&format!("{name}-"))),
+        "namespaces left behind:\n{ns}"
+    );
+    let links = Command::new("ip").args(["-o", "link"]).output().unwrap();
+    let links = String::from_utf8_lossy(&links.stdout);
+    assert!(
+        !links.contains(&format!("{name}-")),
+        "veths left behind:\n{links}"
+    );
+    assert!(!Path::new(&dir).exists(), "state left in {}", dir.display());
+}
