@@ -7,6 +7,7 @@
 #   scripts/cluster.sh exec NODE -- CMD ARGS...       one command inside node NODE
 #   scripts/cluster.sh link NODE NIC up|down          take a NIC down (faults) or back up
 #   scripts/cluster.sh counters                       bytes sent/received per node and NIC
+#   scripts/cluster.sh profile [ALPHA_US] > F.toml    a tuning profile from R and K alone
 #   scripts/cluster.sh status | down
 #
 # Layout (N nodes, K NICs each): node i is namespace NAME-n<i> with host name NAME-n<i>
@@ -241,6 +242,31 @@ cmd_status() {
     ip netns list | grep -E "^$NAME-" || true
 }
 
+# A tuning profile written from the rate, the NICs per node and the topology alone (nothing
+# measured): each NIC moves TCP payload at R x 1448/1514 (a 1500-byte MTU frame's share of
+# payload), the latency of a message between nodes is assumed, the rest is PCCL's defaults.
+cmd_profile() {
+    load
+    local alpha=${1:-50}
+    local bits gbps
+    bits=$(rate_bits "$RATE")
+    gbps=$(awk -v b="$bits" 'BEGIN { printf "%.6f", b / 8e9 * 1448 / 1514 }')
+    cat <<EOF
+# PCCL tuning profile of the emulated cluster '$NAME' ($NODES nodes x $NICS NICs at $RATE),
+# written by scripts/cluster.sh profile from the rate, the NIC count and the topology alone.
+name = "cluster-${NICS}nic-$RATE"
+source = "scripts/cluster.sh profile: NIC rate $RATE x 1448/1514 (TCP payload per 1500-byte frame), $NICS NICs per node, latency ${alpha} us assumed"
+efficiency = 1.0
+
+[inter]
+# A TCP message through two veths, a bridge and the switch's routing on one host: assumed.
+alpha_us = $alpha
+nics = $NICS
+nic_bandwidth_gbps = $gbps
+taper = 1.0
+EOF
+}
+
 cmd_counters() {
     load
     local i k
@@ -392,13 +418,14 @@ EOF
 }
 
 main() {
-    [ $# -gt 0 ] || die "usage: cluster.sh up|run|exec|link|counters|status|down ... (see the header)"
+    [ $# -gt 0 ] || die "usage: cluster.sh up|run|exec|link|counters|profile|status|down ... (see the header)"
     local c=$1; shift
     case $c in
         up) cmd_up "$@" ;;
         down) cmd_down ;;
         status) cmd_status ;;
         counters) cmd_counters ;;
+        profile) cmd_profile "$@" ;;
         link) cmd_link "$@" ;;
         exec) cmd_exec "$@" ;;
         run) cmd_run "$@" ;;

@@ -94,7 +94,8 @@ impl Cluster {
             let f: Vec<&str> = line.split_whitespace().collect();
             let (Ok(node), Some(nic)) = (
                 f[0].parse::<usize>(),
-                f[1].strip_prefix("pn").and_then(|n| n.parse::<usize>().ok()),
+                f[1].strip_prefix("pn")
+                    .and_then(|n| n.parse::<usize>().ok()),
             ) else {
                 continue;
             };
@@ -267,9 +268,19 @@ fn an_emulated_cluster_runs_checked_collectives_on_the_mapped_nics_and_fails_cle
     let after = t0.elapsed() - down_at;
     let logs = c.rank_logs();
     let all = logs.join("\n---\n");
-    assert_ne!(o.status.code(), Some(124), "a rank hung after the NIC went down:\n{all}");
-    assert!(!o.status.success(), "the run succeeded with a NIC down:\n{all}");
-    assert!(after < Duration::from_secs(30), "the ranks took {after:?} to fail:\n{all}");
+    assert_ne!(
+        o.status.code(),
+        Some(124),
+        "a rank hung after the NIC went down:\n{all}"
+    );
+    assert!(
+        !o.status.success(),
+        "the run succeeded with a NIC down:\n{all}"
+    );
+    assert!(
+        after < Duration::from_secs(30),
+        "the ranks took {after:?} to fail:\n{all}"
+    );
     for (r, log) in logs.iter().enumerate() {
         assert!(
             log.contains("pccl-bench: ") && log.contains("rank "),

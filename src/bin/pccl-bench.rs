@@ -81,6 +81,11 @@ struct Args {
     /// measured time over it.
     #[arg(long)]
     nic_rate: Option<String>,
+    /// Add the model's prediction for each row (the tuner's simulator with this run's profile,
+    /// `PCCL_TUNE_FILE`, on this communicator's topology and NIC map) and the measured time
+    /// (the slowest rank's) over it.
+    #[arg(long)]
+    model: bool,
     /// Print each size's peak host scratch bytes per rank (the executor's working space for
     /// partial sums) and, at the end, the process's peak resident memory (VmHWM): run one
     /// collective per process to compare them.
@@ -209,6 +214,8 @@ struct Row {
     /// The slowest rank's time per iteration (a list run: the median over rounds of it): the
     /// collective's completion, which the NIC floor bounds.
     slowest_us: Option<f64>,
+    /// The model's prediction (`--model`).
+    model_us: Option<f64>,
 }
 
 fn fail(msg: impl std::fmt::Display) -> ! {
@@ -363,6 +370,7 @@ fn finish_row(comm: &Communicator, coll: Coll, op: ReduceOp, m: Measured) -> pcc
         requested: None,
         median_us: None,
         slowest_us: Some(stats[1] * 1e6),
+        model_us: None,
     })
 }
 
@@ -506,6 +514,7 @@ fn bench_rank(comm: &Communicator, native: &Native<'_>, args: &Args) -> pccl::Re
             if args.memory {
                 row.scratch = Some(comm.scratch_bytes());
             }
+            row.model_us = model_us(comm, coll, op, &row.algo, row.count, dtype.size(), args)?;
             if let Some(f) = nic_floor_us(comm, coll, op, &row.algo, row.count, dtype.size(), args)?
             {
                 row.floor_us = Some(f);
@@ -749,6 +758,32 @@ fn mpi_once<T: Element>(
     }
 }
 
+/// The model's prediction for a call of `coll` run with the algorithm named `algo` (µs), with
+/// this communicator's profile and topology; `None` without `--model`.
+fn model_us(
+    comm: &Communicator,
+    coll: Coll,
+    op: ReduceOp,
+    algo: &str,
+    count: usize,
+    es: usize,
+    args: &Args,
+) -> pccl::Result<Option<f64>> {
+    if !args.model {
+        return Ok(None);
+    }
+    let algo: pccl::Algorithm = algo.parse()?;
+    let block = coll.block_bytes(count, comm.size(), es) as f64;
+    let s = pccl::model::tuner::predict(
+        coll.plan_key(op),
+        algo,
+        comm.topology(),
+        block,
+        &comm.config().profile,
+    )?;
+    Ok(Some(s * 1e6))
+}
+
 /// The NIC floor of a call of `coll` run with the algorithm named `algo` (µs): the bytes
 /// through its busiest NIC direction at `--nic-rate`. `None` without `--nic-rate`.
 fn nic_floor_us(
@@ -835,6 +870,9 @@ fn print_header(
     } else if args.floor && coll == Coll::AllGather {
         h.push_str(&format!(" {:>10} {:>7}", "floor(us)", "xfloor"));
     }
+    if args.model {
+        h.push_str(&format!(" {:>10} {:>7}", "model(us)", "xmodel"));
+    }
     if args.memory {
         h.push_str(&format!(" {:>12}", "scratch(B)"));
     }
@@ -865,6 +903,13 @@ fn print_row(r: &Row, check: bool, nic: bool) {
         };
         s.push_str(&format!(" {:>10.1} {:>7.2}", f, t / f));
     }
+    if let Some(m) = r.model_us {
+        s.push_str(&format!(
+            " {:>10.1} {:>7.2}",
+            m,
+            r.slowest_us.unwrap_or(r.avg_us) / m
+        ));
+    }
     if let Some(b) = r.scratch {
         s.push_str(&format!(" {b:>12}"));
     }
@@ -874,7 +919,7 @@ fn print_row(r: &Row, check: bool, nic: bool) {
     println!("{s}");
 }
 
-fn json(rows: &[Row], comm_desc: &serde_json::Value) -> String {
+fn json(rows: &[Row], comm_desc: &serde_json::Value, nic: bool) -> String {
     let v: Vec<serde_json::Value> = rows
         .iter()
         .map(|r| {
@@ -884,8 +929,9 @@ fn json(rows: &[Row], comm_desc: &serde_json::Value) -> String {
                 "algbw_gbs": r.algbw, "busbw_gbs": r.busbw, "algo": r.algo,
                 "mpi_avg_us": r.mpi_us, "ratio_vs_mpi": r.mpi_us.map(|m| r.avg_us / m),
                 "vendor_avg_us": r.vendor_us, "ratio_vs_vendor": r.vendor_us.map(|v| r.avg_us / v),
-                "floor_us": r.floor_us, "x_floor": r.floor_us.map(|f| r.avg_us / f), "wrong": r.wrong,
-                "scratch_bytes": r.scratch, "slowest_us": r.slowest_us,
+                "floor_us": r.floor_us,
+                "x_floor": r.floor_us.map(|f| if nic { r.slowest_us.unwrap_or(r.avg_us) } else { r.avg_us } / f), "wrong": r.wrong,
+                "scratch_bytes": r.scratch, "slowest_us": r.slowest_us, "model_us": r.model_us,
             });
             if let (Some(req), Some(med)) = (&r.requested, r.median_us) {
                 v["requested"] = req.as_str().into();
@@ -906,7 +952,7 @@ fn report(comm: &Communicator, rows: &[Row], args: &Args) -> u64 {
             "nodes": comm.topology().nodes().len(), "shape": comm.topology().describe(),
             "dtype": args.dtype, "op": args.op, "algo": args.algo, "device": args.device.name(),
         });
-        println!("{}", json(rows, &desc));
+        println!("{}", json(rows, &desc, args.nic_rate.is_some()));
     }
     if comm.rank() == 0 && args.memory && !args.json {
         match peak_rss_kib() {

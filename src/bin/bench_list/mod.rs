@@ -12,7 +12,8 @@
 //! (under mpiexec; refused elsewhere). With `--nic-rate` each row also shows its NIC floor.
 
 use super::{
-    count_wrong, input_of, iters_for, lens, mpi_once, nic_floor_us, Args, Coll, Native, Row,
+    count_wrong, input_of, iters_for, lens, model_us, mpi_once, nic_floor_us, Args, Coll, Native,
+    Row,
 };
 use pccl::{Communicator, DType, Element, ReduceOp};
 use std::time::Instant;
@@ -192,9 +193,12 @@ pub fn run_size<T: Element>(
             Some(c) => c.algorithm_for(coll_key, block_bytes)?.name(),
             None => "mpi".to_string(),
         };
-        let floor_us = match c {
-            Some(_) => nic_floor_us(comm, coll, op, &ran, count, es, args)?,
-            None => None,
+        let (floor_us, model) = match c {
+            Some(_) => (
+                nic_floor_us(comm, coll, op, &ran, count, es, args)?,
+                model_us(comm, coll, op, &ran, count, es, args)?,
+            ),
+            None => (None, None),
         };
         rows.push(Row {
             coll,
@@ -211,6 +215,7 @@ pub fn run_size<T: Element>(
             vendor_us: None,
             floor_us,
             slowest_us: Some(median(slowest[a * rounds..(a + 1) * rounds].to_vec()) * 1e6),
+            model_us: model,
             scratch: None,
             wrong: wrong_all[a] as u64,
             requested: Some(names[a].clone()),
@@ -268,6 +273,9 @@ pub fn bench(
             if args.nic_rate.is_some() {
                 h.push_str(&format!(" {:>10} {:>7}", "nicfloor", "xfloor"));
             }
+            if args.model {
+                h.push_str(&format!(" {:>10} {:>7}", "model(us)", "xmodel"));
+            }
             if args.check {
                 h.push_str(&format!(" {:>7}", "#wrong"));
             }
@@ -299,6 +307,15 @@ pub fn bench(
                             " {:>10.1} {:>7.2}",
                             f,
                             r.slowest_us.unwrap_or(r.avg_us) / f
+                        )),
+                        (true, None) => s.push_str(&format!(" {:>10} {:>7}", "-", "-")),
+                        _ => {}
+                    }
+                    match (args.model, r.model_us) {
+                        (true, Some(m)) => s.push_str(&format!(
+                            " {:>10.1} {:>7.2}",
+                            m,
+                            r.slowest_us.unwrap_or(r.avg_us) / m
                         )),
                         (true, None) => s.push_str(&format!(" {:>10} {:>7}", "-", "-")),
                         _ => {}

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The emulated-cluster benchmark of docs/CLUSTER.md: for each shape NxM and K NICs per node,
+# brings scripts/cluster.sh up at RATE, writes the profile from R and K alone, and runs
+# pccl-bench under MPICH's mpiexec across the nodes: every algorithm and MPI's own collective
+# interleaved in one run, with the NIC floor and the model's prediction per row (JSON, one
+# file per shape, in OUT).
+#
+#   scripts/cluster-bench.sh [--out docs/cluster] [--rate 200mbit] [--sizes 1K:1M] \
+#       [--shapes "4x4 8x2"] [--nics "1 2 4"] [--colls "allgather reducescatter"] [--iters 3]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=docs/cluster rate=200mbit sizes=1K:1M shapes="4x4 8x2" nics="1 2 4"
+colls="allgather reducescatter" iters=3 tag=""
+while [ $# -gt 0 ]; do
+    case $1 in
+        --out) out=$2; shift 2 ;;
+        --rate) rate=$2; shift 2 ;;
+        --sizes) sizes=$2; shift 2 ;;
+        --shapes) shapes=$2; shift 2 ;;
+        --nics) nics=$2; shift 2 ;;
+        --colls) colls=$2; shift 2 ;;
+        --iters) iters=$2; shift 2 ;;
+        --tag) tag=$2; shift 2 ;;
+        *) echo "cluster-bench.sh: unknown option $1" >&2; exit 2 ;;
+    esac
+done
+bench=target/release/pccl-bench
+[ -x "$bench" ] || cargo build --release --features mpi,hwloc,ofi --bin pccl-bench
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+algos=auto,ring,rd,hier-rd,hier-ring,hier-rd-pipe4,hier-ring-pipe4,mpi
+for shape in $shapes; do
+    n=${shape%x*} m=${shape#*x}
+    for k in $nics; do
+        scripts/cluster.sh up --nodes "$n" --nics "$k" --rate "$rate" >/dev/null
+        prof="$out/profile-${k}nic-$rate.toml"
+        scripts/cluster.sh profile >"$prof"
+        for coll in $colls; do
+            f="$out/${coll}-${n}x${m}-k${k}-${rate}${tag}.json"
+            echo "== $shape K=$k $coll -> $f" >&2
+            scripts/cluster.sh run --mpi --ranks-per-node "$m" --timeout 1500 -- \
+                env PCCL_TUNE_FILE="$prof" "$PWD/$bench" --transport tcp -m "$sizes" \
+                -i "$iters" --coll "$coll" --algo "$algos" --nic-rate "$rate" --model --check \
+                --json >"$f.tmp" 2>"$f.err" || echo "   (exit $?; see $f.err)" >&2
+            # Only rank 0's JSON document: from its first '{' line to the end.
+            sed -n '/^{/,$p' "$f.tmp" >"$f" && rm -f "$f.tmp"
+        done
+    done
+done
+scripts/cluster.sh down >/dev/null
