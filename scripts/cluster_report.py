@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Tables and target checks of the emulated-cluster runs (scripts/cluster-bench.sh's JSON).
+
+    python3 scripts/cluster_report.py docs/cluster [--plot docs/cluster/plots]
+
+For every run (shape N x M, K NICs, collective): one row per size with each entry's time (the
+slowest rank's, median over rounds: the collective's completion), its distance from the NIC
+floor and from the model, `auto` against the best fixed algorithm and against MPI's own
+collective. Then the issue's targets, counted over all runs. Times in ms.
+"""
+
+import glob
+import json
+import os
+import re
+import sys
+from collections import defaultdict
+
+FIXED = ["ring", "rd", "hier-rd", "hier-ring", "hier-rd-pipe4", "hier-ring-pipe4"]
+
+
+def load(path):
+    """The first JSON document of a file (mpiexec may append its own messages)."""
+    text = open(path).read()
+    start = text.find("{")
+    if start < 0:
+        return None
+    try:
+        doc, _ = json.JSONDecoder().raw_decode(text[start:])
+    except json.JSONDecodeError:
+        return None
+    return doc
+
+
+def runs(folder):
+    out = []
+    for f in sorted(glob.glob(os.path.join(folder, "*.json"))):
+        m = re.match(r"(\w+)-(\d+)x(\d+)-k(\d+)-([0-9a-z]+?)(-.+)?\.json$", os.path.basename(f))
+        doc = load(f)
+        if not m or not doc:
+            continue
+        coll, n, mm, k, rate, tag = m.groups()
+        by = defaultdict(dict)
+        for r in doc["results"]:
+            by[r["bytes"]][r["requested"]] = r
+        out.append({"file": f, "coll": coll, "n": int(n), "m": int(mm), "k": int(k),
+                    "rate": rate, "tag": (tag or "").lstrip("-"), "sizes": dict(by)})
+    return out
+
+
+def t(r):
+    return (r.get("slowest_us") or r["avg_us"]) / 1e3
+
+
+def size_name(b):
+    for unit, div in (("M", 1 << 20), ("K", 1 << 10)):
+        if b >= div and b % div == 0:
+            return f"{b // div}{unit}"
+    return str(b)
+
+
+def table(run):
+    entries = [e for e in ["auto"] + FIXED + ["mpi"]
+               if any(e in row for row in run["sizes"].values())]
+    head = ["size"] + entries + ["auto ran", "auto/best", "auto/mpi"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for b in sorted(run["sizes"]):
+        row = run["sizes"][b]
+        cells = [size_name(b)]
+        for e in entries:
+            r = row.get(e)
+            if not r:
+                cells.append("-")
+                continue
+            c = f"{t(r):.2f}"
+            if r.get("floor_us"):
+                c += f" ({t(r) * 1e3 / r['floor_us']:.2f}f"
+                c += f", {t(r) * 1e3 / r['model_us']:.2f}m)" if r.get("model_us") else ")"
+            cells.append(c)
+        best = min((t(row[e]) for e in FIXED if e in row), default=None)
+        auto = row.get("auto")
+        cells.append(auto["algo"] if auto else "-")
+        cells.append(f"{t(auto) / best:.2f}" if auto and best else "-")
+        cells.append(f"{t(auto) / t(row['mpi']):.2f}" if auto and "mpi" in row else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def targets(all_runs, big=1 << 20):
+    model_pts = model_ok = 0
+    auto_pts = auto_ok = 0
+    mpi_pts = mpi_ok = 0
+    floor_pts = floor_ok = 0
+    worst_floor = []
+    for run in all_runs:
+        for b, row in run["sizes"].items():
+            for e in FIXED:
+                r = row.get(e)
+                if not r:
+                    continue
+                if r.get("model_us"):
+                    model_pts += 1
+                    x = t(r) * 1e3 / r["model_us"]
+                    model_ok += 0.8 <= x <= 1.25
+                if b >= big and r.get("floor_us"):
+                    floor_pts += 1
+                    x = t(r) * 1e3 / r["floor_us"]
+                    floor_ok += x <= 1.15
+                    if x > 1.15:
+                        worst_floor.append((round(x, 2), e, run["coll"], f"{run['n']}x{run['m']}",
+                                            f"K={run['k']}", size_name(b)))
+            best = min((t(row[e]) for e in FIXED if e in row), default=None)
+            if "auto" in row and best:
+                auto_pts += 1
+                auto_ok += t(row["auto"]) <= 1.1 * best
+            if "auto" in row and "mpi" in row:
+                mpi_pts += 1
+                mpi_ok += t(row["auto"]) <= t(row["mpi"])
+    return {
+        "model within 1.25x (profile from R and K alone)": f"{model_ok} of {model_pts}",
+        "auto within 10% of the best fixed algorithm": f"{auto_ok} of {auto_pts}",
+        "auto at least as fast as MPI's own collective": f"{mpi_ok} of {mpi_pts}",
+        f"within 1.15x of the NIC floor at >= {size_name(big)}": f"{floor_ok} of {floor_pts}",
+        "worst misses of the floor": sorted(worst_floor, reverse=True)[:8],
+    }
+
+
+def main():
+    folder = sys.argv[1] if len(sys.argv) > 1 else "docs/cluster"
+    all_runs = runs(folder)
+    for run in all_runs:
+        tag = f" ({run['tag']})" if run["tag"] else ""
+        print(f"\n#### {run['coll']}, {run['n']}x{run['m']}, K = {run['k']} NICs at "
+              f"{run['rate']}{tag}\n")
+        print("ms (slowest rank; f: over the NIC floor, m: over the model)\n")
+        print(table(run))
+    print("\n#### Targets\n")
+    for k, v in targets(all_runs).items():
+        print(f"- {k}: {v}")
+
+
+if __name__ == "__main__":
+    main()
