@@ -6,6 +6,8 @@
 #   scripts/cluster.sh run [--ranks-per-node M] [--timeout S] [--mpi] [--keep-logs] -- CMD ARGS...
 #   scripts/cluster.sh exec NODE -- CMD ARGS...       one command inside node NODE
 #   scripts/cluster.sh link NODE NIC up|down          take a NIC down (faults) or back up
+#   scripts/cluster.sh partition A B cut|heal         cut every path between nodes A and B
+#   scripts/cluster.sh rate NODE NIC RATE             reshape one NIC (8bit: a link that stalls)
 #   scripts/cluster.sh counters                       bytes sent/received per node and NIC
 #   scripts/cluster.sh profile [ALPHA_US] > F.toml    a tuning profile from R and K alone
 #   scripts/cluster.sh status | down
@@ -90,12 +92,20 @@ shape() {
     tc -n "$ns" class add dev "$dev" parent 1: classid 1:1 htb rate "$rate" ceil "$rate" \
         burst "$burst" cburst "$burst" quantum 32768
     tc -n "$ns" class add dev "$dev" parent 1:1 classid 1:9 htb rate 1mbit ceil "$rate" \
-        burst "$burst" cburst "$burst" quantum 32768
+        burst "$burst" cburst "$burst" quantum 32768 prio 1
+    # Bare TCP ACKs (IP packets under 128 bytes) ahead of the bulk: a node that sends and
+    # receives at once (every exchange of recursive doubling) would otherwise queue the ACKs
+    # of what it receives behind what it sends, and slow its own receive (switches do not
+    # hold an ACK behind megabytes of another flow).
+    tc -n "$ns" class add dev "$dev" parent 1:1 classid 1:2 htb rate 1mbit ceil "$rate" \
+        burst "$burst" cburst "$burst" quantum 32768 prio 0
+    tc -n "$ns" filter add dev "$dev" parent 1: protocol ip prio 1 u32 \
+        match ip protocol 6 0xff match u16 0x0000 0xff80 at 2 flowid 1:2
     local n=10 a
     for a in "$@"; do
         tc -n "$ns" class add dev "$dev" parent 1:1 classid "1:$n" htb rate 1mbit ceil "$rate" \
-            burst "$burst" cburst "$burst" quantum 32768
-        tc -n "$ns" filter add dev "$dev" parent 1: protocol ip prio 1 u32 \
+            burst "$burst" cburst "$burst" quantum 32768 prio 1
+        tc -n "$ns" filter add dev "$dev" parent 1: protocol ip prio 2 u32 \
             match ip "$match" "$a/32" flowid "1:$n"
         n=$((n + 1))
     done
@@ -293,6 +303,35 @@ cmd_link() {
     fi
 }
 
+# Cuts (or heals) every path between nodes A and B: rules ahead of the per-NIC tables send
+# their traffic for each other's addresses nowhere, both ways; other nodes are unaffected.
+cmd_partition() {
+    load
+    [ $# -eq 3 ] || die "partition A B cut|heal"
+    local a=$1 b=$2 how=$3 k x y
+    case $how in cut) how=add ;; heal) how=del ;; *) die "partition: cut or heal, not $how" ;; esac
+    for ((k = 0; k < NICS; k++)); do
+        for x in "$a:$b" "$b:$a"; do
+            y=${x#*:}
+            ip -n "$(ns_node "${x%:*}")" rule "$how" to "$NET.$k.$((y + 1))" blackhole \
+                priority 50 2>/dev/null || [ "$how" = del ]
+        done
+    done
+}
+
+# Sets NIC K of node I to RATE both ways (a link that slows to a crawl: 8bit stalls it).
+cmd_rate() {
+    load
+    [ $# -eq 3 ] || die "rate NODE NIC RATE"
+    local i=$1 k=$2 rate=$3 ns dev
+    rate_bits "$rate" >/dev/null
+    for x in "$(ns_node "$i"):pn$k" "$(ns_sw):$(sw_port "$i" "$k")"; do
+        ns=${x%%:*} dev=${x#*:}
+        tc -n "$ns" class change dev "$dev" parent 1: classid 1:1 htb rate "$rate" ceil "$rate" \
+            burst "$BURST" cburst "$BURST" quantum 32768
+    done
+}
+
 # Runs "$@" inside node $1 with its own host name.
 in_node() {
     local i=$1; shift
@@ -418,7 +457,7 @@ EOF
 }
 
 main() {
-    [ $# -gt 0 ] || die "usage: cluster.sh up|run|exec|link|counters|profile|status|down ... (see the header)"
+    [ $# -gt 0 ] || die "usage: cluster.sh up|run|exec|link|partition|rate|counters|profile|status|down ... (see the header)"
     local c=$1; shift
     case $c in
         up) cmd_up "$@" ;;
@@ -427,6 +466,8 @@ main() {
         counters) cmd_counters ;;
         profile) cmd_profile "$@" ;;
         link) cmd_link "$@" ;;
+        partition) cmd_partition "$@" ;;
+        rate) cmd_rate "$@" ;;
         exec) cmd_exec "$@" ;;
         run) cmd_run "$@" ;;
         *) die "unknown command $c" ;;

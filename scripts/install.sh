@@ -4,6 +4,9 @@
 #   PREFIX/lib/pkgconfig/pccl.pc
 #
 # usage: PREFIX=/opt/pccl scripts/install.sh [extra cargo build arguments, e.g. --features mpi]
+# Without --features it builds every feature this machine can (scripts/features.sh: cuda and
+# rocm always, mpi / hwloc / ofi where their libraries are found; PCCL_FEATURES overrides) and
+# says which.
 # Environment: PREFIX (default /usr/local), LIBDIR (default $PREFIX/lib), DESTDIR (staging
 # root for packagers), CARGO (default cargo), CARGO_TARGET_DIR (honoured as by cargo).
 # Then: cc app.c $(PKG_CONFIG_PATH=$PREFIX/lib/pkgconfig pkg-config --cflags --libs pccl)
@@ -22,7 +25,16 @@ case "$prefix" in
 esac
 
 cd "$here"
-"$cargo" build --release --lib "$@"
+extra=()
+case " $* " in
+  *" --features"*|*" --all-features "*|*" -F "*) ;;
+  *)
+    features=${PCCL_FEATURES-$(scripts/features.sh -v)}
+    echo "install.sh: building with features: ${features:-(none)}"
+    [ -n "$features" ] && extra=(--features "$features")
+    ;;
+esac
+"$cargo" build --release --lib "${extra[@]}" "$@"
 target=${CARGO_TARGET_DIR:-$here/target}
 case "$target" in /*) ;; *) target=$here/$target ;; esac
 rel=$target/release

@@ -7,7 +7,7 @@
 # DeviceMesh / functional collectives, point-to-point and all-to-all) again on torch 2.11 (the Python-ProcessGroup code path),
 # in a virtual environment kept at $PCCL_TORCH211_VENV (default ~/.cache/pccl/venv-torch2.11).
 # PCCL_SKIP_TORCH211=1 skips that run; PCCL_TEST_WHEEL=1 also builds the wheel
-# (pip wheel ./ffi/python, cargo --features cuda,rocm) and checks libpccl.so is inside. Exits
+# (pip wheel ./ffi/python, the features scripts/features.sh finds) and checks libpccl.so is inside. Exits
 # non-zero on any failure, including pytest finding no tests (exit 5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -83,7 +83,7 @@ if [ "${PCCL_SKIP_TORCH211:-0}" != 1 ]; then
 fi
 
 if [ "${PCCL_TEST_WHEEL:-0}" = 1 ]; then
-  echo "== pip wheel ./ffi/python (cargo build --features cuda,rocm)"
+  echo "== pip wheel ./ffi/python (cargo build with the features scripts/features.sh finds)"
   whl="$(mktemp -d)"
   "$PYTHON" -m pip wheel -q --disable-pip-version-check --no-deps -w "$whl" ./ffi/python
   "$PYTHON" -m zipfile -l "$whl"/pccl-*.whl | grep -q "pccl/libpccl.so" \

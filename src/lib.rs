@@ -27,6 +27,21 @@ pub use plan::{Algorithm, LevelAlgo};
 pub use topology::Topology;
 pub use transport::threads::ThreadWorld;
 
+/// The optional parts this build of PCCL has, in a fixed order (`mpi`, `cuda`, `rocm`,
+/// `hwloc`, `ofi`; each only if built in): what `pccl-info` and `pcclGetFeatures` report.
+pub fn features() -> Vec<&'static str> {
+    [
+        ("mpi", cfg!(feature = "mpi")),
+        ("cuda", cfg!(feature = "cuda")),
+        ("rocm", cfg!(feature = "rocm")),
+        ("hwloc", cfg!(feature = "hwloc")),
+        ("ofi", cfg!(feature = "ofi")),
+    ]
+    .into_iter()
+    .filter_map(|(name, on)| on.then_some(name))
+    .collect()
+}
+
 /// The README's Rust examples, compiled and run as doc tests.
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]

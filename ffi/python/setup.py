@@ -1,7 +1,7 @@
 """Builds libpccl with cargo and puts it inside the package (``pccl/libpccl.so``).
 
 ``pip install ./ffi/python`` (or ``pip wheel``) runs ``cargo build --release --lib`` on the
-repository's Cargo.toml with the features in ``PCCL_FEATURES`` (default ``cuda,rocm``:
+repository's Cargo.toml with the features in ``PCCL_FEATURES`` (default: what ``scripts/features.sh`` finds this machine can build, ``cuda,rocm`` always and ``mpi``, ``hwloc``, ``ofi`` where their libraries are; ``cuda`` and ``rocm`` are
 device kernels through libcuda/libnvrtc, or HIP/hipRTC/RCCL on torch's ROCm build, all loaded
 at run time, so it builds and runs without CUDA or ROCm installed). Cargo builds in ``PCCL_WHEEL_TARGET_DIR`` (default ``<repo>/target/wheel``), apart
 from the development builds in ``target/release``. ``PCCL_SKIP_CARGO=1`` packages nothing
@@ -31,7 +31,18 @@ def _cargo_build() -> Path:
                            "repository (pip install ./ffi/python)")
     cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
     target = Path(os.environ.get("PCCL_WHEEL_TARGET_DIR") or REPO / "target" / "wheel")
-    features = os.environ.get("PCCL_FEATURES", "cuda,rocm").strip()
+    features = os.environ.get("PCCL_FEATURES")
+    if features is None:
+        # Every feature this machine can build (cuda and rocm always; mpi, hwloc, ofi where
+        # their libraries are found).
+        probe = REPO / "scripts" / "features.sh"
+        try:
+            features = subprocess.run(["bash", str(probe), "-v"], check=True,
+                                      capture_output=True, text=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            features = "cuda,rocm"
+    features = features.strip()
+    print(f"pccl: building with features: {features or '(none)'}", flush=True)
     cmd = [cargo, "build", "--release", "--lib", "--manifest-path", str(manifest)]
     if features:
         cmd += ["--features", features]

@@ -97,6 +97,7 @@ fn report(args: &Args) -> Result<Value, pccl::Error> {
         "nic_map": {"local_ranks": local_ranks, "map": map.to_string(), "why": source.describe(),
                     "pccl_nic_map": user.map(|m| m.to_string())},
         "transports": {"threads": true, "tcp": true, "mpi": cfg!(feature = "mpi"), "ofi": cfg!(feature = "ofi")},
+        "built_features": pccl::features().join(","),
         "features": {"hwloc": cfg!(feature = "hwloc"), "mpi": cfg!(feature = "mpi"),
                      "cuda": cfg!(feature = "cuda"), "rocm": cfg!(feature = "rocm"),
                      "ofi": cfg!(feature = "ofi")},
@@ -206,6 +207,10 @@ fn text(v: &Value) -> String {
         .filter(|k| t[*k].as_bool() == Some(true))
         .collect();
     o += &format!("transports built in: {}\n", built.join(", "));
+    o += &format!(
+        "features built in: {}\n",
+        v["built_features"].as_str().unwrap_or("")
+    );
     let f = &v["libfabric"];
     if !f.is_null() {
         let offers = f["offers"].as_array().cloned().unwrap_or_default();

@@ -505,6 +505,19 @@ pub unsafe extern "C" fn pcclGetVersion(version: *mut c_int) -> pcclResult_t {
     })
 }
 
+/// The optional parts this library was built with, comma-separated (`"mpi,cuda,rocm,hwloc,ofi"`
+/// when all are; an empty string when none): a static string, never NULL.
+#[no_mangle]
+pub extern "C" fn pcclGetFeatures() -> *const c_char {
+    static FEATURES: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
+    FEATURES
+        .get_or_init(|| {
+            // Feature names hold no NUL byte.
+            std::ffi::CString::new(crate::features().join(",")).unwrap_or_default()
+        })
+        .as_ptr()
+}
+
 /// A short, static description of a result code (also for unknown codes).
 #[no_mangle]
 pub extern "C" fn pcclGetErrorString(result: pcclResult_t) -> *const c_char {

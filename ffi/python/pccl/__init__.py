@@ -4,6 +4,6 @@
 The low-level API lives in :mod:`pccl._lib` (``lib()``, ``PcclError``, dtype/op codes).
 """
 
-from ._lib import PcclError, lib, library_path, version  # noqa: F401
+from ._lib import PcclError, features, lib, library_path, version  # noqa: F401
 
-__all__ = ["PcclError", "lib", "library_path", "version"]
+__all__ = ["PcclError", "features", "lib", "library_path", "version"]

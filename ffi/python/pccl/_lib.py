@@ -231,6 +231,17 @@ def version() -> int:
     return v.value
 
 
+def features() -> list:
+    """The optional parts the loaded libpccl was built with (``["mpi", "cuda", "rocm",
+    "hwloc", "ofi"]`` when all are); empty for a library too old to say."""
+    f = getattr(lib(), "pcclGetFeatures", None)
+    if f is None:
+        return []
+    f.argtypes = []
+    f.restype = ctypes.c_char_p
+    return [x for x in (f() or b"").decode().split(",") if x]
+
+
 def has_mpi() -> bool:
     return hasattr(lib(), "pcclCommInitMPIWorld")
 

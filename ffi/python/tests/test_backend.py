@@ -81,6 +81,12 @@ def test_library_loads():
 
     assert pccl.version() >= 100
     assert os.path.exists(pccl.library_path())
+    # The library says what it was built with; the suite builds it with PCCL_TEST_FEATURES.
+    feats = pccl.features()
+    assert set(feats) <= {"mpi", "cuda", "rocm", "hwloc", "ofi"}, feats
+    want = os.environ.get("PCCL_TEST_FEATURES")
+    if want:
+        assert set(feats) == {f for f in want.split(",") if f}, (feats, want)
 
 
 def test_tensors_on_several_or_unknown_devices_rejected():
