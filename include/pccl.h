@@ -311,6 +311,12 @@ extern "C" {
 pcclResult_t pcclGetVersion(int *version);
 
 /**
+ * The optional parts this library was built with, comma-separated (`"mpi,cuda,rocm,hwloc,ofi"`
+ * when all are; an empty string when none): a static string, never NULL.
+ */
+const char *pcclGetFeatures(void);
+
+/**
  * A short, static description of a result code (also for unknown codes).
  */
 const char *pcclGetErrorString(pcclResult_t result);
