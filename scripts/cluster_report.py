@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tables and target checks of the emulated-cluster runs (scripts/cluster-bench.sh's JSON).
 
-    python3 scripts/cluster_report.py docs/cluster [--plot docs/cluster/plots]
+    python3 scripts/cluster_report.py docs/cluster [--into docs/CLUSTER.md]
 
 For every run (shape N x M, K NICs, collective): one row per size with each entry's time (the
 slowest rank's, median over rounds: the collective's completion), its distance from the NIC
@@ -125,18 +125,70 @@ def targets(all_runs, big=1 << 20):
     }
 
 
-def main():
-    folder = sys.argv[1] if len(sys.argv) > 1 else "docs/cluster"
-    all_runs = runs(folder)
+def summary(all_runs, b=1 << 20):
+    """One line per run at per-rank size `b`: flat ring against the best hierarchy, as
+    measured and as the NIC floors say, and auto's standing."""
+    head = ["run", "ring ms (f)", "best hierarchy ms (f)", "ring / hierarchy: measured",
+            "floors", "auto ran", "auto / best", "auto / MPI"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for run in all_runs:
+        row = run["sizes"].get(b)
+        if not row or "ring" not in row:
+            continue
+        hier = [e for e in FIXED if e.startswith("hier") and e in row]
+        if not hier:
+            continue
+        h = min(hier, key=lambda e: t(row[e]))
+        ring, best_h = row["ring"], row[h]
+        best = min(t(row[e]) for e in FIXED if e in row)
+        auto = row.get("auto")
+        lines.append("| " + " | ".join([
+            f"{run['coll']} {run['n']}x{run['m']} K={run['k']}",
+            f"{t(ring):.0f} ({t(ring) * 1e3 / ring['floor_us']:.2f})",
+            f"{h} {t(best_h):.0f} ({t(best_h) * 1e3 / best_h['floor_us']:.2f})",
+            f"{t(ring) / t(best_h):.2f}",
+            f"{ring['floor_us'] / best_h['floor_us']:.2f}",
+            auto["algo"] if auto else "-",
+            f"{t(auto) / best:.2f}" if auto else "-",
+            f"{t(auto) / t(row['mpi']):.2f}" if auto and "mpi" in row else "-",
+        ]) + " |")
+    return "\n".join(lines)
+
+
+def report(all_runs):
+    out = [f"Per-rank size 1 MiB, every run (ms, the slowest rank's median; in brackets the time "
+           f"over the NIC floor):\n", summary(all_runs), "\nTargets, over every point of "
+           f"every run:\n"]
+    for k, v in targets(all_runs).items():
+        out.append(f"- {k}: {v}")
     for run in all_runs:
         tag = f" ({run['tag']})" if run["tag"] else ""
-        print(f"\n#### {run['coll']}, {run['n']}x{run['m']}, K = {run['k']} NICs at "
-              f"{run['rate']}{tag}\n")
-        print("ms (slowest rank; f: over the NIC floor, m: over the model)\n")
-        print(table(run))
-    print("\n#### Targets\n")
-    for k, v in targets(all_runs).items():
-        print(f"- {k}: {v}")
+        out.append(f"\n<details><summary>{run['coll']}, {run['n']}x{run['m']}, K = {run['k']} "
+                   f"NICs at {run['rate']}{tag}</summary>\n")
+        out.append("ms (slowest rank; f: over the NIC floor, m: over the model)\n")
+        out.append(table(run))
+        out.append("\n</details>")
+    return "\n".join(out)
+
+
+START, END = "<!-- cluster-report:start -->", "<!-- cluster-report:end -->"
+
+
+def main():
+    args = sys.argv[1:]
+    into = None
+    if "--into" in args:
+        i = args.index("--into")
+        into = args[i + 1]
+        del args[i:i + 2]
+    folder = args[0] if args else "docs/cluster"
+    text = report(runs(folder))
+    if into is None:
+        print(text)
+        return
+    doc = open(into).read()
+    a, b = doc.index(START) + len(START), doc.index(END)
+    open(into, "w").write(doc[:a] + "\n" + text + "\n" + doc[b:])
 
 
 if __name__ == "__main__":
