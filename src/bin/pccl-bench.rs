@@ -14,7 +14,7 @@
 
 use clap::Parser;
 use pccl::config::{parse_bytes, Config};
-use pccl::{Communicator, DType, Element, RawCollective, ReduceOp};
+use pccl::{Communicator, DType, Element, ReduceOp};
 use std::time::Instant;
 
 #[derive(Parser, Debug, Clone)]
@@ -416,21 +416,21 @@ fn run_size<T: Element>(
     if args.check {
         wrong = count_wrong(coll, op, p, r, count, &output);
     }
-    let mpi_mine = if let Some(first) = mpi_once(native, coll, op, &input, &mut output, count, args)
-    {
-        first?;
-        for _ in 0..args.warmup {
-            mpi_once(native, coll, op, &input, &mut output, count, args).transpose()?;
-        }
-        comm.barrier()?;
-        let t0 = Instant::now();
-        for _ in 0..iters {
-            mpi_once(native, coll, op, &input, &mut output, count, args).transpose()?;
-        }
-        Some(t0.elapsed().as_secs_f64() / iters as f64)
-    } else {
-        None
-    };
+    let mpi_mine =
+        if let Some(first) = bounds::mpi_once(native, coll, op, &input, &mut output, count, args) {
+            first?;
+            for _ in 0..args.warmup {
+                bounds::mpi_once(native, coll, op, &input, &mut output, count, args).transpose()?;
+            }
+            comm.barrier()?;
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                bounds::mpi_once(native, coll, op, &input, &mut output, count, args).transpose()?;
+            }
+            Some(t0.elapsed().as_secs_f64() / iters as f64)
+        } else {
+            None
+        };
     finish_row(
         comm,
         coll,
@@ -514,9 +514,9 @@ fn bench_rank(comm: &Communicator, native: &Native<'_>, args: &Args) -> pccl::Re
             if args.memory {
                 row.scratch = Some(comm.scratch_bytes());
             }
-            row.model_us = model_us(comm, coll, op, &row.algo, row.count, dtype.size(), args)?;
-            if let Some(f) = nic_floor_us(comm, coll, op, &row.algo, row.count, dtype.size(), args)?
-            {
+            let b = bounds::of_row(comm, coll, op, &row.algo, row.count, dtype.size(), args)?;
+            row.model_us = b.model_us;
+            if let Some(f) = b.floor_us {
                 row.floor_us = Some(f);
             } else if let (Some(bw), Coll::AllGather) = (copy_bw, coll) {
                 // All P ranks each read and write P·size bytes of output at least once.
@@ -683,6 +683,8 @@ fn resolve_device(kind: Device) -> Device {
     }
 }
 
+#[path = "bench_bounds/mod.rs"]
+mod bounds;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 #[path = "bench_gpu/mod.rs"]
 mod gpu;
@@ -705,104 +707,6 @@ fn machine_copy_bandwidth(comm: &Communicator) -> pccl::Result<f64> {
     let mut total = [0f64];
     comm.all_reduce(&[rate], &mut total, ReduceOp::Sum)?;
     Ok(total[0])
-}
-
-/// One call of MPI's own collective on the same buffers; `None` where MPI's collective is not
-/// there to time (no MPI world, a dtype or op MPI lacks, `--no-mpi-compare`).
-fn mpi_once<T: Element>(
-    native: &Native<'_>,
-    coll: Coll,
-    op: ReduceOp,
-    input: &[T],
-    output: &mut [T],
-    count: usize,
-    args: &Args,
-) -> Option<pccl::Result<()>> {
-    if args.no_mpi_compare
-        || T::DTYPE == DType::F16
-        || T::DTYPE == DType::BF16
-        || op == ReduceOp::Avg
-    {
-        return None;
-    }
-    let raw = match coll {
-        Coll::AllGather => RawCollective::AllGather,
-        Coll::ReduceScatter => RawCollective::ReduceScatter(op),
-        Coll::AllReduce => RawCollective::AllReduce(op),
-    };
-    #[cfg(feature = "mpi")]
-    {
-        let m = native.mpi?;
-        let (i, o) = lens(coll, count, pccl::transport::Transport::size(m));
-        if input.len() < i || output.len() < o {
-            return Some(Err(pccl::Error::internal(
-                "MPI comparison buffers too short",
-            )));
-        }
-        // SAFETY: `input` and `output` hold at least the lengths the collective implies for
-        // `count` elements per block (checked above).
-        Some(unsafe {
-            m.native_collective(
-                raw,
-                T::DTYPE,
-                input.as_ptr() as *const u8,
-                output.as_mut_ptr() as *mut u8,
-                count,
-            )
-        })
-    }
-    #[cfg(not(feature = "mpi"))]
-    {
-        let _ = (native, raw, input, output, count);
-        None
-    }
-}
-
-/// The model's prediction for a call of `coll` run with the algorithm named `algo` (µs), with
-/// this communicator's profile and topology; `None` without `--model`.
-fn model_us(
-    comm: &Communicator,
-    coll: Coll,
-    op: ReduceOp,
-    algo: &str,
-    count: usize,
-    es: usize,
-    args: &Args,
-) -> pccl::Result<Option<f64>> {
-    if !args.model {
-        return Ok(None);
-    }
-    let algo: pccl::Algorithm = algo.parse()?;
-    let block = coll.block_bytes(count, comm.size(), es) as f64;
-    let s = pccl::model::tuner::predict(
-        coll.plan_key(op),
-        algo,
-        comm.topology(),
-        block,
-        &comm.config().profile,
-    )?;
-    Ok(Some(s * 1e6))
-}
-
-/// The NIC floor of a call of `coll` run with the algorithm named `algo` (µs): the bytes
-/// through its busiest NIC direction at `--nic-rate`. `None` without `--nic-rate`.
-fn nic_floor_us(
-    comm: &Communicator,
-    coll: Coll,
-    op: ReduceOp,
-    algo: &str,
-    count: usize,
-    es: usize,
-    args: &Args,
-) -> pccl::Result<Option<f64>> {
-    let Some(rate) = &args.nic_rate else {
-        return Ok(None);
-    };
-    let rate = pccl::model::nic_load::parse_rate(rate)?;
-    let algo: pccl::Algorithm = algo.parse()?;
-    let load = pccl::model::nic_load::nic_load(coll.plan_key(op), algo, comm.topology())?;
-    let block = coll.block_bytes(count, comm.size(), es) as f64;
-    Ok(Some(load.floor_seconds(block, rate) * 1e6))
 }
 
 fn native_present(native: &Native<'_>) -> bool {

@@ -11,10 +11,7 @@
 //! `mpi` in the list is MPI's own collective on the same buffers, interleaved like the others
 //! (under mpiexec; refused elsewhere). With `--nic-rate` each row also shows its NIC floor.
 
-use super::{
-    count_wrong, input_of, iters_for, lens, model_us, mpi_once, nic_floor_us, Args, Coll, Native,
-    Row,
-};
+use super::{bounds, count_wrong, input_of, iters_for, lens, Args, Coll, Native, Row};
 use pccl::{Communicator, DType, Element, ReduceOp};
 use std::time::Instant;
 
@@ -124,15 +121,14 @@ pub fn run_size<T: Element>(
             (Some(c), Coll::AllGather) => c.all_gather(&input, out),
             (Some(c), Coll::ReduceScatter) => c.reduce_scatter(&input, out, op),
             (Some(c), Coll::AllReduce) => c.all_reduce(&input, out, op),
-            (None, _) => {
-                mpi_once(native, coll, op, &input, out, count, args).unwrap_or_else(|| {
+            (None, _) => bounds::mpi_once(native, coll, op, &input, out, count, args)
+                .unwrap_or_else(|| {
                     Err(pccl::Error::usage(format!(
                     "--algo mpi: MPI's own {} cannot be timed here (needs mpiexec, a dtype and \
                      op MPI has, and no --no-mpi-compare)",
                     coll.name()
                 )))
-                })
-            }
+                }),
         }
     };
     let total_bytes = out_len.max(in_len) * es;
@@ -194,10 +190,10 @@ pub fn run_size<T: Element>(
             None => "mpi".to_string(),
         };
         let (floor_us, model) = match c {
-            Some(_) => (
-                nic_floor_us(comm, coll, op, &ran, count, es, args)?,
-                model_us(comm, coll, op, &ran, count, es, args)?,
-            ),
+            Some(_) => {
+                let b = bounds::of_row(comm, coll, op, &ran, count, es, args)?;
+                (b.floor_us, b.model_us)
+            }
             None => (None, None),
         };
         rows.push(Row {
