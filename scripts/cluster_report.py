@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tables and target checks of the emulated-cluster runs (scripts/cluster-bench.sh's JSON).
 
-    python3 scripts/cluster_report.py docs/cluster [--into docs/CLUSTER.md]
+    python3 scripts/cluster_report.py docs/cluster [--before docs/cluster/before-ack] \
+        [--into docs/CLUSTER.md]
 
 For every run (shape N x M, K NICs, collective): one row per size with each entry's time (the
 slowest rank's, median over rounds: the collective's completion), its distance from the NIC
@@ -143,7 +144,8 @@ def summary(all_runs, b=1 << 20):
         best = min(t(row[e]) for e in FIXED if e in row)
         auto = row.get("auto")
         lines.append("| " + " | ".join([
-            f"{run['coll']} {run['n']}x{run['m']} K={run['k']}",
+            f"{run['coll']} {run['n']}x{run['m']} K={run['k']}"
+            + (f" ({run['tag']})" if run["tag"] else ""),
             f"{t(ring):.0f} ({t(ring) * 1e3 / ring['floor_us']:.2f})",
             f"{h} {t(best_h):.0f} ({t(best_h) * 1e3 / best_h['floor_us']:.2f})",
             f"{t(ring) / t(best_h):.2f}",
@@ -155,12 +157,41 @@ def summary(all_runs, b=1 << 20):
     return "\n".join(lines)
 
 
+def spread(all_runs):
+    """Runs repeated (same collective, shape, K and rate, another tag): the share of the
+    points (size x entry) whose two times agree within 10%, and the largest ratio."""
+    key = lambda r: (r["coll"], r["n"], r["m"], r["k"], r["rate"])
+    groups = defaultdict(list)
+    for r in all_runs:
+        groups[key(r)].append(r)
+    pts = ok = 0
+    worst = 1.0
+    for runs_ in groups.values():
+        if len(runs_) < 2:
+            continue
+        a, b = runs_[0], runs_[1]
+        for size, row in a["sizes"].items():
+            for e, r in row.items():
+                other = b["sizes"].get(size, {}).get(e)
+                if not other:
+                    continue
+                x = max(t(r), t(other)) / min(t(r), t(other))
+                pts += 1
+                ok += x <= 1.10
+                worst = max(worst, x)
+    return pts, ok, worst
+
+
 def report(all_runs):
     out = [f"Per-rank size 1 MiB, every run (ms, the slowest rank's median; in brackets the time "
            f"over the NIC floor):\n", summary(all_runs), "\nTargets, over every point of "
            f"every run:\n"]
     for k, v in targets(all_runs).items():
         out.append(f"- {k}: {v}")
+    pts, ok, worst = spread(all_runs)
+    if pts:
+        out.append(f"- repeated runs agreeing within 10%: {ok} of {pts} points "
+                   f"(largest ratio {worst:.2f})")
     for run in all_runs:
         tag = f" ({run['tag']})" if run["tag"] else ""
         out.append(f"\n<details><summary>{run['coll']}, {run['n']}x{run['m']}, K = {run['k']} "
@@ -169,6 +200,32 @@ def report(all_runs):
         out.append(table(run))
         out.append("\n</details>")
     return "\n".join(out)
+
+
+def compare(old_runs, new_runs, b=1 << 20):
+    """Each entry's time over its NIC floor at per-rank size `b`, an earlier matrix against
+    this one (median over the runs of each)."""
+    def ratios(all_runs):
+        out = defaultdict(list)
+        for run in all_runs:
+            if run["tag"]:
+                continue
+            for e, r in run["sizes"].get(b, {}).items():
+                if r.get("floor_us"):
+                    out[e].append(t(r) * 1e3 / r["floor_us"])
+        return out
+
+    def med(v):
+        v = sorted(v)
+        return v[len(v) // 2] if v else float("nan")
+
+    old, new = ratios(old_runs), ratios(new_runs)
+    lines = ["| algorithm | before: time / floor (median, range) | after |", "|---|---|---|"]
+    for e in FIXED:
+        if e in old and e in new:
+            lines.append(f"| {e} | {med(old[e]):.2f} ({min(old[e]):.2f}–{max(old[e]):.2f}) | "
+                         f"{med(new[e]):.2f} ({min(new[e]):.2f}–{max(new[e]):.2f}) |")
+    return "\n".join(lines)
 
 
 START, END = "<!-- cluster-report:start -->", "<!-- cluster-report:end -->"
@@ -181,8 +238,17 @@ def main():
         i = args.index("--into")
         into = args[i + 1]
         del args[i:i + 2]
+    before = None
+    if "--before" in args:
+        i = args.index("--before")
+        before = args[i + 1]
+        del args[i:i + 2]
     folder = args[0] if args else "docs/cluster"
     text = report(runs(folder))
+    if before:
+        text = (f"Each algorithm's time over its NIC floor at 1 MiB per rank, the matrix in "
+                f"`{before}` against this one:\n\n{compare(runs(before), runs(folder))}\n\n"
+                + text)
     if into is None:
         print(text)
         return
