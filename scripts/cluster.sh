@@ -325,10 +325,16 @@ cmd_rate() {
     [ $# -eq 3 ] || die "rate NODE NIC RATE"
     local i=$1 k=$2 rate=$3 ns dev
     rate_bits "$rate" >/dev/null
+    local c parent
     for x in "$(ns_node "$i"):pn$k" "$(ns_sw):$(sw_port "$i" "$k")"; do
         ns=${x%%:*} dev=${x#*:}
-        tc -n "$ns" class change dev "$dev" parent 1: classid 1:1 htb rate "$rate" ceil "$rate" \
-            burst "$BURST" cburst "$BURST" quantum 32768
+        # Every class: the children's guaranteed share would otherwise keep the NIC going.
+        for c in $(tc -n "$ns" class show dev "$dev" | awk '{print $3}'); do
+            parent=1:1
+            [ "$c" = 1:1 ] && parent=1:
+            tc -n "$ns" class change dev "$dev" parent "$parent" classid "$c" htb rate "$rate" \
+                ceil "$rate" burst "$BURST" cburst "$BURST" quantum 32768
+        done
     done
 }
 

@@ -278,6 +278,10 @@ impl Link {
     }
 
     // ---- the inbound stream ------------------------------------------------------------
+    //
+    // `idle` (the board and the deadline) is called whenever a read step brings nothing, and
+    // also at least every `faults::POLL` while bytes keep trickling in: a link slowed to a
+    // crawl (a few bytes per step) must not outlive the collective's deadline.
 
     /// The next data frame's header; control frames met on the way are handled. `idle` is
     /// called whenever nothing arrived for a step; its error ends the read (the position
@@ -287,6 +291,7 @@ impl Link {
         ib: &mut Inbox,
         idle: &mut dyn FnMut() -> Result<()>,
     ) -> std::result::Result<Header, Stop> {
+        let mut pace = Pace::new();
         loop {
             if let Some(h) = ib.pending.take() {
                 return Ok(h);
@@ -305,7 +310,12 @@ impl Link {
                 } = &mut *ib;
                 let buf = &mut bytemuck::cast_slice_mut::<u64, u8>(scratch)[..n];
                 match self.read(s, closed, &mut [IoSliceMut::new(buf)])? {
-                    Some(k) => ib.skip -= k as u64,
+                    Some(k) => {
+                        ib.skip -= k as u64;
+                        if pace.due() {
+                            idle()?
+                        }
+                    }
                     None => idle()?,
                 }
             }
@@ -319,7 +329,12 @@ impl Link {
                     ..
                 } = &mut *ib;
                 match self.read(s, closed, &mut [IoSliceMut::new(&mut head[*got..])])? {
-                    Some(k) => ib.got += k,
+                    Some(k) => {
+                        ib.got += k;
+                        if pace.due() {
+                            idle()?
+                        }
+                    }
                     None if ib.got > 0 => {
                         // A header that started arriving finishes soon, or the link is broken.
                         let t = *started.get_or_insert_with(Instant::now);
@@ -400,6 +415,7 @@ impl Link {
         let total = len + TRAILER;
         let mut trailer = [0u8; TRAILER];
         let mut done = 0;
+        let mut pace = Pace::new();
         // On an interruption, the rest of the frame is discarded by the next reader.
         let interrupted = |ib: &mut Inbox, done: usize, e: Stop| {
             ib.skip = (total - done) as u64;
@@ -413,7 +429,13 @@ impl Link {
                         &mut ib.closed,
                         &mut wire::rest(dst, &mut trailer, done),
                     ) {
-                        Ok(Some(k)) => done += k,
+                        Ok(Some(k)) if !pace.due() => done += k,
+                        Ok(Some(k)) => {
+                            done += k;
+                            if let Err(e) = idle() {
+                                return Err(interrupted(ib, done, e.into()));
+                            }
+                        }
                         Ok(None) => {
                             if let Err(e) = idle() {
                                 return Err(interrupted(ib, done, e.into()));
@@ -442,7 +464,13 @@ impl Link {
                             let tail: &mut [u8] = if last { &mut trailer } else { &mut [] };
                             let rest = &mut wire::rest(&mut bytes[..n], tail, got);
                             match self.read(&mut ib.s, &mut ib.closed, rest) {
-                                Ok(Some(k)) => got += k,
+                                Ok(Some(k)) if !pace.due() => got += k,
+                                Ok(Some(k)) => {
+                                    got += k;
+                                    if let Err(e) = idle() {
+                                        return Err(interrupted(ib, off + got, e.into()));
+                                    }
+                                }
                                 Ok(None) => {
                                     if let Err(e) = idle() {
                                         return Err(interrupted(ib, off + got, e.into()));
@@ -652,5 +680,27 @@ impl Link {
             idle()?;
             ring.wait_published(NAP);
         }
+    }
+}
+
+/// When a reader that keeps receiving bytes looks at the board and the deadline again.
+struct Pace {
+    last: Instant,
+}
+
+impl Pace {
+    fn new() -> Self {
+        Pace {
+            last: Instant::now(),
+        }
+    }
+
+    /// True at most once per [`faults::POLL`].
+    fn due(&mut self) -> bool {
+        if self.last.elapsed() < faults::POLL {
+            return false;
+        }
+        self.last = Instant::now();
+        true
     }
 }
