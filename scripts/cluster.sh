@@ -231,7 +231,7 @@ cmd_down() {
         ip link del "$l" 2>/dev/null || true
     done
     if [ -f "$s/pids" ]; then
-        kill -9 $(cat "$s/pids") 2>/dev/null || true
+        xargs -r kill -9 <"$s/pids" 2>/dev/null || true
     fi
     # Rings a crashed rank created but nobody mapped (mapped ones are unlinked at once).
     if [ -f "$s/up_since" ]; then
@@ -402,7 +402,7 @@ cmd_run() {
             echo $! >>"$s/pids"
         done
     done
-    local tail_pid= start rc=0 pid left
+    local tail_pid='' start rc=0 pid left
     mapfile -t pids <"$s/pids"
     # Rank 0's output as it comes; tail ends once rank 0 has (after printing all of it).
     tail -n +1 -F --pid="${pids[0]}" "$run/rank0.log" 2>/dev/null &

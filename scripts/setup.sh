@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what PCCL's build, tests and benchmarks need on a Debian machine with Rust:
-# MPICH (headers + mpiexec), libclang (rsmpi's bindgen), hwloc and udev headers.
+# MPICH (headers + mpiexec), libclang (rsmpi's bindgen), hwloc and udev headers, iproute2
+# (ip, tc) and util-linux (unshare) for the emulated cluster (scripts/cluster.sh, tests/cluster.rs).
 set -euo pipefail
-pkgs=(mpich libmpich-dev libclang-dev libhwloc-dev libudev-dev pkg-config valgrind fonts-dejavu-core libfabric-dev libfabric-bin shellcheck)
+pkgs=(mpich libmpich-dev libclang-dev libhwloc-dev libudev-dev pkg-config valgrind fonts-dejavu-core libfabric-dev libfabric-bin shellcheck iproute2 util-linux)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

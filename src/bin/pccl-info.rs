@@ -32,18 +32,12 @@ struct Args {
 
 /// Global rank and size from the launcher, if any.
 fn world(env: &dyn Env) -> Option<(usize, Option<usize>)> {
-    [
-        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-        ("PMI_RANK", "PMI_SIZE"),
-        ("PALS_RANKID", "PALS_NRANKS"),
-        ("SLURM_PROCID", "SLURM_NTASKS"),
-        ("RANK", "WORLD_SIZE"),
-    ]
-    .iter()
-    .find_map(|&(r, s)| {
-        let rank = nonempty(env, r)?.parse().ok()?;
-        Some((rank, nonempty(env, s).and_then(|v| v.parse().ok())))
-    })
+    pccl::transport::launch::RANK_VARS
+        .iter()
+        .find_map(|&(r, s)| {
+            let rank = nonempty(env, r)?.parse().ok()?;
+            Some((rank, nonempty(env, s).and_then(|v| v.parse().ok())))
+        })
 }
 
 fn report(args: &Args) -> Result<Value, pccl::Error> {

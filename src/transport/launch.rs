@@ -4,8 +4,9 @@
 //! a file that rank 0 writes.
 //!
 //! Variables, first found wins: `PCCL_RANK` / `PCCL_WORLD_SIZE`, `PMI_RANK` / `PMI_SIZE`
-//! (MPICH's hydra), `OMPI_COMM_WORLD_RANK` / `OMPI_COMM_WORLD_SIZE`, `SLURM_PROCID` /
-//! `SLURM_NTASKS`, `RANK` / `WORLD_SIZE` (torchrun). The id: `PCCL_UNIQUE_ID` (the 128 bytes
+//! (MPICH's hydra), `OMPI_COMM_WORLD_RANK` / `OMPI_COMM_WORLD_SIZE`, `PALS_RANKID` /
+//! `PALS_NRANKS` (Cray PALS), `SLURM_PROCID` / `SLURM_NTASKS`, `RANK` / `WORLD_SIZE`
+//! (torchrun). The id: `PCCL_UNIQUE_ID` (the 128 bytes
 //! of [`UniqueId::to_bytes`] as 256 hex digits), else `PCCL_UNIQUE_ID_FILE`: rank 0 opens the
 //! rendezvous and writes its id there (mode 0600, renamed into place so nobody reads half of
 //! it); the other ranks wait for the file up to `PCCL_TIMEOUT`. The file names a secret: give
@@ -20,10 +21,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Launcher variables for (rank, world size), in the order they are looked at.
-pub const RANK_VARS: [(&str, &str); 5] = [
+pub const RANK_VARS: [(&str, &str); 6] = [
     ("PCCL_RANK", "PCCL_WORLD_SIZE"),
     ("PMI_RANK", "PMI_SIZE"),
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("PALS_RANKID", "PALS_NRANKS"),
     ("SLURM_PROCID", "SLURM_NTASKS"),
     ("RANK", "WORLD_SIZE"),
 ];
