@@ -18,6 +18,7 @@ use pccl::model::profile::DeviceKind;
 use pccl::model::profile::Profile;
 use pccl::model::sim::{Cluster, Engine, Job, Summary};
 use pccl::model::tuner;
+use pccl::model::vendor::{Baseline, Mechanisms, MECHANISMS};
 use pccl::plan::{Algorithm, Collective};
 use pccl::topology::{NicMap, Topology};
 use std::time::Instant;
@@ -38,7 +39,8 @@ struct Args {
     #[arg(long, default_value = "allgather")]
     coll: String,
     /// ring, rd, hier-rd, hier-ring, hier-INTER-INTRA, any hierarchy overlapped in K pieces as
-    /// HIER-pipeK (hier-rd-pipe8), or auto (the tuner's choice per size).
+    /// HIER-pipeK (hier-rd-pipe8), auto (the tuner's choice per size), or a vendor baseline of
+    /// the profile: rccl / nccl (its `[vendor]` ring) or mpich (its `[mpich]` ring).
     #[arg(long, default_value = "auto")]
     algo: String,
     /// Ranks in the job.
@@ -65,9 +67,14 @@ struct Args {
     /// Draw the speedup of --algo over --vs across 16 MiB…1 GiB × 32…4096 ranks into this PNG.
     #[arg(long)]
     heatmap: Option<String>,
-    /// The algorithm the heatmap compares against.
-    #[arg(long, default_value = "ring")]
-    vs: String,
+    /// What --algo is compared with: an algorithm (heatmap only) or a vendor baseline (rccl,
+    /// nccl, mpich: a `vs_*` column per size, and the heatmap).
+    #[arg(long)]
+    vs: Option<String>,
+    /// Vendor-model mechanisms to turn off, comma-separated: protocols, channels, proxy,
+    /// rendezvous, dragonfly (dragonfly also for PCCL's plans: no groups, no taper).
+    #[arg(long, default_value = "")]
+    without: String,
     /// The flat ring: `nccl` (multi-channel over all NICs, pipelined; the presets' setting)
     /// or `pccl` (PCCL's executor: one message per step through the sender's NIC).
     #[arg(long)]
@@ -123,6 +130,25 @@ struct Sim {
     coll: Collective,
     engine: Engine,
     nic_map: Option<NicMap>,
+    mech: Mechanisms,
+}
+
+/// What to time: the tuner's choice, one of PCCL's algorithms, or a vendor baseline.
+#[derive(Clone, Copy, Debug)]
+enum Which {
+    Auto,
+    Algo(Algorithm),
+    Base(Baseline, &'static str),
+}
+
+impl Which {
+    fn name(&self) -> String {
+        match self {
+            Which::Auto => "auto".into(),
+            Which::Algo(a) => a.name(),
+            Which::Base(_, n) => (*n).to_string(),
+        }
+    }
 }
 
 impl Sim {
@@ -134,21 +160,40 @@ impl Sim {
         }
     }
 
-    /// Seconds for each size (block bytes), one plan summary for all sizes.
-    fn times(
-        &self,
-        algo: Option<Algorithm>,
-        topo: &Topology,
-        blocks: &[f64],
-    ) -> Vec<(Algorithm, f64)> {
+    /// (name, seconds, detail) for each size (block bytes), one plan summary for all sizes.
+    fn times(&self, which: Which, topo: &Topology, blocks: &[f64]) -> Vec<(String, f64, String)> {
         let cl = Cluster::new(topo, &self.prof);
+        let algo = match which {
+            Which::Base(b, name) => {
+                let m = topo.nodes().iter().map(Vec::len).max().unwrap_or(1);
+                return blocks
+                    .iter()
+                    .map(|&blk| {
+                        let e = b
+                            .estimate(&self.prof, self.mech, self.coll, (topo.nranks(), m), blk)
+                            .unwrap_or_else(|e| fail(e));
+                        let detail = format!(
+                            "{} {}ch, {:.1} us/step ({}), fill {:.0} us",
+                            e.protocol,
+                            e.channels,
+                            e.step * 1e6,
+                            e.bound,
+                            e.fill * 1e6
+                        );
+                        (name.to_string(), e.seconds, detail)
+                    })
+                    .collect();
+            }
+            Which::Auto => None,
+            Which::Algo(a) => Some(a),
+        };
         match algo {
             None => blocks
                 .iter()
                 .map(|&b| {
                     let (c, _) = tuner::choose_with(self.coll, topo, b as usize, &self.prof)
                         .unwrap_or_else(|e| fail(e));
-                    (c.algo, c.seconds)
+                    (c.algo.to_string(), c.seconds, String::new())
                 })
                 .collect(),
             Some(a) => {
@@ -161,7 +206,10 @@ impl Sim {
                     let s = Summary::new(&cl, self.coll, a).unwrap_or_else(|e| fail(e));
                     blocks
                         .iter()
-                        .map(|&b| (a, s.outcome(&cl, &Job::new(self.coll, a, b)).seconds))
+                        .map(|&b| {
+                            let t = s.outcome(&cl, &Job::new(self.coll, a, b)).seconds;
+                            (a.to_string(), t, String::new())
+                        })
                         .collect()
                 } else {
                     blocks
@@ -170,7 +218,7 @@ impl Sim {
                             let o = cl
                                 .simulate(&Job::new(self.coll, a, b), Engine::Events)
                                 .unwrap_or_else(|e| fail(e));
-                            (a, o.seconds)
+                            (a.to_string(), o.seconds, String::new())
                         })
                         .collect()
                 }
@@ -186,12 +234,18 @@ impl Sim {
     }
 }
 
-fn parse_algo(s: &str) -> Option<Algorithm> {
+fn parse_which(s: &str, prof: &Profile) -> Which {
     if s == "auto" {
-        None
-    } else {
-        Some(s.parse().unwrap_or_else(|e| fail(e)))
+        return Which::Auto;
     }
+    if let Some(b) = Baseline::parse(s, prof) {
+        let name = pccl::model::vendor::BASELINES
+            .iter()
+            .find(|n| **n == s)
+            .expect("a baseline name");
+        return Which::Base(b.unwrap_or_else(|e| fail(e)), name);
+    }
+    Which::Algo(s.parse().unwrap_or_else(|e| fail(e)))
 }
 
 fn main() {
@@ -220,6 +274,12 @@ fn main() {
         "phases" => Engine::Phases,
         o => fail(format!("--engine {o}: expected auto, events or phases")),
     };
+    let mech = Mechanisms::without(&args.without)
+        .unwrap_or_else(|e| fail(format!("--without: {e} (known: {})", MECHANISMS.join(", "))));
+    if !mech.dragonfly {
+        prof.inter.group_nodes = 0;
+        prof.inter.taper = 1.0;
+    }
     let m = args.ranks_per_node.unwrap_or(prof.ranks_per_node).max(1);
     let nic_map = args
         .nic_map
@@ -230,10 +290,13 @@ fn main() {
         coll: parse_coll(&args.coll),
         engine,
         nic_map,
+        mech,
     };
-    let algo = parse_algo(&args.algo);
+    let algo = parse_which(&args.algo, &sim.prof);
+    let vs = args.vs.as_deref().map(|v| parse_which(v, &sim.prof));
     if let Some(out) = &args.heatmap {
-        heatmap(&sim, algo, parse_algo(&args.vs), m, out, &args);
+        let vs = vs.unwrap_or(Which::Algo(Algorithm::Flat(pccl::plan::LevelAlgo::Ring)));
+        heatmap(&sim, algo, vs, m, out, &args);
         return;
     }
     if args.ranks == 0 {
@@ -249,6 +312,7 @@ fn main() {
     let t0 = Instant::now();
     let res = sim.times(algo, &topo, &blocks);
     let wall = t0.elapsed().as_secs_f64();
+    let base = vs.map(|v| (v.name(), sim.times(v, &topo, &blocks)));
     let p = args.ranks as f64;
     let factor = match sim.coll {
         Collective::AllReduce { .. } => 2.0 * (p - 1.0) / p,
@@ -265,44 +329,72 @@ fn main() {
             sim.prof.name,
             wall
         );
+        let vs_cols = base.as_ref().map_or(String::new(), |(n, _)| {
+            format!(" {:>14} {:>9}", format!("{n}(us)"), "speedup")
+        });
         println!(
-            "{:>12} {:>14} {:>12} {:>12}  algo",
+            "{:>12} {:>14} {:>12} {:>12}{vs_cols}  algo",
             "size(B)", "time(us)", "algbw(GB/s)", "busbw(GB/s)"
         );
     }
     for (i, &s) in sz.iter().enumerate() {
-        let (a, t) = res[i];
+        let (a, t, detail) = &res[i];
+        let t = *t;
         let total = match sim.coll {
             Collective::AllReduce { .. } => s as f64,
             _ => s as f64 * p,
         };
         let algbw = total / t / 1e9;
+        let vs_row = base
+            .as_ref()
+            .map(|(n, b)| (n.clone(), b[i].1, b[i].2.clone()));
         if args.json {
-            println!(
-                "{}",
-                serde_json::json!({
-                    "coll": args.coll, "algo": a.name(), "requested": args.algo,
-                    "ranks": args.ranks, "ranks_per_node": m, "size": s, "seconds": t,
-                    "algbw_gbs": algbw, "busbw_gbs": algbw * factor,
-                    "profile": sim.prof.name, "sim_wall_s": wall,
-                })
-            );
+            let mut j = serde_json::json!({
+                "coll": args.coll, "algo": a, "requested": args.algo,
+                "ranks": args.ranks, "ranks_per_node": m, "size": s, "seconds": t,
+                "algbw_gbs": algbw, "busbw_gbs": algbw * factor,
+                "profile": sim.prof.name, "sim_wall_s": wall,
+            });
+            if !detail.is_empty() {
+                j["detail"] = serde_json::json!(detail);
+            }
+            if let Some((n, bt, bd)) = &vs_row {
+                j["vs"] = serde_json::json!(n);
+                j["vs_seconds"] = serde_json::json!(bt);
+                j["vs_detail"] = serde_json::json!(bd);
+                j["speedup"] = serde_json::json!(bt / t);
+            }
+            println!("{j}");
         } else {
+            let vs_cols = vs_row.as_ref().map_or(String::new(), |(_, bt, _)| {
+                format!(" {:>14.1} {:>9.2}", bt * 1e6, bt / t)
+            });
+            let what = match (detail.is_empty(), &vs_row) {
+                (false, _) => format!("{a}: {detail}"),
+                (true, Some((n, _, bd))) if !bd.is_empty() => format!("{a}; {n}: {bd}"),
+                _ => a.clone(),
+            };
             println!(
-                "{:>12} {:>14.1} {:>12.2} {:>12.2}  {}",
+                "{:>12} {:>14.1} {:>12.2} {:>12.2}{vs_cols}  {what}",
                 s,
                 t * 1e6,
                 algbw,
-                algbw * factor,
-                a
+                algbw * factor
             );
         }
     }
 }
 
 /// `--goal`: the schedule of `algo` (or of the tuner's choice) for one block size.
-fn write_goal(sim: &Sim, algo: Option<Algorithm>, topo: &Topology, block: f64, out: &str) {
-    let algo = algo.unwrap_or_else(|| sim.times(None, topo, &[block])[0].0);
+fn write_goal(sim: &Sim, which: Which, topo: &Topology, block: f64, out: &str) {
+    let algo = match which {
+        Which::Algo(a) => a,
+        Which::Auto => match tuner::choose_with(sim.coll, topo, block as usize, &sim.prof) {
+            Ok((c, _)) => c.algo,
+            Err(e) => fail(e),
+        },
+        Which::Base(..) => fail("--goal exports PCCL's plans, not a vendor baseline"),
+    };
     // `--on device` already put the device rates in the profile's host slot.
     let job = GoalJob {
         coll: sim.coll,
@@ -348,15 +440,8 @@ fn human(b: usize) -> String {
     }
 }
 
-fn heatmap(
-    sim: &Sim,
-    algo: Option<Algorithm>,
-    vs: Option<Algorithm>,
-    m: usize,
-    out: &str,
-    args: &Args,
-) {
-    let name = |a: Option<Algorithm>| a.map_or("auto".to_string(), |a| a.name());
+fn heatmap(sim: &Sim, algo: Which, vs: Which, m: usize, out: &str, args: &Args) {
+    let name = |a: Which| a.name();
     // speed[r][s] = t(vs) / t(algo).
     let mut speed = vec![vec![0.0; HM_SIZES.len()]; HM_RANKS.len()];
     for (ri, &p) in HM_RANKS.iter().enumerate() {

@@ -10,6 +10,7 @@
 //! * [`contention`]: max-min fair sharing of links by the messages in flight.
 //! * [`sim`]: the simulator engines (all ranks as events; one node phase by phase).
 //! * [`presets`]: named machines (Frontier, Perlmutter).
+//! * [`vendor`]: the vendor baselines (NCCL/RCCL's ring, the MPI library's ring) in closed form.
 //! * [`tuner`]: picks the algorithm and piece size from the simulator.
 //! * [`online`]: refines the tuner's pick by timing its close candidates (`PCCL_TUNE_ONLINE`).
 //! * [`goal`]: export of the plans as a GOAL schedule (LogGOPSim, ATLAHS).
@@ -29,3 +30,4 @@ pub mod profile;
 pub mod sim;
 pub mod traffic;
 pub mod tuner;
+pub mod vendor;

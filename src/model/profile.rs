@@ -53,8 +53,15 @@ pub struct InterLevel {
     /// Bandwidth of one NIC, each direction (GB/s).
     pub nic_bandwidth_gbps: f64,
     /// Fraction of the total injection bandwidth the network carries at once (global
-    /// bandwidth taper; `1` for full bisection).
+    /// bandwidth taper; `1` for full bisection). With dragonfly groups (`group_nodes`), the
+    /// share of a node's injection bandwidth the global links carry when every node of a
+    /// group sends out of it at once.
     pub taper: f64,
+    /// Nodes per dragonfly group, the job's nodes placed group after group; `0` for one flat
+    /// network. Only messages between groups cross the global links (and the taper).
+    pub group_nodes: usize,
+    /// Extra latency of a message between dragonfly groups (µs): the global link's hop.
+    pub global_hop_us: f64,
 }
 
 impl Default for InterLevel {
@@ -64,6 +71,8 @@ impl Default for InterLevel {
             nics: 1,
             nic_bandwidth_gbps: 12.5,
             taper: 1.0,
+            group_nodes: 0,
+            global_hop_us: 0.0,
         }
     }
 }
@@ -240,6 +249,13 @@ pub struct Profile {
     /// NICs (one channel per NIC) and the steps are pipelined, so a block pays each hop's
     /// latency once (presets for comparison with NCCL; PCCL's own executor does neither).
     pub nccl_ring: bool,
+    /// NCCL's or RCCL's ring as the library runs it (optional; the presets' vendor baseline,
+    /// [`crate::model::vendor`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vendor: Option<super::vendor::params::VendorRing>,
+    /// The MPI library's own ring (optional; the presets' MPI baseline).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mpich: Option<super::vendor::params::MpiRing>,
     /// Reduction rates in GB/s of output bytes, per dtype name (`f32`, `bf16`, ...), on the
     /// host; `default` for a dtype not listed.
     pub reduce_host_gbps: BTreeMap<String, f64>,
@@ -312,6 +328,8 @@ impl Default for Profile {
             piece_overhead_us: 0.0,
             piece_candidates: Vec::new(),
             nccl_ring: false,
+            vendor: None,
+            mpich: None,
             strided: Strided::Packed,
             receive_reduce: ReceiveReduce::Pieces,
             reduce_host_gbps: host,
@@ -406,6 +424,17 @@ impl Profile {
         }
         if self.intra.pair_size > 1 {
             positive("intra.pair_bandwidth_gbps", self.intra.pair_bandwidth_gbps)?;
+        }
+        if self.inter.global_hop_us < 0.0 || !self.inter.global_hop_us.is_finite() {
+            return Err(Error::invalid(
+                "profile: inter.global_hop_us must be finite and ≥ 0",
+            ));
+        }
+        if let Some(v) = &self.vendor {
+            v.validate()?;
+        }
+        if let Some(m) = &self.mpich {
+            m.validate()?;
         }
         if self.intra.node_bandwidth_gbps < 0.0 {
             return Err(Error::invalid(

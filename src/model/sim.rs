@@ -183,15 +183,58 @@ impl<'a> Cluster<'a> {
         )
     }
 
+    /// Dragonfly groups among `nodes` nodes (1 without groups).
+    fn groups(&self, nodes: usize) -> usize {
+        match self.prof.inter.group_nodes {
+            0 => 1,
+            g => nodes.div_ceil(g).max(1),
+        }
+    }
+
+    /// Whether a message between nodes `na` and `nb` crosses the global links: every
+    /// inter-node one on a flat network, only those between groups on a dragonfly.
+    fn crosses_global(&self, na: usize, nb: usize) -> bool {
+        match self.prof.inter.group_nodes {
+            0 => na != nb,
+            g => na / g != nb / g,
+        }
+    }
+
+    /// The bandwidth of the hierarchy's intra level when PCCL hands it to the vendor library
+    /// (the profile's `[vendor] intra_ring_gbps`): its rings spread over every link of the
+    /// node, where PCCL's own plan would cross one link per message.
+    fn vendor_intra(&self, algo: Algorithm) -> Option<f64> {
+        let hier = matches!(
+            crate::plan::effective_algorithm(algo, self.topo),
+            Algorithm::Hier { .. } | Algorithm::Overlap { .. }
+        );
+        self.prof
+            .vendor
+            .as_ref()
+            .filter(|_| hier && !self.prof.one_host)
+            .map(|v| v.intra_ring_gbps * 1e9)
+    }
+
     /// Resource table for `nodes` nodes: NIC send sides, NIC receive sides, the global
-    /// network, each node's shared intra-node bus, each node's `m × m` intra links; host
-    /// rates (intra links, the bus, the "NICs" of one host) sped up `speed` times by the cache
-    /// (the transfers' share of it, [`Self::speeds`]).
-    fn caps(&self, nodes: usize, global_nodes: usize, speed: f64) -> Vec<f64> {
+    /// network (one per dragonfly group, each carrying `taper` of its nodes' injection; one
+    /// for all without groups), each node's shared intra-node bus, each node's `m × m` intra
+    /// links (at `intra` where the vendor library runs the level); host rates (intra links,
+    /// the bus, the "NICs" of one host) sped up `speed` times by the cache (the transfers'
+    /// share of it, [`Self::speeds`]).
+    fn caps(&self, nodes: usize, global_nodes: usize, speed: f64, intra: Option<f64>) -> Vec<f64> {
         let k = self.nics.nics();
         let nic = self.prof.nic_rate() * if self.prof.one_host { speed } else { 1.0 };
         let mut c = vec![nic; 2 * nodes * k];
-        c.push(self.prof.inter.taper * global_nodes as f64 * k as f64 * nic);
+        let taper = self.prof.inter.taper * k as f64 * nic;
+        match self.prof.inter.group_nodes {
+            0 => c.push(taper * global_nodes as f64),
+            g => {
+                for gi in 0..self.groups(nodes) {
+                    let members = g.min(global_nodes.saturating_sub(gi * g)).max(1);
+                    c.push(taper * members as f64);
+                }
+            }
+        }
         let bus = self.prof.intra.node_bandwidth_gbps * 1e9 * self.prof.efficiency * speed;
         c.extend(std::iter::repeat_n(
             if bus > 0.0 { bus } else { f64::INFINITY },
@@ -200,7 +243,7 @@ impl<'a> Cluster<'a> {
         for _ in 0..nodes {
             for a in 0..self.m {
                 for b in 0..self.m {
-                    c.push(self.prof.intra_rate(a, b) * speed);
+                    c.push(intra.unwrap_or_else(|| self.prof.intra_rate(a, b)) * speed);
                 }
             }
         }
@@ -209,6 +252,7 @@ impl<'a> Cluster<'a> {
 
     /// The resources of a message, as (bytes share, resources) sub-flows: NCCL-like rings
     /// spread an inter-node message over all NICs.
+    /// `cross`: the message crosses the global links ([`Self::crosses_global`]).
     #[allow(clippy::too_many_arguments)]
     fn route(
         &self,
@@ -216,18 +260,30 @@ impl<'a> Cluster<'a> {
         (na, la): (usize, usize),
         (nb, lb): (usize, usize),
         spread: bool,
+        cross: bool,
         out: &mut Vec<(f64, Vec<u32>)>,
     ) {
         let k = self.nics.nics();
-        let global = (2 * nodes * k) as u32;
+        let global_base = (2 * nodes * k) as u32;
+        let after = global_base + self.groups(nodes) as u32;
         let inter = na != nb;
         // The phase engine passes nodes = 1 and peer node 1: every node's resources fold
         // onto node 0's (by symmetry they carry the same load).
         let (na, nb) = (na % nodes, nb % nodes);
+        let global = match self.prof.inter.group_nodes {
+            0 => global_base,
+            g => global_base + (na / g) as u32,
+        };
+        let wan = |mut v: Vec<u32>| {
+            if cross {
+                v.push(global);
+            }
+            v
+        };
         // One host: a single bus (node 0's) carries every message.
-        let bus = global + 1 + if self.prof.one_host { 0 } else { na as u32 };
+        let bus = after + if self.prof.one_host { 0 } else { na as u32 };
         if !inter {
-            let link = global + 1 + nodes as u32 + (na * self.m * self.m + la * self.m + lb) as u32;
+            let link = after + nodes as u32 + (na * self.m * self.m + la * self.m + lb) as u32;
             let mut res = vec![link, bus];
             if self.prof.one_host {
                 // One host: every message is a copy its ranks' own cores make, so a rank's
@@ -241,13 +297,13 @@ impl<'a> Cluster<'a> {
             for j in 0..k {
                 out.push((
                     1.0 / k as f64,
-                    vec![(na * k + j) as u32, (nodes * k + nb * k + j) as u32, global],
+                    wan(vec![(na * k + j) as u32, (nodes * k + nb * k + j) as u32]),
                 ));
             }
         } else {
             let tx = (na * k + self.nics.nic_of(la)) as u32;
             let rx = (nodes * k + nb * k + self.nics.nic_of(lb)) as u32;
-            let mut res = vec![tx, rx, global];
+            let mut res = wan(vec![tx, rx]);
             if self.prof.one_host {
                 res.push(bus);
             }
@@ -362,7 +418,8 @@ impl<'a> Cluster<'a> {
             .first()
             .map_or(0, |w| w.iter().filter(|x| !x.sends.is_empty()).count());
         let (speed, link_speed) = self.speeds(job);
-        let mut fluid = Fluid::new(self.caps(nodes, nodes, link_speed));
+        let mut fluid =
+            Fluid::new(self.caps(nodes, nodes, link_speed, self.vendor_intra(job.algo)));
         // On one host a rank's core does its reductions and its side of every copy: with
         // MPI's reduction after the whole message (`ReceiveReduce::After`), a reduction is
         // work on the rank's receive port, shared with the messages still arriving there
@@ -531,13 +588,9 @@ impl<'a> Cluster<'a> {
                     What::Start(mi) => {
                         let m = &msgs[mi];
                         sub.clear();
-                        self.route(
-                            nodes,
-                            self.topo.position(m.src),
-                            self.topo.position(m.dst),
-                            nccl,
-                            &mut sub,
-                        );
+                        let (pa, pb) = (self.topo.position(m.src), self.topo.position(m.dst));
+                        let cross = self.crosses_global(pa.0, pb.0);
+                        self.route(nodes, pa, pb, nccl, cross, &mut sub);
                         let n = sub.len();
                         // An eager message's bytes take longer (copied through the library's
                         // own shared cells): more work through the same links.
@@ -608,9 +661,9 @@ pub struct Summary {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct LocalWork {
-    // (peer node is 0, peer local, blocks, spans) per send; (peer node is 0, peer local,
-    // blocks, reduce) per receive; copies and packed blocks.
-    sends: Vec<(bool, usize, usize)>,
+    // (peer node is 0, crosses the global links, peer local, blocks) per send; (peer node
+    // is 0, peer local, blocks, reduce) per receive; copies and packed blocks.
+    sends: Vec<(bool, bool, usize, usize)>,
     recvs: Vec<(bool, usize, usize, bool)>,
     copy_blocks: usize,
     packed: usize,
@@ -656,7 +709,7 @@ impl Summary {
                             .iter()
                             .map(|s| {
                                 let (nb, lb) = topo.position(s.peer);
-                                (nb == 0, lb, s.blocks)
+                                (nb == 0, cl.crosses_global(0, nb), lb, s.blocks)
                             })
                             .collect(),
                         recvs: w
@@ -700,7 +753,7 @@ impl Summary {
         };
         let nccl = cl.nccl_ring(&job);
         let (speed, link_speed) = cl.speeds(&job);
-        let caps = cl.caps(1, 1, link_speed);
+        let caps = cl.caps(1, 1, link_speed, cl.vendor_intra(job.algo));
         let bb = job.block_bytes / self.pieces as f64;
         let mut seconds = 0.0;
         let mut flows: Vec<(f64, f64, Vec<u32>)> = Vec::new();
@@ -719,13 +772,13 @@ impl Summary {
                 })
                 .collect();
             for (la, l) in sig.iter().enumerate() {
-                for &(same, lb, blocks) in &l.sends {
+                for &(same, cross, lb, blocks) in &l.sends {
                     let bytes = blocks as f64 * bb;
                     let start = local[la].0.max(local.get(lb).map_or(0.0, |x| x.1))
                         + cl.alpha(!same, bytes, nccl, self.pieces);
                     sub.clear();
                     // Another node's receive side looks like node 0's (symmetry): one node.
-                    cl.route(1, (0, la), (usize::from(!same), lb), nccl, &mut sub);
+                    cl.route(1, (0, la), (usize::from(!same), lb), nccl, cross, &mut sub);
                     let work = bytes * cl.prof.eager_factor(bytes);
                     for (share, res) in &sub {
                         flows.push((start, work * share, res.clone()));
