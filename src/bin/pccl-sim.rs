@@ -8,7 +8,14 @@
 //! pccl-sim --preset frontier --coll reducescatter --algo hier-rd --ranks 64 --size 16M --goal rs.goal
 //! ```
 //! Size = bytes per rank, as in pccl-bench (all-gather input, reduce-scatter output, all-reduce
-//! buffer).
+//! buffer); with `--output-sizes`, each rank's all-gather output / reduce-scatter input (the
+//! vendor benchmarks' convention). `--vs rccl|nccl|mpich` adds the vendor baseline of the
+//! profile ([`pccl::model::vendor`]) and the speedup over it:
+//!
+//! ```text
+//! pccl-sim --preset frontier --algo hier-rd --vs rccl --ranks 2048 --output-sizes --size 16M:1G
+//! pccl-sim --preset frontier --algo rccl --ranks 2048 --size 256K --without proxy,rendezvous
+//! ```
 
 use clap::Parser;
 use pccl::config::parse_bytes;
@@ -19,7 +26,7 @@ use pccl::model::profile::Profile;
 use pccl::model::sim::{Cluster, Engine, Job, Summary};
 use pccl::model::tuner;
 use pccl::model::vendor::{Baseline, Mechanisms, MECHANISMS};
-use pccl::plan::{Algorithm, Collective};
+use pccl::plan::{Algorithm, Collective, LevelAlgo};
 use pccl::topology::{NicMap, Topology};
 use std::time::Instant;
 
@@ -75,10 +82,16 @@ struct Args {
     /// rendezvous, dragonfly (dragonfly also for PCCL's plans: no groups, no taper).
     #[arg(long, default_value = "")]
     without: String,
-    /// The flat ring: `nccl` (multi-channel over all NICs, pipelined; the presets' setting)
-    /// or `pccl` (PCCL's executor: one message per step through the sender's NIC).
+    /// The flat ring: `nccl` (as the vendor library runs it: the profile's `[vendor]` model,
+    /// else an ideal multi-channel ring over all NICs; the presets' setting) or `pccl` (PCCL's
+    /// executor: one message per step through the sender's NIC).
     #[arg(long)]
     ring: Option<String>,
+    /// Sizes (--size and the heatmap's) are each rank's output buffer for all-gather and its
+    /// input buffer for reduce-scatter (a rank's block is size ÷ ranks), as the vendor
+    /// libraries' benchmarks and the Big Send-off study give them; default: bytes per rank.
+    #[arg(long)]
+    output_sizes: bool,
     /// Print the speedup table of the heatmap as Markdown too.
     #[arg(long)]
     table: bool,
@@ -131,6 +144,7 @@ struct Sim {
     engine: Engine,
     nic_map: Option<NicMap>,
     mech: Mechanisms,
+    output_sizes: bool,
 }
 
 /// What to time: the tuner's choice, one of PCCL's algorithms, or a vendor baseline.
@@ -229,6 +243,7 @@ impl Sim {
     fn block(&self, size: usize, ranks: usize) -> f64 {
         match self.coll {
             Collective::AllReduce { .. } => size as f64 / ranks as f64,
+            _ if self.output_sizes => size as f64 / ranks as f64,
             _ => size as f64,
         }
     }
@@ -245,7 +260,15 @@ fn parse_which(s: &str, prof: &Profile) -> Which {
             .expect("a baseline name");
         return Which::Base(b.unwrap_or_else(|e| fail(e)), name);
     }
-    Which::Algo(s.parse().unwrap_or_else(|e| fail(e)))
+    let algo: Algorithm = s.parse().unwrap_or_else(|e| fail(e));
+    // The flat ring "as NCCL/RCCL run it" is the profile's vendor model where it has one.
+    if algo == Algorithm::Flat(LevelAlgo::Ring) && prof.nccl_ring {
+        if let Some(v) = &prof.vendor {
+            let name = if v.library == "rccl" { "rccl" } else { "nccl" };
+            return Which::Base(Baseline::Vendor, name);
+        }
+    }
+    Which::Algo(algo)
 }
 
 fn main() {
@@ -291,11 +314,12 @@ fn main() {
         engine,
         nic_map,
         mech,
+        output_sizes: args.output_sizes,
     };
     let algo = parse_which(&args.algo, &sim.prof);
     let vs = args.vs.as_deref().map(|v| parse_which(v, &sim.prof));
     if let Some(out) = &args.heatmap {
-        let vs = vs.unwrap_or(Which::Algo(Algorithm::Flat(pccl::plan::LevelAlgo::Ring)));
+        let vs = vs.unwrap_or_else(|| parse_which("ring", &sim.prof));
         heatmap(&sim, algo, vs, m, out, &args);
         return;
     }
@@ -342,6 +366,7 @@ fn main() {
         let t = *t;
         let total = match sim.coll {
             Collective::AllReduce { .. } => s as f64,
+            _ if sim.output_sizes => s as f64,
             _ => s as f64 * p,
         };
         let algbw = total / t / 1e9;
@@ -477,7 +502,12 @@ fn heatmap(sim: &Sim, algo: Which, vs: Which, m: usize, out: &str, args: &Args) 
             println!("{l}");
         }
     }
-    if let Err(e) = draw(out, &title, &speed) {
+    let axis = if sim.output_sizes {
+        "buffer per rank (all-gather output, reduce-scatter input)"
+    } else {
+        "bytes per rank"
+    };
+    if let Err(e) = draw(out, &title, axis, &speed) {
         fail(format!("heatmap {out}: {e}"));
     }
     eprintln!("pccl-sim: wrote {out}");
@@ -494,7 +524,12 @@ fn colour(v: f64) -> plotters::style::RGBColor {
     }
 }
 
-fn draw(out: &str, title: &str, speed: &[Vec<f64>]) -> Result<(), Box<dyn std::error::Error>> {
+fn draw(
+    out: &str,
+    title: &str,
+    axis: &str,
+    speed: &[Vec<f64>],
+) -> Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
     let font = ["DejaVuSans.ttf", "LiberationSans-Regular.ttf"]
         .iter()
@@ -525,7 +560,7 @@ fn draw(out: &str, title: &str, speed: &[Vec<f64>]) -> Result<(), Box<dyn std::e
     let style = |px: f64| ("sans-serif", px).into_font().color(&BLACK);
     if text {
         root.draw(&Text::new(title.to_string(), (10, 15), style(15.0)))?;
-        root.draw(&Text::new("ranks \\ bytes per rank", (10, 38), style(12.0)))?;
+        root.draw(&Text::new(format!("ranks \\ {axis}"), (10, 38), style(12.0)))?;
     }
     // Rows: largest rank count at the top.
     for (ri, row) in speed.iter().enumerate() {
