@@ -196,3 +196,40 @@ fn pccl_sim_prints_the_baseline_and_the_speedup() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("models rccl"));
 }
+
+#[test]
+fn a_taper_scales_the_bandwidth_between_dragonfly_groups_only() {
+    // 8 nodes of one rank, one NIC each, no latency, infinite copies: a bandwidth-bound flat
+    // recursive doubling. Groups of 4 nodes: its last step (distance 4) crosses groups.
+    let mut prof = Profile {
+        efficiency: 1.0,
+        copy_gbps: f64::INFINITY,
+        piece_bytes: 1 << 30,
+        ..Profile::default()
+    };
+    prof.inter.alpha_us = 0.0;
+    prof.inter.nic_bandwidth_gbps = 10.0;
+    let topo = Topology::uniform(8, 1);
+    let rd = Algorithm::Flat(LevelAlgo::Rd);
+    let b = 8.0 * MIB;
+    let time = |prof: &Profile, engine: Engine| {
+        Cluster::new(&topo, prof)
+            .simulate(&Job::new(AG, rd, b), engine)
+            .unwrap()
+            .seconds
+    };
+    let flat = time(&prof, Engine::Events);
+    // Steps of 1, 2, 4 blocks at 10 GB/s.
+    assert!((flat - 7.0 * b / 10e9).abs() / flat < 1e-9, "{flat}");
+    prof.inter.group_nodes = 4;
+    prof.inter.taper = 0.5;
+    for engine in [Engine::Events, Engine::Phases] {
+        let t = time(&prof, engine);
+        // Only the 4-block step crosses groups, at half the rate: 3 + 8 block times.
+        let want = (3.0 + 8.0) * b / 10e9;
+        assert!((t - want).abs() / want < 1e-9, "{engine:?}: {t} vs {want}");
+    }
+    // Groups of 8 nodes (one group): nothing crosses, the taper does not matter.
+    prof.inter.group_nodes = 8;
+    assert!((time(&prof, Engine::Events) - flat).abs() / flat < 1e-9);
+}

@@ -560,7 +560,11 @@ fn draw(
     let style = |px: f64| ("sans-serif", px).into_font().color(&BLACK);
     if text {
         root.draw(&Text::new(title.to_string(), (10, 15), style(15.0)))?;
-        root.draw(&Text::new(format!("ranks \\ {axis}"), (10, 38), style(12.0)))?;
+        root.draw(&Text::new(
+            format!("ranks \\ {axis}"),
+            (10, 38),
+            style(12.0),
+        ))?;
     }
     // Rows: largest rank count at the top.
     for (ri, row) in speed.iter().enumerate() {

@@ -390,6 +390,23 @@ mod tests {
     }
 
     #[test]
+    fn a_share_larger_than_the_chunk_loops_one_ring_pass_per_chunk() {
+        let v = vendor(1);
+        let on = Mechanisms {
+            proxy: true,
+            ..off()
+        };
+        // 4 MiB per rank, one channel, 1 MiB chunks: 4 passes of P − 1 steps, each step one
+        // 1 MiB message through the proxy (5 µs) or the NIC (1 MiB / 25 GB/s = 42 µs).
+        let b = 4.0 * 1048576.0;
+        let e = ring(&v, &MACH, on, Collective::AllGather, (16, 4), b).unwrap();
+        let step = 1048576.0 / 25e9;
+        assert_eq!(e.bound, "nic");
+        assert!((e.step - step).abs() < 1e-15, "{e:?}");
+        assert!((e.seconds - (e.fill + 4.0 * 15.0 * step)).abs() < 1e-12);
+    }
+
+    #[test]
     fn channels_split_the_block_and_small_blocks_leave_channels_idle() {
         let v = vendor(16);
         // 8 KiB per rank with a 4 KiB alignment: two channels carry it.
