@@ -7,8 +7,10 @@
 //! - the traffic on the NICs the map gives each rank (interface counters): both NICs of every
 //!   node carry the hierarchy's traffic with one rank per NIC, and one NIC carries all of it
 //!   when the map puts both ranks there;
-//! - a NIC taken down in the middle of a run of collectives ends in an error on every rank
-//!   within `PCCL_TIMEOUT` (never a hang, never a success);
+//! - a NIC taken down, a partition between two nodes and a link slowed to 8 bit/s, each in the
+//!   middle of a run of collectives, end in an error on every rank within `PCCL_TIMEOUT` and
+//!   the diagnosis' grace (never a hang, never a success); behind the partition the timeouts
+//!   name the ranks across the cut;
 //! - `down` leaves no namespace, veth, process or state behind.
 //!
 //! Needs root, `ip`, `tc`, `unshare` and the `hwloc` feature (the NICs come from a topology
@@ -184,6 +186,60 @@ fn checked_run(c: &Cluster, transport: &str, env: &[(&str, &str)]) -> Vec<[u64; 
     delta(&before, &c.bytes())
 }
 
+/// All-reduces in a loop on every rank (`PCCL_TIMEOUT=5`) and `fault` applied 3 s in: every
+/// rank must end with an error within 30 s of it (a rank's deadline plus the diagnosis'
+/// grace), none may hang (the run's own limit is 60 s) or succeed. `undo` repairs it. The
+/// ranks' logs.
+fn fault_run(c: &Cluster, fault: &[&str], undo: &[&str]) -> Vec<String> {
+    let t0 = Instant::now();
+    let runner = {
+        let c2 = Cluster {
+            name: c.name.clone(),
+            dir: c.dir.clone(),
+        };
+        std::thread::spawn(move || {
+            let o = c2.run(
+                &[("PCCL_TIMEOUT", "5")],
+                60,
+                &[
+                    bench(),
+                    "--transport",
+                    "tcp",
+                    "-m",
+                    "64K:64K",
+                    "-i",
+                    "1000000",
+                    "--coll",
+                    "allreduce",
+                    "--algo",
+                    "hier-ring",
+                ],
+            );
+            // Not `down` when this handle goes: the test's own cluster does that.
+            std::mem::forget(c2);
+            o
+        })
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    let o = c.cmd(fault).output().unwrap();
+    assert!(o.status.success(), "{fault:?}: {}", text(&o));
+    let at = t0.elapsed();
+    let o = runner.join().unwrap();
+    let after = t0.elapsed() - at;
+    let logs = c.rank_logs();
+    let all = logs.join("\n---\n");
+    println!("{fault:?}: every rank out {after:?} after it");
+    assert_ne!(o.status.code(), Some(124), "{fault:?}: a rank hung:\n{all}");
+    assert!(!o.status.success(), "{fault:?}: the run succeeded:\n{all}");
+    assert!(
+        after < Duration::from_secs(30),
+        "{fault:?}: the ranks took {after:?} to fail:\n{all}"
+    );
+    let o = c.cmd(undo).output().unwrap();
+    assert!(o.status.success(), "{undo:?}: {}", text(&o));
+    logs
+}
+
 #[test]
 fn an_emulated_cluster_runs_checked_collectives_on_the_mapped_nics_and_fails_cleanly() {
     if let Some(why) = unsupported() {
@@ -231,64 +287,39 @@ fn an_emulated_cluster_runs_checked_collectives_on_the_mapped_nics_and_fails_cle
 
     // A NIC taken down while every rank loops over all-reduces: every rank fails within
     // PCCL_TIMEOUT (5 s) of it, none hangs (the run's own limit is 60 s), none succeeds.
-    let t0 = Instant::now();
-    let runner = {
-        let c2 = Cluster {
-            name: name.clone(),
-            dir: dir.clone(),
-        };
-        std::thread::spawn(move || {
-            let o = c2.run(
-                &[("PCCL_TIMEOUT", "5")],
-                60,
-                &[
-                    bench(),
-                    "--transport",
-                    "tcp",
-                    "-m",
-                    "64K:64K",
-                    "-i",
-                    "1000000",
-                    "--coll",
-                    "allreduce",
-                    "--algo",
-                    "hier-ring",
-                ],
-            );
-            // Not `down` when this handle goes: the test's own cluster does that.
-            std::mem::forget(c2);
-            o
-        })
-    };
-    std::thread::sleep(Duration::from_secs(3));
-    let o = c.cmd(&["link", "1", "0", "down"]).output().unwrap();
-    assert!(o.status.success(), "link down: {}", text(&o));
-    let down_at = t0.elapsed();
-    let o = runner.join().unwrap();
-    let after = t0.elapsed() - down_at;
-    let logs = c.rank_logs();
-    let all = logs.join("\n---\n");
-    assert_ne!(
-        o.status.code(),
-        Some(124),
-        "a rank hung after the NIC went down:\n{all}"
-    );
-    assert!(
-        !o.status.success(),
-        "the run succeeded with a NIC down:\n{all}"
-    );
-    assert!(
-        after < Duration::from_secs(30),
-        "the ranks took {after:?} to fail:\n{all}"
-    );
+    let logs = fault_run(&c, &["link", "1", "0", "down"], &["link", "1", "0", "up"]);
     for (r, log) in logs.iter().enumerate() {
         assert!(
             log.contains("pccl-bench: ") && log.contains("rank "),
             "rank {r} did not end with an error naming a rank:\n{log}"
         );
     }
-    let o = c.cmd(&["link", "1", "0", "up"]).output().unwrap();
-    assert!(o.status.success(), "link up: {}", text(&o));
+    // A partition between nodes 0 and 2 (ranks 0, 1 and 4, 5): the same, and the timeouts
+    // name the ranks across the cut from the others' reports, not only the peer each waited
+    // for.
+    let logs = fault_run(
+        &c,
+        &["partition", "0", "2", "cut"],
+        &["partition", "0", "2", "heal"],
+    );
+    let all = logs.join("\n---\n");
+    assert!(
+        logs.iter().any(|l| l.contains("the ranks' reports")
+            && (l.contains("each waited in vain for the other") || l.contains("sent no word"))),
+        "no rank named the ranks behind the partition:\n{all}"
+    );
+    // A link slowed to 8 bit/s (node 1's NIC 0, every class): a stall, not a slow run.
+    let logs = fault_run(
+        &c,
+        &["rate", "1", "0", "8bit"],
+        &["rate", "1", "0", "1gbit"],
+    );
+    for (r, log) in logs.iter().enumerate() {
+        assert!(
+            log.contains("pccl-bench: "),
+            "rank {r} did not end with an error:\n{log}"
+        );
+    }
 
     // `down` removes everything.
     drop(c);

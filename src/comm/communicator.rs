@@ -857,7 +857,11 @@ impl Inner {
         if let Err(e) = &r {
             abandon(tr, tag, e);
         }
-        r
+        // A timeout names the rank behind it from the others' reports (transport::diagnose).
+        r.map_err(|e| {
+            let grace = crate::transport::diagnose::grace(self.timeout());
+            crate::transport::diagnose::timeout(tr.faults(), seq, tr.rank(), e, grace)
+        })
     }
 
     fn execute_plan<T: Element>(

@@ -197,20 +197,35 @@ impl Faults {
 
     /// Records that `rank` refused collective `seq` because of `why`; returns false if a
     /// refusal of that collective was already known (its notice need not be sent again).
+    /// Every rank's first refusal of a collective is kept (the timeout diagnosis reads them,
+    /// [`super::diagnose`]); waits end with the first one known.
     pub fn refuse(&self, seq: u32, rank: usize, why: &str) -> bool {
         let mut fresh = false;
         self.update(|b| {
-            if b.refused.iter().any(|(s, _, _)| *s == seq) {
+            if b.refused.iter().any(|(s, r, _)| *s == seq && *r == rank) {
                 return false;
             }
+            fresh = !b.refused.iter().any(|(s, _, _)| *s == seq);
             if b.refused.len() == REMEMBER {
                 b.refused.pop_front();
             }
             b.refused.push_back((seq, rank, why.to_string()));
-            fresh = true;
             true
         });
         fresh
+    }
+
+    /// Every rank's refusal of collective `seq` known here: (rank, why), in arrival order.
+    pub fn refusals(&self, seq: u32) -> Vec<(usize, String)> {
+        if !self.any() {
+            return Vec::new();
+        }
+        lock(&self.board)
+            .refused
+            .iter()
+            .filter(|(s, _, _)| *s == seq)
+            .map(|(_, r, w)| (*r, w.clone()))
+            .collect()
     }
 
     /// Records that `rank` is dead (`how`: what showed it).
@@ -297,7 +312,7 @@ impl Faults {
             return Err(dead_error(*r, how));
         }
         let seq = seq_of(tag);
-        if let Some((_, r, why)) = b.refused.iter().rev().find(|(s, _, _)| *s == seq) {
+        if let Some((_, r, why)) = b.refused.iter().find(|(s, _, _)| *s == seq) {
             if let Some(why) = why.strip_prefix(TIMED_OUT) {
                 return Err(Error::timeout(format!(
                     "rank {r} gave up collective #{seq} at its deadline: {why}"
@@ -318,11 +333,13 @@ impl Faults {
     /// Sequence numbers of the collectives some rank refused (the newest the board keeps),
     /// oldest first: a transport drains their leftover messages.
     pub fn refused_seqs(&self) -> Vec<u32> {
-        lock(&self.board)
-            .refused
-            .iter()
-            .map(|(s, _, _)| *s)
-            .collect()
+        let mut v: Vec<u32> = Vec::new();
+        for (s, _, _) in lock(&self.board).refused.iter() {
+            if !v.contains(s) {
+                v.push(*s);
+            }
+        }
+        v
     }
 
     /// Sleeps until the board changes or `dur` passes (a waiter's idle step when it has no
@@ -347,7 +364,8 @@ fn dead_error(rank: usize, how: &str) -> Error {
     )
 }
 
-/// The error of a wait that ran out its collective's deadline, naming the peer.
+/// The error of a wait that ran out its collective's deadline, naming the peer (the
+/// timeout diagnosis reads who waited for whom back from it: [`waits_for`]).
 pub fn timed_out(rank: usize, peer: usize, what: &str, timeout_hint: bool) -> Error {
     let hint = if timeout_hint {
         " (raise PCCL_TIMEOUT if it is only slow)"
@@ -355,9 +373,30 @@ pub fn timed_out(rank: usize, peer: usize, what: &str, timeout_hint: bool) -> Er
         ""
     };
     Error::timeout(format!(
-        "rank {rank} {what} rank {peer} before the collective's deadline; rank {peer} may be \
+        "rank {rank} {what} rank {peer}{DEADLINE_WORDS}; rank {peer} may be \
          stuck, or running a different collective{hint}"
     ))
+}
+
+/// The words [`timed_out`] puts after the peer it names.
+const DEADLINE_WORDS: &str = " before the collective's deadline";
+
+/// Who waited for whom in a refusal's reason or a timeout's message ([`timed_out`]'s
+/// words: "rank A … rank B before the collective's deadline"; a [`TIMED_OUT`] prefix and
+/// words in front are skipped): `(A, B)`.
+pub fn waits_for(why: &str) -> Option<(usize, usize)> {
+    let head = &why[..why.find(DEADLINE_WORDS)?];
+    let num = |s: &str| -> Option<usize> {
+        let d: String = s.chars().take_while(char::is_ascii_digit).collect();
+        d.parse().ok()
+    };
+    let b = num(&head[head.rfind("rank ")? + 5..])?;
+    // A: the "rank N" that starts the sentence of the timeout (the last one before B's that
+    // is followed by the waiting words, i.e. the first "rank" of the sentence).
+    let sentence = head.rfind(": ").map_or(head, |i| &head[i + 2..]);
+    let sentence = sentence.strip_prefix(TIMED_OUT).unwrap_or(sentence);
+    let a = num(sentence.strip_prefix("rank ")?)?;
+    Some((a, b))
 }
 
 /// Waits in steps of at most [`POLL`] until `ready()` or the deadline, checking `faults`
