@@ -14,6 +14,7 @@ pub mod exec;
 pub mod fault;
 pub mod model;
 pub mod plan;
+pub mod quant;
 pub mod topology;
 pub mod transport;
 
@@ -24,6 +25,7 @@ pub use comm::DeviceWork;
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, ErrorKind, Result};
 pub use plan::{Algorithm, LevelAlgo};
+pub use quant::Quant;
 pub use topology::Topology;
 pub use transport::threads::ThreadWorld;
 

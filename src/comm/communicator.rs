@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 mod calls;
 mod p2p;
+mod quantized;
 mod rooted;
 mod trust;
 mod tuning;

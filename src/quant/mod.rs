@@ -1,0 +1,336 @@
+//! Block quantization for the quantized collectives (ZeRO++'s qwZ): symmetric INT8 or INT4,
+//! one `f32` scale per block of `B` elements.
+//!
+//! A block's scale is `max |x| / q_max` (`q_max` 127 for INT8, 7 for INT4) and each element
+//! travels as `round(x / scale)`, so every element comes back within `scale / 2` of its input
+//! (rounding to nearest), zeros exactly, and a block of zeros has scale 0. A rank's shard of
+//! `n` elements is one *record*: the `⌈n / B⌉` scales (little-endian `f32`), then the codes
+//! (INT8: one byte each; INT4: two per byte, low nibble first, two's complement), padded to a
+//! multiple of 8 bytes so records of every rank line up as whole `u64` words.
+//!
+//! The host kernels here are plain loops over blocks that the compiler vectorises (the
+//! block's maximum, then the scaled rounding); the device kernels are not built yet.
+
+use crate::error::{Error, Result};
+use half::{bf16, f16};
+
+/// The element types a quantized collective takes and gives back.
+pub trait QuantFloat: crate::dtype::Element + Copy {
+    /// As `f32` (exact for `f16`, `bf16`; rounded for `f64`).
+    fn to_f32(self) -> f32;
+    /// From `f32`, rounding to nearest.
+    fn from_f32(v: f32) -> Self;
+}
+
+impl QuantFloat for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+
+impl QuantFloat for f64 {
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    fn from_f32(v: f32) -> Self {
+        f64::from(v)
+    }
+}
+
+impl QuantFloat for f16 {
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+}
+
+impl QuantFloat for bf16 {
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+}
+
+/// How a quantized collective encodes its data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quant {
+    /// Bits per element: 8 or 4.
+    pub bits: u32,
+    /// Elements per scale: a power of two, 32 … 8192.
+    pub block: usize,
+    /// Encode NaN and infinities anyway (their blocks come back as NaN) instead of refusing.
+    pub allow_nonfinite: bool,
+}
+
+impl Quant {
+    /// INT8 with blocks of 2048 (the default of ZeRO++'s weight all-gather).
+    pub const INT8: Quant = Quant {
+        bits: 8,
+        block: 2048,
+        allow_nonfinite: false,
+    };
+
+    /// Checks the bit width and the block size.
+    pub fn validate(&self) -> Result<()> {
+        if self.bits != 8 && self.bits != 4 {
+            return Err(Error::invalid(format!(
+                "quantization bits = {}: expected 8 or 4",
+                self.bits
+            )));
+        }
+        if !self.block.is_power_of_two() || !(32..=8192).contains(&self.block) {
+            return Err(Error::invalid(format!(
+                "quantization block = {}: expected a power of two from 32 to 8192",
+                self.block
+            )));
+        }
+        Ok(())
+    }
+
+    /// The largest code: 127 (INT8) or 7 (INT4).
+    pub fn q_max(&self) -> f32 {
+        if self.bits == 8 {
+            127.0
+        } else {
+            7.0
+        }
+    }
+
+    /// Scales of a shard of `n` elements.
+    pub fn blocks(&self, n: usize) -> usize {
+        n.div_ceil(self.block)
+    }
+
+    /// Bytes of the codes of `n` elements.
+    pub fn code_bytes(&self, n: usize) -> usize {
+        if self.bits == 8 {
+            n
+        } else {
+            n.div_ceil(2)
+        }
+    }
+
+    /// Bytes of a record of `n` elements (scales, codes, padding to 8 bytes).
+    pub fn record_bytes(&self, n: usize) -> usize {
+        (4 * self.blocks(n) + self.code_bytes(n)).div_ceil(8) * 8
+    }
+}
+
+/// Whether every element is finite.
+pub fn all_finite<T: QuantFloat>(x: &[T]) -> bool {
+    x.iter().all(|v| v.to_f32().is_finite())
+}
+
+/// Encodes `x` into `rec` (exactly [`Quant::record_bytes`]`(x.len())` bytes).
+pub fn quantize<T: QuantFloat>(q: &Quant, x: &[T], rec: &mut [u8]) -> Result<()> {
+    let n = x.len();
+    if rec.len() != q.record_bytes(n) {
+        return Err(Error::internal(format!(
+            "a record of {} bytes for {n} elements (needs {})",
+            rec.len(),
+            q.record_bytes(n)
+        )));
+    }
+    let nb = q.blocks(n);
+    let (scales, codes) = rec.split_at_mut(4 * nb);
+    let qmax = q.q_max();
+    let mut tmp = vec![0f32; q.block.min(n.max(1))];
+    for (b, chunk) in x.chunks(q.block).enumerate() {
+        let t = &mut tmp[..chunk.len()];
+        for (d, s) in t.iter_mut().zip(chunk) {
+            *d = s.to_f32();
+        }
+        let amax = t.iter().fold(0f32, |m, v| m.max(v.abs()));
+        // NaN and infinities (when allowed) make the scale NaN: the block decodes as NaN.
+        let amax = if t.iter().all(|v| v.is_finite()) {
+            amax
+        } else {
+            f32::NAN
+        };
+        let scale = amax / qmax;
+        scales[4 * b..4 * b + 4].copy_from_slice(&scale.to_le_bytes());
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        let base = b * q.block;
+        if q.bits == 8 {
+            for (c, v) in codes[base..base + t.len()].iter_mut().zip(t.iter()) {
+                *c = (v * inv).round().clamp(-qmax, qmax) as i8 as u8;
+            }
+        } else {
+            // `base` is even (blocks are ≥ 32): a block's nibbles start at a byte.
+            let out = &mut codes[base / 2..(base + t.len()).div_ceil(2)];
+            for (o, pair) in out.iter_mut().zip(t.chunks(2)) {
+                let lo = (pair[0] * inv).round().clamp(-qmax, qmax) as i8 as u8 & 0x0f;
+                let hi = pair.get(1).map_or(0, |v| {
+                    (v * inv).round().clamp(-qmax, qmax) as i8 as u8 & 0x0f
+                });
+                *o = lo | (hi << 4);
+            }
+        }
+    }
+    // Padding: zeros, so equal shards give equal records.
+    let used = q.code_bytes(n);
+    codes[used..].fill(0);
+    Ok(())
+}
+
+/// Decodes a record of `out.len()` elements into `out`.
+pub fn dequantize<T: QuantFloat>(q: &Quant, rec: &[u8], out: &mut [T]) -> Result<()> {
+    let n = out.len();
+    if rec.len() != q.record_bytes(n) {
+        return Err(Error::internal(format!(
+            "a record of {} bytes for {n} elements (needs {})",
+            rec.len(),
+            q.record_bytes(n)
+        )));
+    }
+    let nb = q.blocks(n);
+    let (scales, codes) = rec.split_at(4 * nb);
+    for (b, chunk) in out.chunks_mut(q.block).enumerate() {
+        let s = f32::from_le_bytes(scales[4 * b..4 * b + 4].try_into().expect("4 bytes"));
+        let base = b * q.block;
+        if q.bits == 8 {
+            let len = chunk.len();
+            for (o, &c) in chunk.iter_mut().zip(&codes[base..base + len]) {
+                *o = T::from_f32(f32::from(c as i8) * s);
+            }
+        } else {
+            for (i, o) in chunk.iter_mut().enumerate() {
+                let byte = codes[(base + i) / 2];
+                let nib = if i % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+                // Sign-extend the nibble.
+                let v = ((nib << 4) as i8) >> 4;
+                *o = T::from_f32(f32::from(v) * s);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check<T: QuantFloat>(q: Quant, x: &[T]) {
+        let mut rec = vec![0u8; q.record_bytes(x.len())];
+        quantize(&q, x, &mut rec).unwrap();
+        let mut y = vec![T::from_f32(0.0); x.len()];
+        dequantize(&q, &rec, &mut y).unwrap();
+        for (b, (xs, ys)) in x.chunks(q.block).zip(y.chunks(q.block)).enumerate() {
+            let amax = xs.iter().fold(0f32, |m, v| m.max(v.to_f32().abs()));
+            let scale = amax / q.q_max();
+            for (i, (a, c)) in xs.iter().zip(ys).enumerate() {
+                let (a, c) = (a.to_f32(), c.to_f32());
+                if a == 0.0 {
+                    assert_eq!(c, 0.0, "block {b} element {i}: zero must stay zero");
+                }
+                // Within half a step, plus the output type's own rounding (2-byte types keep
+                // 8 or 11 bits of mantissa).
+                let out_rounding = if std::mem::size_of::<T>() == 2 {
+                    4e-3
+                } else {
+                    1e-6
+                };
+                let tol = scale / 2.0 * 1.0001 + c.abs() * out_rounding;
+                assert!(
+                    (a - c).abs() <= tol,
+                    "bits {} block {} element {}: {a} came back as {c} (scale {scale})",
+                    q.bits,
+                    q.block,
+                    b * q.block + i
+                );
+            }
+        }
+    }
+
+    fn data(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|i| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let u = (s >> 33) as f32 / (1u64 << 31) as f32 - 0.5;
+                match i % 11 {
+                    0 => 0.0,
+                    1 => u * 1e4, // heavy tail
+                    _ => u,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_element_comes_back_within_half_a_step_for_every_dtype_bits_block_and_shape() {
+        for bits in [8, 4] {
+            for block in [32usize, 64, 2048, 8192] {
+                let q = Quant {
+                    bits,
+                    block,
+                    allow_nonfinite: false,
+                };
+                for n in [0usize, 1, 31, 33, block, block + 1, 3 * block - 7] {
+                    let x = data(n, n as u64 + block as u64);
+                    check(q, &x);
+                    let h: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+                    check(q, &h);
+                    let b: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+                    check(q, &b);
+                    let d: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+                    check(q, &d);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn zero_blocks_decode_to_zeros_and_records_are_sized_and_padded() {
+        let q = Quant {
+            bits: 4,
+            block: 32,
+            allow_nonfinite: false,
+        };
+        assert_eq!(q.record_bytes(33), (4 * 2 + 17usize).div_ceil(8) * 8);
+        let x = vec![0f32; 33];
+        let mut rec = vec![0xffu8; q.record_bytes(33)];
+        quantize(&q, &x, &mut rec).unwrap();
+        assert!(rec.iter().all(|&b| b == 0), "{rec:?}");
+        let mut y = vec![1f32; 33];
+        dequantize(&q, &rec, &mut y).unwrap();
+        assert!(y.iter().all(|&v| v == 0.0));
+        assert!(quantize(&q, &x, &mut [0u8; 3]).is_err());
+    }
+
+    #[test]
+    fn bad_widths_and_blocks_are_refused_and_nonfinite_blocks_decode_as_nan() {
+        for (bits, block) in [(2, 64), (16, 64), (8, 16), (8, 100), (4, 16384)] {
+            let q = Quant {
+                bits,
+                block,
+                allow_nonfinite: false,
+            };
+            assert!(q.validate().is_err(), "{bits} {block}");
+        }
+        Quant::INT8.validate().unwrap();
+        let q = Quant {
+            bits: 8,
+            block: 32,
+            allow_nonfinite: true,
+        };
+        let mut x = vec![1f32; 64];
+        x[3] = f32::INFINITY;
+        assert!(!all_finite(&x));
+        let mut rec = vec![0u8; q.record_bytes(64)];
+        quantize(&q, &x, &mut rec).unwrap();
+        let mut y = vec![0f32; 64];
+        dequantize(&q, &rec, &mut y).unwrap();
+        assert!(y[..32].iter().all(|v| v.is_nan()));
+        assert!(y[32..].iter().all(|&v| (v - 1.0).abs() < 1e-6));
+    }
+}

@@ -1,0 +1,214 @@
+//! The quantized all-gather on thread-ranks: every element within half its block's step for
+//! every dtype × bits × block × shape and every plan (flat, hierarchical, overlapped); zeros
+//! exact; a rank that disagrees, passes bad arguments or holds NaN fails the call on every
+//! rank, naming it, before any data moves.
+
+use half::{bf16, f16};
+use pccl::config::Config;
+use pccl::quant::QuantFloat;
+use pccl::{Algorithm, Communicator, ErrorKind, Quant};
+use std::time::Duration;
+
+fn cfg(m: usize, algo: Option<&str>) -> Config {
+    Config {
+        ranks_per_node: Some(m),
+        algo: algo.map(|a| a.parse::<Algorithm>().unwrap()),
+        timeout: Duration::from_secs(60),
+        ..Config::default()
+    }
+}
+
+/// Rank `r`'s shard: mixed scales, a heavy tail, exact zeros.
+fn shard(r: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let x = ((i * 7919 + r * 104_729) % 2003) as f32 / 1001.0 - 1.0;
+            match i % 13 {
+                0 => 0.0,
+                1 => x * 3e3,
+                _ => x * (1 + r) as f32,
+            }
+        })
+        .collect()
+}
+
+/// Checks rank `r`'s decoded shard against its input, element by element.
+fn check_shard<T: QuantFloat>(q: Quant, input: &[T], got: &[T], tag: &str) {
+    for (b, (xs, ys)) in input.chunks(q.block).zip(got.chunks(q.block)).enumerate() {
+        let step = xs.iter().fold(0f32, |m, v| m.max(v.to_f32().abs())) / q.q_max();
+        let out_rounding = if std::mem::size_of::<T>() == 2 {
+            4e-3
+        } else {
+            1e-6
+        };
+        for (i, (x, y)) in xs.iter().zip(ys).enumerate() {
+            let (x, y) = (x.to_f32(), y.to_f32());
+            if x == 0.0 {
+                assert_eq!(
+                    y,
+                    0.0,
+                    "{tag}: element {} is zero, got {y}",
+                    b * q.block + i
+                );
+            }
+            let tol = step / 2.0 * 1.0001 + y.abs() * out_rounding;
+            assert!(
+                (x - y).abs() <= tol,
+                "{tag}: element {}: sent {x}, got {y} (step {step})",
+                b * q.block + i
+            );
+        }
+    }
+}
+
+fn run<T: QuantFloat>(p: usize, m: usize, algo: Option<&str>, q: Quant, n: usize) {
+    let tag = format!(
+        "{p} ranks ({m}/node) {} {}-bit block {} count {n} {}",
+        algo.unwrap_or("tuned"),
+        q.bits,
+        q.block,
+        std::any::type_name::<T>()
+    );
+    Communicator::run_threads(p, cfg(m, algo), |c| {
+        let mine: Vec<T> = shard(c.rank(), n).into_iter().map(T::from_f32).collect();
+        let mut out = vec![T::from_f32(7.0); n * p];
+        c.all_gather_quantized(&mine, &mut out, q)
+            .unwrap_or_else(|e| panic!("{tag}: {e}"));
+        for r in 0..p {
+            let want: Vec<T> = shard(r, n).into_iter().map(T::from_f32).collect();
+            check_shard(
+                q,
+                &want,
+                &out[r * n..(r + 1) * n],
+                &format!("{tag}, rank {r}'s shard"),
+            );
+        }
+    })
+    .unwrap();
+}
+
+#[test]
+fn every_element_is_within_half_a_step_for_every_plan_dtype_width_and_shape() {
+    let plans: &[(usize, usize, Option<&str>)] = &[
+        (1, 1, None),
+        (2, 1, Some("ring")),
+        (3, 1, Some("rd")),
+        (4, 2, Some("hier-rd")),
+        (6, 3, Some("hier-ring-rd")),
+        (8, 4, Some("hier-rd-pipe4")),
+        (5, 2, None),
+    ];
+    for &(p, m, algo) in plans {
+        for bits in [8, 4] {
+            for (block, n) in [(32usize, 1usize), (32, 95), (2048, 4099), (8192, 100)] {
+                let q = Quant {
+                    bits,
+                    block,
+                    allow_nonfinite: false,
+                };
+                run::<f32>(p, m, algo, q, n);
+                run::<bf16>(p, m, algo, q, n);
+                run::<f16>(p, m, algo, q, n);
+            }
+        }
+    }
+    // An empty shard is a valid call.
+    run::<f32>(3, 1, None, Quant::INT8, 0);
+}
+
+#[test]
+fn int8_moves_about_half_the_bytes_of_bf16_and_int4_a_quarter() {
+    let q8 = Quant::INT8;
+    let q4 = Quant { bits: 4, ..q8 };
+    let n = 1 << 20;
+    let bf16_bytes = 2 * n;
+    let r8 = bf16_bytes as f64 / q8.record_bytes(n) as f64;
+    let r4 = bf16_bytes as f64 / q4.record_bytes(n) as f64;
+    assert!(
+        r8 >= 1.99 && r4 >= 3.98,
+        "INT8 {r8:.3}x, INT4 {r4:.3}x fewer than bf16"
+    );
+}
+
+#[test]
+fn a_rank_that_disagrees_fails_the_call_on_every_rank_naming_it() {
+    let out = Communicator::run_threads(4, cfg(2, None), |c| {
+        let q = Quant {
+            block: if c.rank() == 2 { 64 } else { 128 },
+            ..Quant::INT8
+        };
+        let mine = vec![1f32; 256];
+        let mut o = vec![0f32; 1024];
+        let e = c.all_gather_quantized(&mine, &mut o, q).unwrap_err();
+        assert!(o.iter().all(|&v| v == 0.0), "nothing may be written");
+        (e.kind(), e.message().to_string())
+    })
+    .unwrap();
+    for (r, (k, m)) in out.iter().enumerate() {
+        assert_eq!(*k, ErrorKind::InvalidArgument, "rank {r}: {m}");
+        assert!(
+            m.contains("disagree") && m.contains("rank 2: 8 bits, block 64"),
+            "rank {r}: {m}"
+        );
+    }
+    // The communicator is still usable.
+    Communicator::run_threads(2, cfg(1, None), |c| {
+        let bits = if c.rank() == 0 { 8 } else { 4 };
+        let q = Quant {
+            bits,
+            ..Quant::INT8
+        };
+        assert!(c
+            .all_gather_quantized(&[1f32; 4], &mut [0f32; 8], q)
+            .is_err());
+        let mut o = [0f32; 8];
+        c.all_gather_quantized(&[1f32; 4], &mut o, Quant::INT8)
+            .unwrap();
+        assert_eq!(o, [1f32; 8]);
+    })
+    .unwrap();
+}
+
+#[test]
+fn nan_or_bad_arguments_on_one_rank_fail_every_rank_before_any_data_moves() {
+    let out = Communicator::run_threads(3, cfg(1, None), |c| {
+        let mut mine = vec![0.5f32; 64];
+        if c.rank() == 1 {
+            mine[10] = f32::NAN;
+        }
+        let mut o = vec![0f32; 192];
+        let e = c
+            .all_gather_quantized(&mine, &mut o, Quant::INT8)
+            .unwrap_err();
+        assert!(o.iter().all(|&v| v == 0.0));
+        let nan = e.message().to_string();
+        // Opting in: the NaN's block comes back NaN, the others as sent.
+        let allow = Quant {
+            allow_nonfinite: true,
+            block: 32,
+            ..Quant::INT8
+        };
+        c.all_gather_quantized(&mine, &mut o, allow).unwrap();
+        assert!(o[64..96].iter().all(|v| v.is_nan()));
+        assert!(o[96..128].iter().all(|&v| (v - 0.5).abs() < 0.01));
+        // A short output on rank 0, a bad block on rank 2.
+        let short = if c.rank() == 0 { 100 } else { 192 };
+        let q = Quant {
+            block: if c.rank() == 2 { 48 } else { 64 },
+            ..Quant::INT8
+        };
+        let e2 = c
+            .all_gather_quantized(&[1f32; 64], &mut vec![0f32; short], q)
+            .unwrap_err();
+        (nan, e2.kind(), e2.message().to_string())
+    })
+    .unwrap();
+    for (r, (nan, k, m)) in out.iter().enumerate() {
+        assert!(nan.contains("rank(s) 1 holds NaN"), "rank {r}: {nan}");
+        assert_eq!(*k, ErrorKind::InvalidArgument);
+        assert!(
+            m.contains("rank(s) 0, 2 passed unsound arguments"),
+            "rank {r}: {m}"
+        );
+    }
+}
