@@ -50,6 +50,12 @@
 #define PCCL_UNIQUE_ID_BYTES 128
 
 /**
+ * `flags` bit of [`pcclAllGatherQuantized`]: encode NaN and infinities (their blocks arrive
+ * as NaN) instead of refusing the call.
+ */
+#define PCCL_QUANT_ALLOW_NONFINITE 1
+
+/**
  * Opaque communicator; only ever used through a `pcclComm_t`.
  */
 typedef struct pcclComm pcclComm;
@@ -860,6 +866,30 @@ pcclResult_t pcclIrecv(void *recvbuff,
                        int peer,
                        pcclComm_t comm,
                        pcclRequest_t *request);
+
+/**
+ * All-gathers `sendcount` elements of every rank's `sendbuff` into `recvbuff` (rank `r`'s at
+ * `r * sendcount`) with the data block-quantized on the wire: `bits` 8 or 4, one `f32` scale
+ * per `block` elements (a power of two, 32 … 8192). Every element arrives within half its
+ * block's step (`max |x| / 127`, or `/ 7` for 4 bits), zeros exactly. `datatype`: float32,
+ * float16, bfloat16 or float64. NaN or infinity in any rank's data fails the call on every
+ * rank before any data moves, unless `flags` has [`PCCL_QUANT_ALLOW_NONFINITE`]. Every rank
+ * must pass the same `bits`, `block`, `sendcount` and flags; one that does not fails the call
+ * on every rank, named. `stream` must be NULL (host memory).
+ *
+ * # Safety
+ * `sendbuff` must be readable for `sendcount` elements and `recvbuff` writable for
+ * `sendcount * nranks`, not overlapping, and neither touched by others during the call.
+ */
+pcclResult_t pcclAllGatherQuantized(const void *sendbuff,
+                                    void *recvbuff,
+                                    size_t sendcount,
+                                    pcclDataType_t datatype,
+                                    uint32_t bits,
+                                    size_t block,
+                                    uint32_t flags,
+                                    pcclComm_t comm,
+                                    void *stream);
 
 #ifdef __cplusplus
 }  // extern "C"

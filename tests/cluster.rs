@@ -303,6 +303,11 @@ fn an_emulated_cluster_runs_checked_collectives_on_the_mapped_nics_and_fails_cle
         &["partition", "0", "2", "heal"],
     );
     let all = logs.join("\n---\n");
+    for (r, l) in logs.iter().enumerate() {
+        if let Some(line) = l.lines().find(|x| x.contains("the ranks' reports")) {
+            println!("partition, rank {r}: {line}");
+        }
+    }
     assert!(
         logs.iter().any(|l| l.contains("the ranks' reports")
             && (l.contains("each waited in vain for the other") || l.contains("sent no word"))),

@@ -25,6 +25,7 @@
 mod device;
 mod handles;
 mod ops;
+mod quantized;
 
 use crate::comm::request::Request;
 use crate::error::{Error, ErrorKind, Result};

@@ -133,7 +133,14 @@ _SIGNATURES = {
     "pcclGroupEndAsync": [ctypes.POINTER(_req_t)],
     "pcclIsend": [_vp, _sz, _int, _int, _comm_t, ctypes.POINTER(_req_t)],
     "pcclIrecv": [_vp, _sz, _int, _int, _comm_t, ctypes.POINTER(_req_t)],
+    # Quantized collectives (host memory).
+    "pcclAllGatherQuantized": [_vp, _vp, _sz, _int, ctypes.c_uint32, _sz, ctypes.c_uint32,
+                               _comm_t, _vp],
 }
+
+#: ``flags`` bit of ``pcclAllGatherQuantized``: send NaN/infinite blocks (as NaN) instead of
+#: refusing the call.
+PCCL_QUANT_ALLOW_NONFINITE = 1
 
 _lock = threading.Lock()
 _lib = None
@@ -433,6 +440,13 @@ class Communicator:
     # point-to-point; they return once this rank's part is done.
     # Rooted calls and all-to-all: host memory with stream None (blocking), device memory
     # queued on a stream otherwise.
+    def allgather_quantized(self, send, recv, count, dtype, bits, block, flags=0) -> None:
+        """``pcclAllGatherQuantized`` on host memory: block-quantized (``bits`` 8 or 4, one
+        f32 scale per ``block`` elements) on the wire, decoded into ``dtype`` on every rank."""
+        code = lib().pcclAllGatherQuantized(send, recv, count, dtype, bits, block, flags,
+                                            self.handle, None)
+        check("pcclAllGatherQuantized", code, self.handle)
+
     def reduce(self, send, recv, count, dtype, op, root, stream=None) -> None:
         code = lib().pcclReduce(send, recv, count, dtype, op, root, self.handle, stream)
         check("pcclReduce", code, self.handle)

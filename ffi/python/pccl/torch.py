@@ -1620,6 +1620,48 @@ def _create_backend(opts, backend_options):
                        group_id=opts.group_id, options=backend_options)
 
 
+def all_gather_quantized(output, input, bits=8, block=2048, allow_nonfinite=False, group=None):
+    """All-gathers ``input`` of every rank into ``output`` (``input.numel() x world`` elements,
+    rank ``r``'s at block ``r``) with the data block-quantized on the wire (ZeRO++'s qwZ):
+    ``bits`` 8 or 4, one float32 scale per ``block`` elements (a power of two, 32...8192).
+    Every element arrives within half its block's step (``max|x| / 127``, or ``/ 7`` for 4
+    bits), zeros exactly. float32, float16, bfloat16 or float64 CPU tensors of one dtype.
+    NaN or infinity in any rank's input raises on every rank before any data moves, unless
+    ``allow_nonfinite`` (those blocks then arrive as NaN). Every rank must pass the same
+    ``bits``, ``block`` and sizes; one that does not makes the call raise on every rank,
+    naming it. Synchronous. ``group``: a process group of the pccl backend (default: the
+    default group)."""
+    call = "all_gather_quantized"
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    be = _pccl_backend_of(pg)
+    if be is None:
+        raise RuntimeError(f"pccl: {call} needs a process group of the pccl backend")
+    comm = be._live()
+    if be._p2p_pending:
+        raise RuntimeError(f"pccl: {call}: finish the batch of point-to-point operations "
+                           "first")
+    for t in (output, input):
+        if not t.is_cpu or _is_device(t.device):
+            raise NotImplementedError(f"pccl: {call} takes CPU tensors (device tensors are "
+                                      "not supported yet)")
+    if input.dtype not in _FLOATS or output.dtype != input.dtype:
+        raise TypeError(f"pccl: {call}: input and output must share one of float32, float16, "
+                        f"bfloat16, float64 (got {input.dtype}, {output.dtype})")
+    n = input.numel()
+    if output.numel() != n * be.size():
+        raise ValueError(f"pccl: {call}: output has {output.numel()} elements, expected "
+                         f"{n} x {be.size()}")
+    inp = input.contiguous()
+    out = output if output.is_contiguous() else torch.empty_like(output,
+                                                                 memory_format=torch.contiguous_format)
+    flags = _lib.PCCL_QUANT_ALLOW_NONFINITE if allow_nonfinite else 0
+    comm.allgather_quantized(_ptr(inp), _ptr(out), n, _dtype(inp, call), int(bits), int(block),
+                             flags)
+    if out is not output:
+        output.copy_(out)
+    return output
+
+
 def _pccl_backend_of(pg):
     """The PcclBackend of process group ``pg`` (None when it is another backend's)."""
     if isinstance(pg, PcclBackend):

@@ -397,6 +397,50 @@ def fast_path(ck: Checker):
              torch.full((2,), float(n * (n - 1) // 2)), True)
 
 
+def quantized(ck: Checker):
+    """``pccl.torch.all_gather_quantized``: every element within half its block's step for
+    each float dtype and bit width (against the inputs, rebuilt here for every rank); a NaN on
+    one rank raises on every rank, after which the group still works."""
+    from pccl import _lib
+    me, n = dist.get_rank(), dist.get_world_size()
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for bits, block in ((8, 64), (4, 32)):
+            ck.checks += 1
+            shards = [torch.linspace(-1.0, 1.0, 100, dtype=torch.float32) * (r + 1) for r in
+                      range(n)]
+            for s in shards:
+                s[::9] = 0.0
+            out = torch.empty(100 * n, dtype=dtype)
+            pccl.torch.all_gather_quantized(out, shards[me].to(dtype), bits=bits, block=block)
+            want = torch.cat([s.to(dtype).to(torch.float32) for s in shards])
+            got = out.to(torch.float32)
+            qmax = 127.0 if bits == 8 else 7.0
+            steps = torch.cat([
+                torch.stack([c.abs().max() / qmax for c in s.to(dtype).float().split(block)])
+                .repeat_interleave(block)[: s.numel()] for s in shards])
+            err = (got - want).abs() - (steps / 2 * 1.0001 + got.abs() * 4e-3)
+            zeros_ok = bool((got[want == 0] == 0).all())
+            if err.max() > 0 or not zeros_ok:
+                ck.failures.append(f"all_gather_quantized {dtype} {bits}-bit: worst excess "
+                                   f"{err.max().item()}, zeros exact {zeros_ok}")
+    if n == 1:
+        return
+    ck.checks += 1
+    x = torch.ones(64)
+    if me == n - 1:
+        x[5] = float("nan")
+    try:
+        pccl.torch.all_gather_quantized(torch.empty(64 * n), x)
+        ck.failures.append("all_gather_quantized with a NaN on one rank did not raise")
+    except _lib.PcclError as e:
+        if f"rank(s) {n - 1} holds NaN" not in str(e) + (e.detail or ""):
+            ck.failures.append(f"all_gather_quantized NaN error does not name the rank: {e!r}")
+    after = torch.full((2,), float(me))
+    dist.all_reduce(after)
+    ck.close("all_reduce after a refused quantized all-gather", after,
+             torch.full((2,), float(n * (n - 1) // 2)), True)
+
+
 class _AsyncAllreduceOpts:
     def __init__(self):
         self.reduceOp = R.SUM
@@ -415,6 +459,7 @@ def main(rank, world, init, outdir, quick):
         misc(ck, dist.group.WORLD, gloo, ranks, "world")
         c_error(ck)
         fast_path(ck)
+        quantized(ck)
         # A sub-group: every rank but 0 (or just rank 0 when alone); pccl and gloo.
         sub = ranks[1:] if world > 1 else ranks
         spg = dist.new_group(sub, backend="pccl")
