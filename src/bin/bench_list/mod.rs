@@ -9,10 +9,14 @@
 //! time (averaged over ranks), the mean, and the fastest and slowest round.
 //!
 //! `mpi` in the list is MPI's own collective on the same buffers, interleaved like the others
-//! (under mpiexec; refused elsewhere). With `--nic-rate` each row also shows its NIC floor.
+//! (under mpiexec; refused elsewhere). `q8` and `q4` are the quantized all-gather
+//! (`Communicator::all_gather_quantized`, INT8 / INT4 with a scale per 2048 elements, on the
+//! tuner's plan for the records, or ALGO's with `q8:ALGO`; float dtypes, all-gather only;
+//! lossy, so `--check` skips them): its time against the plain all-gather's on the same data. With `--nic-rate` each row
+//! also shows its NIC floor.
 
 use super::{bounds, count_wrong, input_of, iters_for, lens, Args, Coll, Native, Row};
-use pccl::{Communicator, DType, Element, ReduceOp};
+use pccl::{Communicator, DType, Element, Quant, ReduceOp};
 use std::time::Instant;
 
 /// The algorithms of a comma-separated `--algo` list, in order; `None` when it names one.
@@ -69,6 +73,12 @@ pub fn split_per_algo(
             continue;
         }
         let mut cfg = comm.config().clone();
+        // `q8:ALGO`: the quantized all-gather on ALGO; `q8`: on the tuner's choice.
+        let a = match (quant_of(a), a.split_once(':')) {
+            (Some(_), Some((_, algo))) => algo,
+            (Some(_), None) => "auto",
+            _ => a.as_str(),
+        };
         cfg.algo = if a == "auto" {
             None
         } else if a == "auto-online" {
@@ -85,6 +95,41 @@ pub fn split_per_algo(
         out.push(Some(sub));
     }
     Ok(out)
+}
+
+/// The quantization of a `q8` / `q4` entry of the list (`q8:ALGO`: with that algorithm).
+fn quant_of(name: &str) -> Option<Quant> {
+    match name.split_once(':').map_or(name, |(q, _)| q) {
+        "q8" => Some(Quant::INT8),
+        "q4" => Some(Quant {
+            bits: 4,
+            ..Quant::INT8
+        }),
+        _ => None,
+    }
+}
+
+/// The quantized all-gather on `T`'s float type.
+fn quantized<T: Element>(
+    c: &Communicator,
+    input: &[T],
+    out: &mut [T],
+    q: Quant,
+) -> pccl::Result<()> {
+    use bytemuck::{cast_slice, cast_slice_mut};
+    match T::DTYPE {
+        DType::F32 => c.all_gather_quantized::<f32>(cast_slice(input), cast_slice_mut(out), q),
+        DType::F64 => c.all_gather_quantized::<f64>(cast_slice(input), cast_slice_mut(out), q),
+        DType::F16 => {
+            c.all_gather_quantized::<half::f16>(cast_slice(input), cast_slice_mut(out), q)
+        }
+        DType::BF16 => {
+            c.all_gather_quantized::<half::bf16>(cast_slice(input), cast_slice_mut(out), q)
+        }
+        d => Err(pccl::Error::usage(format!(
+            "--algo q8/q4: the quantized all-gather takes float dtypes, not {d}"
+        ))),
+    }
 }
 
 /// Median of a non-empty list.
@@ -116,9 +161,20 @@ pub fn run_size<T: Element>(
     let (in_len, out_len) = lens(coll, count, p);
     let input: Vec<T> = input_of(r, in_len);
     let mut output: Vec<T> = vec![T::from_i64(0); out_len];
-    let run_once = |c: &Option<Communicator>, out: &mut Vec<T>| -> pccl::Result<()> {
+    let quants: Vec<Option<Quant>> = names.iter().map(|n| quant_of(n)).collect();
+    if quants.iter().any(Option::is_some) && coll != Coll::AllGather {
+        return Err(pccl::Error::usage(format!(
+            "--algo q8/q4 time the quantized all-gather, not {}",
+            coll.name()
+        )));
+    }
+    let run_once = |a: usize, out: &mut Vec<T>| -> pccl::Result<()> {
+        let c = &subs[a];
         match (c, coll) {
-            (Some(c), Coll::AllGather) => c.all_gather(&input, out),
+            (Some(c), Coll::AllGather) => match quants[a] {
+                Some(q) => quantized(c, &input, out, q),
+                None => c.all_gather(&input, out),
+            },
             (Some(c), Coll::ReduceScatter) => c.reduce_scatter(&input, out, op),
             (Some(c), Coll::AllReduce) => c.all_reduce(&input, out, op),
             (None, _) => bounds::mpi_once(native, coll, op, &input, out, count, args)
@@ -137,12 +193,12 @@ pub fn run_size<T: Element>(
     let batch = iters.div_ceil(rounds);
     let coll_key = coll.plan_key(op);
     let block_bytes = coll.block_bytes(count, p, es);
-    for c in subs {
-        if let Some(sub) = c {
-            settle(sub, coll_key, block_bytes, || run_once(c, &mut output))?;
+    for (a, c) in subs.iter().enumerate() {
+        if let (Some(sub), None) = (c, quants[a]) {
+            settle(sub, coll_key, block_bytes, || run_once(a, &mut output))?;
         }
         for _ in 0..args.warmup {
-            run_once(c, &mut output)?;
+            run_once(a, &mut output)?;
         }
     }
     let k = subs.len();
@@ -154,16 +210,16 @@ pub fn run_size<T: Element>(
             comm.barrier()?;
             let t0 = Instant::now();
             for _ in 0..batch {
-                run_once(&subs[a], &mut output)?;
+                run_once(a, &mut output)?;
             }
             samples[a * rounds + round] = t0.elapsed().as_secs_f64() / batch as f64;
         }
     }
     let mut wrong = vec![0f64; k];
     if args.check {
-        for (a, c) in subs.iter().enumerate() {
+        for a in (0..subs.len()).filter(|&a| quants[a].is_none()) {
             output.iter_mut().for_each(|x| *x = T::from_i64(0));
-            run_once(c, &mut output)?;
+            run_once(a, &mut output)?;
             wrong[a] = count_wrong(coll, op, p, r, count, &output) as f64;
         }
     }
@@ -185,16 +241,22 @@ pub fn run_size<T: Element>(
         let avg = per_round.iter().sum::<f64>() / rounds as f64;
         let med = median(per_round.clone());
         let algbw = total_bytes as f64 / avg / 1e9;
-        let ran = match c {
-            Some(c) => c.algorithm_for(coll_key, block_bytes)?.name(),
-            None => "mpi".to_string(),
+        let ran = match (c, quants[a]) {
+            // The records' all-gather: its plan for the record's bytes.
+            (Some(c), Some(q)) => format!(
+                "q{}:{}",
+                q.bits,
+                c.algorithm_for(coll_key, q.record_bytes(count))?.name()
+            ),
+            (Some(c), None) => c.algorithm_for(coll_key, block_bytes)?.name(),
+            (None, _) => "mpi".to_string(),
         };
-        let (floor_us, model) = match c {
-            Some(_) => {
+        let (floor_us, model) = match (c, quants[a]) {
+            (Some(_), None) => {
                 let b = bounds::of_row(comm, coll, op, &ran, count, es, args)?;
                 (b.floor_us, b.model_us)
             }
-            None => (None, None),
+            _ => (None, None),
         };
         rows.push(Row {
             coll,
