@@ -212,3 +212,177 @@ fn nan_or_bad_arguments_on_one_rank_fail_every_rank_before_any_data_moves() {
         );
     }
 }
+
+/// Reduce-scatter inputs whose every element has exactly one contributing rank, ±1: the
+/// quantized sums are exact, so the output shows whether each element holds its one
+/// contribution exactly once (0 or 2 if it were lost or doubled) from the right rank (sign).
+#[test]
+fn reduce_scatter_quantized_holds_each_contribution_exactly_once() {
+    // (ranks, per node): one hop (one node, one rank per node, uneven nodes) and two hops.
+    for &(p, m) in &[
+        (1, 1),
+        (3, 1),
+        (4, 4),
+        (5, 2),
+        (4, 2),
+        (6, 3),
+        (8, 2),
+        (8, 4),
+    ] {
+        for bits in [8, 4] {
+            let n = 70; // several quantization blocks of 32, one partial
+            let q = Quant {
+                bits,
+                block: 32,
+                allow_nonfinite: false,
+            };
+            let owner = |dst: usize, e: usize| (dst * 5 + e * 3) % p;
+            let sign = |r: usize| if r % 2 == 0 { 1.0f32 } else { -1.0 };
+            Communicator::run_threads(p, cfg(m, None), |c| {
+                let me = c.rank();
+                let input: Vec<f32> = (0..p * n)
+                    .map(|i| {
+                        let (dst, e) = (i / n, i % n);
+                        if owner(dst, e) == me {
+                            sign(me)
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect();
+                let mut out = vec![9f32; n];
+                c.reduce_scatter_quantized(&input, &mut out, q, false)
+                    .unwrap_or_else(|e| panic!("{p} ranks ({m}/node) {bits}-bit: {e}"));
+                for (e, &v) in out.iter().enumerate() {
+                    assert_eq!(
+                        v,
+                        sign(owner(me, e)),
+                        "{p} ranks ({m}/node) {bits}-bit: rank {me} element {e}"
+                    );
+                }
+                // Twice on the same communicator (the levels are split once).
+                let mut again = vec![0f32; n];
+                c.reduce_scatter_quantized(&input, &mut again, q, true)
+                    .unwrap();
+                assert!(again
+                    .iter()
+                    .zip(&out)
+                    .all(|(a, o)| (a - o / p as f32).abs() < 1e-7));
+            })
+            .unwrap();
+        }
+    }
+}
+
+/// The documented bound on random and heavy-tailed data, every dtype, both widths and both
+/// schemes; prints the measured error against the exact f32 reduce-scatter.
+#[test]
+fn reduce_scatter_quantized_stays_within_its_error_bound() {
+    for &(p, m) in &[(4, 1), (8, 2)] {
+        for bits in [8u32, 4] {
+            for tail in [false, true] {
+                let q = Quant {
+                    bits,
+                    block: 64,
+                    allow_nonfinite: false,
+                };
+                let n = 300;
+                let data = |r: usize, i: usize| -> f32 {
+                    let x = ((i * 2654435761 + r * 40503) % 10007) as f32 / 5003.5 - 1.0;
+                    if tail && i % 97 == 0 {
+                        x * 1e3
+                    } else {
+                        x
+                    }
+                };
+                let qmax = q.q_max();
+                let out = Communicator::run_threads(p, cfg(m, None), |c| {
+                    let me = c.rank();
+                    let input: Vec<f32> = (0..p * n).map(|i| data(me, i)).collect();
+                    let mut out = vec![0f32; n];
+                    c.reduce_scatter_quantized(&input, &mut out, q, false)
+                        .unwrap();
+                    let mut b16 = vec![bf16::from_f32(0.0); n];
+                    let in16: Vec<bf16> = input.iter().map(|&v| bf16::from_f32(v)).collect();
+                    c.reduce_scatter_quantized(&in16, &mut b16, q, false)
+                        .unwrap();
+                    (out, b16)
+                })
+                .unwrap();
+                let (mut worst, mut sq, mut norm) = (0f64, 0f64, 0f64);
+                for (me, (got, got16)) in out.iter().enumerate() {
+                    for e in 0..n {
+                        let i = me * n + e;
+                        let exact: f32 = (0..p).map(|r| data(r, i)).sum();
+                        // A loose form of the bound: every contributor's largest magnitude
+                        // over this rank's whole payload, and the partial sums' largest.
+                        let s1: f32 = (0..p)
+                            .map(|r| (0..p * n).map(|k| data(r, k).abs()).fold(0f32, f32::max))
+                            .sum::<f32>()
+                            / qmax;
+                        let s2 = if m > 1 && p > m {
+                            (p / m) as f32
+                                * (0..p * n)
+                                    .map(|k| (0..p).map(|r| data(r, k)).sum::<f32>().abs())
+                                    .fold(0f32, f32::max)
+                                / qmax
+                        } else {
+                            0.0
+                        };
+                        let bound = (s1 + s2) / 2.0 * 1.001;
+                        let err = (got[e] - exact).abs();
+                        assert!(
+                            err <= bound,
+                            "{p} ranks {bits}-bit tail {tail}: rank {me} element {e}: {} vs {exact}, bound {bound}",
+                            got[e]
+                        );
+                        let err16 = (got16[e].to_f32() - exact).abs();
+                        assert!(
+                            err16 <= bound + exact.abs() * 1e-2 + 0.05,
+                            "bf16: {err16} > {bound}"
+                        );
+                        worst = worst.max(f64::from(err));
+                        sq += f64::from(err).powi(2);
+                        norm += f64::from(exact).powi(2);
+                    }
+                }
+                println!(
+                    "reduce_scatter_quantized {p} ranks ({m}/node) INT{bits}, {}: max error {worst:.4}, relative RMS error {:.4}",
+                    if tail { "heavy-tailed" } else { "uniform" },
+                    (sq / norm).sqrt()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn reduce_scatter_quantized_refuses_nan_and_disagreement_on_every_rank() {
+    let out = Communicator::run_threads(4, cfg(2, None), |c| {
+        let mut x = vec![1f32; 4 * 40];
+        if c.rank() == 3 {
+            x[7] = f32::INFINITY;
+        }
+        let mut o = vec![0f32; 40];
+        let nan = c
+            .reduce_scatter_quantized(&x, &mut o, Quant::INT8, false)
+            .unwrap_err();
+        let q = Quant {
+            bits: if c.rank() == 1 { 4 } else { 8 },
+            ..Quant::INT8
+        };
+        let differ = c
+            .reduce_scatter_quantized(&[1f32; 160], &mut o, q, false)
+            .unwrap_err();
+        // Still usable afterwards.
+        c.reduce_scatter_quantized(&[1f32; 160], &mut o, Quant::INT8, false)
+            .unwrap();
+        assert!(o.iter().all(|&v| v == 4.0));
+        (nan.message().to_string(), differ.message().to_string())
+    })
+    .unwrap();
+    for (r, (nan, differ)) in out.iter().enumerate() {
+        assert!(nan.contains("rank(s) 3 holds NaN"), "rank {r}: {nan}");
+        assert!(differ.contains("rank 1: 4 bits"), "rank {r}: {differ}");
+    }
+}

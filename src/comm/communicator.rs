@@ -89,6 +89,9 @@ struct Inner {
     abort_hooks: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
     /// The first error of a queued device collective (NCCL's asynchronous error).
     device_error: Arc<Mutex<Option<Error>>>,
+    /// The node's and the network's sub-communicators of the two-hop quantized
+    /// reduce-scatter (`quantized`), split once, on its first call.
+    levels: Mutex<Option<(Communicator, Communicator)>>,
 }
 
 /// This rank's NIC view: discovery (cached per process) with the configured map and file.
@@ -189,6 +192,7 @@ impl Communicator {
                 p2p_pool: Arc::new(Pool::new(format!("pccl-p2p-{rank}"))),
                 abort_hooks: Mutex::new(Vec::new()),
                 device_error: Arc::new(Mutex::new(None)),
+                levels: Mutex::new(None),
             }),
         }
     }

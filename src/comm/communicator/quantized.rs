@@ -1,10 +1,12 @@
-//! Quantized all-gather (ZeRO++'s qwZ): each rank encodes its shard once
-//! ([`crate::quant`]: INT8 or INT4, one `f32` scale per block), every plan of the
+//! Quantized collectives (ZeRO++'s qwZ and qgZ). The all-gather: each rank encodes its shard
+//! once ([`crate::quant`]: INT8 or INT4, one `f32` scale per block), every plan of the
 //! communicator's all-gather (flat, hierarchical, overlapped; the tuner's or `PCCL_ALGO`'s)
-//! moves the records, and every rank decodes them into the output's type.
+//! moves the records, and every rank decodes them into the output's type. The
+//! reduce-scatter: quantized all-to-alls, inside the node then between nodes, partial sums
+//! in `f32` in between (see [`Communicator::reduce_scatter_quantized`]).
 //!
 //! Before a byte of data moves, the ranks exchange one small header each (bit width, block,
-//! count, whether the shard is finite, whether the call's arguments are sound): a rank that
+//! count, whether the data is finite, whether the call's arguments are sound): a rank that
 //! disagrees, a bad argument or a NaN / infinity anywhere ends the call with the same error on
 //! every rank, naming the ranks, and no rank falls out of step.
 
@@ -42,50 +44,40 @@ fn list(r: &[usize]) -> String {
         .join(", ")
 }
 
+/// What a rank brings to a quantized call's agreement.
+struct Mine<'a> {
+    call: &'a str,
+    q: Quant,
+    count: usize,
+    finite: bool,
+    /// The arguments' problem on this rank (reported on every rank), if any.
+    unsound: Option<String>,
+}
+
 impl Communicator {
-    /// All-gathers `input` (this rank's shard) into `output` (`input.len() × size()`
-    /// elements, rank `r`'s shard at block `r`) with the data quantized on the wire: each
-    /// element comes back within half its block's step (`max |x| / 127` for INT8, `/ 7` for
-    /// INT4), zeros exactly. NaN or infinities in any rank's shard are refused on every rank
-    /// before any data moves, unless `q.allow_nonfinite` (their blocks then come back NaN).
-    /// Every rank must pass the same `q` and count; a rank that does not fails the call on
-    /// every rank, named.
-    ///
-    /// Wire bytes per element: 1 (INT8) or ½ (INT4) plus 4 per block of scales, against 2
-    /// for `bf16` and 4 for `f32`.
-    pub fn all_gather_quantized<T: QuantFloat>(
-        &self,
-        input: &[T],
-        output: &mut [T],
-        q: Quant,
-    ) -> Result<()> {
+    /// The header exchange of a quantized call: every rank learns every rank's encoding,
+    /// count, finiteness and soundness, and all reach the same verdict (an error naming the
+    /// ranks, or go) before any data moves.
+    fn agree_quantized(&self, m: Mine<'_>) -> Result<()> {
         let p = self.size();
-        let n = input.len();
-        let valid = q.validate();
-        let sound = valid.is_ok() && n.checked_mul(p) == Some(output.len());
         let mut header = [0u64; FIELDS];
-        header[BITS] = u64::from(q.bits);
-        header[BLOCK] = q.block as u64;
-        header[COUNT] = n as u64;
-        header[FINITE] = u64::from(quant::all_finite(input));
-        header[ALLOW] = u64::from(q.allow_nonfinite);
-        header[SOUND] = u64::from(sound);
+        header[BITS] = u64::from(m.q.bits);
+        header[BLOCK] = m.q.block as u64;
+        header[COUNT] = m.count as u64;
+        header[FINITE] = u64::from(m.finite);
+        header[ALLOW] = u64::from(m.q.allow_nonfinite);
+        header[SOUND] = u64::from(m.unsound.is_none());
         let mut all = [0u64; FIELDS].repeat(p);
         self.all_gather(&header, &mut all)?;
+        let call = m.call;
 
         // Every rank reads the same headers and so reaches the same verdict.
         let unsound = ranks_where(&all, p, |h| h[SOUND] == 0);
         if !unsound.is_empty() {
-            let mine = match valid {
-                Err(e) => format!(" (here: {})", e.message()),
-                Ok(()) if !sound => {
-                    format!(" (here: output of {} elements for {n} x {p})", output.len())
-                }
-                Ok(()) => String::new(),
-            };
+            let here = m.unsound.map_or(String::new(), |w| format!(" (here: {w})"));
             return Err(Error::invalid(format!(
-                "all_gather_quantized: rank(s) {} passed unsound arguments (bits 8 or 4, a \
-                 power-of-two block of 32…8192, an output of count × ranks elements){mine}",
+                "{call}: rank(s) {} passed unsound arguments (bits 8 or 4, a power-of-two \
+                 block of 32…8192, buffers of count and count × ranks elements){here}",
                 list(&unsound)
             )));
         }
@@ -107,8 +99,8 @@ impl Communicator {
                 )
             };
             return Err(Error::invalid(format!(
-                "all_gather_quantized: the ranks disagree on the encoding or the count ({}; {}): \
-                 every rank must pass the same bits, block, count and nonfinite choice",
+                "{call}: the ranks disagree on the encoding or the count ({}; {}): every rank \
+                 must pass the same bits, block, count and nonfinite choice",
                 show(0),
                 differ
                     .iter()
@@ -118,15 +110,49 @@ impl Communicator {
             )));
         }
         let nonfinite = ranks_where(&all, p, |h| h[FINITE] == 0);
-        if !nonfinite.is_empty() && !q.allow_nonfinite {
+        if !nonfinite.is_empty() && !m.q.allow_nonfinite {
             return Err(Error::invalid(format!(
-                "all_gather_quantized: the shard of rank(s) {} holds NaN or infinity, which \
-                 block quantization cannot encode; nothing was sent (pass allow_nonfinite to \
-                 send those blocks as NaN)",
+                "{call}: the data of rank(s) {} holds NaN or infinity, which block \
+                 quantization cannot encode; nothing was sent (pass allow_nonfinite to send \
+                 those blocks as NaN)",
                 list(&nonfinite)
             )));
         }
+        Ok(())
+    }
 
+    /// All-gathers `input` (this rank's shard) into `output` (`input.len() × size()`
+    /// elements, rank `r`'s shard at block `r`) with the data quantized on the wire: each
+    /// element comes back within half its block's step (`max |x| / 127` for INT8, `/ 7` for
+    /// INT4), zeros exactly. NaN or infinities in any rank's shard are refused on every rank
+    /// before any data moves, unless `q.allow_nonfinite` (their blocks then come back NaN).
+    /// Every rank must pass the same `q` and count; a rank that does not fails the call on
+    /// every rank, named.
+    ///
+    /// Wire bytes per element: 1 (INT8) or ½ (INT4) plus 4 per block of scales, against 2
+    /// for `bf16` and 4 for `f32`.
+    pub fn all_gather_quantized<T: QuantFloat>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        q: Quant,
+    ) -> Result<()> {
+        let p = self.size();
+        let n = input.len();
+        let unsound = match q.validate() {
+            Err(e) => Some(e.message().to_string()),
+            Ok(()) if n.checked_mul(p) != Some(output.len()) => {
+                Some(format!("output of {} elements for {n} x {p}", output.len()))
+            }
+            Ok(()) => None,
+        };
+        self.agree_quantized(Mine {
+            call: "all_gather_quantized",
+            q,
+            count: n,
+            finite: quant::all_finite(input),
+            unsound,
+        })?;
         let words = q.record_bytes(n) / 8;
         let mut mine = alloc_words(words, "this rank's quantized shard")?;
         quant::quantize(&q, input, bytemuck::cast_slice_mut(&mut mine))?;
@@ -143,4 +169,135 @@ impl Communicator {
         }
         Ok(())
     }
+
+    /// Reduce-scatter (sum, or average with `average`) with the data quantized on the wire
+    /// (ZeRO++'s qgZ): `input` holds `output.len() × size()` elements, block `r` for rank
+    /// `r`; `output` gets this rank's block summed over every rank. On nodes of equal size
+    /// with more than one node and more than one rank each it takes two hops: inside the node
+    /// an all-to-all of quantized pieces (each rank's share for the ranks of its local index
+    /// on every node), dequantized and summed in `f32`, requantized; then between the nodes an
+    /// all-to-all of those partial sums among the ranks of one local index, dequantized and
+    /// summed. Otherwise one all-to-all of quantized blocks. Error bound per element: half a
+    /// step of every quantized piece it passed through — `Σ_ranks s₁/2 + Σ_nodes s₂/2`, `s₁`
+    /// the step of the contributor's block (its max ÷ 127, or ÷ 7 for INT4), `s₂` the step of
+    /// the node's partial-sum block; one hop: `Σ_ranks s₁/2`. Same refusals as
+    /// [`Self::all_gather_quantized`] (NaN, disagreement, bad arguments: every rank, named).
+    pub fn reduce_scatter_quantized<T: QuantFloat>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        q: Quant,
+        average: bool,
+    ) -> Result<()> {
+        let p = self.size();
+        let n = output.len();
+        let unsound = match q.validate() {
+            Err(e) => Some(e.message().to_string()),
+            Ok(()) if n.checked_mul(p) != Some(input.len()) => {
+                Some(format!("input of {} elements for {n} x {p}", input.len()))
+            }
+            Ok(()) => None,
+        };
+        self.agree_quantized(Mine {
+            call: "reduce_scatter_quantized",
+            q,
+            count: n,
+            finite: quant::all_finite(input),
+            unsound,
+        })?;
+        let topo = self.topology();
+        let nodes = topo.nodes();
+        let m = nodes.first().map_or(1, Vec::len);
+        let two_hops = topo.is_regular() && nodes.len() > 1 && m > 1;
+        let as_f32 = |r: usize, dst: &mut [f32]| {
+            T::to_f32_slice(&input[r * n..(r + 1) * n], dst);
+        };
+        let mut sum = if two_hops {
+            let nn = nodes.len();
+            // Hop 1: to local index j, the blocks of the ranks of index j on every node.
+            let mut payload = alloc_f32(m * nn * n)?;
+            for j in 0..m {
+                for (k, members) in nodes.iter().enumerate() {
+                    let at = (j * nn + k) * n;
+                    as_f32(members[j], &mut payload[at..at + n]);
+                }
+            }
+            self.with_levels(|intra, inter| {
+                let partial = quantized_hop(intra, &payload, nn * n, q)?;
+                // Hop 2: to node k, the partial sum of its rank of this local index.
+                quantized_hop(inter, &partial, n, q)
+            })?
+        } else {
+            let mut payload = alloc_f32(p * n)?;
+            for r in 0..p {
+                as_f32(r, &mut payload[r * n..(r + 1) * n]);
+            }
+            quantized_hop(self, &payload, n, q)?
+        };
+        if average {
+            let k = 1.0 / p as f32;
+            sum.iter_mut().for_each(|v| *v *= k);
+        }
+        T::from_f32_slice(&sum, output);
+        Ok(())
+    }
+
+    /// Runs `f` on the node's and the network's sub-communicators (ranks of this node by
+    /// local index; ranks of this local index by node), split on first use — every rank
+    /// reaches this in the same call, after the agreement.
+    fn with_levels<R>(
+        &self,
+        f: impl FnOnce(&Communicator, &Communicator) -> Result<R>,
+    ) -> Result<R> {
+        let mut l = super::lock(&self.inner.levels);
+        if l.is_none() {
+            let (node, local) = self.topology().position(self.rank());
+            let missing = || Error::internal("a split with this rank's colour left it out");
+            let intra = self
+                .split(Some(node as u32), local as i32)?
+                .ok_or_else(missing)?;
+            let inter = self
+                .split(Some(local as u32), node as i32)?
+                .ok_or_else(missing)?;
+            *l = Some((intra, inter));
+        }
+        let (intra, inter) = l.as_ref().expect("split above");
+        f(intra, inter)
+    }
+}
+
+fn alloc_f32(n: usize) -> Result<Vec<f32>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| Error::system(format!("cannot allocate {n} floats of staging")))?;
+    v.resize(n, 0.0);
+    Ok(v)
+}
+
+/// One quantized all-to-all on `comm`: `payload` holds `comm.size()` pieces of `len` f32
+/// values (piece `d` for member `d`); each is quantized, exchanged, dequantized and the
+/// pieces this rank receives are summed in f32.
+fn quantized_hop(comm: &Communicator, payload: &[f32], len: usize, q: Quant) -> Result<Vec<f32>> {
+    let s = comm.size();
+    let words = q.record_bytes(len) / 8;
+    let total = words
+        .checked_mul(s)
+        .ok_or_else(|| Error::invalid("the quantized records overflow the address space"))?;
+    let mut send = alloc_words(total, "the quantized pieces")?;
+    for d in 0..s {
+        let rec = bytemuck::cast_slice_mut(&mut send[d * words..(d + 1) * words]);
+        quant::quantize(&q, &payload[d * len..(d + 1) * len], rec)?;
+    }
+    let mut recv = alloc_words(total, "the quantized pieces received")?;
+    comm.all_to_all(&send, &mut recv)?;
+    let mut sum = alloc_f32(len)?;
+    let mut piece = alloc_f32(len)?;
+    for d in 0..s {
+        let rec = bytemuck::cast_slice(&recv[d * words..(d + 1) * words]);
+        quant::dequantize(&q, rec, &mut piece)?;
+        for (a, b) in sum.iter_mut().zip(&piece) {
+            *a += b;
+        }
+    }
+    Ok(sum)
 }
