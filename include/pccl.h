@@ -50,10 +50,15 @@
 #define PCCL_UNIQUE_ID_BYTES 128
 
 /**
- * `flags` bit of [`pcclAllGatherQuantized`]: encode NaN and infinities (their blocks arrive
- * as NaN) instead of refusing the call.
+ * `flags` bit of the quantized calls: encode NaN and infinities (their blocks arrive as NaN)
+ * instead of refusing the call.
  */
 #define PCCL_QUANT_ALLOW_NONFINITE 1
+
+/**
+ * `flags` bit of [`pcclReduceScatterQuantized`]: divide the sums by the number of ranks.
+ */
+#define PCCL_QUANT_AVERAGE 2
 
 /**
  * Opaque communicator; only ever used through a `pcclComm_t`.
@@ -890,6 +895,30 @@ pcclResult_t pcclAllGatherQuantized(const void *sendbuff,
                                     uint32_t flags,
                                     pcclComm_t comm,
                                     void *stream);
+
+/**
+ * Reduce-scatter (sum; the average with [`PCCL_QUANT_AVERAGE`] in `flags`) of `recvcount *
+ * nranks` elements of every rank's `sendbuff`, block `r` to rank `r`'s `recvbuff`, with the
+ * data block-quantized on the wire (ZeRO++'s qgZ: inside a node an all-to-all of quantized
+ * pieces, summed in f32 and requantized, then between nodes the same; one all-to-all on one
+ * node or one rank per node). `bits` 8 or 4, one `f32` scale per `block` elements (a power
+ * of two, 32 … 8192). Every element is within half a step of every quantized piece it passed
+ * through (docs/QUANTIZED.md). Datatypes, refusals and `stream` as
+ * [`pcclAllGatherQuantized`].
+ *
+ * # Safety
+ * `sendbuff` must be readable for `recvcount * nranks` elements and `recvbuff` writable for
+ * `recvcount`, not overlapping, and neither touched by others during the call.
+ */
+pcclResult_t pcclReduceScatterQuantized(const void *sendbuff,
+                                        void *recvbuff,
+                                        size_t recvcount,
+                                        pcclDataType_t datatype,
+                                        uint32_t bits,
+                                        size_t block,
+                                        uint32_t flags,
+                                        pcclComm_t comm,
+                                        void *stream);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -1,26 +1,38 @@
-//! The quantized collectives of the C ABI (`pcclAllGatherQuantized`): host memory only for
-//! now (a non-NULL `stream` is `pcclInvalidUsage`, on every rank).
+//! The quantized collectives of the C ABI (`pcclAllGatherQuantized`,
+//! `pcclReduceScatterQuantized`): host memory only for now (a non-NULL `stream` is `pcclInvalidUsage`, on every rank).
 
 use super::handles;
 use super::{
     check_buffer, datatype as dtype_of, entry, pcclComm_t, pcclDataType_t, pcclResult_t, OnComm,
+    Outcome,
 };
 use crate::error::{Error, Result};
 use crate::quant::{Quant, QuantFloat};
 use crate::{Communicator, DType};
 use std::ffi::c_void;
 
-/// `flags` bit of [`pcclAllGatherQuantized`]: encode NaN and infinities (their blocks arrive
-/// as NaN) instead of refusing the call.
+/// `flags` bit of the quantized calls: encode NaN and infinities (their blocks arrive as NaN)
+/// instead of refusing the call.
 pub const PCCL_QUANT_ALLOW_NONFINITE: u32 = 1;
 
-/// Runs the quantized all-gather on `T`; argument problems found here still take the
+/// `flags` bit of [`pcclReduceScatterQuantized`]: divide the sums by the number of ranks.
+pub const PCCL_QUANT_AVERAGE: u32 = 2;
+
+/// Which quantized collective.
+#[derive(Clone, Copy)]
+enum Which {
+    AllGather,
+    ReduceScatter { average: bool },
+}
+
+/// Runs the quantized collective on `T`; argument problems found here still take the
 /// collective's turn (the header exchange), so every rank fails alike.
 ///
 /// # Safety
-/// As [`pcclAllGatherQuantized`].
-unsafe fn gather_typed<T: QuantFloat>(
+/// As [`pcclAllGatherQuantized`] / [`pcclReduceScatterQuantized`].
+unsafe fn run_typed<T: QuantFloat>(
     comm: &Communicator,
+    which: Which,
     send: *const c_void,
     recv: *mut c_void,
     count: usize,
@@ -28,33 +40,100 @@ unsafe fn gather_typed<T: QuantFloat>(
     local: Option<Error>,
 ) -> Result<()> {
     let p = comm.size();
-    let out_len = count.checked_mul(p);
+    let (in_len, out_len) = match which {
+        Which::AllGather => (Some(count), count.checked_mul(p)),
+        Which::ReduceScatter { .. } => (count.checked_mul(p), Some(count)),
+    };
     let checked = local.map_or(Ok(()), Err).and_then(|()| {
-        let out_len = out_len
-            .ok_or_else(|| Error::invalid(format!("count {count} x {p} ranks overflows size_t")))?;
-        check_buffer::<T>("sendbuff", send as usize, count)?;
+        let (Some(in_len), Some(out_len)) = (in_len, out_len) else {
+            return Err(Error::invalid(format!(
+                "count {count} x {p} ranks overflows size_t"
+            )));
+        };
+        check_buffer::<T>("sendbuff", send as usize, in_len)?;
         check_buffer::<T>("recvbuff", recv as usize, out_len)?;
         if count > 0 && (send.is_null() || recv.is_null()) {
             return Err(Error::invalid("sendbuff and recvbuff must not be NULL"));
         }
-        Ok(out_len)
+        Ok((in_len, out_len))
     });
+    let call = |input: &[T], output: &mut [T]| match which {
+        Which::AllGather => comm.all_gather_quantized(input, output, q),
+        Which::ReduceScatter { average } => {
+            comm.reduce_scatter_quantized(input, output, q, average)
+        }
+    };
     match checked {
-        // SAFETY: the caller guarantees `count` readable elements at `send` and `count × p`
+        // SAFETY: the caller guarantees `in_len` readable elements at `send` and `out_len`
         // writable ones at `recv` (checked above to be addressable), not touched by others
         // during the call; the two do not overlap (no in-place form).
-        Ok(out_len) if count > 0 => unsafe {
-            let input = std::slice::from_raw_parts(send.cast::<T>(), count);
+        Ok((in_len, out_len)) if count > 0 => unsafe {
+            let input = std::slice::from_raw_parts(send.cast::<T>(), in_len);
             let output = std::slice::from_raw_parts_mut(recv.cast::<T>(), out_len);
-            comm.all_gather_quantized(input, output, q)
+            call(input, output)
         },
-        Ok(_) => comm.all_gather_quantized::<T>(&[], &mut [], q),
+        Ok(_) => call(&[], &mut []),
         Err(e) => {
-            // Take part with an output that cannot match: every rank then refuses the call.
-            let _ = comm.all_gather_quantized::<T>(&[], &mut [T::from_f32(0.0)], q);
+            // Take part with buffers that cannot match: every rank then refuses the call.
+            let mut one = [T::from_f32(0.0)];
+            let _ = match which {
+                Which::AllGather => call(&[], &mut one),
+                Which::ReduceScatter { .. } => call(&one.clone(), &mut []),
+            };
             Err(e)
         }
     }
+}
+
+/// The shared body of the quantized entry points.
+#[allow(clippy::too_many_arguments)]
+fn quantized(
+    comm_handle: pcclComm_t,
+    which: Which,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    datatype: pcclDataType_t,
+    (bits, block, flags, known): (u32, usize, u32, u32),
+    stream: *mut c_void,
+) -> Outcome<()> {
+    let c = handles::comm(comm_handle as usize, "comm", false)?;
+    let q = Quant {
+        bits,
+        block,
+        allow_nonfinite: flags & PCCL_QUANT_ALLOW_NONFINITE != 0,
+    };
+    let mut local = None;
+    if flags & !known != 0 {
+        local = Some(Error::invalid(format!(
+            "unknown flags {:#x}",
+            flags & !known
+        )));
+    } else if !stream.is_null() {
+        local = Some(Error::usage(
+            "device memory is not supported for quantized collectives yet (pass stream = NULL)",
+        ));
+    }
+    let comm = &c.comm;
+    // SAFETY: forwarded from the caller (buffers valid for the counts).
+    let r = unsafe {
+        match dtype_of(datatype) {
+            Ok(DType::F32) => run_typed::<f32>(comm, which, send, recv, count, q, local),
+            Ok(DType::F64) => run_typed::<f64>(comm, which, send, recv, count, q, local),
+            Ok(DType::F16) => run_typed::<half::f16>(comm, which, send, recv, count, q, local),
+            Ok(DType::BF16) => run_typed::<half::bf16>(comm, which, send, recv, count, q, local),
+            other => {
+                let e = other.err().unwrap_or_else(|| {
+                    Error::invalid(format!(
+                        "datatype {datatype}: quantized collectives take float32, float16, \
+                         bfloat16 or float64"
+                    ))
+                });
+                run_typed::<f32>(comm, which, send, recv, count, q, Some(e))
+            }
+        }
+    };
+    r.on(&c)
 }
 
 /// All-gathers `sendcount` elements of every rank's `sendbuff` into `recvbuff` (rank `r`'s at
@@ -82,48 +161,60 @@ pub unsafe extern "C" fn pcclAllGatherQuantized(
     stream: *mut c_void,
 ) -> pcclResult_t {
     entry("pcclAllGatherQuantized", || {
-        let c = handles::comm(comm as usize, "comm", false)?;
-        let q = Quant {
-            bits,
-            block,
-            allow_nonfinite: flags & PCCL_QUANT_ALLOW_NONFINITE != 0,
-        };
-        let mut local = None;
-        if flags & !PCCL_QUANT_ALLOW_NONFINITE != 0 {
-            local = Some(Error::invalid(format!("unknown flags {flags:#x}")));
-        } else if !stream.is_null() {
-            local = Some(Error::usage(
-                "device memory is not supported for quantized collectives yet (pass stream = NULL)",
-            ));
-        }
-        let dt = dtype_of(datatype);
-        let comm = &c.comm;
-        // SAFETY: forwarded from the caller (buffers valid for the counts).
-        let r = unsafe {
-            match dt {
-                Ok(DType::F32) => {
-                    gather_typed::<f32>(comm, sendbuff, recvbuff, sendcount, q, local)
-                }
-                Ok(DType::F64) => {
-                    gather_typed::<f64>(comm, sendbuff, recvbuff, sendcount, q, local)
-                }
-                Ok(DType::F16) => {
-                    gather_typed::<half::f16>(comm, sendbuff, recvbuff, sendcount, q, local)
-                }
-                Ok(DType::BF16) => {
-                    gather_typed::<half::bf16>(comm, sendbuff, recvbuff, sendcount, q, local)
-                }
-                other => {
-                    let e = other.err().unwrap_or_else(|| {
-                        Error::invalid(format!(
-                            "datatype {datatype}: quantized collectives take float32, \
-                             float16, bfloat16 or float64"
-                        ))
-                    });
-                    gather_typed::<f32>(comm, sendbuff, recvbuff, sendcount, q, Some(e))
-                }
-            }
-        };
-        r.on(&c)
+        quantized(
+            comm,
+            Which::AllGather,
+            sendbuff,
+            recvbuff,
+            sendcount,
+            datatype,
+            (bits, block, flags, PCCL_QUANT_ALLOW_NONFINITE),
+            stream,
+        )
+    })
+}
+
+/// Reduce-scatter (sum; the average with [`PCCL_QUANT_AVERAGE`] in `flags`) of `recvcount *
+/// nranks` elements of every rank's `sendbuff`, block `r` to rank `r`'s `recvbuff`, with the
+/// data block-quantized on the wire (ZeRO++'s qgZ: inside a node an all-to-all of quantized
+/// pieces, summed in f32 and requantized, then between nodes the same; one all-to-all on one
+/// node or one rank per node). `bits` 8 or 4, one `f32` scale per `block` elements (a power
+/// of two, 32 … 8192). Every element is within half a step of every quantized piece it passed
+/// through (docs/QUANTIZED.md). Datatypes, refusals and `stream` as
+/// [`pcclAllGatherQuantized`].
+///
+/// # Safety
+/// `sendbuff` must be readable for `recvcount * nranks` elements and `recvbuff` writable for
+/// `recvcount`, not overlapping, and neither touched by others during the call.
+#[no_mangle]
+pub unsafe extern "C" fn pcclReduceScatterQuantized(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: pcclDataType_t,
+    bits: u32,
+    block: usize,
+    flags: u32,
+    comm: pcclComm_t,
+    stream: *mut c_void,
+) -> pcclResult_t {
+    entry("pcclReduceScatterQuantized", || {
+        quantized(
+            comm,
+            Which::ReduceScatter {
+                average: flags & PCCL_QUANT_AVERAGE != 0,
+            },
+            sendbuff,
+            recvbuff,
+            recvcount,
+            datatype,
+            (
+                bits,
+                block,
+                flags,
+                PCCL_QUANT_ALLOW_NONFINITE | PCCL_QUANT_AVERAGE,
+            ),
+            stream,
+        )
     })
 }

@@ -136,11 +136,15 @@ _SIGNATURES = {
     # Quantized collectives (host memory).
     "pcclAllGatherQuantized": [_vp, _vp, _sz, _int, ctypes.c_uint32, _sz, ctypes.c_uint32,
                                _comm_t, _vp],
+    "pcclReduceScatterQuantized": [_vp, _vp, _sz, _int, ctypes.c_uint32, _sz, ctypes.c_uint32,
+                                   _comm_t, _vp],
 }
 
 #: ``flags`` bit of ``pcclAllGatherQuantized``: send NaN/infinite blocks (as NaN) instead of
 #: refusing the call.
 PCCL_QUANT_ALLOW_NONFINITE = 1
+#: ``flags`` bit of ``pcclReduceScatterQuantized``: average instead of sum.
+PCCL_QUANT_AVERAGE = 2
 
 _lock = threading.Lock()
 _lib = None
@@ -446,6 +450,14 @@ class Communicator:
         code = lib().pcclAllGatherQuantized(send, recv, count, dtype, bits, block, flags,
                                             self.handle, None)
         check("pcclAllGatherQuantized", code, self.handle)
+
+    def reduce_scatter_quantized(self, send, recv, recvcount, dtype, bits, block,
+                                 flags=0) -> None:
+        """``pcclReduceScatterQuantized`` on host memory (qgZ: quantized all-to-alls inside
+        the node, then between nodes; ``flags`` may add ``PCCL_QUANT_AVERAGE``)."""
+        code = lib().pcclReduceScatterQuantized(send, recv, recvcount, dtype, bits, block,
+                                                flags, self.handle, None)
+        check("pcclReduceScatterQuantized", code, self.handle)
 
     def reduce(self, send, recv, count, dtype, op, root, stream=None) -> None:
         code = lib().pcclReduce(send, recv, count, dtype, op, root, self.handle, stream)

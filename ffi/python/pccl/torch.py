@@ -1620,18 +1620,8 @@ def _create_backend(opts, backend_options):
                        group_id=opts.group_id, options=backend_options)
 
 
-def all_gather_quantized(output, input, bits=8, block=2048, allow_nonfinite=False, group=None):
-    """All-gathers ``input`` of every rank into ``output`` (``input.numel() x world`` elements,
-    rank ``r``'s at block ``r``) with the data block-quantized on the wire (ZeRO++'s qwZ):
-    ``bits`` 8 or 4, one float32 scale per ``block`` elements (a power of two, 32...8192).
-    Every element arrives within half its block's step (``max|x| / 127``, or ``/ 7`` for 4
-    bits), zeros exactly. float32, float16, bfloat16 or float64 CPU tensors of one dtype.
-    NaN or infinity in any rank's input raises on every rank before any data moves, unless
-    ``allow_nonfinite`` (those blocks then arrive as NaN). Every rank must pass the same
-    ``bits``, ``block`` and sizes; one that does not makes the call raise on every rank,
-    naming it. Synchronous. ``group``: a process group of the pccl backend (default: the
-    default group)."""
-    call = "all_gather_quantized"
+def _quantized_args(call, output, input, group):
+    """The backend and contiguous buffers of a quantized call, after the checks."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     be = _pccl_backend_of(pg)
     if be is None:
@@ -1647,16 +1637,55 @@ def all_gather_quantized(output, input, bits=8, block=2048, allow_nonfinite=Fals
     if input.dtype not in _FLOATS or output.dtype != input.dtype:
         raise TypeError(f"pccl: {call}: input and output must share one of float32, float16, "
                         f"bfloat16, float64 (got {input.dtype}, {output.dtype})")
+    inp = input.contiguous()
+    out = output if output.is_contiguous() else torch.empty_like(
+        output, memory_format=torch.contiguous_format)
+    return be, comm, inp, out
+
+
+def all_gather_quantized(output, input, bits=8, block=2048, allow_nonfinite=False, group=None):
+    """All-gathers ``input`` of every rank into ``output`` (``input.numel() x world`` elements,
+    rank ``r``'s at block ``r``) with the data block-quantized on the wire (ZeRO++'s qwZ):
+    ``bits`` 8 or 4, one float32 scale per ``block`` elements (a power of two, 32...8192).
+    Every element arrives within half its block's step (``max|x| / 127``, or ``/ 7`` for 4
+    bits), zeros exactly. float32, float16, bfloat16 or float64 CPU tensors of one dtype.
+    NaN or infinity in any rank's input raises on every rank before any data moves, unless
+    ``allow_nonfinite`` (those blocks then arrive as NaN). Every rank must pass the same
+    ``bits``, ``block`` and sizes; one that does not makes the call raise on every rank,
+    naming it. Synchronous. ``group``: a process group of the pccl backend (default: the
+    default group)."""
+    call = "all_gather_quantized"
+    be, comm, inp, out = _quantized_args(call, output, input, group)
     n = input.numel()
     if output.numel() != n * be.size():
         raise ValueError(f"pccl: {call}: output has {output.numel()} elements, expected "
                          f"{n} x {be.size()}")
-    inp = input.contiguous()
-    out = output if output.is_contiguous() else torch.empty_like(output,
-                                                                 memory_format=torch.contiguous_format)
     flags = _lib.PCCL_QUANT_ALLOW_NONFINITE if allow_nonfinite else 0
     comm.allgather_quantized(_ptr(inp), _ptr(out), n, _dtype(inp, call), int(bits), int(block),
                              flags)
+    if out is not output:
+        output.copy_(out)
+    return output
+
+
+def reduce_scatter_quantized(output, input, bits=8, block=2048, average=False,
+                             allow_nonfinite=False, group=None):
+    """Reduce-scatter (sum, or mean with ``average``) of ``input`` (``output.numel() x world``
+    elements, block ``r`` for rank ``r``) into ``output`` with the data block-quantized on the
+    wire (ZeRO++'s qgZ: an all-to-all of quantized pieces inside the node, summed in float32
+    and requantized, then between nodes). Every element is within half a step of every
+    quantized piece it passed through (docs/QUANTIZED.md). Dtypes, refusals and ``group`` as
+    ``all_gather_quantized``. Synchronous."""
+    call = "reduce_scatter_quantized"
+    be, comm, inp, out = _quantized_args(call, output, input, group)
+    n = output.numel()
+    if input.numel() != n * be.size():
+        raise ValueError(f"pccl: {call}: input has {input.numel()} elements, expected "
+                         f"{n} x {be.size()}")
+    flags = (_lib.PCCL_QUANT_ALLOW_NONFINITE if allow_nonfinite else 0) | (
+        _lib.PCCL_QUANT_AVERAGE if average else 0)
+    comm.reduce_scatter_quantized(_ptr(inp), _ptr(out), n, _dtype(inp, call), int(bits),
+                                  int(block), flags)
     if out is not output:
         output.copy_(out)
     return output

@@ -423,6 +423,21 @@ def quantized(ck: Checker):
             if err.max() > 0 or not zeros_ok:
                 ck.failures.append(f"all_gather_quantized {dtype} {bits}-bit: worst excess "
                                    f"{err.max().item()}, zeros exact {zeros_ok}")
+    # The reduce-scatter: one contribution per element (±1 from its owner), so the quantized
+    # sums are exact and show each contribution counted exactly once.
+    for bits in (8, 4):
+        ck.checks += 1
+        m = 40
+        idx = torch.arange(n * m)
+        owner = (idx // m * 5 + idx % m * 3) % n
+        sign = 1.0 - 2.0 * (owner % 2).float()
+        inp = torch.where(owner == me, sign, torch.zeros(()))
+        out = torch.empty(m)
+        pccl.torch.reduce_scatter_quantized(out, inp, bits=bits, block=32)
+        ck.close(f"reduce_scatter_quantized {bits}-bit", out, sign[me * m:(me + 1) * m], True)
+        pccl.torch.reduce_scatter_quantized(out, inp, bits=bits, block=32, average=True)
+        ck.close(f"reduce_scatter_quantized {bits}-bit average", out,
+                 sign[me * m:(me + 1) * m] / n, False)
     if n == 1:
         return
     ck.checks += 1
