@@ -9,10 +9,10 @@
 //! time (averaged over ranks), the mean, and the fastest and slowest round.
 //!
 //! `mpi` in the list is MPI's own collective on the same buffers, interleaved like the others
-//! (under mpiexec; refused elsewhere). `q8` and `q4` are the quantized all-gather
-//! (`Communicator::all_gather_quantized`, INT8 / INT4 with a scale per 2048 elements, on the
-//! tuner's plan for the records, or ALGO's with `q8:ALGO`; float dtypes, all-gather only;
-//! lossy, so `--check` skips them): its time against the plain all-gather's on the same data. With `--nic-rate` each row
+//! (under mpiexec; refused elsewhere). `q8` and `q4` are the quantized all-gather and
+//! reduce-scatter (`Communicator::all_gather_quantized`, `reduce_scatter_quantized` (sum),
+//! INT8 / INT4 with a scale per 2048 elements; the all-gather on the tuner's plan for the
+//! records, or ALGO's with `q8:ALGO`; float dtypes; lossy, so `--check` skips them): its time against the plain all-gather's on the same data. With `--nic-rate` each row
 //! also shows its NIC floor.
 
 use super::{bounds, count_wrong, input_of, iters_for, lens, Args, Coll, Native, Row};
@@ -109,25 +109,34 @@ fn quant_of(name: &str) -> Option<Quant> {
     }
 }
 
-/// The quantized all-gather on `T`'s float type.
+/// The quantized all-gather or reduce-scatter (sum) on `T`'s float type.
 fn quantized<T: Element>(
     c: &Communicator,
+    coll: Coll,
     input: &[T],
     out: &mut [T],
     q: Quant,
 ) -> pccl::Result<()> {
     use bytemuck::{cast_slice, cast_slice_mut};
+    fn on<F: pccl::quant::QuantFloat>(
+        c: &Communicator,
+        coll: Coll,
+        i: &[F],
+        o: &mut [F],
+        q: Quant,
+    ) -> pccl::Result<()> {
+        match coll {
+            Coll::ReduceScatter => c.reduce_scatter_quantized(i, o, q, false),
+            _ => c.all_gather_quantized(i, o, q),
+        }
+    }
     match T::DTYPE {
-        DType::F32 => c.all_gather_quantized::<f32>(cast_slice(input), cast_slice_mut(out), q),
-        DType::F64 => c.all_gather_quantized::<f64>(cast_slice(input), cast_slice_mut(out), q),
-        DType::F16 => {
-            c.all_gather_quantized::<half::f16>(cast_slice(input), cast_slice_mut(out), q)
-        }
-        DType::BF16 => {
-            c.all_gather_quantized::<half::bf16>(cast_slice(input), cast_slice_mut(out), q)
-        }
+        DType::F32 => on::<f32>(c, coll, cast_slice(input), cast_slice_mut(out), q),
+        DType::F64 => on::<f64>(c, coll, cast_slice(input), cast_slice_mut(out), q),
+        DType::F16 => on::<half::f16>(c, coll, cast_slice(input), cast_slice_mut(out), q),
+        DType::BF16 => on::<half::bf16>(c, coll, cast_slice(input), cast_slice_mut(out), q),
         d => Err(pccl::Error::usage(format!(
-            "--algo q8/q4: the quantized all-gather takes float dtypes, not {d}"
+            "--algo q8/q4: the quantized collectives take float dtypes, not {d}"
         ))),
     }
 }
@@ -162,19 +171,18 @@ pub fn run_size<T: Element>(
     let input: Vec<T> = input_of(r, in_len);
     let mut output: Vec<T> = vec![T::from_i64(0); out_len];
     let quants: Vec<Option<Quant>> = names.iter().map(|n| quant_of(n)).collect();
-    if quants.iter().any(Option::is_some) && coll != Coll::AllGather {
-        return Err(pccl::Error::usage(format!(
-            "--algo q8/q4 time the quantized all-gather, not {}",
-            coll.name()
-        )));
+    if quants.iter().any(Option::is_some) && coll == Coll::AllReduce {
+        return Err(pccl::Error::usage(
+            "--algo q8/q4 time the quantized all-gather and reduce-scatter, not all-reduce",
+        ));
     }
     let run_once = |a: usize, out: &mut Vec<T>| -> pccl::Result<()> {
         let c = &subs[a];
         match (c, coll) {
-            (Some(c), Coll::AllGather) => match quants[a] {
-                Some(q) => quantized(c, &input, out, q),
-                None => c.all_gather(&input, out),
-            },
+            (Some(c), Coll::AllGather | Coll::ReduceScatter) if quants[a].is_some() => {
+                quantized(c, coll, &input, out, quants[a].expect("checked"))
+            }
+            (Some(c), Coll::AllGather) => c.all_gather(&input, out),
             (Some(c), Coll::ReduceScatter) => c.reduce_scatter(&input, out, op),
             (Some(c), Coll::AllReduce) => c.all_reduce(&input, out, op),
             (None, _) => bounds::mpi_once(native, coll, op, &input, out, count, args)
@@ -243,6 +251,11 @@ pub fn run_size<T: Element>(
         let algbw = total_bytes as f64 / avg / 1e9;
         let ran = match (c, quants[a]) {
             // The records' all-gather: its plan for the record's bytes.
+            (Some(c), Some(q)) if coll == Coll::ReduceScatter => {
+                let t = c.topology();
+                let two = t.is_regular() && t.nodes().len() > 1 && t.nodes()[0].len() > 1;
+                format!("q{}:{}", q.bits, if two { "a2a-2hop" } else { "a2a" })
+            }
             (Some(c), Some(q)) => format!(
                 "q{}:{}",
                 q.bits,
