@@ -92,6 +92,14 @@ struct Args {
     /// libraries' benchmarks and the Big Send-off study give them; default: bytes per rank.
     #[arg(long)]
     output_sizes: bool,
+    /// The quantized all-gather beside the plain one (`int8` or `int4`, a scale per
+    /// `--qblock` elements): the sizes are bf16 data, the records move by the same algorithm,
+    /// the kernels run at the profile's copy rate (src/model/quantized.rs).
+    #[arg(long)]
+    quantize: Option<String>,
+    /// Elements per scale of --quantize.
+    #[arg(long, default_value_t = 2048)]
+    qblock: usize,
     /// Print the speedup table of the heatmap as Markdown too.
     #[arg(long)]
     table: bool,
@@ -337,6 +345,43 @@ fn main() {
     let res = sim.times(algo, &topo, &blocks);
     let wall = t0.elapsed().as_secs_f64();
     let base = vs.map(|v| (v.name(), sim.times(v, &topo, &blocks)));
+    let quant = args.quantize.as_deref().map(|qs| {
+        let bits = match qs {
+            "int8" => 8,
+            "int4" => 4,
+            o => fail(format!("--quantize {o}: expected int8 or int4")),
+        };
+        let q = pccl::Quant {
+            bits,
+            block: args.qblock,
+            allow_nonfinite: false,
+        };
+        q.validate().unwrap_or_else(|e| fail(e));
+        if !matches!(sim.coll, Collective::AllGather) {
+            fail("--quantize models the quantized all-gather (--coll allgather)");
+        }
+        let cl = Cluster::new(&topo, &sim.prof);
+        blocks
+            .iter()
+            .zip(&res)
+            .map(|(&b, (name, _, _))| {
+                let algo: Algorithm = name
+                    .parse()
+                    .unwrap_or_else(|_| fail("--quantize needs one of PCCL's algorithms or auto"));
+                let n = (b / 2.0).max(1.0) as usize; // bf16 elements
+                pccl::model::quantized::all_gather_seconds(
+                    &cl,
+                    algo,
+                    n,
+                    2,
+                    &q,
+                    args.ranks,
+                    sim.prof.copy_gbps,
+                )
+                .unwrap_or_else(|e| fail(e))
+            })
+            .collect::<Vec<_>>()
+    });
     let p = args.ranks as f64;
     let factor = match sim.coll {
         Collective::AllReduce { .. } => 2.0 * (p - 1.0) / p,
@@ -353,9 +398,12 @@ fn main() {
             sim.prof.name,
             wall
         );
-        let vs_cols = base.as_ref().map_or(String::new(), |(n, _)| {
+        let mut vs_cols = base.as_ref().map_or(String::new(), |(n, _)| {
             format!(" {:>14} {:>9}", format!("{n}(us)"), "speedup")
         });
+        if let Some(qs) = &args.quantize {
+            vs_cols.push_str(&format!(" {:>14} {:>9}", format!("{qs}(us)"), "gain"));
+        }
         println!(
             "{:>12} {:>14} {:>12} {:>12}{vs_cols}  algo",
             "size(B)", "time(us)", "algbw(GB/s)", "busbw(GB/s)"
@@ -383,6 +431,12 @@ fn main() {
             if !detail.is_empty() {
                 j["detail"] = serde_json::json!(detail);
             }
+            if let Some(qv) = &quant {
+                j["quantized"] = serde_json::json!(args.quantize);
+                j["quantized_seconds"] = serde_json::json!(qv[i].0);
+                j["quantized_kernel_seconds"] = serde_json::json!(qv[i].1);
+                j["quantized_gain"] = serde_json::json!(t / qv[i].0);
+            }
             if let Some((n, bt, bd)) = &vs_row {
                 j["vs"] = serde_json::json!(n);
                 j["vs_seconds"] = serde_json::json!(bt);
@@ -391,9 +445,12 @@ fn main() {
             }
             println!("{j}");
         } else {
-            let vs_cols = vs_row.as_ref().map_or(String::new(), |(_, bt, _)| {
+            let mut vs_cols = vs_row.as_ref().map_or(String::new(), |(_, bt, _)| {
                 format!(" {:>14.1} {:>9.2}", bt * 1e6, bt / t)
             });
+            if let Some(qv) = &quant {
+                vs_cols.push_str(&format!(" {:>14.1} {:>9.2}", qv[i].0 * 1e6, t / qv[i].0));
+            }
             let what = match (detail.is_empty(), &vs_row) {
                 (false, _) => format!("{a}: {detail}"),
                 (true, Some((n, _, bd))) if !bd.is_empty() => format!("{a}; {n}: {bd}"),

@@ -10,6 +10,7 @@
 //! * [`contention`]: max-min fair sharing of links by the messages in flight.
 //! * [`sim`]: the simulator engines (all ranks as events; one node phase by phase).
 //! * [`presets`]: named machines (Frontier, Perlmutter).
+//! * [`quantized`]: the quantized all-gather's cost (records instead of data, plus kernels).
 //! * [`vendor`]: the vendor baselines (NCCL/RCCL's ring, the MPI library's ring) in closed form.
 //! * [`tuner`]: picks the algorithm and piece size from the simulator.
 //! * [`online`]: refines the tuner's pick by timing its close candidates (`PCCL_TUNE_ONLINE`).
@@ -27,6 +28,7 @@ pub mod online;
 pub mod oversub;
 pub mod presets;
 pub mod profile;
+pub mod quantized;
 pub mod sim;
 pub mod traffic;
 pub mod tuner;
