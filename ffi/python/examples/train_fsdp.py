@@ -19,6 +19,12 @@ world size see the same data whatever the backend.
 Prints per step: the loss (mean over ranks), tokens/s (all ranks) and the wall time the
 training loop spent blocked in collectives (issue + wait of every torch.distributed call
 FSDP makes), and a JSON summary line at the end (``--json-out`` writes it to a file).
+
+``--quantize-weights int8|int4`` / ``--quantize-grads int8|int4`` (pccl backend, CPU) route
+FSDP's parameter all-gathers and gradient reduce-scatters to PCCL's block-quantized forms
+(ZeRO++'s qwZ and qgZ; ``pccl.torch.set_quantization``); the summary then reports the bytes
+those calls meant to move and moved per step, and ``--compare-quantized`` trains again
+unquantized (same seed, same backend) and reports the loss curves' difference.
 """
 
 from __future__ import annotations
@@ -212,6 +218,13 @@ def train(args, group, backend, device, rank, world, timer, log):
         model.set_force_sum_reduction_for_comms(True)
         for blk in model.blocks:
             blk.set_force_sum_reduction_for_comms(True)
+    quant = backend == "pccl" and (args.quantize_weights or args.quantize_grads)
+    if backend == "pccl":
+        import pccl.torch as pt
+        pt.set_quantization(all_gather=args.quantize_weights if quant else None,
+                            reduce_scatter=args.quantize_grads if quant else None,
+                            block=args.qblock, group=group)
+        pt.wire_bytes(group, reset=True)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     data = load_corpus(args.corpus_bytes)
     if rank == 0 and log:
@@ -242,7 +255,18 @@ def train(args, group, backend, device, rank, world, timer, log):
             print(f"[{backend}] step {step:3d} loss {mean_loss:.6f} tokens/s {tok_s:9.0f} "
                   f"step {dt * 1e3:7.1f} ms comm {comm_times[-1] * 1e3:7.1f} ms", flush=True)
     warm = step_times[1:] or step_times
+    wire = None
+    if backend == "pccl":
+        import pccl.torch as pt
+        b = pt.wire_bytes(group)
+        wire = {"logical_bytes_per_step": b["logical"] / max(args.steps, 1),
+                "wire_bytes_per_step": b["wire"] / max(args.steps, 1),
+                "quantized_calls": b["quantized_calls"], "calls": b["calls"],
+                "weights": args.quantize_weights if quant else None,
+                "grads": args.quantize_grads if quant else None}
+        pt.set_quantization(group=group)  # off again for whatever runs next
     return {
+        "wire": wire,
         "backend": backend, "device": str(device), "world": world, "steps": args.steps,
         "seed": args.seed, "params": n_params, "losses": losses,
         "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
@@ -276,6 +300,14 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--corpus-bytes", type=int, default=4 << 20)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    ap.add_argument("--quantize-weights", choices=["int8", "int4"], default=None,
+                    help="pccl: FSDP's parameter all-gathers block-quantized (qwZ)")
+    ap.add_argument("--quantize-grads", choices=["int8", "int4"], default=None,
+                    help="pccl: FSDP's gradient reduce-scatters block-quantized (qgZ)")
+    ap.add_argument("--qblock", type=int, default=2048, help="elements per scale")
+    ap.add_argument("--compare-quantized", action="store_true",
+                    help="after the quantized run, train again unquantized (same seed) and "
+                         "report the loss curves' difference")
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
@@ -296,6 +328,31 @@ def main(argv=None):
     summary = train(args, dist.group.WORLD, args.backend, device, rank, world, timer,
                     not args.quiet)
     summary["comm_calls"] = timer.calls
+    if (args.quantize_weights or args.quantize_grads) and args.backend != "pccl":
+        raise SystemExit("train_fsdp: --quantize-* need --backend pccl")
+    if args.compare_quantized and args.backend == "pccl":
+        plain = argparse.Namespace(**{**vars(args), "quantize_weights": None,
+                                      "quantize_grads": None})
+        summary["unquantized"] = train(plain, dist.group.WORLD, args.backend, device, rank,
+                                       world, timer, not args.quiet)
+        lu = summary["unquantized"]["losses"]
+        summary["quantized_last_rel_diff"] = (abs(summary["last_loss"] - lu[-1]) / abs(lu[-1])
+                                              if lu else None)
+        # The last tenth of the steps, averaged: one batch's loss is noisy.
+        k = max(1, len(lu) // 10)
+        tail_q = sum(summary["losses"][-k:]) / k
+        tail_u = sum(lu[-k:]) / k
+        summary["quantized_tail_rel_diff"] = abs(tail_q - tail_u) / abs(tail_u) if lu else None
+        if rank == 0:
+            w, wu = summary["wire"], summary["unquantized"]["wire"]
+            print(f"compare-quantized: weights {args.quantize_weights} grads "
+                  f"{args.quantize_grads}: last loss {summary['last_loss']:.6f} vs "
+                  f"{lu[-1]:.6f} unquantized (relative difference "
+                  f"{summary['quantized_last_rel_diff']:.2e}; over the last {k} steps "
+                  f"{summary['quantized_tail_rel_diff']:.2e}); wire bytes per step "
+                  f"{w['wire_bytes_per_step']:.0f} vs {wu['wire_bytes_per_step']:.0f} "
+                  f"({wu['wire_bytes_per_step'] / w['wire_bytes_per_step']:.2f}x fewer)",
+                  flush=True)
     if args.compare:
         ref, ref_dev = reference_backend(device, world)
         group = dist.new_group(list(range(world)), backend=ref)
@@ -312,7 +369,8 @@ def main(argv=None):
                   f"{summary['reference']['mean_step_s'] * 1e3:.1f} ms", flush=True)
     if rank == 0:
         print("SUMMARY " + json.dumps({k: v for k, v in summary.items()
-                                       if k not in ("losses", "reference")}), flush=True)
+                                       if k not in ("losses", "reference", "unquantized")}),
+              flush=True)
         if args.json_out:
             with open(args.json_out, "w") as f:
                 json.dump(summary, f)

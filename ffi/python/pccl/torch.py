@@ -604,6 +604,10 @@ class PcclBackend(_BASE):
         self._c_allgather = lib.pcclAllGather
         self._c_reduce_scatter = lib.pcclReduceScatter
         self._c_alltoall = getattr(lib, "pcclAllToAll", None)
+        # Quantized all-gather / reduce-scatter (set_quantization): bits per call kind, and
+        # the bytes the calls meant to move and moved (wire_bytes).
+        self._quant = {"allgather": None, "reducescatter": None, "block": 2048}
+        self._bytes = {"logical": 0, "wire": 0, "calls": 0, "quantized_calls": 0}
         if comm.size != size or comm.rank != rank:
             raise RuntimeError(
                 f"pccl: communicator is rank {comm.rank} of {comm.size}, the group expects "
@@ -936,8 +940,39 @@ class PcclBackend(_BASE):
 
     # ---- collectives ---------------------------------------------------------------------
 
+    def _quantized(self, kind, output, input, op=None):
+        """The bits of a call routed to its quantized form (set_quantization), or None: CPU
+        float tensors of one dtype, and for the reduce-scatter SUM or AVG."""
+        bits = self._quant.get(kind)
+        if not bits or input.dtype not in _FLOATS or output.dtype != input.dtype:
+            return None
+        if not (input.is_cpu and output.is_cpu) or _is_device(input.device):
+            return None
+        if op is not None and op not in (ReduceOp.SUM, ReduceOp.AVG):
+            return None
+        return bits
+
+    def _count_bytes(self, logical, bits, elems):
+        """Adds a call's bytes to wire_bytes: the data's, and what crossed the wire (the
+        codes and one f32 scale per block when quantized)."""
+        self._bytes["calls"] += 1
+        self._bytes["logical"] += logical
+        if bits:
+            self._bytes["quantized_calls"] += 1
+            block = self._quant["block"]
+            per_rank = elems * bits // 8 + 4 * -(-elems // block)
+            self._bytes["wire"] += per_rank * self.size()
+        else:
+            self._bytes["wire"] += logical
+
     def all_gather_single(self, output, input, opts):
         call = "all_gather_into_tensor"
+        bits = self._quantized("allgather", output, input)
+        self._count_bytes(output.numel() * output.element_size(), bits, input.numel())
+        if bits:
+            all_gather_quantized(output, input, bits=bits, block=self._quant["block"],
+                                 group=self)
+            return PcclWork._completed([output], call, self._next_seq(), self)
         h = self._fast_handle(opts, output, input)
         if h is not None:
             dt = _FAST_DTYPES.get(input.dtype)
@@ -999,6 +1034,12 @@ class PcclBackend(_BASE):
 
     def reduce_scatter_single(self, output, input, opts):
         call = "reduce_scatter_tensor"
+        bits = self._quantized("reducescatter", output, input, opts.reduceOp.op)
+        self._count_bytes(input.numel() * input.element_size(), bits, input.numel())
+        if bits:
+            reduce_scatter_quantized(output, input, bits=bits, block=self._quant["block"],
+                                     average=opts.reduceOp.op == ReduceOp.AVG, group=self)
+            return PcclWork._completed([output], call, self._next_seq(), self)
         h = self._fast_handle(opts, output, input)
         if h is not None:
             dt = _FAST_DTYPES.get(input.dtype)
@@ -1689,6 +1730,42 @@ def reduce_scatter_quantized(output, input, bits=8, block=2048, average=False,
     if out is not output:
         output.copy_(out)
     return output
+
+
+_QUANT_BITS = {None: None, "none": None, "int8": 8, "int4": 4, 8: 8, 4: 4}
+
+
+def set_quantization(all_gather=None, reduce_scatter=None, block=2048, group=None):
+    """Routes the group's ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` (SUM, AVG)
+    on CPU float tensors to the quantized forms: ``"int8"``, ``"int4"`` or None (off) for
+    each, one float32 scale per ``block`` elements. What FSDP / ZeRO-3 call then moves block-
+    quantized weights (ZeRO++'s qwZ) and gradients (qgZ); the other collectives and dtypes are
+    untouched. Every rank must set the same (a rank that differs fails those calls on every
+    rank). ``wire_bytes(group)`` reports what the calls moved."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    be = _pccl_backend_of(pg)
+    if be is None:
+        raise RuntimeError("pccl: set_quantization needs a process group of the pccl backend")
+    try:
+        ag, rs = _QUANT_BITS[all_gather], _QUANT_BITS[reduce_scatter]
+    except (KeyError, TypeError):
+        raise ValueError(f"pccl: set_quantization: expected 'int8', 'int4' or None, got "
+                         f"{all_gather!r}, {reduce_scatter!r}") from None
+    be._quant = {"allgather": ag, "reducescatter": rs, "block": int(block)}
+
+
+def wire_bytes(group=None, reset=False):
+    """The all-gathers' and reduce-scatters' bytes on this rank's group so far: ``logical``
+    (the data: all-gather output, reduce-scatter input), ``wire`` (what the calls moved:
+    codes and scales where quantized), ``calls``, ``quantized_calls``. ``reset`` zeroes them."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    be = _pccl_backend_of(pg)
+    if be is None:
+        raise RuntimeError("pccl: wire_bytes needs a process group of the pccl backend")
+    out = dict(be._bytes)
+    if reset:
+        be._bytes = {k: 0 for k in be._bytes}
+    return out
 
 
 def _pccl_backend_of(pg):
