@@ -22,6 +22,7 @@ pub mod overlap;
 pub mod recursive;
 pub mod ring;
 pub mod rooted;
+pub mod two_hop;
 pub mod vector;
 
 use crate::error::{Error, Result};

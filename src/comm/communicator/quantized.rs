@@ -208,18 +208,22 @@ impl Communicator {
         let topo = self.topology();
         let nodes = topo.nodes();
         let m = nodes.first().map_or(1, Vec::len);
-        let two_hops = topo.is_regular() && nodes.len() > 1 && m > 1;
+        let two_hops = crate::plan::two_hop::applies(nodes);
         let as_f32 = |r: usize, dst: &mut [f32]| {
             T::to_f32_slice(&input[r * n..(r + 1) * n], dst);
         };
         let mut sum = if two_hops {
             let nn = nodes.len();
-            // Hop 1: to local index j, the blocks of the ranks of index j on every node.
+            // Hop 1: to local index j, the blocks of the ranks of index j on every node
+            // (the routing crate::plan::two_hop proves).
             let mut payload = alloc_f32(m * nn * n)?;
             for j in 0..m {
-                for (k, members) in nodes.iter().enumerate() {
+                for (k, r) in crate::plan::two_hop::hop1_piece(nodes, j)
+                    .into_iter()
+                    .enumerate()
+                {
                     let at = (j * nn + k) * n;
-                    as_f32(members[j], &mut payload[at..at + n]);
+                    as_f32(r, &mut payload[at..at + n]);
                 }
             }
             self.with_levels(|intra, inter| {
