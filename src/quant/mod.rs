@@ -173,16 +173,21 @@ pub fn all_finite<T: QuantFloat>(x: &[T]) -> bool {
     x.iter().all(|v| v.to_f32().is_finite())
 }
 
+/// A record of `len` bytes must be exactly [`Quant::record_bytes`]`(n)`.
+fn check_record(q: &Quant, n: usize, len: usize) -> Result<()> {
+    if len == q.record_bytes(n) {
+        return Ok(());
+    }
+    Err(Error::internal(format!(
+        "a record of {len} bytes for {n} elements (needs {})",
+        q.record_bytes(n)
+    )))
+}
+
 /// Encodes `x` into `rec` (exactly [`Quant::record_bytes`]`(x.len())` bytes).
 pub fn quantize<T: QuantFloat>(q: &Quant, x: &[T], rec: &mut [u8]) -> Result<()> {
     let n = x.len();
-    if rec.len() != q.record_bytes(n) {
-        return Err(Error::internal(format!(
-            "a record of {} bytes for {n} elements (needs {})",
-            rec.len(),
-            q.record_bytes(n)
-        )));
-    }
+    check_record(q, n, rec.len())?;
     let nb = q.blocks(n);
     let (scales, codes) = rec.split_at_mut(4 * nb);
     let qmax = q.q_max();
@@ -229,13 +234,7 @@ pub fn quantize<T: QuantFloat>(q: &Quant, x: &[T], rec: &mut [u8]) -> Result<()>
 /// Decodes a record of `out.len()` elements into `out`.
 pub fn dequantize<T: QuantFloat>(q: &Quant, rec: &[u8], out: &mut [T]) -> Result<()> {
     let n = out.len();
-    if rec.len() != q.record_bytes(n) {
-        return Err(Error::internal(format!(
-            "a record of {} bytes for {n} elements (needs {})",
-            rec.len(),
-            q.record_bytes(n)
-        )));
-    }
+    check_record(q, n, rec.len())?;
     let nb = q.blocks(n);
     let (scales, codes) = rec.split_at(4 * nb);
     let mut tmp = vec![0f32; q.block.min(n.max(1))];
