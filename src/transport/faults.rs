@@ -166,12 +166,18 @@ struct Board {
     revoked: Option<(usize, String)>,
     /// Peers known dead, with how it was detected.
     dead: BTreeMap<usize, String>,
-    /// Collectives some rank refused: (sequence number, rank, why), the newest few.
+    /// Collectives some rank refused: (sequence number, rank, why), the newest few, the
+    /// first refusal of each.
     refused: VecDeque<(u32, usize, String)>,
+    /// Every rank's own refusal report, the newest [`REPORTS`] (the timeout diagnosis).
+    reports: VecDeque<(u32, usize, String)>,
 }
 
 /// How many refusals the board remembers (a collective older than these has long ended).
 const REMEMBER: usize = 256;
+
+/// How many ranks' refusal reports the board keeps for the timeout diagnosis.
+const REPORTS: usize = 4096;
 
 /// One communicator's record of failures; see the module documentation.
 #[derive(Default)]
@@ -197,31 +203,40 @@ impl Faults {
 
     /// Records that `rank` refused collective `seq` because of `why`; returns false if a
     /// refusal of that collective was already known (its notice need not be sent again).
-    /// Every rank's first refusal of a collective is kept (the timeout diagnosis reads them,
-    /// [`super::diagnose`]); waits end with the first one known.
+    /// Waits end with the first refusal known; every rank's own report is kept besides, for
+    /// the timeout diagnosis ([`Self::refusals`], [`super::diagnose`]).
     pub fn refuse(&self, seq: u32, rank: usize, why: &str) -> bool {
         let mut fresh = false;
         self.update(|b| {
-            if b.refused.iter().any(|(s, r, _)| *s == seq && *r == rank) {
-                return false;
+            let mut changed = false;
+            if !b.reports.iter().any(|(s, r, _)| *s == seq && *r == rank) {
+                if b.reports.len() == REPORTS {
+                    b.reports.pop_front();
+                }
+                b.reports.push_back((seq, rank, why.to_string()));
+                changed = true;
             }
-            fresh = !b.refused.iter().any(|(s, _, _)| *s == seq);
-            if b.refused.len() == REMEMBER {
-                b.refused.pop_front();
+            if !b.refused.iter().any(|(s, _, _)| *s == seq) {
+                if b.refused.len() == REMEMBER {
+                    b.refused.pop_front();
+                }
+                b.refused.push_back((seq, rank, why.to_string()));
+                fresh = true;
+                changed = true;
             }
-            b.refused.push_back((seq, rank, why.to_string()));
-            true
+            changed
         });
         fresh
     }
 
-    /// Every rank's refusal of collective `seq` known here: (rank, why), in arrival order.
+    /// Every rank's report of why it refused collective `seq`, as known here: (rank, why), in
+    /// arrival order.
     pub fn refusals(&self, seq: u32) -> Vec<(usize, String)> {
         if !self.any() {
             return Vec::new();
         }
         lock(&self.board)
-            .refused
+            .reports
             .iter()
             .filter(|(s, _, _)| *s == seq)
             .map(|(_, r, w)| (*r, w.clone()))
@@ -312,7 +327,7 @@ impl Faults {
             return Err(dead_error(*r, how));
         }
         let seq = seq_of(tag);
-        if let Some((_, r, why)) = b.refused.iter().find(|(s, _, _)| *s == seq) {
+        if let Some((_, r, why)) = b.refused.iter().rev().find(|(s, _, _)| *s == seq) {
             if let Some(why) = why.strip_prefix(TIMED_OUT) {
                 return Err(Error::timeout(format!(
                     "rank {r} gave up collective #{seq} at its deadline: {why}"
@@ -333,13 +348,11 @@ impl Faults {
     /// Sequence numbers of the collectives some rank refused (the newest the board keeps),
     /// oldest first: a transport drains their leftover messages.
     pub fn refused_seqs(&self) -> Vec<u32> {
-        let mut v: Vec<u32> = Vec::new();
-        for (s, _, _) in lock(&self.board).refused.iter() {
-            if !v.contains(s) {
-                v.push(*s);
-            }
-        }
-        v
+        lock(&self.board)
+            .refused
+            .iter()
+            .map(|(s, _, _)| *s)
+            .collect()
     }
 
     /// Sleeps until the board changes or `dur` passes (a waiter's idle step when it has no
