@@ -27,7 +27,7 @@ echo "|---|---|---|---|---|---|---|---|"
 rows=("allgather 2048 16M >30" "allgather 2048 64M >30" "allgather 2048 512M 11.4"
   "allgather 2048 1G 7" "reducescatter 2048 1G 6.2" "allgather 32 1G 0.52" "reducescatter 32 1G 0.55")
 for row in "${rows[@]}"; do
-  set -- $row
+  read -r -a f <<<"$row"; set -- "${f[@]}"
   b=$(block "$3" "$2")
   j=$("$SIM" --preset frontier --coll "$1" --algo hier-rd --vs rccl --ranks "$2" --size "$b" --json)
   s=$(echo "$j" | field speedup)
@@ -46,7 +46,7 @@ echo
 echo "| row | all on | protocols | channels | proxy | rendezvous | dragonfly | all off |"
 echo "|---|---|---|---|---|---|---|---|"
 for row in "${rows[@]}"; do
-  set -- $row
+  read -r -a f <<<"$row"; set -- "${f[@]}"
   line="| $1 $2 $3 |"
   for w in "" protocols channels proxy rendezvous dragonfly "protocols,channels,proxy,rendezvous,dragonfly"; do
     line="$line $(printf '%.2f' "$(ratio frontier "$1" "$2" "$3" rccl "$w")") |"
@@ -64,7 +64,7 @@ for preset in frontier perlmutter; do
   for p in 32 64 128 256 512 1024 2048; do
     line="| $p |"
     for spec in "$lib 16M" "$lib 64M" "$lib 256M" "$lib 512M" "$lib 1G" "mpich 256M" "mpich 1G"; do
-      set -- $spec
+      read -r -a f <<<"$spec"; set -- "${f[@]}"
       t=$("$SIM" --preset "$preset" --algo "$1" --ranks "$p" --ranks-per-node "$m" \
         --size "$(block "$2" "$p")" --json | field seconds)
       line="$line $(printf '%.2f' "$(python3 -c "print($t*1e3)")") |"
@@ -103,7 +103,7 @@ for preset in frontier perlmutter; do
 done
 for spec in "frontier allgather rccl" "frontier reducescatter rccl" "frontier allgather mpich" \
   "perlmutter allgather nccl" "perlmutter reducescatter nccl"; do
-  set -- $spec
+  read -r -a f <<<"$spec"; set -- "${f[@]}"
   short=${2/allgather/ag}; short=${short/reducescatter/rs}
   echo "### $1, $2: hier-rd over $3 (sizes: each rank's output / input buffer)"
   echo
