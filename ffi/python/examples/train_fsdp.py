@@ -210,8 +210,12 @@ def train(args, group, backend, device, rank, world, timer, log):
     torch.manual_seed(args.seed)
     model = GPT(256, args.d_model, args.layers, args.heads, args.seq).to(device)
     n_params = sum(p.numel() for p in model.parameters())
+    # hpZ (ZeRO++): after forward each block keeps a secondary shard over the ranks of its
+    # node, so the backward all-gathers stay inside the node (FSDP2's reshard to a smaller
+    # group, `reshard_after_forward=<ranks per node>`).
+    hpz = hpz_size(args, world) if getattr(args, "hpz", None) else None
     for blk in model.blocks:
-        fully_shard(blk, mesh=mesh)
+        fully_shard(blk, mesh=mesh, reshard_after_forward=hpz if hpz else True)
     fully_shard(model, mesh=mesh)
     if backend == "gloo":
         # gloo has no ReduceOp.AVG: reduce-scatter with SUM and divide afterwards.
@@ -223,8 +227,8 @@ def train(args, group, backend, device, rank, world, timer, log):
         import pccl.torch as pt
         pt.set_quantization(all_gather=args.quantize_weights if quant else None,
                             reduce_scatter=args.quantize_grads if quant else None,
-                            block=args.qblock, group=group)
-        pt.wire_bytes(group, reset=True)
+                            block=args.qblock, group="all")
+        pt.wire_bytes(reset=True, all_groups=True)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     data = load_corpus(args.corpus_bytes)
     if rank == 0 and log:
@@ -258,13 +262,16 @@ def train(args, group, backend, device, rank, world, timer, log):
     wire = None
     if backend == "pccl":
         import pccl.torch as pt
-        b = pt.wire_bytes(group)
+        b = pt.wire_bytes(all_groups=True)
         wire = {"logical_bytes_per_step": b["logical"] / max(args.steps, 1),
+                "inter_node_wire_bytes_per_step": b["inter_wire"] / max(args.steps, 1),
+                "intra_node_wire_bytes_per_step": b["intra_wire"] / max(args.steps, 1),
+                "hpz": getattr(args, "hpz", None),
                 "wire_bytes_per_step": b["wire"] / max(args.steps, 1),
                 "quantized_calls": b["quantized_calls"], "calls": b["calls"],
                 "weights": args.quantize_weights if quant else None,
                 "grads": args.quantize_grads if quant else None}
-        pt.set_quantization(group=group)  # off again for whatever runs next
+        pt.set_quantization(group="all")  # off again for whatever runs next
     return {
         "wire": wire,
         "backend": backend, "device": str(device), "world": world, "steps": args.steps,
@@ -275,6 +282,16 @@ def train(args, group, backend, device, rank, world, timer, log):
         "comm_s_total": sum(comm_times),
         "ranks_per_node": os.environ.get("PCCL_RANKS_PER_NODE"),
     }
+
+
+def hpz_size(args, world):
+    """Ranks per node for ``--hpz node`` (PCCL_RANKS_PER_NODE, else torchrun's
+    LOCAL_WORLD_SIZE): the size of the group the secondary shard lives in."""
+    m = int(os.environ.get("PCCL_RANKS_PER_NODE") or os.environ.get("LOCAL_WORLD_SIZE") or world)
+    if m <= 1 or m >= world or world % m:
+        raise SystemExit(f"train_fsdp: --hpz node needs nodes of more than one rank that "
+                         f"divide the world ({m} per node, world {world})")
+    return m
 
 
 def sync(device):
@@ -305,6 +322,9 @@ def main(argv=None):
     ap.add_argument("--quantize-grads", choices=["int8", "int4"], default=None,
                     help="pccl: FSDP's gradient reduce-scatters block-quantized (qgZ)")
     ap.add_argument("--qblock", type=int, default=2048, help="elements per scale")
+    ap.add_argument("--hpz", choices=["node"], default=None,
+                    help="hpZ: a secondary weight shard inside the node after forward, so "
+                         "backward all-gathers stay inside it")
     ap.add_argument("--compare-quantized", action="store_true",
                     help="after the quantized run, train again unquantized (same seed) and "
                          "report the loss curves' difference")

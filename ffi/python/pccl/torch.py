@@ -34,6 +34,7 @@ import atexit
 import os
 import threading
 import time
+import weakref
 from datetime import timedelta
 
 import torch
@@ -606,8 +607,15 @@ class PcclBackend(_BASE):
         self._c_alltoall = getattr(lib, "pcclAllToAll", None)
         # Quantized all-gather / reduce-scatter (set_quantization): bits per call kind, and
         # the bytes the calls meant to move and moved (wire_bytes).
-        self._quant = {"allgather": None, "reducescatter": None, "block": 2048}
-        self._bytes = {"logical": 0, "wire": 0, "calls": 0, "quantized_calls": 0}
+        self._quant = dict(_QUANT_DEFAULT)
+        self._bytes = {"logical": 0, "wire": 0, "intra_wire": 0, "inter_wire": 0, "calls": 0,
+                       "quantized_calls": 0}
+        # Whether every rank of this group is on one node (PCCL_RANKS_PER_NODE, else
+        # torchrun's LOCAL_WORLD_SIZE): its bytes count as intra-node in wire_bytes.
+        per_node = os.environ.get("PCCL_RANKS_PER_NODE") or os.environ.get("LOCAL_WORLD_SIZE")
+        m = int(per_node) if per_node and per_node.isdigit() and int(per_node) > 0 else None
+        self._intra_node = m is not None and len({r // m for r in self._global_ranks}) == 1
+        _BACKENDS.add(self)
         if comm.size != size or comm.rank != rank:
             raise RuntimeError(
                 f"pccl: communicator is rank {comm.rank} of {comm.size}, the group expects "
@@ -960,10 +968,11 @@ class PcclBackend(_BASE):
         if bits:
             self._bytes["quantized_calls"] += 1
             block = self._quant["block"]
-            per_rank = elems * bits // 8 + 4 * -(-elems // block)
-            self._bytes["wire"] += per_rank * self.size()
+            wire = (elems * bits // 8 + 4 * -(-elems // block)) * self.size()
         else:
-            self._bytes["wire"] += logical
+            wire = logical
+        self._bytes["wire"] += wire
+        self._bytes["intra_wire" if self._intra_node else "inter_wire"] += wire
 
     def all_gather_single(self, output, input, opts):
         call = "all_gather_into_tensor"
@@ -1733,6 +1742,10 @@ def reduce_scatter_quantized(output, input, bits=8, block=2048, average=False,
 
 
 _QUANT_BITS = {None: None, "none": None, "int8": 8, "int4": 4, 8: 8, 4: 4}
+# Every live pccl backend of this process (wire_bytes(all_groups=True)), and the quantization
+# a new one starts with (set_quantization(group="all")).
+_BACKENDS = weakref.WeakSet()
+_QUANT_DEFAULT = {"allgather": None, "reducescatter": None, "block": 2048}
 
 
 def set_quantization(all_gather=None, reduce_scatter=None, block=2048, group=None):
@@ -1741,30 +1754,51 @@ def set_quantization(all_gather=None, reduce_scatter=None, block=2048, group=Non
     each, one float32 scale per ``block`` elements. What FSDP / ZeRO-3 call then moves block-
     quantized weights (ZeRO++'s qwZ) and gradients (qgZ); the other collectives and dtypes are
     untouched. Every rank must set the same (a rank that differs fails those calls on every
-    rank). ``wire_bytes(group)`` reports what the calls moved."""
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    be = _pccl_backend_of(pg)
-    if be is None:
-        raise RuntimeError("pccl: set_quantization needs a process group of the pccl backend")
+    rank). ``group="all"``: every pccl group of this process, those made later too (FSDP's
+    hpZ groups are made at the first forward). ``wire_bytes(group)`` reports what the calls
+    moved."""
+    if group == "all":
+        bes = list(_BACKENDS)
+    else:
+        pg = group if group is not None else dist.distributed_c10d._get_default_group()
+        be = _pccl_backend_of(pg)
+        if be is None:
+            raise RuntimeError("pccl: set_quantization needs a process group of the pccl "
+                               "backend")
+        bes = [be]
     try:
         ag, rs = _QUANT_BITS[all_gather], _QUANT_BITS[reduce_scatter]
     except (KeyError, TypeError):
         raise ValueError(f"pccl: set_quantization: expected 'int8', 'int4' or None, got "
                          f"{all_gather!r}, {reduce_scatter!r}") from None
-    be._quant = {"allgather": ag, "reducescatter": rs, "block": int(block)}
+    q = {"allgather": ag, "reducescatter": rs, "block": int(block)}
+    if group == "all":
+        _QUANT_DEFAULT.update(q)
+    for be in bes:
+        be._quant = dict(q)
 
 
-def wire_bytes(group=None, reset=False):
+def wire_bytes(group=None, reset=False, all_groups=False):
     """The all-gathers' and reduce-scatters' bytes on this rank's group so far: ``logical``
     (the data: all-gather output, reduce-scatter input), ``wire`` (what the calls moved:
-    codes and scales where quantized), ``calls``, ``quantized_calls``. ``reset`` zeroes them."""
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    be = _pccl_backend_of(pg)
-    if be is None:
-        raise RuntimeError("pccl: wire_bytes needs a process group of the pccl backend")
-    out = dict(be._bytes)
-    if reset:
-        be._bytes = {k: 0 for k in be._bytes}
+    codes and scales where quantized), of it ``intra_wire`` (groups inside one node, by
+    PCCL_RANKS_PER_NODE or LOCAL_WORLD_SIZE) and ``inter_wire``, ``calls``,
+    ``quantized_calls``. ``all_groups``: summed over every pccl group of this process (FSDP's
+    hpZ all-gathers run on groups of its own). ``reset`` zeroes what it read."""
+    if all_groups:
+        bes = list(_BACKENDS)
+    else:
+        pg = group if group is not None else dist.distributed_c10d._get_default_group()
+        be = _pccl_backend_of(pg)
+        if be is None:
+            raise RuntimeError("pccl: wire_bytes needs a process group of the pccl backend")
+        bes = [be]
+    out = {}
+    for be in bes:
+        for k, v in be._bytes.items():
+            out[k] = out.get(k, 0) + v
+        if reset:
+            be._bytes = {k: 0 for k in be._bytes}
     return out
 
 

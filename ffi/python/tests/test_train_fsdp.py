@@ -1,4 +1,5 @@
-"""The FSDP2 harness: 30 steps on 4 ranks (2 nodes x 2) with pccl and with gloo, same seed."""
+"""The FSDP2 harness: 30 steps on 4 ranks (2 nodes x 2) with pccl and with gloo, same seed;
+hpZ on the same shape; INT8 weights and INT4 gradients against the unquantized run."""
 
 import json
 import os
@@ -19,13 +20,13 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _train(backend, tmp_path):
-    out = tmp_path / f"{backend}.json"
+def _train(backend, tmp_path, extra=()):
+    out = tmp_path / f"{backend}{'-'.join(extra)}.json"
     env = dict(os.environ, PCCL_RANKS_PER_NODE="2", OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
            "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
            str(EXAMPLES / "train_fsdp.py"), "--backend", backend, "--steps", str(STEPS),
-           "--seed", "1234", "--json-out", str(out)]
+           "--seed", "1234", "--json-out", str(out), *extra]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, f"{backend} harness failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
     with open(out) as f:
@@ -80,3 +81,19 @@ def test_quantized_weights_and_grads_train_like_the_unquantized_run(tmp_path):
     assert wu["wire_bytes_per_step"] / w["wire_bytes_per_step"] >= 3.5, (w, wu)
     assert s["quantized_tail_rel_diff"] <= 0.02, s["quantized_tail_rel_diff"]
     assert s["losses"][-1] < s["losses"][0] - 2.0
+
+
+def test_hpz_keeps_the_backward_all_gathers_inside_the_node(runs, tmp_path):
+    """hpZ (--hpz node: FSDP2 reshards each block onto the node's ranks after forward): the
+    same losses as the plain run, and fewer bytes between the (pretend) nodes per step, the
+    difference now inside them."""
+    h = _train("pccl", tmp_path, ("--hpz", "node"))
+    plain, w = runs["pccl"]["wire"], h["wire"]
+    print(f"\nhpZ: inter-node bytes per step {w['inter_node_wire_bytes_per_step']:.0f} "
+          f"(plain {plain['inter_node_wire_bytes_per_step']:.0f}), intra-node "
+          f"{w['intra_node_wire_bytes_per_step']:.0f}")
+    for i, (a, b) in enumerate(zip(h["losses"], runs["pccl"]["losses"])):
+        assert abs(a - b) <= 1e-6 * abs(b), f"step {i}: hpZ {a} plain {b}"
+    assert plain["intra_node_wire_bytes_per_step"] == 0
+    assert w["intra_node_wire_bytes_per_step"] > 0
+    assert w["inter_node_wire_bytes_per_step"] < 0.9 * plain["inter_node_wire_bytes_per_step"]
