@@ -211,8 +211,8 @@ def train(args, group, backend, device, rank, world, timer, log):
     model = GPT(256, args.d_model, args.layers, args.heads, args.seq).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     # hpZ (ZeRO++): after forward each block keeps a secondary shard over the ranks of its
-    # node, so the backward all-gathers stay inside the node (FSDP2's reshard to a smaller
-    # group, `reshard_after_forward=<ranks per node>`).
+    # node (or pair), so the backward all-gathers stay inside it (FSDP2's reshard to a
+    # smaller group, `reshard_after_forward=<group size>`).
     hpz = hpz_size(args, world) if getattr(args, "hpz", None) else None
     for blk in model.blocks:
         fully_shard(blk, mesh=mesh, reshard_after_forward=hpz if hpz else True)
@@ -285,13 +285,15 @@ def train(args, group, backend, device, rank, world, timer, log):
 
 
 def hpz_size(args, world):
-    """Ranks per node for ``--hpz node`` (PCCL_RANKS_PER_NODE, else torchrun's
-    LOCAL_WORLD_SIZE): the size of the group the secondary shard lives in."""
+    """The size of the group the secondary shard lives in: the node's ranks for ``--hpz
+    node`` (PCCL_RANKS_PER_NODE, else torchrun's LOCAL_WORLD_SIZE), 2 for ``--hpz pair``
+    (neighbouring ranks, e.g. the two GCDs of an MI250X; inside a node)."""
     m = int(os.environ.get("PCCL_RANKS_PER_NODE") or os.environ.get("LOCAL_WORLD_SIZE") or world)
-    if m <= 1 or m >= world or world % m:
-        raise SystemExit(f"train_fsdp: --hpz node needs nodes of more than one rank that "
-                         f"divide the world ({m} per node, world {world})")
-    return m
+    size = 2 if args.hpz == "pair" else m
+    if size <= 1 or size >= world or world % size or m % size:
+        raise SystemExit(f"train_fsdp: --hpz {args.hpz} needs groups of {size} ranks inside "
+                         f"nodes of {m} that divide the world of {world}")
+    return size
 
 
 def sync(device):
@@ -322,9 +324,10 @@ def main(argv=None):
     ap.add_argument("--quantize-grads", choices=["int8", "int4"], default=None,
                     help="pccl: FSDP's gradient reduce-scatters block-quantized (qgZ)")
     ap.add_argument("--qblock", type=int, default=2048, help="elements per scale")
-    ap.add_argument("--hpz", choices=["node"], default=None,
-                    help="hpZ: a secondary weight shard inside the node after forward, so "
-                         "backward all-gathers stay inside it")
+    ap.add_argument("--hpz", choices=["node", "pair"], default=None,
+                    help="hpZ: a secondary weight shard inside the node (or a pair of "
+                         "neighbouring ranks) after forward, so backward all-gathers stay "
+                         "inside it")
     ap.add_argument("--compare-quantized", action="store_true",
                     help="after the quantized run, train again unquantized (same seed) and "
                          "report the loss curves' difference")
