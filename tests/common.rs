@@ -190,10 +190,13 @@ pub fn prompt(base: std::time::Duration) -> std::time::Duration {
 }
 
 /// The bound for a call that must end at its collective's single deadline `timeout`: later
-/// only by scheduling ([`prompt`] of half a second), and never by a second deadline (the
-/// slack stays below `timeout`, so waiting two deadlines out always fails).
+/// only by the timeout's diagnosis (a rank listens for the others' reports,
+/// `pccl::transport::diagnose::grace`) and scheduling ([`prompt`] of half a second), and never
+/// by a second deadline (the slack stays below `timeout`, so waiting two deadlines out always
+/// fails).
 pub fn one_deadline(timeout: std::time::Duration) -> std::time::Duration {
-    timeout + prompt(std::time::Duration::from_millis(500)).min(timeout.mul_f64(0.9))
+    let grace = pccl::transport::diagnose::grace(timeout);
+    timeout + (grace + prompt(std::time::Duration::from_millis(500))).min(timeout.mul_f64(0.9))
 }
 
 /// A command running only test `name` of this test executable (ignored tests included,
