@@ -92,9 +92,10 @@ struct Args {
     /// libraries' benchmarks and the Big Send-off study give them; default: bytes per rank.
     #[arg(long)]
     output_sizes: bool,
-    /// The quantized all-gather beside the plain one (`int8` or `int4`, a scale per
-    /// `--qblock` elements): the sizes are bf16 data, the records move by the same algorithm,
-    /// the kernels run at the profile's copy rate (src/model/quantized.rs).
+    /// The quantized all-gather (or reduce-scatter: its two quantized all-to-alls) beside the
+    /// plain one (`int8` or `int4`, a scale per `--qblock` elements): the sizes are bf16 data,
+    /// the all-gather's records move by the same algorithm, the kernels run at the profile's
+    /// copy rate (src/model/quantized.rs).
     #[arg(long)]
     quantize: Option<String>,
     /// Elements per scale of --quantize.
@@ -357,14 +358,30 @@ fn main() {
             allow_nonfinite: false,
         };
         q.validate().unwrap_or_else(|e| fail(e));
-        if !matches!(sim.coll, Collective::AllGather) {
-            fail("--quantize models the quantized all-gather (--coll allgather)");
+        let rs = match sim.coll {
+            Collective::AllGather => false,
+            Collective::ReduceScatter { .. } => true,
+            _ => fail("--quantize models the quantized all-gather and reduce-scatter"),
+        };
+        if rs && !topo.is_regular() {
+            fail("--quantize with reducescatter needs nodes of equal size");
         }
         let cl = Cluster::new(&topo, &sim.prof);
         blocks
             .iter()
             .zip(&res)
             .map(|(&b, (name, _, _))| {
+                if rs {
+                    let n = (b / 2.0).max(1.0) as usize;
+                    return pccl::model::quantized::reduce_scatter_seconds(
+                        &sim.prof,
+                        (topo.nodes().len(), m),
+                        n,
+                        2,
+                        &q,
+                    )
+                    .unwrap_or_else(|e| fail(e));
+                }
                 let algo: Algorithm = name
                     .parse()
                     .unwrap_or_else(|_| fail("--quantize needs one of PCCL's algorithms or auto"));

@@ -1,14 +1,19 @@
-//! The quantized all-gather in the model (`pccl-sim --quantize`): the plan moves the records
-//! (codes and scales, [`crate::quant::Quant::record_bytes`]) instead of the data, after a
-//! header all-gather of 48 bytes per rank, and each rank runs two kernels — the encoding of
-//! its shard and the decoding of every rank's record — at the profile's copy rate (bytes read
-//! plus written; issue 29's device target is 80% of that rate). The tuner never picks a
+//! The quantized collectives in the model (`pccl-sim --quantize`). The all-gather: the plan
+//! moves the records (codes and scales, [`crate::quant::Quant::record_bytes`]) instead of the
+//! data, after a header all-gather of 48 bytes per rank, and each rank runs two kernels — the
+//! encoding of its shard and the decoding of every rank's record — at the profile's copy rate
+//! (bytes read plus written; issue 29's device target is 80% of that rate). The
+//! reduce-scatter: its two all-to-alls (pairwise), the one inside a node on the node's links,
+//! the one between nodes among the ranks of one local index on their share of the node's NICs
+//! (every local index runs its own at once), plus the kernels. The tuner never picks a
 //! quantized form: the numerics are the caller's choice.
 
+use super::profile::Profile;
 use super::sim::{Cluster, Engine, Job};
 use crate::error::Result;
-use crate::plan::{Algorithm, Collective};
+use crate::plan::{Algorithm, Collective, LevelAlgo};
 use crate::quant::Quant;
+use crate::topology::Topology;
 
 /// Bytes of one rank's header (six `u64`).
 const HEADER_BYTES: f64 = 48.0;
@@ -35,6 +40,63 @@ pub fn all_gather_seconds(
     // Encode: read the shard, write its record; decode: read P records, write P shards.
     let kernels = ((data + rec) + p * (rec + data)) / (copy_gbps * 1e9);
     Ok((t(HEADER_BYTES)? + t(rec)? + kernels, kernels))
+}
+
+/// What the two-hop quantized reduce-scatter of `n` elements per rank (output) costs on `n_nodes`
+/// nodes of `m` ranks, in seconds: (the whole call, of which the kernels). One node or one rank
+/// per node: one all-to-all over every rank.
+pub fn reduce_scatter_seconds(
+    prof: &Profile,
+    (n_nodes, m): (usize, usize),
+    n: usize,
+    elem_bytes: usize,
+    q: &Quant,
+) -> Result<(f64, f64)> {
+    let a2a = Collective::AllToAll { direct: false };
+    let ring = Algorithm::Flat(LevelAlgo::Ring);
+    let header = Topology::uniform(n_nodes * m, m);
+    let t_header = Cluster::new(&header, prof)
+        .simulate(
+            &Job::new(Collective::AllGather, ring, HEADER_BYTES),
+            Engine::Auto,
+        )?
+        .seconds;
+    let rate = prof.copy_gbps * 1e9;
+    let p = n_nodes * m;
+    // Each hop: quantize every piece (f32 in, record out), dequantize every received one.
+    let kernels = |pieces: usize, len: usize| -> f64 {
+        let rec = q.record_bytes(len) as f64;
+        let f = (len * 4) as f64;
+        2.0 * pieces as f64 * (f + rec) / rate
+    };
+    let input = (p * n * elem_bytes) as f64;
+    let convert = (input + (p * n * 4) as f64) / rate + ((n * 4 + n * elem_bytes) as f64) / rate;
+    if n_nodes == 1 || m == 1 {
+        let topo = Topology::uniform(p, m);
+        let t = Cluster::new(&topo, prof)
+            .simulate(&Job::new(a2a, ring, q.record_bytes(n) as f64), Engine::Auto)?
+            .seconds;
+        let k = kernels(p, n) + convert;
+        return Ok((t_header + t + k, k));
+    }
+    // Hop 1: the node's ranks, pieces of N·n elements.
+    let node = Topology::uniform(m, m);
+    let t1 = Cluster::new(&node, prof)
+        .simulate(
+            &Job::new(a2a, ring, q.record_bytes(n_nodes * n) as f64),
+            Engine::Auto,
+        )?
+        .seconds;
+    // Hop 2: one rank per node, each local index on its share of the node's NICs.
+    let mut share = prof.clone();
+    share.inter.nic_bandwidth_gbps *= prof.inter.nics as f64 / m as f64;
+    share.inter.nics = 1;
+    let net = Topology::uniform(n_nodes, 1);
+    let t2 = Cluster::new(&net, &share)
+        .simulate(&Job::new(a2a, ring, q.record_bytes(n) as f64), Engine::Auto)?
+        .seconds;
+    let k = kernels(m, n_nodes * n) + kernels(n_nodes, n) + convert;
+    Ok((t_header + t1 + t2 + k, k))
 }
 
 #[cfg(test)]
@@ -70,5 +132,36 @@ mod tests {
                 "{bits}-bit: gain {gain} (wire {wire}x)"
             );
         }
+    }
+
+    #[test]
+    fn the_quantized_reduce_scatter_gains_on_the_network_and_pays_its_kernels() {
+        let prof = presets::named("frontier").unwrap();
+        let n = 1 << 20;
+        let topo = Topology::uniform(256, 8);
+        let plain = Cluster::new(&topo, &prof)
+            .simulate(
+                &Job::new(
+                    Collective::ReduceScatter { average: false },
+                    "hier-rd".parse().unwrap(),
+                    (2 * n) as f64,
+                ),
+                Engine::Auto,
+            )
+            .unwrap()
+            .seconds;
+        let q4 = Quant {
+            bits: 4,
+            ..Quant::INT8
+        };
+        let (t, k) = reduce_scatter_seconds(&prof, (32, 8), n, 2, &q4).unwrap();
+        assert!(k > 0.0 && t > k);
+        assert!(
+            plain / t > 1.0,
+            "INT4 two-hop {t} s vs plain hier-rd {plain} s"
+        );
+        // One node: one all-to-all.
+        let (t1, _) = reduce_scatter_seconds(&prof, (1, 8), n, 2, &q4).unwrap();
+        assert!(t1 > 0.0);
     }
 }
