@@ -693,7 +693,9 @@ pcclResult_t pcclGroupStart(void);
 /**
  * Ends a group opened by `pcclGroupStart`. At the outermost end, posts every queued send
  * and receive together and returns once all have completed; their first error is returned
- * (on the group's communicator). Without an open group: `pcclInvalidUsage`.
+ * (on the group's communicator). A group on a stream (device memory) is queued on it
+ * instead and returns at once (a failure becomes the communicator's asynchronous error,
+ * `pcclCommGetAsyncError`). Without an open group: `pcclInvalidUsage`.
  */
 pcclResult_t pcclGroupEnd(void);
 
@@ -788,12 +790,14 @@ pcclResult_t pcclAllToAll(const void *sendbuff,
  * `sendbuff + sdispls[j]` to rank `j`, and receives rank `i`'s block into `recvbuff +
  * rdispls[i]` (`recvcounts[i]` elements). The four arrays have one entry per rank, in
  * elements; the counts must agree pairwise (a disagreement fails the call on every rank
- * before data moves); receive blocks must not overlap, nor the two buffers. `stream` must
- * be NULL (host memory).
+ * before data moves); receive blocks must not overlap, nor the two buffers. With a
+ * `stream`, device memory queued on it (only the receive blocks are written); NULL: host
+ * memory.
  *
  * # Safety
  * The arrays must be readable for `nranks` `size_t`s; `sendbuff` readable and `recvbuff`
- * writable for every block they name, untouched by others during the call.
+ * writable for every block they name, untouched by others during the call (with a
+ * `stream`, until the stream has passed it).
  */
 pcclResult_t pcclAllToAllv(const void *sendbuff,
                            const size_t *sendcounts,
@@ -809,11 +813,13 @@ pcclResult_t pcclAllToAllv(const void *sendbuff,
  * Sends `count` elements of `sendbuff` to rank `peer`; it matches, in order, `peer`'s
  * receives from this rank, which must name the same count and datatype. Only the two ranks
  * take part. Inside `pcclGroupStart`/`pcclGroupEnd` it is queued and posted at the
- * outermost `pcclGroupEnd`, and `sendbuff` must stay valid until then. `stream` must be
- * NULL (host memory).
+ * outermost `pcclGroupEnd`, and `sendbuff` must stay valid until then. With a `stream`,
+ * device memory: the send (or the group, whose operations share the stream) is queued on
+ * it and the call returns at once, as `ncclSend` does; NULL: host memory, blocking.
  *
  * # Safety
- * `sendbuff` must be readable for `count` elements until the send (or the group) completes.
+ * `sendbuff` must be readable for `count` elements until the send (or the group) completes
+ * (with a stream: until the stream has passed it).
  */
 pcclResult_t pcclSend(const void *sendbuff,
                       size_t count,
@@ -824,12 +830,12 @@ pcclResult_t pcclSend(const void *sendbuff,
 
 /**
  * Receives `count` elements from rank `peer` into `recvbuff` (the matching send must name
- * the same count and datatype). Inside a group it is queued like `pcclSend`. `stream` must
- * be NULL (host memory).
+ * the same count and datatype). Inside a group it is queued like `pcclSend`. With a
+ * `stream`, device memory queued on it, as for `pcclSend`.
  *
  * # Safety
  * `recvbuff` must be writable for `count` elements, and untouched by others, until the
- * receive (or the group) completes.
+ * receive (or the group) completes (with a stream: until the stream has passed it).
  */
 pcclResult_t pcclRecv(void *recvbuff,
                       size_t count,

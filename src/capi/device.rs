@@ -8,7 +8,7 @@
 
 use super::{pcclDeviceRuntime_t, pcclRuntimeAuto, pcclRuntimeCuda, pcclRuntimeHip};
 use crate::error::{Error, Result};
-use crate::{Communicator, DType, RawCollective, RawRooted};
+use crate::{Communicator, DType, P2pOp, RawCollective, RawRooted};
 use std::ffi::c_void;
 
 /// The device runtimes a stream can belong to.
@@ -108,22 +108,142 @@ pub(super) enum DeviceOp {
     Rooted(RawRooted),
 }
 
-/// Queues `op` on device buffers, ordered on `stream` of the runtime `runtime` (a
+/// One call of the C ABI on device memory, as [`run`] takes it.
+#[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
+pub(super) enum DeviceCall<'a> {
+    /// A collective, rooted collective or all-to-all: NCCL's buffers and count.
+    Op {
+        op: DeviceOp,
+        dt: DType,
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+    },
+    /// `pcclAllToAllv`: the buffers and the four per-rank arrays (send counts and
+    /// displacements, receive counts and displacements), in elements.
+    AllToAllV {
+        dt: DType,
+        send: *const c_void,
+        recv: *mut c_void,
+        arrays: [&'a [usize]; 4],
+    },
+    /// `pcclSend` / `pcclRecv`, alone or a group's.
+    P2p(&'a [P2pOp]),
+}
+
+impl DeviceCall<'_> {
+    /// A device address the call uses on this rank (0: none), to find its GPU (CUDA).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    fn any_ptr(&self) -> u64 {
+        match self {
+            // The receive buffer is used on every rank (the send buffer of a broadcast only on
+            // root), except in a reduce or gather off the root.
+            DeviceCall::Op { send, recv, .. } | DeviceCall::AllToAllV { send, recv, .. } => {
+                if recv.is_null() {
+                    *send as u64
+                } else {
+                    *recv as u64
+                }
+            }
+            DeviceCall::P2p(ops) => ops
+                .iter()
+                .find(|o| o.count > 0)
+                .map_or(0, |o| o.addr as u64),
+        }
+    }
+
+    /// Whether it moves nothing on this rank and needs no other rank (a zero count: callers
+    /// probe the runtime with one). An all-to-all-v or a batch still runs: peers may wait
+    /// for its (empty) messages.
+    fn is_probe(&self) -> bool {
+        matches!(self, DeviceCall::Op { count: 0, .. })
+    }
+
+    /// Queues the call on `dev`'s stream.
+    ///
+    /// # Safety
+    /// As [`run`].
+    #[cfg(any(feature = "cuda", feature = "rocm"))]
+    unsafe fn run_on<D: crate::device::api::Device>(
+        &self,
+        comm: &Communicator,
+        dev: &D,
+    ) -> Result<()> {
+        match *self {
+            DeviceCall::Op {
+                op,
+                dt,
+                send,
+                recv,
+                count,
+            } => {
+                let (s, r) = (send as u64, recv as u64);
+                // SAFETY: forwarded from the caller.
+                unsafe {
+                    match op {
+                        DeviceOp::Coll(c) => {
+                            by_dtype!(dt, comm.enqueue_on::<_, D>(dev, c, s, r, count))
+                        }
+                        DeviceOp::Rooted(c) => {
+                            by_dtype!(dt, comm.enqueue_rooted_on::<_, D>(dev, c, s, r, count))
+                        }
+                    }
+                }
+            }
+            DeviceCall::AllToAllV {
+                dt,
+                send,
+                recv,
+                arrays: [sc, sd, rc, rd],
+            } => {
+                let (s, r) = (send as u64, recv as u64);
+                // SAFETY: forwarded from the caller.
+                unsafe {
+                    by_dtype!(
+                        dt,
+                        comm.enqueue_all_to_all_v_on::<_, D>(dev, s, sc, sd, r, rc, rd)
+                    )
+                }
+            }
+            // SAFETY: forwarded from the caller.
+            DeviceCall::P2p(ops) => unsafe { comm.enqueue_p2p_on::<D>(dev, ops) },
+        }
+    }
+}
+
+/// Calls `$comm.$method::<T, D>(args)` with `T` the element type of `$dt` (the `_` in the
+/// call's turbofish).
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+macro_rules! by_dtype {
+    ($dt:expr, $comm:ident . $method:ident :: <_, $d:ident> ( $($a:expr),* )) => {
+        match $dt {
+            DType::I8 => $comm.$method::<i8, $d>($($a),*),
+            DType::U8 => $comm.$method::<u8, $d>($($a),*),
+            DType::I32 => $comm.$method::<i32, $d>($($a),*),
+            DType::U32 => $comm.$method::<u32, $d>($($a),*),
+            DType::I64 => $comm.$method::<i64, $d>($($a),*),
+            DType::U64 => $comm.$method::<u64, $d>($($a),*),
+            DType::F16 => $comm.$method::<half::f16, $d>($($a),*),
+            DType::BF16 => $comm.$method::<half::bf16, $d>($($a),*),
+            DType::F32 => $comm.$method::<f32, $d>($($a),*),
+            DType::F64 => $comm.$method::<f64, $d>($($a),*),
+        }
+    };
+}
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+use by_dtype;
+
+/// Queues `call` on device buffers, ordered on `stream` of the runtime `runtime` (a
 /// `pcclDeviceRuntime_t`, see [`runtime_of`]).
 ///
 /// # Safety
-/// `send` and `recv` must be device memory valid for the counts `coll` implies, and `stream`
-/// a valid stream of their GPU in that runtime (for CUDA also `cudaStreamLegacy` /
+/// The buffers `call` names must be device memory valid for the counts it implies, and
+/// `stream` a valid stream of their GPU in that runtime (for CUDA also `cudaStreamLegacy` /
 /// `cudaStreamPerThread`).
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn collective(
+pub(super) unsafe fn run(
     comm: &Communicator,
     runtime: pcclDeviceRuntime_t,
-    coll: DeviceOp,
-    dt: DType,
-    send: *const c_void,
-    recv: *mut c_void,
-    count: usize,
+    call: DeviceCall<'_>,
     stream: *mut c_void,
 ) -> Result<()> {
     if cfg!(not(any(feature = "cuda", feature = "rocm"))) {
@@ -134,80 +254,77 @@ pub(super) unsafe fn collective(
         ));
     }
     let rt = runtime_of(runtime)?;
-    if count == 0 {
+    if call.is_probe() {
         // Nothing to move, but a runtime that cannot run here is still an error (callers
         // probe with a zero-count call).
         return available(rt);
     }
     match rt {
         // SAFETY: forwarded from the caller.
-        Runtime::Cuda => unsafe { cuda_collective(comm, coll, dt, send, recv, count, stream) },
+        Runtime::Cuda => unsafe { cuda_run(comm, &call, stream) },
         // SAFETY: forwarded from the caller.
-        Runtime::Hip => unsafe { hip_collective(comm, coll, dt, send, recv, count, stream) },
+        Runtime::Hip => unsafe { hip_run(comm, &call, stream) },
     }
 }
 
-/// Calls `$method::<T, $devty>(...)` with `T` the element type of `$dt`.
-#[cfg(any(feature = "cuda", feature = "rocm"))]
-macro_rules! by_dtype {
-    ($method:ident, $comm:ident, $dev:ident, $devty:ty, $dt:expr, $coll:ident, $s:ident, $r:ident, $n:ident) => {
-        match $dt {
-            DType::I8 => $comm.$method::<i8, $devty>(&$dev, $coll, $s, $r, $n),
-            DType::U8 => $comm.$method::<u8, $devty>(&$dev, $coll, $s, $r, $n),
-            DType::I32 => $comm.$method::<i32, $devty>(&$dev, $coll, $s, $r, $n),
-            DType::U32 => $comm.$method::<u32, $devty>(&$dev, $coll, $s, $r, $n),
-            DType::I64 => $comm.$method::<i64, $devty>(&$dev, $coll, $s, $r, $n),
-            DType::U64 => $comm.$method::<u64, $devty>(&$dev, $coll, $s, $r, $n),
-            DType::F16 => $comm.$method::<half::f16, $devty>(&$dev, $coll, $s, $r, $n),
-            DType::BF16 => $comm.$method::<half::bf16, $devty>(&$dev, $coll, $s, $r, $n),
-            DType::F32 => $comm.$method::<f32, $devty>(&$dev, $coll, $s, $r, $n),
-            DType::F64 => $comm.$method::<f64, $devty>(&$dev, $coll, $s, $r, $n),
-        }
-    };
-}
-
-/// Runs `op` through the right entry point of `dev`'s back end.
-#[cfg(any(feature = "cuda", feature = "rocm"))]
-macro_rules! run_op {
-    ($comm:ident, $dev:ident, $devty:ty, $dt:expr, $op:expr, $s:ident, $r:ident, $n:ident) => {
-        match $op {
-            DeviceOp::Coll(c) => by_dtype!(enqueue_on, $comm, $dev, $devty, $dt, c, $s, $r, $n),
-            DeviceOp::Rooted(c) => {
-                by_dtype!(enqueue_rooted_on, $comm, $dev, $devty, $dt, c, $s, $r, $n)
-            }
-        }
-    };
-}
-
-/// The CUDA branch of [`collective`].
+/// The CUDA branch of [`run`].
 ///
 /// # Safety
-/// As [`collective`].
+/// As [`run`].
 #[cfg(feature = "cuda")]
-unsafe fn cuda_collective(
-    comm: &Communicator,
-    coll: DeviceOp,
-    dt: DType,
-    send: *const c_void,
-    recv: *mut c_void,
-    count: usize,
-    stream: *mut c_void,
-) -> Result<()> {
+unsafe fn cuda_run(comm: &Communicator, call: &DeviceCall<'_>, stream: *mut c_void) -> Result<()> {
     use crate::device::cuda::CudaDevice;
     crate::device::cuda::ensure_available()?;
-    // The receive buffer is read on every rank (the send buffer of a broadcast only on root),
-    // except in a reduce or gather off the root.
-    let any = if recv.is_null() {
-        send as u64
-    } else {
-        recv as u64
-    };
+    let any = call.any_ptr();
+    if any == 0 {
+        // Every block of this rank is empty: nothing to order on the stream, and no buffer
+        // to find its GPU by. The (empty) messages are exchanged on the host.
+        return match *call {
+            // SAFETY: no operation has a byte to read or write.
+            DeviceCall::P2p(ops) => unsafe { comm.raw_p2p("group", ops) },
+            DeviceCall::AllToAllV {
+                dt,
+                arrays: [sc, sd, rc, rd],
+                ..
+            } => {
+                // SAFETY: every block is empty: no pointer is read or written.
+                unsafe { by_type_null(comm, dt, [sc, sd, rc, rd]) }
+            }
+            DeviceCall::Op { .. } => Err(Error::invalid(
+                "a device call with a count above zero was given NULL buffers",
+            )),
+        };
+    }
     let ordinal = CudaDevice::ordinal_of(any)?;
     // SAFETY: the caller guarantees `stream` is a stream of the buffers' GPU.
     let dev = unsafe { CudaDevice::with_stream(ordinal, stream) }?;
-    let (s, r) = (send as u64, recv as u64);
     // SAFETY: forwarded from the caller.
-    unsafe { run_op!(comm, dev, CudaDevice, dt, coll, s, r, count) }
+    unsafe { call.run_on(comm, &dev) }
+}
+
+/// An all-to-all-v whose blocks are all empty on this rank, on the host.
+///
+/// # Safety
+/// Every block the arrays name must be empty.
+#[cfg(feature = "cuda")]
+unsafe fn by_type_null(comm: &Communicator, dt: DType, arrays: [&[usize]; 4]) -> Result<()> {
+    fn run<T: crate::Element>(c: &Communicator, [sc, sd, rc, rd]: [&[usize]; 4]) -> Result<()> {
+        // SAFETY: no block has an element (the caller's promise).
+        unsafe { c.raw_all_to_all_v::<T>(std::ptr::null(), sc, sd, std::ptr::null_mut(), rc, rd) }
+    }
+    // Each dtype as itself: the exchange's stamps carry it.
+    match dt {
+        DType::I8 => run::<i8>(comm, arrays),
+        DType::U8 => run::<u8>(comm, arrays),
+        DType::I32 => run::<i32>(comm, arrays),
+        DType::U32 => run::<u32>(comm, arrays),
+        DType::I64 => run::<i64>(comm, arrays),
+        DType::U64 => run::<u64>(comm, arrays),
+        DType::F16 => run::<half::f16>(comm, arrays),
+        DType::BF16 => run::<half::bf16>(comm, arrays),
+        DType::F32 => run::<f32>(comm, arrays),
+        DType::F64 => run::<f64>(comm, arrays),
+    }
 }
 
 /// Without feature `cuda`: CUDA streams are refused.
@@ -215,32 +332,20 @@ unsafe fn cuda_collective(
 /// # Safety
 /// None; `unsafe` to match the CUDA build's signature.
 #[cfg(not(feature = "cuda"))]
-unsafe fn cuda_collective(
+unsafe fn cuda_run(
     _comm: &Communicator,
-    _coll: DeviceOp,
-    _dt: DType,
-    _send: *const c_void,
-    _recv: *mut c_void,
-    _count: usize,
+    _call: &DeviceCall<'_>,
     _stream: *mut c_void,
 ) -> Result<()> {
     check_runtime(pcclRuntimeCuda)
 }
 
-/// The HIP branch of [`collective`]: queued on the caller's HIP stream.
+/// The HIP branch of [`run`]: queued on the caller's HIP stream.
 ///
 /// # Safety
-/// As [`collective`].
+/// As [`run`].
 #[cfg(feature = "rocm")]
-unsafe fn hip_collective(
-    comm: &Communicator,
-    coll: DeviceOp,
-    dt: DType,
-    send: *const c_void,
-    recv: *mut c_void,
-    count: usize,
-    stream: *mut c_void,
-) -> Result<()> {
+unsafe fn hip_run(comm: &Communicator, call: &DeviceCall<'_>, stream: *mut c_void) -> Result<()> {
     use crate::device::hip::HipDevice;
     // SAFETY: the caller guarantees `stream` is a valid HIP stream.
     let ordinal = unsafe { HipDevice::ordinal_of_stream(stream) }?;
@@ -254,9 +359,8 @@ unsafe fn hip_collective(
             ),
         )
     })?;
-    let (s, r) = (send as u64, recv as u64);
     // SAFETY: forwarded from the caller.
-    unsafe { run_op!(comm, dev, HipDevice, dt, coll, s, r, count) }
+    unsafe { call.run_on(comm, &dev) }
 }
 
 /// Without feature `rocm`: HIP streams are refused.
@@ -264,13 +368,9 @@ unsafe fn hip_collective(
 /// # Safety
 /// None; `unsafe` to match the ROCm build's signature.
 #[cfg(not(feature = "rocm"))]
-unsafe fn hip_collective(
+unsafe fn hip_run(
     _comm: &Communicator,
-    _coll: DeviceOp,
-    _dt: DType,
-    _send: *const c_void,
-    _recv: *mut c_void,
-    _count: usize,
+    _call: &DeviceCall<'_>,
     _stream: *mut c_void,
 ) -> Result<()> {
     check_runtime(pcclRuntimeHip)

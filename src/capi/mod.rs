@@ -430,8 +430,14 @@ unsafe fn collective(
         // SAFETY: forwarded from the caller (device buffers valid for the counts, `stream` a
         // stream of their GPU).
         let runtime = c.runtime.load(std::sync::atomic::Ordering::SeqCst);
-        let op = device::DeviceOp::Coll(coll);
-        return unsafe { device::collective(comm, runtime, op, dt, send, recv, count, stream) }
+        let call = device::DeviceCall::Op {
+            op: device::DeviceOp::Coll(coll),
+            dt,
+            send,
+            recv,
+            count,
+        };
+        return unsafe { device::run(comm, runtime, call, stream) }
             .map(|()| None)
             .on(c);
     }

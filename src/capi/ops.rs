@@ -1,7 +1,8 @@
 //! Rooted collectives (reduce, gather, scatter), all-to-all(v) and point-to-point calls of the
-//! C ABI, with NCCL's group semantics for sends and receives. Reduce, gather, scatter and
-//! all-to-all take device memory with a stream (queued on it, as the collectives are); the
-//! others are host memory only for now: a non-NULL `stream` is `pcclInvalidUsage`.
+//! C ABI, with NCCL's group semantics for sends and receives. With a stream, every one of
+//! them takes device memory and is queued on it, as the collectives are (a group's sends and
+//! receives share one stream); `pcclIsend`/`pcclIrecv` and `pcclGroupEndAsync` are host
+//! memory only: a stream there is `pcclInvalidUsage`.
 
 use super::handles::{self, CommEntry};
 use super::{
@@ -14,8 +15,6 @@ use crate::{Communicator, DType, Dir, Element, P2pOp, RawRooted};
 use std::cell::RefCell;
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
-
-const NO_STREAM: &str = "device memory is not supported for this call yet (pass stream = NULL)";
 
 /// Calls `$f::<T>(args)` with `T` the element type of `$dt`.
 macro_rules! by_type {
@@ -43,6 +42,32 @@ struct GroupState {
     depth: usize,
     comm: Option<Arc<CommEntry>>,
     ops: Vec<P2pOp>,
+    /// The stream of the group's operations (0: host memory), set by the first one.
+    stream: usize,
+}
+
+/// What an outermost group end takes: the communicator, the operations, their stream.
+type Taken = Option<(Arc<CommEntry>, Vec<P2pOp>, usize)>;
+
+/// Closes one level of this thread's group; at the outermost, takes what it holds.
+fn end_group(what: &str) -> Result<Taken> {
+    with_group(|g| -> Result<Taken> {
+        match g.depth {
+            0 => Err(Error::usage(format!(
+                "no group is open on this thread ({what} without pcclGroupStart)"
+            ))),
+            1 => {
+                g.depth = 0;
+                let ops = std::mem::take(&mut g.ops);
+                let stream = std::mem::take(&mut g.stream);
+                Ok(g.comm.take().map(|c| (c, ops, stream)))
+            }
+            _ => {
+                g.depth -= 1;
+                Ok(None)
+            }
+        }
+    })?
 }
 
 thread_local! {
@@ -74,32 +99,18 @@ pub extern "C" fn pcclGroupStart() -> pcclResult_t {
 
 /// Ends a group opened by `pcclGroupStart`. At the outermost end, posts every queued send
 /// and receive together and returns once all have completed; their first error is returned
-/// (on the group's communicator). Without an open group: `pcclInvalidUsage`.
+/// (on the group's communicator). A group on a stream (device memory) is queued on it
+/// instead and returns at once (a failure becomes the communicator's asynchronous error,
+/// `pcclCommGetAsyncError`). Without an open group: `pcclInvalidUsage`.
 #[no_mangle]
 pub extern "C" fn pcclGroupEnd() -> pcclResult_t {
     entry("pcclGroupEnd", || {
-        let taken = with_group(|g| -> Result<Option<(Arc<CommEntry>, Vec<P2pOp>)>> {
-            match g.depth {
-                0 => Err(Error::usage(
-                    "no group is open on this thread (pcclGroupEnd without pcclGroupStart)",
-                )),
-                1 => {
-                    g.depth = 0;
-                    let ops = std::mem::take(&mut g.ops);
-                    Ok(g.comm.take().map(|c| (c, ops)))
-                }
-                _ => {
-                    g.depth -= 1;
-                    Ok(None)
-                }
-            }
-        })??;
-        let Some((c, ops)) = taken else {
+        let Some((c, ops, stream)) = end_group("pcclGroupEnd")? else {
             return Ok(());
         };
         // SAFETY: every queued buffer was promised valid until the group ends (documented on
-        // pcclSend and pcclRecv).
-        unsafe { c.comm.raw_p2p("group", &ops) }.on(&c)
+        // pcclSend and pcclRecv), or, with a stream, until the stream has passed it.
+        unsafe { p2p_now(&c, "group", &ops, stream as *mut c_void) }.on(&c)
     })
 }
 
@@ -124,30 +135,22 @@ pub unsafe extern "C" fn pcclGroupEndAsync(request: *mut pcclRequest_t) -> pcclR
                 if g.depth == 0 {
                     g.ops.clear();
                     g.comm = None;
+                    g.stream = 0;
                 }
             });
             return Err(Error::invalid("request is NULL").into());
         }
-        let taken = with_group(|g| -> Result<Option<(Arc<CommEntry>, Vec<P2pOp>)>> {
-            match g.depth {
-                0 => Err(Error::usage(
-                    "no group is open on this thread (pcclGroupEndAsync without \
-                     pcclGroupStart)",
-                )),
-                1 => {
-                    g.depth = 0;
-                    let ops = std::mem::take(&mut g.ops);
-                    Ok(g.comm.take().map(|c| (c, ops)))
-                }
-                _ => {
-                    g.depth -= 1;
-                    Ok(None)
-                }
-            }
-        })??;
-        let Some((c, ops)) = taken else {
+        let Some((c, ops, stream)) = end_group("pcclGroupEndAsync")? else {
             return Ok(());
         };
+        if stream != 0 {
+            return Err(Error::usage(
+                "this group's sends and receives are on a stream (device memory): they are \
+                 ordered on it, so end the group with pcclGroupEnd (it returns once they are \
+                 queued)",
+            ))
+            .on(&c);
+        }
         // SAFETY: every queued buffer was promised valid until the request completes.
         let req: Request<()> = unsafe { c.comm.p2p_async("group", ops, ()) }.on(&c)?;
         // SAFETY: `request` is non-NULL (checked above) and writable.
@@ -157,15 +160,12 @@ pub unsafe extern "C" fn pcclGroupEndAsync(request: *mut pcclRequest_t) -> pcclR
 
 // ---- argument checks -----------------------------------------------------------------------
 
-/// Refuses a collective called inside a group or with a stream.
-fn host_collective(stream: *mut c_void) -> Result<()> {
+/// Refuses a collective called inside a group.
+fn not_in_group() -> Result<()> {
     if in_group() {
         return Err(Error::usage(
             "collectives are not supported inside pcclGroupStart/pcclGroupEnd yet",
         ));
-    }
-    if !stream.is_null() {
-        return Err(Error::usage(NO_STREAM));
     }
     Ok(())
 }
@@ -240,7 +240,7 @@ unsafe fn rooted(
 ) -> Outcome<()> {
     let c = handles::comm(comm as usize, "comm", false)?;
     let cm = &c.comm;
-    let args = host_collective(std::ptr::null_mut())
+    let args = not_in_group()
         .and_then(|()| datatype(dtype_code))
         .and_then(|dt| Ok((dt, make(cm.size())?)));
     let (dt, coll) = args
@@ -249,13 +249,16 @@ unsafe fn rooted(
     if !stream.is_null() {
         // Device buffers, queued on the stream (as the collectives are).
         let runtime = c.runtime.load(std::sync::atomic::Ordering::SeqCst);
-        let op = super::device::DeviceOp::Rooted(coll);
+        let call = super::device::DeviceCall::Op {
+            op: super::device::DeviceOp::Rooted(coll),
+            dt,
+            send,
+            recv,
+            count,
+        };
         // SAFETY: forwarded from the caller (device buffers valid for the counts, `stream` a
         // stream of their GPU).
-        return unsafe {
-            super::device::collective(cm, runtime, op, dt, send, recv, count, stream)
-        }
-        .on(&c);
+        return unsafe { super::device::run(cm, runtime, call, stream) }.on(&c);
     }
     // SAFETY: forwarded from the caller.
     unsafe { by_type!(dt, rooted_typed(cm, coll, send, recv, count)) }.on(&c)
@@ -398,6 +401,7 @@ unsafe fn all_to_all_v_typed<T: Element>(
     recv: *mut c_void,
     rc: *const usize,
     rd: *const usize,
+    device: Option<(super::pcclDeviceRuntime_t, *mut c_void)>,
 ) -> Result<()> {
     let p = comm.size();
     // SAFETY: the arrays are readable for `p` elements (caller's promise).
@@ -420,6 +424,17 @@ unsafe fn all_to_all_v_typed<T: Element>(
         })()
     };
     let (sc, sd, rc, rd) = arrays.map_err(|e| comm.refuse_call("argument check", e))?;
+    if let Some((runtime, stream)) = device {
+        let call = super::device::DeviceCall::AllToAllV {
+            dt: T::DTYPE,
+            send,
+            recv,
+            arrays: [sc, sd, rc, rd],
+        };
+        // SAFETY: forwarded from the caller (device buffers holding every block, `stream` a
+        // stream of their GPU).
+        return unsafe { super::device::run(comm, runtime, call, stream) };
+    }
     // SAFETY: the buffers are valid for every block the arrays name (caller's promise).
     unsafe { comm.raw_all_to_all_v(send.cast::<T>(), sc, sd, recv.cast::<T>(), rc, rd) }
 }
@@ -428,12 +443,14 @@ unsafe fn all_to_all_v_typed<T: Element>(
 /// `sendbuff + sdispls[j]` to rank `j`, and receives rank `i`'s block into `recvbuff +
 /// rdispls[i]` (`recvcounts[i]` elements). The four arrays have one entry per rank, in
 /// elements; the counts must agree pairwise (a disagreement fails the call on every rank
-/// before data moves); receive blocks must not overlap, nor the two buffers. `stream` must
-/// be NULL (host memory).
+/// before data moves); receive blocks must not overlap, nor the two buffers. With a
+/// `stream`, device memory queued on it (only the receive blocks are written); NULL: host
+/// memory.
 ///
 /// # Safety
 /// The arrays must be readable for `nranks` `size_t`s; `sendbuff` readable and `recvbuff`
-/// writable for every block they name, untouched by others during the call.
+/// writable for every block they name, untouched by others during the call (with a
+/// `stream`, until the stream has passed it).
 #[no_mangle]
 pub unsafe extern "C" fn pcclAllToAllv(
     sendbuff: *const c_void,
@@ -449,16 +466,18 @@ pub unsafe extern "C" fn pcclAllToAllv(
     entry("pcclAllToAllv", || {
         let c = handles::comm(comm as usize, "comm", false)?;
         let cm = &c.comm;
-        let dt = host_collective(stream)
+        let dt = not_in_group()
             .and_then(|()| super::datatype(datatype))
             .map_err(|e| cm.refuse_call("argument check", e))
             .on(&c)?;
+        let runtime = c.runtime.load(std::sync::atomic::Ordering::SeqCst);
+        let device = (!stream.is_null()).then_some((runtime, stream));
         // SAFETY: forwarded from the caller (documented above).
         unsafe {
             by_type!(
                 dt,
                 all_to_all_v_typed(
-                    cm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls
+                    cm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, device
                 )
             )
         }
@@ -536,9 +555,6 @@ unsafe fn p2p(
     stream: *mut c_void,
 ) -> Outcome<()> {
     let c = handles::comm(comm as usize, "comm", false)?;
-    if !stream.is_null() {
-        return Err(Error::usage(NO_STREAM)).on(&c);
-    }
     let op = p2p_op(&c, dir, buf, count, dtype_code, peer).on(&c)?;
     let queued = with_group(|g| {
         if g.depth == 0 {
@@ -549,8 +565,13 @@ unsafe fn p2p(
                 "this group already holds sends or receives of another communicator (a group \
                  may use one communicator only)",
             )),
+            Some(_) if g.stream != stream as usize => Err(Error::usage(
+                "this group already holds sends or receives on another stream (or on host \
+                 memory): a group's operations share one stream",
+            )),
             _ => {
                 g.comm = Some(c.clone());
+                g.stream = stream as usize;
                 g.ops.push(op);
                 Ok(None)
             }
@@ -560,19 +581,44 @@ unsafe fn p2p(
     .on(&c)?;
     match queued {
         // SAFETY: the buffer is valid for `count` elements (caller's promise).
-        Some(op) => unsafe { c.comm.raw_p2p(what, &[op]) }.on(&c),
+        Some(op) => unsafe { p2p_now(&c, what, &[op], stream) }.on(&c),
         None => Ok(()),
+    }
+}
+
+/// Runs a batch of sends and receives: on host memory to completion, or with a stream
+/// queued on it (device memory).
+///
+/// # Safety
+/// Every buffer must be valid for its count until the call returns (host memory), or until
+/// `stream` has passed the batch (device memory of the stream's GPU).
+unsafe fn p2p_now(c: &CommEntry, what: &str, ops: &[P2pOp], stream: *mut c_void) -> Result<()> {
+    if stream.is_null() {
+        // SAFETY: forwarded from the caller.
+        return unsafe { c.comm.raw_p2p(what, ops) };
+    }
+    let runtime = c.runtime.load(std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        super::device::run(
+            &c.comm,
+            runtime,
+            super::device::DeviceCall::P2p(ops),
+            stream,
+        )
     }
 }
 
 /// Sends `count` elements of `sendbuff` to rank `peer`; it matches, in order, `peer`'s
 /// receives from this rank, which must name the same count and datatype. Only the two ranks
 /// take part. Inside `pcclGroupStart`/`pcclGroupEnd` it is queued and posted at the
-/// outermost `pcclGroupEnd`, and `sendbuff` must stay valid until then. `stream` must be
-/// NULL (host memory).
+/// outermost `pcclGroupEnd`, and `sendbuff` must stay valid until then. With a `stream`,
+/// device memory: the send (or the group, whose operations share the stream) is queued on
+/// it and the call returns at once, as `ncclSend` does; NULL: host memory, blocking.
 ///
 /// # Safety
-/// `sendbuff` must be readable for `count` elements until the send (or the group) completes.
+/// `sendbuff` must be readable for `count` elements until the send (or the group) completes
+/// (with a stream: until the stream has passed it).
 #[no_mangle]
 pub unsafe extern "C" fn pcclSend(
     sendbuff: *const c_void,
@@ -600,12 +646,12 @@ pub unsafe extern "C" fn pcclSend(
 }
 
 /// Receives `count` elements from rank `peer` into `recvbuff` (the matching send must name
-/// the same count and datatype). Inside a group it is queued like `pcclSend`. `stream` must
-/// be NULL (host memory).
+/// the same count and datatype). Inside a group it is queued like `pcclSend`. With a
+/// `stream`, device memory queued on it, as for `pcclSend`.
 ///
 /// # Safety
 /// `recvbuff` must be writable for `count` elements, and untouched by others, until the
-/// receive (or the group) completes.
+/// receive (or the group) completes (with a stream: until the stream has passed it).
 #[no_mangle]
 pub unsafe extern "C" fn pcclRecv(
     recvbuff: *mut c_void,

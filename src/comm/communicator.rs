@@ -26,7 +26,11 @@ mod tuning;
 
 use calls::len_mul;
 
+#[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(unused_imports))]
+pub(crate) use p2p::StampedP2p;
 pub use p2p::{Dir, Group, P2pOp};
+#[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(unused_imports))]
+pub(crate) use rooted::AllToAllBlocks;
 pub use rooted::RawRooted;
 
 /// A collective named for the raw-pointer entry points.
@@ -687,6 +691,13 @@ impl Communicator {
     #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
     pub(crate) fn submit_job(&self, job: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
         self.queue_job(job, true)
+    }
+
+    /// [`Communicator::submit_job`] for a point-to-point job (which keeps each pair's order
+    /// itself: it does not wait for earlier receives).
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
+    pub(crate) fn submit_p2p_job(&self, job: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
+        self.queue_job(job, false)
     }
 
     /// [`Communicator::submit_job`]; `after_recvs`: the job first waits for earlier

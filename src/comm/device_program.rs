@@ -31,7 +31,9 @@
 //! that depends on the output never runs on wrong data; the error is kept and returned by
 //! every later call (NCCL's asynchronous error).
 
-use super::communicator::{Communicator, RawCollective, RawRooted};
+use super::communicator::{
+    AllToAllBlocks, Communicator, Dir, RawCollective, RawRooted, StampedP2p,
+};
 use crate::device::api::{DevSpan, Device, GateReleaser, PinnedHost};
 use crate::device::nccl_abi::AsyncErrorProbe;
 use crate::dtype::Element;
@@ -173,6 +175,9 @@ impl<D: Device> PinnedPool<D> {
 /// A device-to-host copy of a host section: source address, bytes, offset in the buffer.
 type InCopy = (u64, usize, usize);
 
+/// A host-to-device copy of a host section: offset in the buffer, destination, bytes.
+type OutCopy = (usize, u64, usize);
+
 /// What [`Program::end`] hands back: the end event, and the job of the host part.
 type Ended<D> = (Arc<<D as Device>::Event>, Option<Box<dyn FnOnce() + Send>>);
 
@@ -273,7 +278,7 @@ impl<'a, D: Device> Program<'a, D> {
         let out = Some((h2d.0, recv, h2d.1));
         // SAFETY: forwarded from the caller.
         unsafe {
-            self.section(comm, seq, what, total, d2h, out, move |comm, b| {
+            self.seq_section(comm, seq, what, total, d2h, out, move |comm, b| {
                 let b = b as *mut T;
                 // The in-place form of `coll` in the pinned buffer: all-gather's block at
                 // `rank`, reduce-scatter's result at block `rank`.
@@ -358,7 +363,7 @@ impl<'a, D: Device> Program<'a, D> {
         let out = h2d.map(|(at, len)| (at, recv, len));
         // SAFETY: forwarded from the caller.
         unsafe {
-            self.section(comm, seq, what, total, d2h, out, move |comm, b| {
+            self.seq_section(comm, seq, what, total, d2h, out, move |comm, b| {
                 let b = b as *mut T;
                 let s = s_at.map_or(std::ptr::null(), |at| b.add(at) as *const T);
                 let r = r_at.map_or(std::ptr::null_mut(), |at| b.add(at));
@@ -367,29 +372,138 @@ impl<'a, D: Device> Program<'a, D> {
         }
     }
 
-    /// Queues one host section: `d2h` (device address, bytes, offset) copied into a pinned
-    /// buffer of `total` bytes, an event, a ticket, `h2d` (offset, device address, bytes)
-    /// copied back; `run(comm, buffer)` runs on the progress thread between the two.
+    /// Queues an uneven all-to-all of checked `blocks` (in elements) between device buffers
+    /// `send` and `recv` as a host section on `comm` as its collective `seq`: the send extent
+    /// copied to a pinned buffer, the exchange there, and each received block copied back
+    /// alone (the gaps between receive blocks are not written).
     ///
     /// # Safety
-    /// The device ranges must be memory of the stream's device, valid until the program's
-    /// end event completed; `run` may touch only the `total` bytes of the buffer.
+    /// `send` and `recv` must be device memory of the stream's device holding every block
+    /// `blocks` names, valid until the program's end event completed.
+    pub(crate) unsafe fn all_to_all_v<T: Element>(
+        &mut self,
+        comm: Communicator,
+        seq: u32,
+        send: u64,
+        recv: u64,
+        blocks: AllToAllBlocks,
+    ) -> Result<()> {
+        let es = std::mem::size_of::<T>();
+        let extent = |v: &[(usize, usize)]| v.iter().map(|&(d, c)| (d + c) * es).max();
+        let s_len = extent(&blocks.0).unwrap_or(0);
+        let r_at = s_len.next_multiple_of(8);
+        let r_len = extent(&blocks.1).unwrap_or(0);
+        let d2h: Vec<InCopy> = (s_len > 0)
+            .then_some((send, s_len, 0))
+            .into_iter()
+            .collect();
+        let h2d: Vec<OutCopy> = blocks
+            .1
+            .iter()
+            .filter(|&&(_, c)| c > 0)
+            .map(|&(d, c)| (r_at + d * es, recv + (d * es) as u64, c * es))
+            .collect();
+        let what = format!("all_to_all_v #{seq} ({} x {})", r_len / es, T::DTYPE);
+        let refuser = comm.handle();
+        let what2 = what.clone();
+        let refuse = Box::new(move |e: Error| refuser.refuse_seq(seq, &what2, e));
+        let run = Box::new(move |b: *mut u8| {
+            // SAFETY: the pinned buffer holds the send extent at 0 and the receive extent at
+            // `r_at` (sized below), not reused before the program's end.
+            unsafe {
+                comm.host_all_to_all_v_as::<T>(b as *const T, b.add(r_at) as *mut T, blocks, seq)
+            }
+        });
+        // SAFETY: forwarded from the caller.
+        unsafe { self.section(what, r_at + r_len, &d2h, &h2d, run, refuse) }
+    }
+
+    /// Queues a batch of sends and receives between device buffers (the batch's operations
+    /// name device addresses; its message numbers were taken at the call) as a host
+    /// section: the sends' buffers copied to a pinned buffer, the batch run there by the
+    /// transport, the received bytes copied back. Dropped unrun (an earlier collective
+    /// failed), the batch gives its receive turns back.
+    ///
+    /// # Safety
+    /// Every operation's address must be device memory of the stream's device valid for its
+    /// count, until the program's end event completed.
+    pub(crate) unsafe fn p2p(&mut self, batch: StampedP2p, what: String) -> Result<()> {
+        let mut at = 0usize;
+        let mut offsets = Vec::with_capacity(batch.ops().len());
+        let (mut d2h, mut h2d): (Vec<InCopy>, Vec<OutCopy>) = (Vec::new(), Vec::new());
+        for op in batch.ops() {
+            let bytes = op.count * op.dtype.size();
+            offsets.push(at);
+            if bytes > 0 {
+                match op.dir {
+                    Dir::Send => d2h.push((op.addr as u64, bytes, at)),
+                    Dir::Recv => h2d.push((at, op.addr as u64, bytes)),
+                }
+            }
+            at += bytes.next_multiple_of(8);
+        }
+        let run = Box::new(move |b: *mut u8| {
+            let addrs: Vec<usize> = offsets.iter().map(|&o| b as usize + o).collect();
+            // SAFETY: operation i's bytes lie at offset i of the pinned buffer (sized
+            // below), not reused before the program's end.
+            unsafe { batch.run_at(&addrs) }
+        });
+        // The peers' receives from this rank end by their deadline (point-to-point messages
+        // cannot be refused as a collective is).
+        let refuse = Box::new(|_: Error| {});
+        // SAFETY: forwarded from the caller.
+        unsafe { self.section(what, at, &d2h, &h2d, run, refuse) }
+    }
+
+    /// [`Program::section`] for collective `seq` of `comm`: `run(comm, buffer)`, and a
+    /// refusal of `seq` to the peers when it will not run.
+    ///
+    /// # Safety
+    /// As [`Program::section`].
     #[allow(clippy::too_many_arguments)]
-    unsafe fn section(
+    unsafe fn seq_section(
         &mut self,
         comm: Communicator,
         seq: u32,
         what: String,
         total: usize,
         d2h: Option<InCopy>,
-        h2d: Option<(usize, u64, usize)>,
+        h2d: Option<OutCopy>,
         run: impl FnOnce(&Communicator, *mut u8) -> Result<()> + Send + 'static,
+    ) -> Result<()> {
+        let refuser = comm.handle();
+        let what2 = what.clone();
+        let refuse = Box::new(move |e: Error| refuser.refuse_seq(seq, &what2, e));
+        let run = Box::new(move |b: *mut u8| run(&comm, b));
+        let (d2h, h2d): (Vec<InCopy>, Vec<OutCopy>) =
+            (d2h.into_iter().collect(), h2d.into_iter().collect());
+        // SAFETY: forwarded from the caller.
+        unsafe { self.section(what, total, &d2h, &h2d, run, refuse) }
+    }
+
+    /// Queues one host section: each of `d2h` (device address, bytes, offset) copied into a
+    /// pinned buffer of `total` bytes, an event, a ticket, each of `h2d` (offset, device
+    /// address, bytes) copied back; `run(buffer)` runs on the progress thread between the
+    /// two, or `refuse` when it will not run.
+    ///
+    /// # Safety
+    /// The device ranges must be memory of the stream's device, valid until the program's
+    /// end event completed; `run` may touch only the `total` bytes of the buffer.
+    unsafe fn section(
+        &mut self,
+        what: String,
+        total: usize,
+        d2h: &[InCopy],
+        h2d: &[OutCopy],
+        run: Box<dyn FnOnce(*mut u8) -> Result<()> + Send>,
+        refuse: Box<dyn FnOnce(Error) + Send>,
     ) -> Result<()> {
         let ord = self.own.ordinal();
         let (slot, base) = self.pool.acquire(self.own, total.max(1))?;
         self.taken.push(slot);
         let own = self.own;
-        if let Some((src, len, at)) = d2h {
+        for &(src, len, at) in d2h {
+            debug_assert!(at + len <= total);
             // SAFETY: `src` holds `len` bytes of the device (caller's promise); the pinned
             // buffer holds `total >= at + len` bytes and is not reused before the end event.
             unsafe { own.copy_dtoh(None, base.add(at), DevSpan::new(src, len, ord)?)? };
@@ -398,7 +512,8 @@ impl<'a, D: Device> Program<'a, D> {
         own.record(&staged, None)?;
         let ticket = own.gate_hold(self.gate)?;
         self.tickets.taken(ticket);
-        if let Some((from, dst, len)) = h2d {
+        for &(from, dst, len) in h2d {
+            debug_assert!(from + len <= total);
             // SAFETY: `dst` holds `len` bytes (caller's promise); the pinned bytes are
             // written by the host section before the ticket this copy waits behind is
             // released.
@@ -406,13 +521,10 @@ impl<'a, D: Device> Program<'a, D> {
         }
         self.host_bytes += total;
         let ptr = HostPtr(base);
-        let refuser = comm.handle();
         let run = Box::new(move || {
             let b = ptr;
-            run(&comm, b.0)
+            run(b.0)
         });
-        let what2 = what.clone();
-        let refuse = Box::new(move |e: Error| refuser.refuse_seq(seq, &what2, e));
         self.sections.push(HostSection {
             staged,
             ticket,

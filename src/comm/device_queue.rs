@@ -4,7 +4,7 @@
 //! collective decision on the vendor's intra-node level, and the stream gate written once
 //! for CUDA and HIP.
 
-use super::communicator::{Communicator, RawCollective, RawRooted};
+use super::communicator::{Communicator, RawCollective};
 use super::device_program::{coll_name, GateTickets, PinnedPool, Program};
 use super::device_run::DeviceCall;
 use super::nccl_level::NcclLevel;
@@ -36,6 +36,15 @@ pub(crate) struct DeviceState<D: Device> {
     pool: PinnedPool<D>,
     /// The first error of a queued collective (sticky, as NCCL's asynchronous error).
     async_error: Arc<Mutex<Option<Error>>>,
+}
+
+/// What a program runs: a collective (it takes the communicator's next collective number,
+/// and its first call decides the vendor level, collectively), or a batch of sends and
+/// receives (neither: only the ranks it names take part).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    Collective,
+    P2p,
 }
 
 /// PCCL's stream of one device: the handle whose stream runs the programs, the gate they
@@ -251,11 +260,11 @@ impl Communicator {
                 None => prog.collective::<T>(self.handle(), seq, call.raw, send, recv, count),
             }
         };
-        self.queue_program(dev, &what, path, build, blocking)
+        self.queue_program(dev, Kind::Collective, &what, path, build, blocking)
     }
 
     /// Refuses, on every rank, a call made while `dev`'s stream is capturing a graph.
-    fn refuse_capture<D: Device>(&self, dev: &D, name: &str) -> Result<()> {
+    pub(super) fn refuse_capture<D: Device>(&self, dev: &D, name: &str) -> Result<()> {
         if dev.is_capturing()? {
             return Err(self.refuse_call(
                 name,
@@ -271,18 +280,23 @@ impl Communicator {
     }
 
     /// Queues a program on PCCL's stream of `dev`'s device after `dev`'s stream: `build` adds
-    /// its steps (given the vendor level, PCCL's stream and the collective number), the job
-    /// of its host part goes to the progress thread; `blocking` runs the call instead where
-    /// it must not be queued. Returns the program's end event (None: it ran blocking).
-    fn queue_program<D: Device>(
+    /// its steps (given the vendor level, PCCL's stream and the collective number: 0 for
+    /// point-to-point, which takes none), the job of its host part goes to the progress
+    /// thread; `blocking` runs the call instead where it must not be queued. Returns the
+    /// program's end event (None: it ran blocking).
+    pub(super) fn queue_program<D: Device>(
         &self,
         dev: &D,
+        kind: Kind,
         what: &dyn Fn(u32) -> String,
         path: impl FnOnce(Option<&NcclLevel<D>>) -> String,
         build: impl FnOnce(&mut Program<'_, D>, Option<&mut NcclLevel<D>>, &D, u32) -> Result<()>,
         blocking: impl FnOnce(&Communicator) -> Result<()>,
     ) -> Result<Option<Arc<D::Event>>> {
-        self.decide_level(dev)?;
+        match kind {
+            Kind::Collective => self.decide_level(dev)?,
+            Kind::P2p => self.decide_queueing_alone::<D>()?,
+        }
         self.earlier_error::<D>()?;
         let (_, mut slot) = self.device_parts();
         let state = state_of::<D>(&mut slot, &self.device_errors())?;
@@ -318,9 +332,12 @@ impl Communicator {
         own.wait_on(&ready)?;
         let mut prog = Program::new(&*own, &mut q.gate, &q.tickets, pool);
         let timeout = self.timeout();
-        let seq = self.take_tag();
+        let seq = match kind {
+            Kind::Collective => self.take_tag(),
+            Kind::P2p => 0,
+        };
         let what = what(seq);
-        let has_level = level.is_some();
+        let refusable = level.is_none() && kind == Kind::Collective;
         let built = build(&mut prog, level.as_mut(), &own, seq);
         let host_bytes = prog.host_bytes;
         let ended =
@@ -333,7 +350,7 @@ impl Communicator {
                 q.tickets.shut();
                 let e = Error::new(e.kind(), format!("queueing {what}: {}", e.message()));
                 lock(async_error).get_or_insert(e.clone());
-                if !has_level {
+                if refusable {
                     self.refuse_seq(seq, &what, e.clone());
                 }
                 return Err(e);
@@ -353,7 +370,11 @@ impl Communicator {
             );
         }
         if let Some(job) = job {
-            if let Err(e) = self.submit_job(job) {
+            let submitted = match kind {
+                Kind::Collective => self.submit_job(job),
+                Kind::P2p => self.submit_p2p_job(job),
+            };
+            if let Err(e) = submitted {
                 // Nobody will run it: the stream stays held, every later call fails.
                 tickets.shut();
                 lock(&errors).get_or_insert(e.clone());
@@ -361,158 +382,6 @@ impl Communicator {
             }
         }
         Ok(Some(end))
-    }
-
-    /// A rooted collective or all-to-all on device memory (NCCL's conventions, [`RawRooted`]:
-    /// `pcclReduce`, `pcclGather`, `pcclScatter`, `pcclAllToAll` with a stream), queued on
-    /// `dev`'s stream as [`Communicator::enqueue_on`] queues a collective: the bytes go
-    /// through pinned host memory and PCCL's plans on the progress thread. Buffers a rank does
-    /// not use may be 0 (the receive buffer of a reduce or gather off the root, the send
-    /// buffer of a scatter off the root).
-    ///
-    /// # Safety
-    /// The buffers this rank uses must be device memory of `dev` valid for the counts the
-    /// call implies, untouched by other work until `dev`'s stream has passed it.
-    pub unsafe fn enqueue_rooted_on<T: Element, D: Device>(
-        &self,
-        dev: &D,
-        coll: RawRooted,
-        send: u64,
-        recv: u64,
-        count: usize,
-    ) -> Result<()> {
-        let name = match coll {
-            RawRooted::Reduce(..) => "reduce",
-            RawRooted::Gather(_) => "gather",
-            RawRooted::Scatter(_) => "scatter",
-            RawRooted::AllToAll => "all_to_all",
-        };
-        self.refuse_capture(dev, name)?;
-        let (s_len, r_len) = self.rooted_device_check::<T>(name, coll, send, recv, count)?;
-        if self.size() == 1 {
-            self.earlier_error::<D>()?;
-            let bytes = s_len.min(r_len);
-            if bytes > 0 && send != recv {
-                let ord = dev.ordinal();
-                // SAFETY: both ranges are device memory of `dev` valid for `bytes` (the
-                // caller's promise; checked not to overlap).
-                unsafe {
-                    dev.copy_dtod(
-                        DevSpan::new(recv, bytes, ord)?,
-                        DevSpan::new(send, bytes, ord)?,
-                    )?
-                };
-            }
-            return Ok(());
-        }
-        let what = |seq: u32| format!("{name} #{seq} ({count} x {})", T::DTYPE);
-        // SAFETY: forwarded from the caller.
-        let build = |prog: &mut Program<'_, D>, _: Option<&mut NcclLevel<D>>, _: &D, seq| unsafe {
-            prog.rooted::<T>(self.handle(), seq, coll, send, recv, count)
-        };
-        let blocking = |comm: &Communicator| {
-            comm.wait_idle();
-            comm.after_queued(dev)?;
-            dev.synchronize()?;
-            // Through host copies on the calling thread: the stream is idle, nothing queued.
-            let ord = dev.ordinal();
-            let mut s = vec![0u8; s_len];
-            let mut r = vec![0u8; r_len];
-            if s_len > 0 {
-                // SAFETY: `send` holds `s_len` bytes of `dev` (caller's promise).
-                unsafe { dev.copy_dtoh(None, s.as_mut_ptr(), DevSpan::new(send, s_len, ord)?)? };
-                dev.synchronize()?;
-            }
-            let sp = if s_len > 0 {
-                s.as_ptr() as *const T
-            } else {
-                std::ptr::null()
-            };
-            let rp = if r_len > 0 {
-                r.as_mut_ptr() as *mut T
-            } else {
-                std::ptr::null_mut()
-            };
-            // SAFETY: host buffers of the lengths the call implies, alive for the call.
-            unsafe { comm.raw_rooted::<T>(coll, sp, rp, count)? };
-            if r_len > 0 {
-                // SAFETY: `recv` holds `r_len` bytes of `dev`; `r` lives until synchronised.
-                unsafe { dev.copy_htod(DevSpan::new(recv, r_len, ord)?, r.as_ptr())? };
-                dev.synchronize()?;
-            }
-            Ok(())
-        };
-        let end = self.queue_program(dev, &what, |_| "host-staged".to_string(), build, blocking)?;
-        if let Some(end) = end {
-            // The caller's stream goes on after the call, as with a collective.
-            dev.wait_on(&end)?;
-        }
-        Ok(())
-    }
-
-    /// Validates a device rooted call; the bytes read from `send` and written to `recv` on
-    /// this rank.
-    fn rooted_device_check<T: Element>(
-        &self,
-        name: &str,
-        coll: RawRooted,
-        send: u64,
-        recv: u64,
-        count: usize,
-    ) -> Result<(usize, usize)> {
-        let (p, rank) = (self.size(), self.rank());
-        let es = std::mem::size_of::<T>();
-        let mul = |a: usize, b: usize| {
-            a.checked_mul(b)
-                .ok_or_else(|| Error::invalid(format!("{name}: count {a} x {b} overflows")))
-        };
-        let root = match coll {
-            RawRooted::Reduce(op, root) => {
-                T::DTYPE.check_op(op)?;
-                Some(root)
-            }
-            RawRooted::Gather(root) | RawRooted::Scatter(root) => Some(root),
-            RawRooted::AllToAll => None,
-        };
-        if let Some(root) = root.filter(|&r| r >= p) {
-            return Err(Error::invalid(format!(
-                "{name}: root {root} is not a rank of this communicator of {p}"
-            )));
-        }
-        let bytes = mul(count, es)?;
-        let (s_len, r_len) = match coll {
-            RawRooted::Reduce(_, root) => (bytes, if rank == root { bytes } else { 0 }),
-            RawRooted::Gather(root) => (bytes, if rank == root { mul(p, bytes)? } else { 0 }),
-            RawRooted::Scatter(root) => (if rank == root { mul(p, bytes)? } else { 0 }, bytes),
-            RawRooted::AllToAll => (mul(p, bytes)?, mul(p, bytes)?),
-        };
-        if (s_len > 0 && send == 0) || (r_len > 0 && recv == 0) {
-            return Err(Error::invalid(format!(
-                "{name}: a device pointer this rank uses is NULL but the count is above zero"
-            )));
-        }
-        if (s_len > 0 && send % es as u64 != 0) || (r_len > 0 && recv % es as u64 != 0) {
-            return Err(Error::invalid(format!(
-                "{name}: device buffers of dtype {} must be aligned to {es} bytes",
-                T::DTYPE
-            )));
-        }
-        let overlap = s_len > 0
-            && r_len > 0
-            && send < recv.saturating_add(r_len as u64)
-            && recv < send.saturating_add(s_len as u64);
-        let inplace = match coll {
-            RawRooted::Reduce(..) => send == recv,
-            RawRooted::Gather(root) => send == recv + (root * bytes) as u64,
-            RawRooted::Scatter(root) => recv == send + (root * bytes) as u64,
-            RawRooted::AllToAll => false,
-        };
-        if overlap && !inplace {
-            return Err(Error::invalid(format!(
-                "{name}: device send and receive buffers overlap without being the in-place form"
-            )));
-        }
-        Ok((s_len, r_len))
     }
 
     /// PCCL's stream of `dev`'s device: a handle with a stream of its own, and a gate. Made
@@ -535,7 +404,7 @@ impl Communicator {
 
     /// Makes `dev`'s stream wait for the collectives queued on PCCL's stream of its device
     /// (a blocking collective shares their scratch and buffers).
-    fn after_queued<D: Device>(&self, dev: &D) -> Result<()> {
+    pub(super) fn after_queued<D: Device>(&self, dev: &D) -> Result<()> {
         let (_, mut slot) = self.device_parts();
         let state = state_of::<D>(&mut slot, &self.device_errors())?;
         if let Some(end) = state
@@ -581,7 +450,7 @@ impl Communicator {
     }
 
     /// The error a queued collective met, if any (then every later device call fails).
-    fn earlier_error<D: Device>(&self) -> Result<()> {
+    pub(super) fn earlier_error<D: Device>(&self) -> Result<()> {
         let (_, mut slot) = self.device_parts();
         let state = state_of::<D>(&mut slot, &self.device_errors())?;
         let first = lock(&state.async_error);
@@ -611,6 +480,23 @@ impl Communicator {
             };
             state.level = NcclLevel::setup(self, dev)?;
             state.decided = true;
+        }
+        Ok(())
+    }
+
+    /// Before the first device collective decided it, whether point-to-point calls queue,
+    /// decided by this rank alone (point-to-point is not collective): `PCCL_DEVICE_ASYNC`,
+    /// else queued unless the ranks are threads of one process (which may share a GPU:
+    /// see [`Communicator::thread_sharer`]).
+    fn decide_queueing_alone<D: Device>(&self) -> Result<()> {
+        let (_, mut slot) = self.device_parts();
+        let state = state_of::<D>(&mut slot, &self.device_errors())?;
+        if !state.decided {
+            state.queue = match std::env::var("PCCL_DEVICE_ASYNC").as_deref().map(str::trim) {
+                Ok("0") => false,
+                Ok("1") => true,
+                _ => self.transport_name() != "threads",
+            };
         }
         Ok(())
     }

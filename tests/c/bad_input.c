@@ -168,16 +168,15 @@ static void rank_main(struct rank_ctx *R) {
     ROW(pcclInvalidArgument, "sdispls is NULL", comm, pcclAllToAllv(f, cnt, NULL, g, cnt, dsp, pcclFloat32, comm, NULL));
     ROW(pcclInvalidArgument, "recvcounts is NULL", comm, pcclAllToAllv(f, cnt, dsp, g, NULL, dsp, pcclFloat32, comm, NULL));
     ROW(pcclInvalidArgument, "rdispls is NULL", comm, pcclAllToAllv(f, cnt, dsp, g, cnt, NULL, pcclFloat32, comm, NULL));
-    /* Reduce, gather, scatter and all-to-all take device memory with a stream, as the
-     * collectives do (the same answer for host buffers); the others refuse a stream. */
+    /* Every call but pcclIsend/pcclIrecv takes device memory with a stream, as the
+     * collectives do (the same answer for host buffers). */
     ROW(scode, swant, comm, pcclReduce(f, g, 4, pcclFloat32, pcclSum, 0, comm, (void *)bytes));
     ROW(scode, swant, comm, pcclGather(f, g, 2, pcclFloat32, 0, comm, (void *)bytes));
     ROW(scode, swant, comm, pcclScatter(f, g, 2, pcclFloat32, 0, comm, (void *)bytes));
     ROW(scode, swant, comm, pcclAllToAll(f, g, 2, pcclFloat32, comm, (void *)bytes));
-    ROW(pcclInvalidUsage, "device memory is not supported", comm,
-        pcclAllToAllv(f, cnt, dsp, g, cnt, dsp, pcclFloat32, comm, (void *)bytes));
-    ROW(pcclInvalidUsage, "device memory is not supported", comm, pcclSend(f, 4, pcclFloat32, other, comm, (void *)bytes));
-    ROW(pcclInvalidUsage, "device memory is not supported", comm, pcclRecv(g, 4, pcclFloat32, other, comm, (void *)bytes));
+    ROW(scode, swant, comm, pcclAllToAllv(f, cnt, dsp, g, cnt, dsp, pcclFloat32, comm, (void *)bytes));
+    ROW(scode, swant, comm, pcclSend(f, 4, pcclFloat32, other, comm, (void *)bytes));
+    ROW(scode, swant, comm, pcclRecv(g, 4, pcclFloat32, other, comm, (void *)bytes));
     ROW(pcclInvalidUsage, "without pcclGroupStart", NULL, pcclGroupEnd());
     pcclRequest_t greq = NULL;
     ROW(pcclInvalidUsage, "without pcclGroupStart", NULL, pcclGroupEndAsync(&greq));
@@ -187,6 +186,10 @@ static void rank_main(struct rank_ctx *R) {
     ROW(pcclSuccess, "", NULL, pcclGroupStart());
     ROW(pcclInvalidUsage, "inside pcclGroupStart/pcclGroupEnd", comm, pcclReduce(f, g, 4, pcclFloat32, pcclSum, 0, comm, NULL));
     ROW(pcclInvalidUsage, "not supported inside a group", comm, pcclIsend(f, 4, pcclFloat32, other, comm, &req));
+    /* A group's operations share one stream (here: host memory, then a stream). */
+    ROW(pcclSuccess, "", comm, pcclSend(f, 1, pcclFloat32, r, comm, NULL));
+    ROW(pcclInvalidUsage, "on another stream", comm, pcclRecv(g, 1, pcclFloat32, r, comm, (void *)bytes));
+    ROW(pcclSuccess, "", comm, pcclRecv(g, 1, pcclFloat32, r, comm, NULL));
     ROW(pcclSuccess, "", NULL, pcclGroupEnd());
     ROW(pcclInvalidUsage, "without pcclGroupStart", NULL, pcclGroupEnd());
     ROW(pcclSuccess, "", comm, pcclReduce(f, r == 0 ? g : NULL, 4, pcclFloat32, pcclSum, 0, comm, NULL));

@@ -235,6 +235,78 @@ impl Communicator {
     }
 }
 
+/// A checked batch of sends and receives whose per-pair message numbers were taken at the
+/// call, to run later on other buffers (a batch queued on a device stream runs on pinned
+/// copies of its buffers): it keeps its place in each pair's order whatever this rank calls
+/// meanwhile. Dropped without running, it gives its receive turns back.
+#[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
+pub(crate) struct StampedP2p {
+    comm: Communicator,
+    ops: Vec<P2pOp>,
+    tags: Option<Vec<(Tag, u32)>>,
+}
+
+#[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
+impl Communicator {
+    /// Checks a batch's arguments as [`Communicator::raw_p2p`] does, taking nothing.
+    pub(crate) fn check_p2p(&self, what: &str, ops: &[P2pOp]) -> Result<()> {
+        self.inner.check_p2p(what, ops)
+    }
+
+    /// Checks a batch (as [`Communicator::raw_p2p`] does) and takes its message numbers.
+    pub(crate) fn stamp_p2p(&self, what: &str, ops: &[P2pOp]) -> Result<StampedP2p> {
+        self.inner.check_p2p(what, ops)?;
+        Ok(StampedP2p {
+            comm: self.handle(),
+            ops: ops.to_vec(),
+            tags: Some(self.inner.stamp_p2p(ops)),
+        })
+    }
+}
+
+#[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
+impl StampedP2p {
+    /// The batch's operations (their buffers as given at the call).
+    pub(crate) fn ops(&self) -> &[P2pOp] {
+        &self.ops
+    }
+
+    /// Runs the batch with op `i`'s buffer at `addrs[i]` instead, to completion.
+    ///
+    /// # Safety
+    /// Each `addrs[i]` must be valid for op `i`'s count and dtype (readable for a send,
+    /// writable and exclusive for a receive) until this returns.
+    pub(crate) unsafe fn run_at(mut self, addrs: &[usize]) -> Result<()> {
+        let tags = self.tags.take().unwrap_or_default();
+        let ops: Vec<P2pOp> = self
+            .ops
+            .iter()
+            .zip(addrs)
+            .map(|(op, &addr)| P2pOp { addr, ..*op })
+            .collect();
+        if ops.len() != tags.len() {
+            self.comm.inner.forgo_p2p(&self.ops, &tags);
+            return Err(Error::internal(
+                "a stamped batch ran with the wrong buffers",
+            ));
+        }
+        let inner = &self.comm.inner;
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            let posted = inner.post_stamped(&ops, tags);
+            inner.finish_p2p(&ops, posted)
+        }
+    }
+}
+
+impl Drop for StampedP2p {
+    fn drop(&mut self) {
+        if let Some(tags) = self.tags.take() {
+            self.comm.inner.forgo_p2p(&self.ops, &tags);
+        }
+    }
+}
+
 /// What [`Inner::post_p2p`] did: the stamps given, the sends posted, the first error.
 pub(super) struct Posted {
     tags: Vec<(Tag, u32)>,
@@ -300,36 +372,63 @@ impl Inner {
         stamp(seq, call | stamps::P2P)
     }
 
-    /// Gives a checked batch its stamps (per-pair message numbers, in issue order), copies
-    /// its messages to itself and posts its sends; never blocks. Every receive's turn taken
-    /// here must be given back by [`Inner::finish_p2p`].
+    /// Gives a checked batch its stamps: per-pair message numbers, in issue order. Every
+    /// receive's turn taken here must be given back ([`Inner::finish_p2p`], or
+    /// [`Inner::forgo_p2p`] when the batch never runs).
+    fn stamp_p2p(&self, ops: &[P2pOp]) -> Vec<(Tag, u32)> {
+        let tr = self.transport.as_ref();
+        let (p, me) = (tr.size(), tr.rank());
+        let mut s = lock(&self.p2p);
+        if s.sent.len() != p {
+            s.sent = vec![0; p];
+            s.received = vec![0; p];
+            s.taken = vec![0; p];
+        }
+        ops.iter()
+            .map(|op| {
+                let (ctr, src, dst) = match op.dir {
+                    Dir::Send => (&mut s.sent[op.peer], me, op.peer),
+                    Dir::Recv => (&mut s.received[op.peer], op.peer, me),
+                };
+                let seq = *ctr;
+                *ctr = ctr.wrapping_add(1);
+                (self.p2p_tag(seq, src, dst, op.dtype), seq)
+            })
+            .collect()
+    }
+
+    /// Gives back the receive turns of a stamped batch that will not run (in order: each
+    /// after the earlier receives from its peer ended), so later receives are not held.
+    fn forgo_p2p(&self, ops: &[P2pOp], tags: &[(Tag, u32)]) {
+        let me = self.transport.rank();
+        for (op, &(_, seq)) in ops.iter().zip(tags) {
+            if op.dir == Dir::Recv && op.peer != me {
+                self.wait_turn(op.peer, seq);
+                self.end_turn(op.peer);
+            }
+        }
+    }
+
+    /// Gives a checked batch its stamps, copies its messages to itself and posts its sends;
+    /// never blocks. Every receive's turn taken here must be given back by
+    /// [`Inner::finish_p2p`].
     ///
     /// # Safety
     /// As for [`Communicator::raw_p2p`], until `finish_p2p` has returned.
     pub(super) unsafe fn post_p2p(&self, ops: &[P2pOp]) -> Posted {
+        let tags = self.stamp_p2p(ops);
+        // SAFETY: forwarded from the caller.
+        unsafe { self.post_stamped(ops, tags) }
+    }
+
+    /// [`Inner::post_p2p`] with stamps taken earlier ([`Inner::stamp_p2p`]).
+    ///
+    /// # Safety
+    /// As for [`Inner::post_p2p`].
+    unsafe fn post_stamped(&self, ops: &[P2pOp], tags: Vec<(Tag, u32)>) -> Posted {
         let tr = self.transport.as_ref();
-        let (p, me) = (tr.size(), tr.rank());
+        let me = tr.rank();
         let deadline = Instant::now() + self.timeout();
-        // Sequence numbers per pair and direction, taken in issue order.
-        let tags: Vec<(Tag, u32)> = {
-            let mut s = lock(&self.p2p);
-            if s.sent.len() != p {
-                s.sent = vec![0; p];
-                s.received = vec![0; p];
-                s.taken = vec![0; p];
-            }
-            ops.iter()
-                .map(|op| {
-                    let (ctr, src, dst) = match op.dir {
-                        Dir::Send => (&mut s.sent[op.peer], me, op.peer),
-                        Dir::Recv => (&mut s.received[op.peer], op.peer, me),
-                    };
-                    let seq = *ctr;
-                    *ctr = ctr.wrapping_add(1);
-                    (self.p2p_tag(seq, src, dst, op.dtype), seq)
-                })
-                .collect()
-        };
         let receives = ops.iter().any(|o| o.dir == Dir::Recv && o.peer != me);
         let mut posted = Posted {
             tags,

@@ -29,6 +29,9 @@ fn uniform(count: usize, parts: usize) -> BlockLayout {
 }
 
 /// One rank's side of an uneven all-to-all, checked: element ranges per peer.
+/// `(offset, count)` in elements of the block sent to and received from each rank.
+pub(crate) type AllToAllBlocks = (Vec<(usize, usize)>, Vec<(usize, usize)>);
+
 struct Exchange<T> {
     send: *const T,
     recv: *mut T,
@@ -242,6 +245,50 @@ impl Communicator {
         };
         // SAFETY: forwarded from the caller.
         unsafe { self.exchange::<T>("all_to_all_v", check) }
+    }
+
+    /// The blocks of an uneven all-to-all on this communicator, checked as
+    /// [`Communicator::all_to_all_v`] checks them: `(offset, count)` sent to and received from
+    /// each rank, in elements.
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
+    pub(crate) fn all_to_all_v_blocks(
+        &self,
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+    ) -> Result<AllToAllBlocks> {
+        let p = self.size();
+        let out = ranges("send", send_counts, send_displs, usize::MAX, p)?;
+        let inp = ranges("receive", recv_counts, recv_displs, usize::MAX, p)?;
+        no_overlap(&inp)?;
+        Ok((out, inp))
+    }
+
+    /// An uneven all-to-all of checked blocks as collective `seq` (taken earlier) on the
+    /// calling thread, without waiting for queued work: the host part of a queued device
+    /// call (see [`Communicator::host_collective_as`]).
+    ///
+    /// # Safety
+    /// `send` must be readable and `recv` writable for every block, untouched by others until
+    /// this returns.
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
+    pub(crate) unsafe fn host_all_to_all_v_as<T: Element>(
+        &self,
+        send: *const T,
+        recv: *mut T,
+        blocks: AllToAllBlocks,
+        seq: u32,
+    ) -> Result<()> {
+        let (out, inp) = blocks;
+        let ex = Exchange {
+            send,
+            recv,
+            out,
+            inp,
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.inner.exchange(&ex, seq) }
     }
 
     /// Rooted collectives and all-to-all on raw buffers with NCCL's conventions (see
