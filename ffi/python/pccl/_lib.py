@@ -440,10 +440,9 @@ class Communicator:
         return Request(self, req, "pcclIbarrier")
 
 
-    # Blocking calls on host memory (stream NULL): rooted collectives, all-to-all(v) and
-    # point-to-point; they return once this rank's part is done.
-    # Rooted calls and all-to-all: host memory with stream None (blocking), device memory
-    # queued on a stream otherwise.
+    # Rooted collectives, all-to-all(v) and point-to-point: host memory with stream None
+    # (blocking: they return once this rank's part is done), device memory queued on a
+    # stream otherwise.
     def allgather_quantized(self, send, recv, count, dtype, bits, block, flags=0) -> None:
         """``pcclAllGatherQuantized`` on host memory: block-quantized (``bits`` 8 or 4, one
         f32 scale per ``block`` elements) on the wire, decoded into ``dtype`` on every rank."""
@@ -475,33 +474,35 @@ class Communicator:
         code = lib().pcclAllToAll(send, recv, count, dtype, self.handle, stream)
         check("pcclAllToAll", code, self.handle)
 
-    def alltoallv(self, send, sendcounts, sdispls, recv, recvcounts, rdispls, dtype) -> None:
+    def alltoallv(self, send, sendcounts, sdispls, recv, recvcounts, rdispls, dtype,
+                  stream=None) -> None:
         """Counts and displacements are sequences of ``size`` ints, in elements."""
         arr = _sz * self.size
         code = lib().pcclAllToAllv(send, arr(*sendcounts), arr(*sdispls), recv,
-                                   arr(*recvcounts), arr(*rdispls), dtype, self.handle, None)
+                                   arr(*recvcounts), arr(*rdispls), dtype, self.handle, stream)
         check("pcclAllToAllv", code, self.handle)
 
-    def send(self, buf, count, dtype, peer) -> None:
-        check("pcclSend", lib().pcclSend(buf, count, dtype, peer, self.handle, None),
+    def send(self, buf, count, dtype, peer, stream=None) -> None:
+        check("pcclSend", lib().pcclSend(buf, count, dtype, peer, self.handle, stream),
               self.handle)
 
-    def recv(self, buf, count, dtype, peer) -> None:
-        check("pcclRecv", lib().pcclRecv(buf, count, dtype, peer, self.handle, None),
+    def recv(self, buf, count, dtype, peer, stream=None) -> None:
+        check("pcclRecv", lib().pcclRecv(buf, count, dtype, peer, self.handle, stream),
               self.handle)
 
-    def group(self, ops) -> None:
+    def group(self, ops, stream=None) -> None:
         """Runs ``ops`` (``("send" | "recv", ptr, count, dtype, peer)`` tuples) as one
-        pcclGroupStart/pcclGroupEnd group on the calling thread: posted together, so rings
-        cannot deadlock; returns once all completed (raises the first error)."""
+        pcclGroupStart/pcclGroupEnd group: posted together, so rings cannot deadlock. On
+        host memory (``stream`` None) it returns once all completed (raises the first
+        error); on device memory it is queued on ``stream`` and returns at once."""
         check("pcclGroupStart", lib().pcclGroupStart())
         err = None
         try:
             for kind, ptr, count, dtype, peer in ops:
                 if kind == "send":
-                    self.send(ptr, count, dtype, peer)
+                    self.send(ptr, count, dtype, peer, stream)
                 else:
-                    self.recv(ptr, count, dtype, peer)
+                    self.recv(ptr, count, dtype, peer, stream)
         except PcclError as e:
             err = e
         code = lib().pcclGroupEnd()  # always close the group (posts what was queued)

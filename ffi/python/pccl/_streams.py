@@ -14,8 +14,9 @@ A collective that fails in the library keeps the stream it was queued on held (w
 depends on its output never runs on a wrong result) and shows as the communicator's
 asynchronous error: ``wait()``, ``is_completed()`` and ``synchronize()`` raise it.
 
-``STREAMS`` is the one seam between this and torch.cuda: the tests of the fake ROCm runtime
-(whose "device" tensors are CPU tensors) put streams and events of the fake in its place.
+``STREAMS`` (with ``is_device`` and ``device_context``) is the seam between this and
+torch.cuda: the tests of the fake ROCm runtime (whose "device" tensors are CPU tensors) put
+streams and events of the fake in its place.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from __future__ import annotations
 import time
 
 import torch
+
+from . import _lib
 
 
 class TorchStreams:
@@ -59,6 +62,25 @@ class TorchStreams:
 
 
 STREAMS = TorchStreams()
+
+
+# Where a tensor lives, and which runtime its streams belong to: with STREAMS, the seams the
+# fake-runtime tests replace (their "device" tensors are CPU tensors).
+
+def device_runtime() -> int:
+    """The runtime of torch's "cuda" tensors: HIP on torch's ROCm build (``torch.version.hip``
+    set; its HIP tensors are called "cuda"), CUDA otherwise."""
+    return _lib.pcclRuntimeHip if getattr(torch.version, "hip", None) else _lib.pcclRuntimeCuda
+
+
+def is_device(dev: torch.device) -> bool:
+    """Whether tensors on ``dev`` are GPU memory (CUDA, or HIP on torch's ROCm build)."""
+    return dev.type != "cpu"
+
+
+def device_context(dev: torch.device):
+    """Makes ``dev`` torch's current device for the call."""
+    return torch.cuda.device(dev)
 
 
 class DeviceStreams:

@@ -30,12 +30,9 @@ library (``pcclCommSetDeviceRuntime``; needs a libpccl built with ``--features r
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
-import time
 import weakref
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -43,61 +40,16 @@ from torch._C._distributed_c10d import Backend as C10DBackend
 from torch._C._distributed_c10d import ReduceOp
 
 from . import _lib, _streams
+from ._p2p import P2PMixin
 from ._streams import DeviceRequest
+from ._tensors import _FAST_DTYPES, _FAST_OPS, _FLOATS, _STRIDED, _device_of, _dtype, _ptr
+from ._work import (PcclTimeoutError, PcclWork, _done_work, _seconds,  # noqa: F401
+                    drain, inflight, reap)
 
 __all__ = ["PcclBackend", "PcclWork", "PcclTimeoutError", "BACKEND_NAME", "register",
            "inflight", "reap", "drain"]
 
 BACKEND_NAME = "pccl"
-
-_DTYPES = {
-    torch.int8: _lib.pcclInt8,
-    torch.uint8: _lib.pcclUint8,
-    torch.int32: _lib.pcclInt32,
-    torch.int64: _lib.pcclInt64,
-    torch.float16: _lib.pcclFloat16,
-    torch.bfloat16: _lib.pcclBfloat16,
-    torch.float32: _lib.pcclFloat32,
-    torch.float64: _lib.pcclFloat64,
-    torch.bool: _lib.pcclUint8,  # as NCCL: bytes; SUM/MAX -> MAX (or), PRODUCT/MIN -> MIN (and)
-}
-for _name, _code in (("uint32", _lib.pcclUint32), ("uint64", _lib.pcclUint64)):
-    if hasattr(torch, _name):
-        _DTYPES[getattr(torch, _name)] = _code
-
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-# The fast path of synchronous calls on contiguous CPU tensors (see PcclBackend._fast): the
-# dtypes and reduce ops that need no translation beyond a table look-up (not bool, whose ops
-# are remapped; not AVG, which needs a floating dtype; not PREMUL_SUM, which needs a factor).
-_FAST_DTYPES = {k: v for k, v in _DTYPES.items() if k is not torch.bool}
-_FAST_OPS = {ReduceOp.SUM: _lib.pcclSum,  # keyed by RedOpType (ReduceOp.op) ReduceOp.PRODUCT: _lib.pcclProd,
-             ReduceOp.MAX: _lib.pcclMax, ReduceOp.MIN: _lib.pcclMin}
-_STRIDED = torch.strided
-
-
-def _dtype(t: torch.Tensor, call: str) -> int:
-    try:
-        return _DTYPES[t.dtype]
-    except KeyError:
-        raise TypeError(f"pccl: {call} does not support dtype {t.dtype}") from None
-
-
-def _device_of(tensors, call: str) -> torch.device:
-    """The one device of all ``tensors`` (CPU or CUDA); raises on a mix or another kind."""
-    devices = {t.device for t in tensors}
-    for t in tensors:
-        if t.is_sparse:
-            raise RuntimeError(f"pccl: {call} does not support sparse tensors")
-    if len(devices) > 1:
-        raise RuntimeError(f"pccl: {call} got tensors on several devices: "
-                           f"{sorted(str(d) for d in devices)}")
-    dev = devices.pop() if devices else torch.device("cpu")
-    if dev.type not in ("cpu", "cuda"):
-        raise RuntimeError(f"pccl: {call} got a tensor on {dev}; the pccl backend takes CPU "
-                           "and CUDA tensors")
-    return dev
-
 
 def _sync(opts) -> bool:
     """Whether a call is synchronous (torch's async_op=False) and not a coalesced piece."""
@@ -117,427 +69,6 @@ class _Done:
 
 
 _DONE = _Done()
-
-
-def _device_runtime() -> int:
-    """The runtime of torch's "cuda" tensors: HIP on torch's ROCm build (``torch.version.hip``
-    set; its HIP tensors are called "cuda"), CUDA otherwise."""
-    return _lib.pcclRuntimeHip if getattr(torch.version, "hip", None) else _lib.pcclRuntimeCuda
-
-
-def _is_device(dev: torch.device) -> bool:
-    """Whether tensors on ``dev`` are GPU memory (CUDA, or HIP on torch's ROCm build)."""
-    return dev.type != "cpu"
-
-
-def _device_context(dev: torch.device):
-    """Makes ``dev`` torch's current device for the call."""
-    return torch.cuda.device(dev)
-
-
-def _ptr(t: torch.Tensor) -> int:
-    return t.data_ptr()
-
-
-class PcclTimeoutError(RuntimeError):
-    """``Work.wait(timeout)`` ran out of time; the operation goes on (safely) in the
-    background and is finished later (see :func:`inflight`)."""
-
-
-def _seconds(timeout):
-    """A torch timeout (timedelta, seconds or milliseconds-as-timedelta) in seconds; None for
-    none (torch's ``kNoTimeout`` is 0)."""
-    if timeout is None:
-        return None
-    if hasattr(timeout, "total_seconds"):
-        s = timeout.total_seconds()
-    else:
-        s = float(timeout)
-    return s if s > 0 else None
-
-
-class _DoneOp:
-    """The operation of a synchronous call, finished when its Work is made (no lock, no
-    registry: the cheap form of :class:`_Op` for the common case)."""
-
-    __slots__ = ("result", "call", "seq")
-    requests = ()
-    keep = ()
-    post = None
-    finished = True
-    error = None
-
-    def __init__(self, result, call, seq):
-        self.result = result
-        self.call = call
-        self.seq = seq
-
-    @staticmethod
-    def test() -> bool:
-        return True
-
-    @staticmethod
-    def finish(blocking=True) -> bool:
-        return True
-
-
-class _Op:
-    """What one issued operation needs until it ends: its PCCL requests, the tensors their
-    buffers belong to, the copy-back to run afterwards. Owned by the in-flight registry
-    (:data:`_INFLIGHT`) from issue to completion, so a :class:`PcclWork` dropped without
-    ``wait()`` frees nothing the worker thread still writes to; completed operations are
-    reaped (``pcclWait``, which frees the request) on later calls and at exit."""
-
-    __slots__ = ("requests", "keep", "post", "result", "call", "lock", "finished", "error",
-                 "seq", "__weakref__")
-
-    def __init__(self, requests, keep, post, result, call, seq):
-        self.requests = list(requests)
-        self.keep = list(keep)
-        self.post = post
-        self.result = result if result is not None else []
-        self.call = call
-        self.lock = threading.Lock()
-        self.finished = False
-        self.error = None
-        self.seq = seq
-
-    def test(self) -> bool:
-        return self.finished or all(r.test() for r in self.requests)
-
-    def finish(self, blocking=True) -> bool:
-        """Waits for the requests (frees them), runs the copy-back, releases the tensors and
-        leaves the registry. Returns False when not blocking and another thread holds it."""
-        if not self.lock.acquire(blocking=blocking):
-            return False
-        try:
-            if not self.finished:
-                try:
-                    err = None
-                    for r in self.requests:  # wait for every one (frees them), first error wins
-                        if isinstance(r, DeviceRequest):
-                            continue  # below, once per stream
-                        try:
-                            r.wait()
-                        except BaseException as e:  # noqa: BLE001
-                            err = err or e
-                    try:
-                        _streams.wait_last(self.requests)
-                    except BaseException as e:  # noqa: BLE001
-                        err = err or e
-                    if err is not None:
-                        raise err
-                    if self.post is not None:
-                        self.post()
-                except BaseException as e:  # surfaced to every waiter
-                    self.error = e
-                self.finished = True
-                self.requests = []
-                self.keep = []
-                self.post = None
-                _unregister(self)
-            return True
-        finally:
-            self.lock.release()
-
-
-# In-flight operations, in issue order: id(op) -> op.
-_INFLIGHT: dict = {}
-_INFLIGHT_LOCK = threading.Lock()
-
-
-def _register(op: _Op) -> None:
-    with _INFLIGHT_LOCK:
-        _INFLIGHT[id(op)] = op
-
-
-def _unregister(op: _Op) -> None:
-    with _INFLIGHT_LOCK:
-        _INFLIGHT.pop(id(op), None)
-
-
-def inflight() -> int:
-    """How many issued operations have not been finished (waited for or reaped) yet."""
-    return len(_INFLIGHT)
-
-
-def reap() -> int:
-    """Finishes every in-flight operation that has completed, without blocking (frees its
-    requests and tensors); returns how many remain in flight."""
-    with _INFLIGHT_LOCK:
-        ops = list(_INFLIGHT.values())
-    for op in ops:
-        try:
-            if op.test():
-                op.finish(blocking=False)
-        except BaseException:  # noqa: BLE001 (kept on the op for a later wait())
-            pass
-    return len(_INFLIGHT)
-
-
-def drain() -> None:
-    """Waits for every in-flight operation (each ends by the communicator's timeout, or
-    within a second of an abort). Run at exit so no buffer is freed under the worker."""
-    while True:
-        with _INFLIGHT_LOCK:
-            ops = list(_INFLIGHT.values())
-        if not ops:
-            return
-        for op in ops:
-            op.finish()
-
-
-atexit.register(drain)
-
-
-def _on_device(op) -> bool:
-    """Whether an unfinished operation is made of device collectives only."""
-    reqs = op.requests
-    return bool(reqs) and all(isinstance(r, DeviceRequest) for r in reqs)
-
-
-class PcclWork(dist._Work):
-    """Work of one (or several) PCCL requests. The operation itself lives in the in-flight
-    registry until it ends, so dropping the Work is safe."""
-
-    def __init__(self, requests=(), keep=(), post=None, result=None, call="", seq=0,
-                 backend=None, op=None):
-        super().__init__()
-        self._backend = backend
-        self._future = None
-        if op is not None:  # shares an operation already registered (a p2p batch)
-            self._op = op
-            return
-        self._op = _Op(requests, keep, post, result, call, seq)
-        if self._op.requests:
-            _register(self._op)
-        else:
-            self._op.finish()
-
-    @classmethod
-    def _completed(cls, result, call, seq, backend):
-        """The Work of an operation that already ended (a synchronous call)."""
-        w = cls.__new__(cls)
-        dist._Work.__init__(w)
-        w._backend = backend
-        w._future = None
-        w._op = _DoneOp(result, call, seq)
-        return w
-
-    # The pieces the coalesced calls merge (see all_gather_single_coalesced).
-    @property
-    def _requests(self):
-        return self._op.requests
-
-    @property
-    def _keep(self):
-        return self._op.keep
-
-    @property
-    def _post(self):
-        return self._op.post
-
-    @property
-    def _finished(self):
-        return self._op.finished
-
-    def _raise(self):
-        if self._op.error is not None:
-            raise self._op.error
-
-    def wait(self, timeout=None):
-        """Waits for the operation; raises its error. ``timeout`` (a timedelta or seconds;
-        default: the group's timeout when one was set with ``set_timeout`` after the
-        communicator was made, else the communicator's own, PCCL_TIMEOUT) raises
-        :class:`PcclTimeoutError` when it passes, leaving the operation running safely."""
-        op = self._op
-        if op.finished:  # a synchronous call's Work (torch waits on it): nothing to wait for
-            if op.error is not None:
-                raise op.error
-            return True
-        secs = _seconds(timeout)
-        if secs is None and self._backend is not None:
-            secs = self._backend._wait_timeout_s()
-        if _on_device(op):
-            # torch's semantics: the current stream waits for the collective, the host does
-            # not (synchronize() does).
-            secs = None
-        if not op.finished and secs is not None:
-            deadline = time.monotonic() + secs
-            pause = 0.0
-            while not op.test():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise PcclTimeoutError(
-                        f"pccl: {op.call or 'operation'} (sequence number {op.seq}) did not "
-                        f"complete within {secs:g} s; it goes on in the background")
-                time.sleep(min(pause, left))
-                pause = min(0.0005 if pause == 0 else pause * 2, 0.01)
-        op.finish()
-        self._raise()
-        return True
-
-    def synchronize(self):
-        """Waits on the host until the operation ended (device collectives included), then
-        finishes it as ``wait()`` does; raises its error. Bounded by the group's timeout."""
-        op = self._op
-        secs = self._backend._wait_timeout_s() if self._backend is not None else None
-        for r in list(op.requests):
-            if isinstance(r, DeviceRequest):
-                try:
-                    r.synchronize(secs)
-                except TimeoutError as e:
-                    raise PcclTimeoutError(f"{e} (sequence number {op.seq})") from None
-        return self.wait()
-
-    def is_completed(self):
-        op = self._op
-        if op.finished:
-            return True
-        try:
-            done = op.test()
-        except BaseException:  # noqa: BLE001
-            done = True
-        if done:
-            op.finish()  # completes at once (runs any copy-back); an error stays for wait()
-            return True
-        return False
-
-    def is_success(self):
-        return self._op.finished and self._op.error is None
-
-    def exception(self):
-        return self._op.error
-
-    def result(self):
-        self.wait()
-        return self._op.result
-
-    def _get_sequence_number(self):
-        return self._op.seq
-
-    def get_future(self):
-        if self._future is not None:
-            return self._future
-        fut = torch.futures.Future()
-        self._future = fut
-        op = self._op
-
-        def run():
-            try:
-                if _on_device(op):  # the future completes once the device work ended
-                    self.synchronize()
-                op.finish()
-                if op.error is not None:
-                    raise op.error
-                fut.set_result(op.result)
-            except BaseException as e:
-                fut.set_exception(e)
-
-        try:
-            done = op.finished or op.test()
-        except BaseException:  # noqa: BLE001 (finish() reports it)
-            done = True
-        if done:  # already over: complete now (is_completed through torch's wrapper asks this)
-            run()
-        else:
-            threading.Thread(target=run, name="pccl-future", daemon=True).start()
-        return fut
-
-
-class _P2PWork(dist._Work):
-    """Work of a send or receive. Posted without blocking (torch >= 2.12: at once, or at the
-    end of its batch) it shares the batch's in-flight operation; queued (torch <= 2.11),
-    waiting for it (or polling it) posts every queued send and receive of its group as one
-    PCCL group and completes them all."""
-
-    def __init__(self, backend, call, seq, result):
-        super().__init__()
-        self._backend = backend
-        self._call = call
-        self._seq = seq
-        self._result = result
-        self._event = threading.Event()
-        self._error = None
-        self._op = None  # the posted batch, when posted without blocking (see _flush_p2p)
-        self._future = None
-
-    def _complete(self, err):
-        self._error = err
-        self._event.set()
-
-    def _attach(self, op):
-        self._op = op
-        self._event.set()
-
-    def _run(self):
-        if not self._event.is_set():
-            self._backend._flush_p2p()
-            self._event.wait()
-        op = self._op
-        if op is not None:
-            op.finish()
-            if self._error is None:
-                self._error = op.error
-
-    def wait(self, timeout=None):
-        self._run()
-        if self._error is not None:
-            raise self._error
-        return True
-
-    def is_completed(self):
-        op = self._op
-        if op is not None:  # posted: poll, never block
-            try:
-                if not op.test():
-                    return False
-            except BaseException:  # noqa: BLE001
-                pass
-            self._run()
-            return True
-        if self._backend._async_p2p and not self._event.is_set():
-            return False  # queued in an open batch (posted at its end)
-        self._run()  # torch <= 2.11: posts the queued group (blocking), else it never starts
-        return True
-
-    def is_success(self):
-        return self._event.is_set() and self._error is None
-
-    def exception(self):
-        return self._error
-
-    def result(self):
-        self.wait()
-        return self._result
-
-    def _get_sequence_number(self):
-        return self._seq
-
-    def get_future(self):
-        """A future completed when the send or receive is (at once when it already is, else
-        by a helper thread that waits for it); torch's wrapper asks it for ``is_completed``."""
-        if self._future is not None:
-            return self._future
-        fut = torch.futures.Future()
-        self._future = fut
-
-        def run():
-            try:
-                self.wait()
-                fut.set_result(self._result)
-            except BaseException as e:  # noqa: BLE001
-                fut.set_exception(e)
-
-        if self.is_completed():
-            run()
-        else:
-            threading.Thread(target=run, name="pccl-p2p-future", daemon=True).start()
-        return fut
-
-
-def _done_work(result=None, backend=None):
-    return PcclWork(result=result, backend=backend)
 
 
 # Groups created with the same (group id, ranks) get distinct keys: every member of a group
@@ -564,7 +95,7 @@ def _base_class():
 _BASE = _base_class()
 
 
-class PcclBackend(_BASE):
+class PcclBackend(P2PMixin, _BASE):
     """c10d Backend over a PCCL communicator (CPU and CUDA tensors)."""
 
     def __init__(self, store, rank, size, timeout, group_id="", options=None, comm=None):
@@ -838,7 +369,7 @@ class PcclBackend(_BASE):
             factor = factor.to(device=t.device, dtype=t.dtype)
         return t * factor
 
-    def _start(self, name, dev, *args, sync=False):
+    def _start(self, name, dev, *args, sync=False, elements=None):
         """Issues collective ``name``: a PCCL request on host memory, or a device collective
         on PCCL's stream of CUDA device ``dev`` after the current stream's work (its
         :class:`DeviceRequest`). ``sync`` (a synchronous call on host memory) runs it
@@ -846,23 +377,31 @@ class PcclBackend(_BASE):
         library first waits for this rank's earlier requests, so the order is the same)."""
         self._flush_p2p()  # queued sends/receives go first
         comm = self._live()
-        if not _is_device(dev):
+        if not _streams.is_device(dev):
             if sync:
                 getattr(comm, name)(*args, None)  # stream NULL: host memory, blocking
                 return _DONE
             return getattr(comm, "i" + name)(*args)
-        runtime = _device_runtime()
-        if getattr(comm, "device_runtime", None) != runtime:
-            # Told once per communicator: the C ABI then reads the stream as a HIP or CUDA
-            # stream (a ROCm machine has no libcuda to ask).
-            comm.set_device_runtime(runtime)
-            comm.device_runtime = runtime
+        comm = self._device_comm(dev)
+
         def launch(stream):
-            with _device_context(dev):
+            with _streams.device_context(dev):
                 getattr(comm, name)(*args, stream)
 
+        n = args[2] if elements is None else elements
         return _streams.issue(comm, self._dev_streams, dev, name, launch,
-                              f"pccl:{name} ({args[2]} elements)")
+                              f"pccl:{name} ({n} elements)")
+
+    def _device_comm(self, dev):
+        """The communicator, told (once) which runtime the streams of device calls belong
+        to: the C ABI then reads a stream as a HIP or CUDA stream (a ROCm machine has no
+        libcuda to ask)."""
+        comm = self._live()
+        runtime = _streams.device_runtime()
+        if getattr(comm, "device_runtime", None) != runtime:
+            comm.set_device_runtime(runtime)
+            comm.device_runtime = runtime
+        return comm
 
     def _fast_handle(self, opts, *tensors):
         """The communicator's C handle when a call may take the fast path: synchronous,
@@ -875,8 +414,8 @@ class PcclBackend(_BASE):
         if comm is None or self._p2p_pending or getattr(opts, "asyncOp", True):
             return None
         for t in tensors:
-            # `_is_device` too: the one seam that says where a tensor lives (tests stub it).
-            if not (t.is_cpu and t.layout is _STRIDED and t.is_contiguous()) or _is_device(
+            # `_streams.is_device` too: the one seam that says where a tensor lives (tests stub it).
+            if not (t.is_cpu and t.layout is _STRIDED and t.is_contiguous()) or _streams.is_device(
                 t.device
             ):
                 return None
@@ -954,7 +493,7 @@ class PcclBackend(_BASE):
         bits = self._quant.get(kind)
         if not bits or input.dtype not in _FLOATS or output.dtype != input.dtype:
             return None
-        if not (input.is_cpu and output.is_cpu) or _is_device(input.device):
+        if not (input.is_cpu and output.is_cpu) or _streams.is_device(input.device):
             return None
         if op is not None and op not in (ReduceOp.SUM, ReduceOp.AVG):
             return None
@@ -1294,7 +833,7 @@ class PcclBackend(_BASE):
         dt = _dtype(t, call)
         op, factor = self._op(opts.reduceOp, t.dtype, call)
         me = self.rank()
-        if _is_device(dev):  # queued on PCCL's stream (see _start)
+        if _streams.is_device(dev):  # queued on PCCL's stream (see _start)
             buf, copy_back = self._out_buffer(t)
             if factor is not None:
                 buf.copy_(self._premul(buf, factor))
@@ -1337,7 +876,7 @@ class PcclBackend(_BASE):
         if n == 0:
             return self._done(opts, output_tensors)
         dt = _dtype(inp, call)
-        if _is_device(dev):  # queued on PCCL's stream (see _start)
+        if _streams.is_device(dev):  # queued on PCCL's stream (see _start)
             src = inp.contiguous()
             flat = (torch.empty(n * self.size(), dtype=inp.dtype, device=inp.device)
                     if me == root else None)
@@ -1384,7 +923,7 @@ class PcclBackend(_BASE):
         if n == 0:
             return self._done(opts, output_tensors)
         dt = _dtype(out, call)
-        if _is_device(dev):  # queued on PCCL's stream (see _start)
+        if _streams.is_device(dev):  # queued on PCCL's stream (see _start)
             flat = torch.cat([t.reshape(-1) for t in ins]) if me == root else None
             buf, copy_back = self._out_buffer(out)
             req = self._start("scatter", dev, _ptr(flat) if flat is not None else None,
@@ -1421,7 +960,7 @@ class PcclBackend(_BASE):
         p = self.size()
         dt = _dtype(input, call)
         even = not output_split_sizes and not input_split_sizes
-        if (_is_device(dev) and even and input.numel() == output.numel()
+        if (_streams.is_device(dev) and even and input.numel() == output.numel()
                 and input.numel() % p == 0 and input.numel()):
             # Queued on PCCL's stream (see _start); uneven splits go through the host below.
             src = input.contiguous()
@@ -1431,10 +970,6 @@ class PcclBackend(_BASE):
             req = self._start("alltoall", dev, _ptr(src), _ptr(buf), src.numel() // p, dt)
             return self._issue(opts, [req], [src, buf, input, output], copy_back, [output],
                                call)
-        src = self._host_in(input)
-        buf, copy_back = self._host_out(output)
-        if buf.data_ptr() == src.data_ptr() and src.numel():  # the buffers must not overlap
-            src = src.clone()
         out_split = list(output_split_sizes or [])
         in_split = list(input_split_sizes or [])
         if not out_split and not in_split:
@@ -1443,6 +978,10 @@ class PcclBackend(_BASE):
                                  f"({output.numel()}) must have the same number of elements, "
                                  f"a multiple of {p}")
             n = input.numel() // p
+            src = self._host_in(input)
+            buf, copy_back = self._host_out(output)
+            if buf.data_ptr() == src.data_ptr() and src.numel():  # must not overlap
+                src = src.clone()
 
             def run():
                 if n:
@@ -1469,6 +1008,12 @@ class PcclBackend(_BASE):
 
         sc, sd = counts(input, in_split, "input")
         rc, rd = counts(output, out_split, "output")
+        if _streams.is_device(dev):
+            return self._alltoallv_device(opts, call, dev, input, output, sc, sd, rc, rd, dt)
+        src = self._host_in(input)
+        buf, copy_back = self._host_out(output)
+        if buf.data_ptr() == src.data_ptr() and src.numel():  # the buffers must not overlap
+            src = src.clone()
 
         def run():
             self._live().alltoallv(_ptr(src), sc, sd, _ptr(buf), rc, rd, dt)
@@ -1477,21 +1022,46 @@ class PcclBackend(_BASE):
 
         return self._blocking(opts, call, run, [output])
 
+    def _alltoallv_device(self, opts, call, dev, input, output, sc, sd, rc, rd, dt,
+                          post=None, result=None):
+        """An uneven all-to-all of device tensors queued on PCCL's stream (``pcclAllToAllv``
+        with a stream): no host copies; ``post`` runs after it (on the current stream)."""
+        src = input.contiguous()
+        buf, copy_back = self._out_buffer(output)
+        if buf.data_ptr() == src.data_ptr() and src.numel():  # the buffers must not overlap
+            src = src.clone()
+        req = self._start("alltoallv", dev, _ptr(src), sc, sd, _ptr(buf), rc, rd, dt,
+                          elements=sum(rc))
+        return self._issue(opts, [req], [src, buf, input, output],
+                           self._chain(copy_back, post), result or [output], call)
+
     def alltoall(self, output_tensors, input_tensors, opts):
         call = "all_to_all"
         p = self.size()
-        _device_of([*output_tensors, *input_tensors], call)
+        dev = _device_of([*output_tensors, *input_tensors], call)
         if len(output_tensors) != p or len(input_tensors) != p:
             raise ValueError(f"pccl: {call}: needs {p} input and {p} output tensors")
         dtype = input_tensors[0].dtype
         if any(t.dtype != dtype for t in [*output_tensors, *input_tensors]):
             raise TypeError(f"pccl: {call}: all tensors must have one dtype")
         dt = _dtype(input_tensors[0], call)
-        src = torch.cat([self._host_in(t).reshape(-1) for t in input_tensors])
         sc = [t.numel() for t in input_tensors]
         rc = [t.numel() for t in output_tensors]
         sd = [sum(sc[:i]) for i in range(p)]
         rd = [sum(rc[:i]) for i in range(p)]
+        if _streams.is_device(dev):
+            # One uneven all-to-all of the concatenated tensors on PCCL's stream; the blocks
+            # are copied into the outputs after it, on the current stream.
+            src = torch.cat([t.reshape(-1) for t in input_tensors])
+            flat = torch.empty(sum(rc), dtype=dtype, device=output_tensors[0].device)
+
+            def scatter_out():
+                for o, off, c in zip(output_tensors, rd, rc):
+                    o.copy_(flat.narrow(0, off, c).view(o.shape))
+
+            return self._alltoallv_device(opts, call, dev, src, flat, sc, sd, rc, rd, dt,
+                                          post=scatter_out, result=list(output_tensors))
+        src = torch.cat([self._host_in(t).reshape(-1) for t in input_tensors])
         flat = torch.empty(sum(rc), dtype=dtype)
 
         def run():
@@ -1500,87 +1070,6 @@ class PcclBackend(_BASE):
                 o.copy_(flat.narrow(0, off, c).view(o.shape))
 
         return self._blocking(opts, call, run, list(output_tensors))
-
-    # Point-to-point: send/recv (torch's isend/irecv, batch_isend_irecv) are queued on the
-    # backend and posted together, as one pcclGroupStart/pcclGroupEnd group, when one of their
-    # Works is waited for or polled, or before any other call on the group. So the separate
-    # isend/irecv of a ring (what batch_isend_irecv issues for a backend without coalescing)
-    # are posted as one group and cannot deadlock; dist.send/dist.recv wait at once.
-
-    def _p2p(self, kind, tensors, peer, call):
-        if len(tensors) != 1:
-            raise ValueError(f"pccl: {call} takes one tensor")
-        t = tensors[0]
-        _device_of([t], call)
-        if not 0 <= peer < self.size() or peer == self.rank():
-            raise ValueError(f"pccl: {call}: peer {peer} is not another rank of the group of "
-                             f"{self.size()}")
-        dt = _dtype(t, call)
-        if kind == "send":
-            buf, post = self._host_in(t), None
-        else:
-            buf, post = self._host_out(t)
-        work = _P2PWork(self, call, self._next_seq(), [t])
-        with self._p2p_lock:
-            self._p2p_pending.append((kind, buf, t.numel(), dt, peer, post, work))
-        if self._async_p2p and not self._coalescing:
-            self._flush_p2p()  # outside a batch: posted at once (NCCL's order semantics)
-        return work
-
-    def send(self, tensors, dst, tag=0):
-        return self._p2p("send", tensors, dst, "send")
-
-    def recv(self, tensors, src, tag=0):
-        return self._p2p("recv", tensors, src, "recv")
-
-    def _flush_p2p(self):
-        """Posts the queued sends and receives as one group: without blocking where torch
-        coalesces (the group's operation, shared by their Works, is returned), else
-        blocking, completing their Works."""
-        if not self._p2p_pending:  # the common case, without taking the locks
-            return None
-        with self._p2p_flush_lock:
-            with self._p2p_lock:
-                pending, self._p2p_pending = self._p2p_pending, []
-            if not pending:
-                return None
-            if self._async_p2p:
-                return self._post_p2p(pending)
-            err = None
-            try:
-                ops = [(k, _ptr(b), n, dt, peer) for k, b, n, dt, peer, _, _ in pending if n]
-                if ops:
-                    self._live().group(ops)
-                for *_, post, _w in pending:
-                    if post is not None:
-                        post()
-            except BaseException as e:  # noqa: BLE001 (every Work of the group reports it)
-                err = e
-            for *_, w in pending:
-                w._complete(err)
-
-    def _post_p2p(self, pending):
-        """One non-blocking PCCL group for ``pending``; its operation (in flight) is attached
-        to every Work of the batch."""
-        works = [w for *_, w in pending]
-        try:
-            ops = [(k, _ptr(b), n, dt, peer) for k, b, n, dt, peer, _, _ in pending if n]
-            reqs = [self._live().igroup(ops)] if ops else []
-        except BaseException as e:  # noqa: BLE001 (every Work of the batch reports it)
-            for w in works:
-                w._complete(e)
-            return None
-        keep = [b for _, b, *_ in pending] + [r for w in works for r in w._result]
-        post = self._chain(*[p for *_, p, _ in pending])
-        call = works[0]._call if len(works) == 1 else "batch_isend_irecv"
-        op = _Op(reqs, keep, post, [r for w in works for r in w._result], call, works[-1]._seq)
-        if reqs:
-            _register(op)
-        else:
-            op.finish()
-        for w in works:
-            w._attach(op)
-        return op
 
     def _unsupported(self, call):
         raise NotImplementedError(f"pccl: {call} is not supported by the pccl backend")
@@ -1681,7 +1170,7 @@ def _quantized_args(call, output, input, group):
         raise RuntimeError(f"pccl: {call}: finish the batch of point-to-point operations "
                            "first")
     for t in (output, input):
-        if not t.is_cpu or _is_device(t.device):
+        if not t.is_cpu or _streams.is_device(t.device):
             raise NotImplementedError(f"pccl: {call} takes CPU tensors (device tensors are "
                                       "not supported yet)")
     if input.dtype not in _FLOATS or output.dtype != input.dtype:

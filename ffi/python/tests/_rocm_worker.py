@@ -110,8 +110,8 @@ def main(rank, world, init, outdir, mode):
         streams = FakeStreams(fake)
         pccl_streams.STREAMS = streams
         torch.version.hip = "6.2.41133-fake" if mode != "cuda" else None
-        pt._is_device = lambda dev: True
-        pt._device_context = lambda dev: contextlib.nullcontext()
+        pccl_streams.is_device = lambda dev: True
+        pccl_streams.device_context = lambda dev: contextlib.nullcontext()
         dist.init_process_group("pccl", init_method=init, rank=rank, world_size=world)
         if mode in ("async", "rooted"):
             try:
@@ -264,3 +264,61 @@ def _rooted_checks(rank, world, streams, report):
     want = torch.cat([torch.arange(rank * n, (rank + 1) * n, dtype=torch.float32) + 1000 * r
                       for r in range(world)])
     check("all_to_all_single", out, want)
+    _p2p_and_uneven_checks(rank, world, cur, check)
+
+
+def _p2p_and_uneven_checks(rank, world, cur, check):
+    """Sends and receives (a batch, and blocking ones) and the uneven all-to-alls on
+    "device" tensors: each one queued through ``_streams.issue`` (PCCL's stream; no host
+    copies), every result exact."""
+    issued = []
+    real_issue = pccl_streams.issue
+
+    def counting(comm, streams, dev, call, launch, label):
+        issued.append(call)
+        return real_issue(comm, streams, dev, call, launch, label)
+
+    pccl_streams.issue = counting
+    try:
+        n = 5
+        right, left = (rank + 1) % world, (rank - 1) % world
+        mine = torch.arange(n, dtype=torch.float32) + 10 * rank
+        got = torch.zeros(n)
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, right),
+                                       dist.P2POp(dist.irecv, got, left)])
+        for r in reqs:
+            r.wait()
+        cur.synchronize()
+        check("batch_isend_irecv", got, torch.arange(n, dtype=torch.float32) + 10 * left)
+        if rank == 0:
+            dist.send(mine * 2, 1)
+        elif rank == 1:
+            got = torch.zeros(n)
+            dist.recv(got, 0)
+            cur.synchronize()
+            check("send/recv", got, (torch.arange(n, dtype=torch.float32)) * 2)
+        # Uneven all_to_all_single: rank r sends j + r + 1 rows of 2 to rank j.
+        ins = [j + rank + 1 for j in range(world)]
+        outs = [rank + i + 1 for i in range(world)]
+        inp = torch.cat([torch.full((c, 2), float(100 * rank + j)) for j, c in enumerate(ins)])
+        out = torch.zeros(sum(outs), 2)
+        dist.all_to_all_single(out, inp, output_split_sizes=outs, input_split_sizes=ins)
+        cur.synchronize()
+        want = torch.cat([torch.full((c, 2), float(100 * i + rank)) for i, c in enumerate(outs)])
+        check("all_to_all_single (uneven)", out, want)
+        # all_to_all of tensor lists (uneven); the copy into the list runs when the work
+        # finishes: after the device did (its future), as for gather above.
+        in_list = [torch.full((j + rank + 1,), float(100 * rank + j)) for j in range(world)]
+        out_list = [torch.zeros(rank + i + 1) for i in range(world)]
+        dist.all_to_all(out_list, in_list, async_op=True).get_future().wait()
+        cur.synchronize()
+        for i in range(world):
+            check(f"all_to_all[{i}]", out_list[i], torch.full((rank + i + 1,), float(100 * i + rank)))
+        kinds = sorted(set(issued))
+        check("queued on PCCL's stream", torch.tensor(len(issued)),
+              torch.tensor(4 if rank in (0, 1) else 3))
+        report_kinds = ",".join(kinds)
+        if "alltoallv" not in report_kinds:
+            raise AssertionError(f"no uneven all-to-all was queued: {issued}")
+    finally:
+        pccl_streams.issue = real_issue
