@@ -54,6 +54,34 @@ struct Mine<'a> {
     unsound: Option<String>,
 }
 
+impl<'a> Mine<'a> {
+    /// This rank's part of `call` with `count` elements per rank: `q` checked, the buffer
+    /// that holds every rank's block (`name`, `whole` elements) checked against `count × p`,
+    /// the data that goes on the wire (`data`) checked for NaN and infinities.
+    fn of<T: QuantFloat>(
+        call: &'a str,
+        q: Quant,
+        (count, p): (usize, usize),
+        (name, whole): (&str, usize),
+        data: &[T],
+    ) -> Self {
+        let unsound = match q.validate() {
+            Err(e) => Some(e.message().to_string()),
+            Ok(()) if count.checked_mul(p) != Some(whole) => {
+                Some(format!("{name} of {whole} elements for {count} x {p}"))
+            }
+            Ok(()) => None,
+        };
+        Mine {
+            call,
+            q,
+            count,
+            finite: quant::all_finite(data),
+            unsound,
+        }
+    }
+}
+
 impl Communicator {
     /// The header exchange of a quantized call: every rank learns every rank's encoding,
     /// count, finiteness and soundness, and all reach the same verdict (an error naming the
@@ -139,20 +167,8 @@ impl Communicator {
     ) -> Result<()> {
         let p = self.size();
         let n = input.len();
-        let unsound = match q.validate() {
-            Err(e) => Some(e.message().to_string()),
-            Ok(()) if n.checked_mul(p) != Some(output.len()) => {
-                Some(format!("output of {} elements for {n} x {p}", output.len()))
-            }
-            Ok(()) => None,
-        };
-        self.agree_quantized(Mine {
-            call: "all_gather_quantized",
-            q,
-            count: n,
-            finite: quant::all_finite(input),
-            unsound,
-        })?;
+        let call = "all_gather_quantized";
+        self.agree_quantized(Mine::of(call, q, (n, p), ("output", output.len()), input))?;
         let words = q.record_bytes(n) / 8;
         let mut mine = alloc_words(words, "this rank's quantized shard")?;
         quant::quantize(&q, input, bytemuck::cast_slice_mut(&mut mine))?;
@@ -191,20 +207,8 @@ impl Communicator {
     ) -> Result<()> {
         let p = self.size();
         let n = output.len();
-        let unsound = match q.validate() {
-            Err(e) => Some(e.message().to_string()),
-            Ok(()) if n.checked_mul(p) != Some(input.len()) => {
-                Some(format!("input of {} elements for {n} x {p}", input.len()))
-            }
-            Ok(()) => None,
-        };
-        self.agree_quantized(Mine {
-            call: "reduce_scatter_quantized",
-            q,
-            count: n,
-            finite: quant::all_finite(input),
-            unsound,
-        })?;
+        let call = "reduce_scatter_quantized";
+        self.agree_quantized(Mine::of(call, q, (n, p), ("input", input.len()), input))?;
         let topo = self.topology();
         let nodes = topo.nodes();
         let m = nodes.first().map_or(1, Vec::len);
