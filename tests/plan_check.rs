@@ -438,6 +438,44 @@ fn ring_reduce_scatter_needs_two_scratch_blocks_at_every_rank_count() {
     }
 }
 
+/// Out of place, the ring reduce-scatter keeps one of its two partial sums in the output
+/// block: one scratch block at every rank count, proven for disjoint buffers (averaged too);
+/// in place the same plans would overwrite the rank's own input block before it is read,
+/// and the checker catches that (which is why in-place calls get the two-scratch plans).
+#[test]
+fn out_of_place_ring_reduce_scatter_needs_one_scratch_block() {
+    use pccl::plan::build_for;
+    for p in 1..=64 {
+        let topo = Topology::uniform(p, p);
+        let algo = Algorithm::Flat(LevelAlgo::Ring);
+        for average in [false, true] {
+            let coll = Collective::ReduceScatter { average };
+            let ps: Vec<Plan> = (0..p)
+                .map(|r| build_for(coll, algo, &topo, r, true).expect("plan builds"))
+                .collect();
+            for pl in &ps {
+                assert!(
+                    pl.scratch_blocks() <= 1,
+                    "P={p} rank {}: {} scratch blocks",
+                    pl.rank,
+                    pl.scratch_blocks()
+                );
+            }
+            if let Err(e) = check_plans(coll, &ps, false) {
+                panic!("P={p} average={average} out of place: {e}");
+            }
+            // From 4 ranks on, a partial sum lands in the output before the last step reads
+            // the rank's own block there.
+            if p > 3 {
+                assert!(
+                    check_plans(coll, &ps, true).is_err(),
+                    "P={p}: the output-slot plans passed in place"
+                );
+            }
+        }
+    }
+}
+
 /// A ring that folded every partial into one scratch slot would overwrite the partial it is
 /// still sending: the checker catches it.
 #[test]

@@ -77,7 +77,8 @@ struct Inner {
     /// The tuner's algorithm and piece size (or its online trials) per collective and size
     /// bucket.
     choices: Mutex<HashMap<(Collective, u32), tuning::Tuning>>,
-    plans: Mutex<HashMap<(Collective, Algorithm), Arc<Plan>>>,
+    /// Plans by collective, algorithm and whether out of place (`plan::build_for`).
+    plans: Mutex<HashMap<(Collective, Algorithm, bool), Arc<Plan>>>,
     /// Working space of the device front end (`comm::device`), kept between calls.
     device: Mutex<Option<Box<dyn std::any::Any + Send>>>,
     /// Point-to-point message counters per pair.
@@ -118,6 +119,20 @@ struct Call<T> {
     input: (*const T, usize, BlockLayout),
     output: (*mut T, usize, BlockLayout),
     scratch: BlockLayout,
+}
+
+impl<T> Call<T> {
+    /// Whether the output shares no element with the input (then plans may keep partial
+    /// sums in the output).
+    fn out_of_place(&self) -> bool {
+        let es = std::mem::size_of::<T>();
+        let (i, o) = (self.input.0 as usize, self.output.0 as usize);
+        let (ie, oe) = (
+            i.saturating_add(self.input.1 * es),
+            o.saturating_add(self.output.1 * es),
+        );
+        self.input.1 == 0 || self.output.1 == 0 || oe <= i || ie <= o
+    }
 }
 
 // SAFETY: a Call only carries pointers into buffers that the front end keeps alive and
@@ -593,7 +608,7 @@ impl Communicator {
     /// The plan of `coll` (tuned, cached), without waiting for queued work.
     #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
     pub(crate) fn plan_of(&self, coll: Collective, block_bytes: usize) -> Result<Arc<Plan>> {
-        Ok(self.inner.plan(coll, block_bytes, false)?.plan)
+        Ok(self.inner.plan(coll, block_bytes, false, false)?.plan)
     }
 
     /// The piece size of a call of `coll` with blocks of `block_bytes`, as the host path
@@ -633,7 +648,7 @@ impl Communicator {
         let call = call.map_err(|e| self.inner.refuse(seq, "collective", e))?;
         let p = self
             .inner
-            .plan(call.coll, call.block_bytes, false)
+            .plan(call.coll, call.block_bytes, false, call.out_of_place())
             .map_err(|e| self.inner.refuse(seq, "planning", e))?;
         self.inner.execute(&p.plan, call, seq, p.piece)
     }
@@ -779,7 +794,7 @@ impl Inner {
     unsafe fn run_blocking<T: Element>(&self, call: Call<T>, seq: u32) -> Result<()> {
         let (coll, block_bytes) = (call.coll, call.block_bytes);
         let p = self
-            .plan(coll, block_bytes, true)
+            .plan(coll, block_bytes, true, call.out_of_place())
             .map_err(|e| self.refuse(seq, "planning", e))?;
         self.quiesce();
         let t0 = Instant::now();
@@ -804,7 +819,7 @@ impl Inner {
     ) -> Result<Request<K>> {
         let (coll, block_bytes) = (call.coll, call.block_bytes);
         let p = self
-            .plan(coll, block_bytes, true)
+            .plan(coll, block_bytes, true, call.out_of_place())
             .map_err(|e| self.refuse(seq, "planning", e))?;
         let (req, done) = pair();
         let me = self.clone();

@@ -156,17 +156,19 @@ impl Layout {
             (Collective::AllGather, Phys::Out) | (Collective::AllGather, Phys::Scr) => {
                 Some(idx as u32)
             }
-            (Collective::ReduceScatter { .. }, Phys::Out) => Some((rank * self.k + idx) as u32),
             (Collective::Gather { .. }, Phys::Out | Phys::Scr) => Some(idx as u32),
             (Collective::Scatter { .. }, Phys::In | Phys::Scr) => Some(idx as u32),
             (Collective::Scatter { .. }, Phys::Out) | (Collective::AllToAll { .. }, Phys::Out) => {
                 Some(rank as u32)
             }
             (Collective::Reduce { .. }, _) => Some(0),
-            // The reduce-scatter's scratch blocks are all one size (a uniform layout): any
-            // block's partial sum may use any of them (the ring rotates two); combining
-            // partials of different blocks is still caught (`combine`).
-            (Collective::ReduceScatter { .. }, Phys::Scr) => None,
+            // The reduce-scatter's scratch blocks and its (out-of-place) output are all one
+            // block's size (a uniform layout): any block's partial sum may use any of them
+            // (the ring rotates two, one of them the output out of place); combining
+            // partials of different blocks is still caught (`combine`), and `verify` checks
+            // which block the output holds at the end. In place the output is the rank's
+            // input block, still tied to its block.
+            (Collective::ReduceScatter { .. }, Phys::Scr | Phys::Out) => None,
             (Collective::ReduceScatter { .. }, _) | (Collective::AllReduce { .. }, _) => {
                 Some(idx as u32)
             }

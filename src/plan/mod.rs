@@ -484,12 +484,26 @@ impl Level<'_> {
 
 /// Builds the plan of `rank` for `collective` with `algorithm` on `topo`. A hierarchical
 /// algorithm on nodes of unequal size falls back to the flat one of its inter-node level
-/// (the returned plan's `algorithm` says so).
+/// (the returned plan's `algorithm` says so). The plan is correct in place and out of place.
 pub fn build(
     collective: Collective,
     algorithm: Algorithm,
     topo: &Topology,
     rank: usize,
+) -> Result<Plan> {
+    build_for(collective, algorithm, topo, rank, false)
+}
+
+/// [`build`] for a call whose output does not alias its input when `out_of_place`: the flat
+/// ring reduce-scatter then keeps one of its two rotating partial sums in the output block
+/// (one scratch block instead of two). Ranks may differ in it: only where a rank keeps its
+/// partial sums changes, not what moves between ranks.
+pub fn build_for(
+    collective: Collective,
+    algorithm: Algorithm,
+    topo: &Topology,
+    rank: usize,
+    out_of_place: bool,
 ) -> Result<Plan> {
     let p = topo.nranks();
     if rank >= p {
@@ -532,12 +546,17 @@ pub fn build(
                         group: &group,
                         me: rank,
                     };
-                    let slots = [
-                        vec![Span::block(Buf::Scratch, 0)],
-                        vec![Span::block(Buf::Scratch, 1)],
-                    ];
-                    let src = flat_units(p, Buf::Input);
                     let out = vec![Span::block(Buf::Output, 0)];
+                    let scratch = |b| vec![Span::block(Buf::Scratch, b)];
+                    // Step t folds into slot t % 2 and the last step (p - 2) writes the
+                    // output: out of place, the output is the slot of that parity (never the
+                    // one sent in the same phase).
+                    let slots = match (out_of_place, p % 2) {
+                        (false, _) => [scratch(0), scratch(1)],
+                        (true, 0) => [out.clone(), scratch(0)],
+                        (true, _) => [scratch(0), out.clone()],
+                    };
+                    let src = flat_units(p, Buf::Input);
                     ring::reduce_scatter_two_slots(lvl, &src, &slots, &out)
                 }
                 Algorithm::Flat(a) => flat_reduce_scatter(a, rank, p, Span::block(Buf::Output, 0)),

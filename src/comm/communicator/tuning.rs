@@ -192,6 +192,7 @@ impl Inner {
         coll: Collective,
         block_bytes: usize,
         trials: bool,
+        out_of_place: bool,
     ) -> Result<Planned> {
         let (tuned, trial) = match self.forced(coll) {
             Some(a) => ((a, None), None),
@@ -212,18 +213,26 @@ impl Inner {
         };
         let (algo, piece) = (tuned.0, self.piece_for(tuned.1));
         Ok(Planned {
-            plan: self.plan_for(coll, algo)?,
+            plan: self.plan_for(coll, algo, out_of_place)?,
             piece,
             trial,
         })
     }
 
     /// The cached plan of `coll` with `algo` on this rank.
-    fn plan_for(&self, coll: Collective, algo: Algorithm) -> Result<Arc<Plan>> {
-        if let Some(p) = lock(&self.plans).get(&(coll, algo)) {
+    fn plan_for(&self, coll: Collective, algo: Algorithm, out_of_place: bool) -> Result<Arc<Plan>> {
+        // Only the reduce-scatter's plans differ out of place (see plan::build_for).
+        let oop = out_of_place && matches!(coll, Collective::ReduceScatter { .. });
+        if let Some(p) = lock(&self.plans).get(&(coll, algo, oop)) {
             return Ok(p.clone());
         }
-        let p = Arc::new(plan::build(coll, algo, &self.topo, self.transport.rank())?);
+        let p = Arc::new(plan::build_for(
+            coll,
+            algo,
+            &self.topo,
+            self.transport.rank(),
+            oop,
+        )?);
         if p.algorithm != algo && self.cfg.debug >= DebugLevel::Info {
             eprintln!(
                 "PCCL INFO rank {}: {algo} needs nodes of equal size ({}); running {} instead",
@@ -232,7 +241,7 @@ impl Inner {
                 p.algorithm
             );
         }
-        lock(&self.plans).insert((coll, algo), p.clone());
+        lock(&self.plans).insert((coll, algo, oop), p.clone());
         Ok(p)
     }
 
@@ -284,7 +293,7 @@ impl Inner {
     fn agree_max(&self, mine: &[f64]) -> Result<Vec<f64>> {
         let mut out = vec![0f64; mine.len()];
         let coll = Collective::AllReduce { average: false };
-        let plan = self.plan_for(coll, Algorithm::VectorRd)?;
+        let plan = self.plan_for(coll, Algorithm::VectorRd, false)?;
         let p = self.transport.size();
         let lay = BlockLayout::Balanced {
             total: mine.len(),
