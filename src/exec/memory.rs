@@ -44,13 +44,17 @@ impl BlockLayout {
         }
     }
     /// The layout of the first `blocks` blocks only (a uniform layout; a balanced one is
-    /// kept whole, its block sizes depending on the number of parts).
+    /// kept whole, its block sizes depending on the number of parts, unless no block is
+    /// used at all).
     pub fn first(&self, blocks: usize) -> BlockLayout {
         match *self {
             BlockLayout::Uniform { count, parts } => BlockLayout::Uniform {
                 count,
                 parts: parts.min(blocks),
             },
+            BlockLayout::Balanced { .. } if blocks == 0 => {
+                BlockLayout::Uniform { count: 0, parts: 0 }
+            }
             b => b,
         }
     }

@@ -94,28 +94,30 @@ pub(crate) fn allgather_levels(
     (first, second)
 }
 
-/// Two-level reduce-scatter of `Input` (one block per rank) whose own result lands in `out`.
+/// Two-level reduce-scatter of `Input` (one block per rank) whose own result lands in `out`,
+/// the partial sum of block `r` kept in block `r` of `work` (the scratch; the all-reduce's
+/// output, which has a block per rank).
 pub fn reduce_scatter(
     topo: &Topology,
     rank: usize,
-    inter: LevelAlgo,
-    intra: LevelAlgo,
+    (inter, intra): (LevelAlgo, LevelAlgo),
     out: Span,
+    work: Buf,
 ) -> Vec<Phase> {
-    let (mut a, b) = reduce_scatter_levels(topo, rank, inter, intra, out, &whole);
+    let (mut a, b) = reduce_scatter_levels(topo, rank, (inter, intra), out, &whole, work);
     a.extend(b);
     a
 }
 
 /// The two levels of a reduce-scatter of `Input` blocks mapped by `blk`, this rank's result
-/// landing in `out`: (intra-node phases, inter-node phases).
+/// landing in `out`, partial sums in `work`'s blocks: (intra-node phases, inter-node phases).
 pub(crate) fn reduce_scatter_levels(
     topo: &Topology,
     rank: usize,
-    inter: LevelAlgo,
-    intra: LevelAlgo,
+    (inter, intra): (LevelAlgo, LevelAlgo),
     out: Span,
     blk: BlockMap<'_>,
+    work_buf: Buf,
 ) -> (Vec<Phase>, Vec<Phase>) {
     let nodes = topo.nodes();
     let (n, m) = topo.position(rank);
@@ -132,7 +134,7 @@ pub(crate) fn reduce_scatter_levels(
     // Where each block's node-local partial sum is after the intra-node level.
     let partial = if mm > 1 {
         let src: Vec<Spans> = (0..mm).map(|lm| unit_of(Buf::Input, lm)).collect();
-        let work: Vec<Spans> = (0..mm).map(|lm| unit_of(Buf::Scratch, lm)).collect();
+        let work: Vec<Spans> = (0..mm).map(|lm| unit_of(work_buf, lm)).collect();
         first = level_reduce_scatter(
             intra,
             Level {
@@ -143,7 +145,7 @@ pub(crate) fn reduce_scatter_levels(
             &work,
             &work[m].clone(),
         );
-        Buf::Scratch
+        work_buf
     } else {
         Buf::Input
     };
@@ -151,7 +153,7 @@ pub(crate) fn reduce_scatter_levels(
     let src: Vec<Spans> = inter_group.iter().map(|&r| vec![blk(partial, r)]).collect();
     let work: Vec<Spans> = inter_group
         .iter()
-        .map(|&r| vec![blk(Buf::Scratch, r)])
+        .map(|&r| vec![blk(work_buf, r)])
         .collect();
     let second = level_reduce_scatter(
         inter,

@@ -566,15 +566,22 @@ pub fn build_for(
                 Algorithm::Hier { inter, intra } => hierarchical::reduce_scatter(
                     topo,
                     rank,
-                    inter,
-                    intra,
+                    (inter, intra),
                     Span::block(Buf::Output, 0),
+                    Buf::Scratch,
                 ),
                 Algorithm::Overlap {
                     inter,
                     intra,
                     pieces,
-                } => overlap::reduce_scatter(topo, rank, inter, intra, (Buf::Output, 0), pieces),
+                } => overlap::reduce_scatter(
+                    topo,
+                    rank,
+                    (inter, intra),
+                    (Buf::Output, 0),
+                    pieces,
+                    Buf::Scratch,
+                ),
             };
             if average {
                 ph.push(Phase::of(vec![Step::Average {
@@ -589,17 +596,25 @@ pub fn build_for(
         Collective::AllReduce { average } => {
             let mine = Span::block(Buf::Output, rank);
             let mut ph = match algorithm {
-                Algorithm::Flat(a) => flat_reduce_scatter(a, rank, p, mine),
+                // The partial sums live in the output's own blocks: no scratch.
+                Algorithm::Flat(a) => flat_reduce_scatter_in(a, rank, p, mine, Buf::Output),
                 // Built by `vector::allreduce` above.
                 Algorithm::VectorRd => flat_reduce_scatter(LevelAlgo::Rd, rank, p, mine),
                 Algorithm::Hier { inter, intra } => {
-                    hierarchical::reduce_scatter(topo, rank, inter, intra, mine)
+                    hierarchical::reduce_scatter(topo, rank, (inter, intra), mine, Buf::Output)
                 }
                 Algorithm::Overlap {
                     inter,
                     intra,
                     pieces,
-                } => overlap::reduce_scatter(topo, rank, inter, intra, (Buf::Output, rank), pieces),
+                } => overlap::reduce_scatter(
+                    topo,
+                    rank,
+                    (inter, intra),
+                    (Buf::Output, rank),
+                    pieces,
+                    Buf::Output,
+                ),
             };
             let mine = overlap::whole_block(Buf::Output, rank, algorithm.pieces());
             if average {
@@ -678,13 +693,18 @@ fn flat_allgather_in_output(a: LevelAlgo, rank: usize, p: usize) -> Vec<Phase> {
 }
 
 fn flat_reduce_scatter(a: LevelAlgo, rank: usize, p: usize, out: Span) -> Vec<Phase> {
+    flat_reduce_scatter_in(a, rank, p, out, Buf::Scratch)
+}
+
+/// [`flat_reduce_scatter`] with the partial sum of unit `j` kept in block `j` of `work`.
+fn flat_reduce_scatter_in(a: LevelAlgo, rank: usize, p: usize, out: Span, work: Buf) -> Vec<Phase> {
     let group = flat_group(p);
     let lvl = Level {
         group: &group,
         me: rank,
     };
     let src = flat_units(p, Buf::Input);
-    let work = flat_units(p, Buf::Scratch);
+    let work = flat_units(p, work);
     level_reduce_scatter(a, lvl, &src, &work, &vec![out])
 }
 

@@ -72,19 +72,19 @@ pub fn allgather_in_output(
 }
 
 /// Overlapped reduce-scatter of `Input` sub-blocks; this rank's result lands in the `k`
-/// pieces of logical block `out`.
+/// pieces of logical block `out`, partial sums in `work`'s blocks.
 pub fn reduce_scatter(
     topo: &Topology,
     rank: usize,
-    inter: LevelAlgo,
-    intra: LevelAlgo,
+    levels: (LevelAlgo, LevelAlgo),
     out: (Buf, usize),
     k: usize,
+    work: Buf,
 ) -> Vec<Phase> {
     let pieces: Vec<_> = (0..k)
         .map(|j| {
             let out_j = Span::block(out.0, out.1 * k + j);
-            reduce_scatter_levels(topo, rank, inter, intra, out_j, &piece(k, j))
+            reduce_scatter_levels(topo, rank, levels, out_j, &piece(k, j), work)
         })
         .collect();
     stagger(pieces, Align::SecondStartsWithNextFirst, true)
