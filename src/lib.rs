@@ -18,7 +18,9 @@ pub mod quant;
 pub mod topology;
 pub mod transport;
 
-pub use comm::communicator::{Communicator, Dir, Group, P2pOp, RawCollective, RawRooted};
+pub use comm::communicator::{
+    Communicator, Dir, Group, P2pOp, QuantScheme, RawCollective, RawRooted,
+};
 pub use comm::request::Request;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 pub use comm::DeviceWork;

@@ -6,7 +6,7 @@
 use half::{bf16, f16};
 use pccl::config::Config;
 use pccl::quant::QuantFloat;
-use pccl::{Algorithm, Communicator, ErrorKind, Quant};
+use pccl::{Algorithm, Communicator, ErrorKind, Quant, QuantScheme};
 use std::time::Duration;
 
 fn cfg(m: usize, algo: Option<&str>) -> Config {
@@ -226,10 +226,15 @@ fn reduce_scatter_quantized_holds_each_contribution_exactly_once() {
         (5, 2),
         (4, 2),
         (6, 3),
+        (7, 1),
         (8, 2),
         (8, 4),
+        (12, 2),
     ] {
-        for bits in [8, 4] {
+        for (bits, scheme) in [8, 4]
+            .into_iter()
+            .flat_map(|b| [QuantScheme::TwoHop, QuantScheme::Halving].map(|s| (b, s)))
+        {
             let n = 70; // several quantization blocks of 32, one partial
             let q = Quant {
                 bits,
@@ -251,18 +256,18 @@ fn reduce_scatter_quantized_holds_each_contribution_exactly_once() {
                     })
                     .collect();
                 let mut out = vec![9f32; n];
-                c.reduce_scatter_quantized(&input, &mut out, q, false)
-                    .unwrap_or_else(|e| panic!("{p} ranks ({m}/node) {bits}-bit: {e}"));
+                c.reduce_scatter_quantized_with(&input, &mut out, q, false, scheme)
+                    .unwrap_or_else(|e| panic!("{p} ranks ({m}/node) {bits}-bit {scheme:?}: {e}"));
                 for (e, &v) in out.iter().enumerate() {
                     assert_eq!(
                         v,
                         sign(owner(me, e)),
-                        "{p} ranks ({m}/node) {bits}-bit: rank {me} element {e}"
+                        "{p} ranks ({m}/node) {bits}-bit {scheme:?}: rank {me} element {e}"
                     );
                 }
                 // Twice on the same communicator (the levels are split once).
                 let mut again = vec![0f32; n];
-                c.reduce_scatter_quantized(&input, &mut again, q, true)
+                c.reduce_scatter_quantized_with(&input, &mut again, q, true, scheme)
                     .unwrap();
                 assert!(again
                     .iter()
@@ -278,7 +283,14 @@ fn reduce_scatter_quantized_holds_each_contribution_exactly_once() {
 /// schemes; prints the measured error against the exact f32 reduce-scatter.
 #[test]
 fn reduce_scatter_quantized_stays_within_its_error_bound() {
-    for &(p, m) in &[(4, 1), (8, 2)] {
+    for &(p, m, scheme) in &[
+        (4, 1, QuantScheme::TwoHop),
+        (8, 2, QuantScheme::TwoHop),
+        (4, 1, QuantScheme::Halving),
+        (6, 1, QuantScheme::Halving),
+        (8, 2, QuantScheme::Halving),
+        (12, 2, QuantScheme::Halving),
+    ] {
         for bits in [8u32, 4] {
             for tail in [false, true] {
                 let q = Quant {
@@ -300,11 +312,11 @@ fn reduce_scatter_quantized_stays_within_its_error_bound() {
                     let me = c.rank();
                     let input: Vec<f32> = (0..p * n).map(|i| data(me, i)).collect();
                     let mut out = vec![0f32; n];
-                    c.reduce_scatter_quantized(&input, &mut out, q, false)
+                    c.reduce_scatter_quantized_with(&input, &mut out, q, false, scheme)
                         .unwrap();
                     let mut b16 = vec![bf16::from_f32(0.0); n];
                     let in16: Vec<bf16> = input.iter().map(|&v| bf16::from_f32(v)).collect();
-                    c.reduce_scatter_quantized(&in16, &mut b16, q, false)
+                    c.reduce_scatter_quantized_with(&in16, &mut b16, q, false, scheme)
                         .unwrap();
                     (out, b16)
                 })
@@ -329,7 +341,16 @@ fn reduce_scatter_quantized_stays_within_its_error_bound() {
                         } else {
                             0.0
                         };
-                        let bound = (s1 + s2) / 2.0 * 1.001;
+                        // Halving: one quantized partial sum per step between nodes (plus
+                        // the fold-in off a power of two), each at most the sum of every
+                        // contributor's largest magnitude.
+                        let members = if m > 1 && p > m { p / m } else { p };
+                        let steps = members.next_power_of_two().trailing_zeros() as f32
+                            + f32::from(u8::from(!members.is_power_of_two()));
+                        let bound = match scheme {
+                            QuantScheme::TwoHop => (s1 + s2) / 2.0 * 1.001,
+                            QuantScheme::Halving => steps * s1 / 2.0 * 1.001,
+                        };
                         let err = (got[e] - exact).abs();
                         assert!(
                             err <= bound,
@@ -347,7 +368,7 @@ fn reduce_scatter_quantized_stays_within_its_error_bound() {
                     }
                 }
                 println!(
-                    "reduce_scatter_quantized {p} ranks ({m}/node) INT{bits}, {}: max error {worst:.4}, relative RMS error {:.4}",
+                    "reduce_scatter_quantized {scheme:?} {p} ranks ({m}/node) INT{bits}, {}: max error {worst:.4}, relative RMS error {:.4}",
                     if tail { "heavy-tailed" } else { "uniform" },
                     (sq / norm).sqrt()
                 );
@@ -374,15 +395,28 @@ fn reduce_scatter_quantized_refuses_nan_and_disagreement_on_every_rank() {
         let differ = c
             .reduce_scatter_quantized(&[1f32; 160], &mut o, q, false)
             .unwrap_err();
+        let scheme = if c.rank() == 2 {
+            QuantScheme::Halving
+        } else {
+            QuantScheme::TwoHop
+        };
+        let schemes = c
+            .reduce_scatter_quantized_with(&[1f32; 160], &mut o, Quant::INT8, false, scheme)
+            .unwrap_err();
         // Still usable afterwards.
         c.reduce_scatter_quantized(&[1f32; 160], &mut o, Quant::INT8, false)
             .unwrap();
         assert!(o.iter().all(|&v| v == 4.0));
-        (nan.message().to_string(), differ.message().to_string())
+        (
+            nan.message().to_string(),
+            differ.message().to_string(),
+            schemes.message().to_string(),
+        )
     })
     .unwrap();
-    for (r, (nan, differ)) in out.iter().enumerate() {
+    for (r, (nan, differ, schemes)) in out.iter().enumerate() {
         assert!(nan.contains("rank(s) 3 holds NaN"), "rank {r}: {nan}");
         assert!(differ.contains("rank 1: 4 bits"), "rank {r}: {differ}");
+        assert!(schemes.contains("scheme halving"), "rank {r}: {schemes}");
     }
 }

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 mod calls;
 mod p2p;
 mod quantized;
+mod quantized_halving;
 mod rooted;
 mod trust;
 mod tuning;
@@ -29,6 +30,7 @@ use calls::len_mul;
 #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(unused_imports))]
 pub(crate) use p2p::StampedP2p;
 pub use p2p::{Dir, Group, P2pOp};
+pub use quantized_halving::QuantScheme;
 #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(unused_imports))]
 pub(crate) use rooted::AllToAllBlocks;
 pub use rooted::RawRooted;

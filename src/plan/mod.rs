@@ -17,6 +17,7 @@
 pub mod alltoall;
 pub mod broadcast;
 pub mod check;
+pub mod halving;
 pub mod hierarchical;
 pub mod overlap;
 pub mod recursive;

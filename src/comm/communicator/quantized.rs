@@ -10,6 +10,7 @@
 //! disagrees, a bad argument or a NaN / infinity anywhere ends the call with the same error on
 //! every rank, naming the ranks, and no rank falls out of step.
 
+use super::quantized_halving::QuantScheme;
 use super::Communicator;
 use crate::error::{Error, Result};
 use crate::quant::{self, Quant, QuantFloat};
@@ -21,7 +22,8 @@ const COUNT: usize = 2;
 const FINITE: usize = 3;
 const ALLOW: usize = 4;
 const SOUND: usize = 5;
-const FIELDS: usize = 6;
+const SCHEME: usize = 6;
+const FIELDS: usize = 7;
 
 fn alloc_words(n: usize, what: &str) -> Result<Vec<u64>> {
     let mut v = Vec::new();
@@ -52,6 +54,8 @@ struct Mine<'a> {
     finite: bool,
     /// The arguments' problem on this rank (reported on every rank), if any.
     unsound: Option<String>,
+    /// The reduce-scatter's scheme (the all-gather's: the default).
+    scheme: QuantScheme,
 }
 
 impl<'a> Mine<'a> {
@@ -78,6 +82,7 @@ impl<'a> Mine<'a> {
             count,
             finite: quant::all_finite(data),
             unsound,
+            scheme: QuantScheme::default(),
         }
     }
 }
@@ -95,6 +100,7 @@ impl Communicator {
         header[FINITE] = u64::from(m.finite);
         header[ALLOW] = u64::from(m.q.allow_nonfinite);
         header[SOUND] = u64::from(m.unsound.is_none());
+        header[SCHEME] = m.scheme.code();
         let mut all = [0u64; FIELDS].repeat(p);
         self.all_gather(&header, &mut all)?;
         let call = m.call;
@@ -114,21 +120,23 @@ impl Communicator {
                 || h[BLOCK] != all[BLOCK]
                 || h[COUNT] != all[COUNT]
                 || h[ALLOW] != all[ALLOW]
+                || h[SCHEME] != all[SCHEME]
         });
         if !differ.is_empty() {
             let show = |r: usize| {
                 let h = &all[r * FIELDS..(r + 1) * FIELDS];
                 format!(
-                    "rank {r}: {} bits, block {}, count {}, nonfinite {}",
+                    "rank {r}: {} bits, block {}, count {}, nonfinite {}, scheme {}",
                     h[BITS],
                     h[BLOCK],
                     h[COUNT],
-                    if h[ALLOW] == 1 { "allowed" } else { "refused" }
+                    if h[ALLOW] == 1 { "allowed" } else { "refused" },
+                    if h[SCHEME] == 1 { "halving" } else { "two-hop" }
                 )
             };
             return Err(Error::invalid(format!(
                 "{call}: the ranks disagree on the encoding or the count ({}; {}): every rank \
-                 must pass the same bits, block, count and nonfinite choice",
+                 must pass the same bits, block, count, nonfinite choice and scheme",
                 show(0),
                 differ
                     .iter()
@@ -205,10 +213,41 @@ impl Communicator {
         q: Quant,
         average: bool,
     ) -> Result<()> {
+        self.reduce_scatter_quantized_with(input, output, q, average, QuantScheme::TwoHop)
+    }
+
+    /// [`Communicator::reduce_scatter_quantized`] with the scheme `scheme` (every rank must
+    /// pass the same; a rank that does not fails the call on every rank, named).
+    /// [`QuantScheme::Halving`]: a reduce-scatter in full precision inside the node, then
+    /// recursive halving between nodes with every partial sum quantized on the wire; error
+    /// bound per element `Σ_steps s/2`, `s` the step of each quantized partial sum it
+    /// received (one per halving step, `log2 N`, plus one where the node count is not a
+    /// power of two), the intra-node sum exact in `f32`.
+    pub fn reduce_scatter_quantized_with<T: QuantFloat>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        q: Quant,
+        average: bool,
+        scheme: QuantScheme,
+    ) -> Result<()> {
         let p = self.size();
         let n = output.len();
         let call = "reduce_scatter_quantized";
-        self.agree_quantized(Mine::of(call, q, (n, p), ("input", input.len()), input))?;
+        let mut mine = Mine::of(call, q, (n, p), ("input", input.len()), input);
+        mine.scheme = scheme;
+        self.agree_quantized(mine)?;
+        if scheme == QuantScheme::Halving {
+            let mut all = alloc_f32(p * n)?;
+            T::to_f32_slice(input, &mut all);
+            let mut sum = self.halving_sum(&all, n, q)?;
+            if average {
+                let k = 1.0 / p as f32;
+                sum.iter_mut().for_each(|v| *v *= k);
+            }
+            T::from_f32_slice(&sum, output);
+            return Ok(());
+        }
         let topo = self.topology();
         let nodes = topo.nodes();
         let m = nodes.first().map_or(1, Vec::len);
@@ -253,7 +292,7 @@ impl Communicator {
     /// Runs `f` on the node's and the network's sub-communicators (ranks of this node by
     /// local index; ranks of this local index by node), split on first use — every rank
     /// reaches this in the same call, after the agreement.
-    fn with_levels<R>(
+    pub(super) fn with_levels<R>(
         &self,
         f: impl FnOnce(&Communicator, &Communicator) -> Result<R>,
     ) -> Result<R> {

@@ -1,0 +1,177 @@
+//! The quantized reduce-scatter by recursive halving ([`QuantScheme::Halving`]): inside the
+//! node a reduce-scatter in full precision (`f32`, the communicator's own plans), then between
+//! nodes recursive halving whose every message is a quantized partial sum — `log2 N`
+//! messages per rank instead of the two-hop scheme's `N − 1` (routing: `crate::plan::halving`,
+//! proven there for 1–64 members).
+
+use super::{Communicator, ReduceOp};
+use crate::error::{Error, Result};
+use crate::plan::halving::{route, Role};
+use crate::quant::{self, Quant};
+
+/// How a quantized reduce-scatter moves its partial sums.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum QuantScheme {
+    /// ZeRO++'s qgZ: a quantized all-to-all inside the node, then one among the ranks of a
+    /// local index across nodes (`N − 1` messages per rank between nodes).
+    #[default]
+    TwoHop,
+    /// A reduce-scatter in full precision inside the node, then recursive halving between
+    /// nodes with each partial sum quantized on the wire (`log2 N` messages per rank, about
+    /// as many bytes); with one rank per node (or nodes of unequal size), recursive halving
+    /// over every rank.
+    Halving,
+}
+
+impl QuantScheme {
+    /// The scheme's code in the agreement header.
+    pub(super) fn code(self) -> u64 {
+        match self {
+            QuantScheme::TwoHop => 0,
+            QuantScheme::Halving => 1,
+        }
+    }
+}
+
+/// `n` floats, or an error naming what they were for.
+fn floats(n: usize, what: &str) -> Result<Vec<f32>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| Error::system(format!("cannot allocate {n} floats for {what}")))?;
+    v.resize(n, 0.0);
+    Ok(v)
+}
+
+/// The blocks `ids` (of `n` floats each) of `data`, packed in order.
+fn pack(data: &[f32], ids: &[usize], n: usize) -> Result<Vec<f32>> {
+    let mut v = floats(ids.len() * n, "a halving message")?;
+    for (i, &b) in ids.iter().enumerate() {
+        v[i * n..(i + 1) * n].copy_from_slice(&data[b * n..(b + 1) * n]);
+    }
+    Ok(v)
+}
+
+/// Sends `vals` quantized to `to` and receives `from`'s quantized message of `len` floats,
+/// both at once (a group: partners exchange without deadlock); `to` or `from` may be absent.
+fn exchange(
+    comm: &Communicator,
+    q: Quant,
+    out: Option<(usize, &[f32])>,
+    inb: Option<(usize, usize)>,
+) -> Result<Option<Vec<f32>>> {
+    let words = |len: usize| q.record_bytes(len) / 8;
+    let mut send = Vec::new();
+    if let Some((_, vals)) = out {
+        send = vec![0u64; words(vals.len())];
+        quant::quantize(&q, vals, bytemuck::cast_slice_mut(&mut send))?;
+    }
+    let mut recv = vec![0u64; inb.map_or(0, |(_, len)| words(len))];
+    let mut g = comm.group_start();
+    if let Some((to, _)) = out {
+        g.send(&send, to);
+    }
+    if let Some((from, _)) = inb {
+        g.recv(&mut recv, from);
+    }
+    g.end()?;
+    match inb {
+        None => Ok(None),
+        Some((_, len)) => {
+            let mut vals = floats(len, "a received partial sum")?;
+            quant::dequantize(&q, bytemuck::cast_slice(&recv), &mut vals)?;
+            Ok(Some(vals))
+        }
+    }
+}
+
+/// Adds `vals` (blocks `ids` of `n`, packed) into `data`.
+fn add_blocks(data: &mut [f32], ids: &[usize], n: usize, vals: &[f32]) {
+    for (i, &b) in ids.iter().enumerate() {
+        for (a, v) in data[b * n..(b + 1) * n]
+            .iter_mut()
+            .zip(&vals[i * n..(i + 1) * n])
+        {
+            *a += v;
+        }
+    }
+}
+
+/// Recursive halving on `comm` over `data` (one block of `n` floats per member, this
+/// member's contribution); returns the sum of every member's block `comm.rank()`. Every
+/// message is quantized with `q`, except the final block handed back to an extra member
+/// (exact: it adds no error).
+pub(super) fn halving(
+    comm: &Communicator,
+    mut data: Vec<f32>,
+    n: usize,
+    q: Quant,
+) -> Result<Vec<f32>> {
+    let (s, me) = (comm.size(), comm.rank());
+    match route(s, me) {
+        Role::Extra { core } => {
+            exchange(comm, q, Some((core, &data)), None)?;
+            let mut mine = floats(n, "this rank's block")?;
+            let mut g = comm.group_start();
+            g.recv(&mut mine, core);
+            g.end()?;
+            Ok(mine)
+        }
+        Role::Core { extra, steps } => {
+            if let Some(e) = extra {
+                let all: Vec<usize> = (0..s).collect();
+                if let Some(vals) = exchange(comm, q, None, Some((e, s * n)))? {
+                    add_blocks(&mut data, &all, n, &vals);
+                }
+            }
+            for x in &steps {
+                let out = pack(&data, &x.send, n)?;
+                let got = exchange(
+                    comm,
+                    q,
+                    Some((x.partner, &out)),
+                    Some((x.partner, x.recv.len() * n)),
+                )?;
+                if let Some(vals) = got {
+                    add_blocks(&mut data, &x.recv, n, &vals);
+                }
+            }
+            if let Some(e) = extra {
+                let theirs = data[e * n..(e + 1) * n].to_vec();
+                let mut g = comm.group_start();
+                g.send(&theirs, e);
+                g.end()?;
+            }
+            Ok(data[me * n..(me + 1) * n].to_vec())
+        }
+    }
+}
+
+impl Communicator {
+    /// The halving scheme of [`Communicator::reduce_scatter_quantized_with`] on `input` (as
+    /// `f32`, block `r` for rank `r`, `n` each): the sum of every rank's block `rank()`.
+    pub(super) fn halving_sum(&self, input: &[f32], n: usize, q: Quant) -> Result<Vec<f32>> {
+        let topo = self.topology();
+        let nodes = topo.nodes();
+        if !crate::plan::two_hop::applies(nodes) {
+            return halving(self, input.to_vec(), n, q);
+        }
+        let (nn, m) = (nodes.len(), nodes[0].len());
+        // Unit j of the node's reduce-scatter: the blocks of the ranks of local index j on
+        // every node, in node order (the inter level's member order).
+        let mut payload = floats(m * nn * n, "the node's reduce-scatter")?;
+        for j in 0..m {
+            for (k, r) in crate::plan::two_hop::hop1_piece(nodes, j)
+                .into_iter()
+                .enumerate()
+            {
+                let at = (j * nn + k) * n;
+                payload[at..at + n].copy_from_slice(&input[r * n..(r + 1) * n]);
+            }
+        }
+        self.with_levels(|intra, inter| {
+            let mut partial = floats(nn * n, "the node's partial sums")?;
+            intra.reduce_scatter(&payload, &mut partial, ReduceOp::Sum)?;
+            halving(inter, partial, n, q)
+        })
+    }
+}
