@@ -341,12 +341,18 @@ fn reduce_scatter_quantized_stays_within_its_error_bound() {
                         } else {
                             0.0
                         };
-                        // Halving: one quantized partial sum per step between nodes (plus
+                        // Halving: one quantized partial sum per step of each level (plus
                         // the fold-in off a power of two), each at most the sum of every
                         // contributor's largest magnitude.
-                        let members = if m > 1 && p > m { p / m } else { p };
-                        let steps = members.next_power_of_two().trailing_zeros() as f32
-                            + f32::from(u8::from(!members.is_power_of_two()));
+                        let level = |k: usize| {
+                            k.next_power_of_two().trailing_zeros() as f32
+                                + f32::from(u8::from(!k.is_power_of_two()))
+                        };
+                        let steps = if m > 1 && p > m {
+                            level(m) + level(p / m)
+                        } else {
+                            level(p)
+                        };
                         let bound = match scheme {
                             QuantScheme::TwoHop => (s1 + s2) / 2.0 * 1.001,
                             QuantScheme::Halving => steps * s1 / 2.0 * 1.001,

@@ -101,6 +101,11 @@ struct Args {
     /// Elements per scale of --quantize.
     #[arg(long, default_value_t = 2048)]
     qblock: usize,
+    /// How --quantize's reduce-scatter moves its partial sums: `two-hop` (ZeRO++'s qgZ: two
+    /// quantized all-to-alls) or `halving` (full precision inside the node, quantized
+    /// recursive halving between nodes).
+    #[arg(long, default_value = "two-hop")]
+    qscheme: String,
     /// Print the speedup table of the heatmap as Markdown too.
     #[arg(long)]
     table: bool,
@@ -373,14 +378,13 @@ fn main() {
             .map(|(&b, (name, _, _))| {
                 if rs {
                     let n = (b / 2.0).max(1.0) as usize;
-                    return pccl::model::quantized::reduce_scatter_seconds(
-                        &sim.prof,
-                        (topo.nodes().len(), m),
-                        n,
-                        2,
-                        &q,
-                    )
-                    .unwrap_or_else(|e| fail(e));
+                    let how = match args.qscheme.as_str() {
+                        "two-hop" => pccl::model::quantized::reduce_scatter_seconds,
+                        "halving" => pccl::model::quantized::reduce_scatter_halving_seconds,
+                        o => fail(format!("--qscheme {o}: expected two-hop or halving")),
+                    };
+                    return how(&sim.prof, (topo.nodes().len(), m), n, 2, &q)
+                        .unwrap_or_else(|e| fail(e));
                 }
                 let algo: Algorithm = name
                     .parse()

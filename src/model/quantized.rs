@@ -5,7 +5,9 @@
 //! (bytes read plus written; issue 29's device target is 80% of that rate). The
 //! reduce-scatter: its two all-to-alls (pairwise), the one inside a node on the node's links,
 //! the one between nodes among the ranks of one local index on their share of the node's NICs
-//! (every local index runs its own at once), plus the kernels. The tuner never picks a
+//! (every local index runs its own at once), plus the kernels; or, by recursive halving
+//! (`--qscheme halving`), quantized recursive halving inside the node and between nodes
+//! ([`reduce_scatter_halving_seconds`]). The tuner never picks a
 //! quantized form: the numerics are the caller's choice.
 
 use super::profile::Profile;
@@ -17,6 +19,27 @@ use crate::topology::Topology;
 
 /// Bytes of one rank's header (six `u64`).
 const HEADER_BYTES: f64 = 48.0;
+
+/// The header all-gather of a quantized reduce-scatter on `n_nodes` nodes of `m` ranks: the
+/// communicator's own all-gather of a few bytes, which the tuner runs in `log` steps
+/// (hierarchical recursive doubling, or flat where there is one level).
+fn header_seconds(prof: &Profile, (n_nodes, m): (usize, usize)) -> Result<f64> {
+    let topo = Topology::uniform(n_nodes * m, m);
+    let algo = if n_nodes > 1 && m > 1 {
+        Algorithm::Hier {
+            inter: LevelAlgo::Rd,
+            intra: LevelAlgo::Rd,
+        }
+    } else {
+        Algorithm::Flat(LevelAlgo::Rd)
+    };
+    Ok(Cluster::new(&topo, prof)
+        .simulate(
+            &Job::new(Collective::AllGather, algo, HEADER_BYTES),
+            Engine::Auto,
+        )?
+        .seconds)
+}
 
 /// What the quantized all-gather of `n` elements of `elem_bytes` per rank costs, in seconds:
 /// (the whole call, of which the kernels).
@@ -54,13 +77,7 @@ pub fn reduce_scatter_seconds(
 ) -> Result<(f64, f64)> {
     let a2a = Collective::AllToAll { direct: false };
     let ring = Algorithm::Flat(LevelAlgo::Ring);
-    let header = Topology::uniform(n_nodes * m, m);
-    let t_header = Cluster::new(&header, prof)
-        .simulate(
-            &Job::new(Collective::AllGather, ring, HEADER_BYTES),
-            Engine::Auto,
-        )?
-        .seconds;
+    let t_header = header_seconds(prof, (n_nodes, m))?;
     let rate = prof.copy_gbps * 1e9;
     let p = n_nodes * m;
     // Each hop: quantize every piece (f32 in, record out), dequantize every received one.
@@ -96,6 +113,54 @@ pub fn reduce_scatter_seconds(
         .simulate(&Job::new(a2a, ring, q.record_bytes(n) as f64), Engine::Auto)?
         .seconds;
     let k = kernels(m, n_nodes * n) + kernels(n_nodes, n) + convert;
+    Ok((t_header + t1 + t2 + k, k))
+}
+
+/// What the quantized reduce-scatter by recursive halving ([`crate::QuantScheme::Halving`])
+/// of `n` elements per rank costs on `n_nodes` nodes of `m` ranks, in seconds: (the whole call,
+/// of which the kernels). Inside the node recursive halving over units of `N·n` elements,
+/// between nodes (among the ranks of one local index, on their share of the node's NICs)
+/// over blocks of `n`, every message a record of the partial sums: the simulator's
+/// recursive-halving reduce-scatter with the record's bytes per block, at each level. One
+/// node, or one rank per node: halving over every rank.
+pub fn reduce_scatter_halving_seconds(
+    prof: &Profile,
+    (n_nodes, m): (usize, usize),
+    n: usize,
+    elem_bytes: usize,
+    q: &Quant,
+) -> Result<(f64, f64)> {
+    let rs = Collective::ReduceScatter { average: false };
+    let rd = Algorithm::Flat(LevelAlgo::Rd);
+    let p = n_nodes * m;
+    let t_header = header_seconds(prof, (n_nodes, m))?;
+    let rate = prof.copy_gbps * 1e9;
+    // The input to f32 and into the node's unit order; the output back.
+    let input = (p * n * elem_bytes) as f64;
+    let convert = (input + 2.0 * (p * n * 4) as f64 + (n * (4 + elem_bytes)) as f64) / rate;
+    // A level of `members` over blocks of `len`: each step encodes the half it sends and
+    // decodes and adds the half it receives, (members − 1) blocks in all each way.
+    let kernels = |members: usize, len: usize| {
+        let blocks = members.saturating_sub(1) as f64;
+        let rec = q.record_bytes(len) as f64;
+        2.0 * blocks * ((len * 4) as f64 + rec) / rate
+    };
+    let level = |topo: &Topology, pr: &Profile, len: usize| -> Result<f64> {
+        Ok(Cluster::new(topo, pr)
+            .simulate(&Job::new(rs, rd, q.record_bytes(len) as f64), Engine::Auto)?
+            .seconds)
+    };
+    if n_nodes == 1 || m == 1 {
+        let t = level(&Topology::uniform(p, m), prof, n)?;
+        let k = convert + kernels(p, n);
+        return Ok((t_header + t + k, k));
+    }
+    let t1 = level(&Topology::uniform(m, m), prof, n_nodes * n)?;
+    let mut share = prof.clone();
+    share.inter.nic_bandwidth_gbps *= prof.inter.nics as f64 / m as f64;
+    share.inter.nics = 1;
+    let t2 = level(&Topology::uniform(n_nodes, 1), &share, n)?;
+    let k = convert + kernels(m, n_nodes * n) + kernels(n_nodes, n);
     Ok((t_header + t1 + t2 + k, k))
 }
 
@@ -163,5 +228,41 @@ mod tests {
         // One node: one all-to-all.
         let (t1, _) = reduce_scatter_seconds(&prof, (1, 8), n, 2, &q4).unwrap();
         assert!(t1 > 0.0);
+    }
+
+    /// At 2048 ranks and 16 MiB of input per rank the two-hop scheme is latency-bound (its
+    /// all-to-alls take `M − 1 + N − 1` steps); recursive halving keeps `log` steps, so its
+    /// INT4 form beats both the plain hier-rd and the two-hop one.
+    #[test]
+    fn halving_keeps_log_steps_where_the_two_hop_scheme_is_latency_bound() {
+        let prof = presets::named("frontier").unwrap();
+        let (nn, m) = (256, 8);
+        let n = (16 << 20) / (nn * m) / 2; // bf16 elements per rank's output
+        let plain = Cluster::new(&Topology::uniform(nn * m, m), &prof)
+            .simulate(
+                &Job::new(
+                    Collective::ReduceScatter { average: false },
+                    "hier-rd".parse().unwrap(),
+                    (2 * n) as f64,
+                ),
+                Engine::Auto,
+            )
+            .unwrap()
+            .seconds;
+        let q4 = Quant {
+            bits: 4,
+            ..Quant::INT8
+        };
+        let (two_hop, _) = reduce_scatter_seconds(&prof, (nn, m), n, 2, &q4).unwrap();
+        let (halving, k) = reduce_scatter_halving_seconds(&prof, (nn, m), n, 2, &q4).unwrap();
+        assert!(k > 0.0 && halving > k);
+        assert!(
+            halving < plain,
+            "INT4 halving {halving} s vs plain {plain} s"
+        );
+        assert!(
+            halving * 1.5 < two_hop,
+            "INT4 halving {halving} s vs two-hop {two_hop} s"
+        );
     }
 }

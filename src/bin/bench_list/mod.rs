@@ -12,11 +12,13 @@
 //! (under mpiexec; refused elsewhere). `q8` and `q4` are the quantized all-gather and
 //! reduce-scatter (`Communicator::all_gather_quantized`, `reduce_scatter_quantized` (sum),
 //! INT8 / INT4 with a scale per 2048 elements; the all-gather on the tuner's plan for the
-//! records, or ALGO's with `q8:ALGO`; float dtypes; lossy, so `--check` skips them): its time against the plain all-gather's on the same data. With `--nic-rate` each row
+//! records, or ALGO's with `q8:ALGO`; float dtypes; lossy, so `--check` skips them): its time against the plain all-gather's on the same data. `q8h` and `q4h` run
+//! the reduce-scatter by recursive halving between nodes (`QuantScheme::Halving`) instead
+//! of the two all-to-alls. With `--nic-rate` each row
 //! also shows its NIC floor.
 
 use super::{bounds, count_wrong, input_of, iters_for, lens, Args, Coll, Native, Row};
-use pccl::{Communicator, DType, Element, Quant, ReduceOp};
+use pccl::{Communicator, DType, Element, Quant, QuantScheme, ReduceOp};
 use std::time::Instant;
 
 /// The algorithms of a comma-separated `--algo` list, in order; `None` when it names one.
@@ -97,14 +99,18 @@ pub fn split_per_algo(
     Ok(out)
 }
 
-/// The quantization of a `q8` / `q4` entry of the list (`q8:ALGO`: with that algorithm).
-fn quant_of(name: &str) -> Option<Quant> {
+/// The quantization and reduce-scatter scheme of a `q8` / `q4` / `q8h` / `q4h` entry of the
+/// list (`q8:ALGO`: with that algorithm).
+fn quant_of(name: &str) -> Option<(Quant, QuantScheme)> {
+    let int4 = Quant {
+        bits: 4,
+        ..Quant::INT8
+    };
     match name.split_once(':').map_or(name, |(q, _)| q) {
-        "q8" => Some(Quant::INT8),
-        "q4" => Some(Quant {
-            bits: 4,
-            ..Quant::INT8
-        }),
+        "q8" => Some((Quant::INT8, QuantScheme::TwoHop)),
+        "q4" => Some((int4, QuantScheme::TwoHop)),
+        "q8h" => Some((Quant::INT8, QuantScheme::Halving)),
+        "q4h" => Some((int4, QuantScheme::Halving)),
         _ => None,
     }
 }
@@ -115,7 +121,7 @@ fn quantized<T: Element>(
     coll: Coll,
     input: &[T],
     out: &mut [T],
-    q: Quant,
+    q: (Quant, QuantScheme),
 ) -> pccl::Result<()> {
     use bytemuck::{cast_slice, cast_slice_mut};
     fn on<F: pccl::quant::QuantFloat>(
@@ -123,10 +129,10 @@ fn quantized<T: Element>(
         coll: Coll,
         i: &[F],
         o: &mut [F],
-        q: Quant,
+        (q, scheme): (Quant, QuantScheme),
     ) -> pccl::Result<()> {
         match coll {
-            Coll::ReduceScatter => c.reduce_scatter_quantized(i, o, q, false),
+            Coll::ReduceScatter => c.reduce_scatter_quantized_with(i, o, q, false, scheme),
             _ => c.all_gather_quantized(i, o, q),
         }
     }
@@ -170,7 +176,7 @@ pub fn run_size<T: Element>(
     let (in_len, out_len) = lens(coll, count, p);
     let input: Vec<T> = input_of(r, in_len);
     let mut output: Vec<T> = vec![T::from_i64(0); out_len];
-    let quants: Vec<Option<Quant>> = names.iter().map(|n| quant_of(n)).collect();
+    let quants: Vec<Option<(Quant, QuantScheme)>> = names.iter().map(|n| quant_of(n)).collect();
     if quants.iter().any(Option::is_some) && coll == Coll::AllReduce {
         return Err(pccl::Error::usage(
             "--algo q8/q4 time the quantized all-gather and reduce-scatter, not all-reduce",
@@ -251,12 +257,18 @@ pub fn run_size<T: Element>(
         let algbw = total_bytes as f64 / avg / 1e9;
         let ran = match (c, quants[a]) {
             // The records' all-gather: its plan for the record's bytes.
-            (Some(c), Some(q)) if coll == Coll::ReduceScatter => {
+            (Some(c), Some((q, scheme))) if coll == Coll::ReduceScatter => {
                 let t = c.topology();
                 let two = t.is_regular() && t.nodes().len() > 1 && t.nodes()[0].len() > 1;
-                format!("q{}:{}", q.bits, if two { "a2a-2hop" } else { "a2a" })
+                let how = match (scheme, two) {
+                    (QuantScheme::TwoHop, true) => "a2a-2hop",
+                    (QuantScheme::TwoHop, false) => "a2a",
+                    (QuantScheme::Halving, true) => "rs+halving",
+                    (QuantScheme::Halving, false) => "halving",
+                };
+                format!("q{}:{how}", q.bits)
             }
-            (Some(c), Some(q)) => format!(
+            (Some(c), Some((q, _))) => format!(
                 "q{}:{}",
                 q.bits,
                 c.algorithm_for(coll_key, q.record_bytes(count))?.name()

@@ -218,11 +218,10 @@ impl Communicator {
 
     /// [`Communicator::reduce_scatter_quantized`] with the scheme `scheme` (every rank must
     /// pass the same; a rank that does not fails the call on every rank, named).
-    /// [`QuantScheme::Halving`]: a reduce-scatter in full precision inside the node, then
-    /// recursive halving between nodes with every partial sum quantized on the wire; error
-    /// bound per element `Σ_steps s/2`, `s` the step of each quantized partial sum it
-    /// received (one per halving step, `log2 N`, plus one where the node count is not a
-    /// power of two), the intra-node sum exact in `f32`.
+    /// [`QuantScheme::Halving`]: recursive halving inside the node, then between nodes, every
+    /// partial sum quantized on the wire; error bound per element `Σ_steps s/2`, `s` the step
+    /// of each quantized partial sum it received (one per halving step, `log2 M + log2 N`,
+    /// plus one per level whose member count is not a power of two), sums in `f32`.
     pub fn reduce_scatter_quantized_with<T: QuantFloat>(
         &self,
         input: &[T],

@@ -1,10 +1,9 @@
-//! The quantized reduce-scatter by recursive halving ([`QuantScheme::Halving`]): inside the
-//! node a reduce-scatter in full precision (`f32`, the communicator's own plans), then between
-//! nodes recursive halving whose every message is a quantized partial sum — `log2 N`
-//! messages per rank instead of the two-hop scheme's `N − 1` (routing: `crate::plan::halving`,
-//! proven there for 1–64 members).
+//! The quantized reduce-scatter by recursive halving ([`QuantScheme::Halving`]): recursive
+//! halving inside the node, then between nodes, every message a quantized partial sum —
+//! `log2 M + log2 N` messages per rank instead of the two-hop scheme's `(M − 1) + (N − 1)`,
+//! about as many bytes (routing: `crate::plan::halving`, proven there for 1–64 members).
 
-use super::{Communicator, ReduceOp};
+use super::Communicator;
 use crate::error::{Error, Result};
 use crate::plan::halving::{route, Role};
 use crate::quant::{self, Quant};
@@ -16,10 +15,9 @@ pub enum QuantScheme {
     /// local index across nodes (`N − 1` messages per rank between nodes).
     #[default]
     TwoHop,
-    /// A reduce-scatter in full precision inside the node, then recursive halving between
-    /// nodes with each partial sum quantized on the wire (`log2 N` messages per rank, about
-    /// as many bytes); with one rank per node (or nodes of unequal size), recursive halving
-    /// over every rank.
+    /// Recursive halving inside the node, then between nodes, each partial sum quantized on
+    /// the wire (`log2 M + log2 N` messages per rank, about as many bytes); with one node,
+    /// one rank per node or nodes of unequal size, recursive halving over every rank.
     Halving,
 }
 
@@ -169,8 +167,7 @@ impl Communicator {
             }
         }
         self.with_levels(|intra, inter| {
-            let mut partial = floats(nn * n, "the node's partial sums")?;
-            intra.reduce_scatter(&payload, &mut partial, ReduceOp::Sum)?;
+            let partial = halving(intra, payload, nn * n, q)?;
             halving(inter, partial, n, q)
         })
     }
