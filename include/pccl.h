@@ -61,6 +61,13 @@
 #define PCCL_QUANT_AVERAGE 2
 
 /**
+ * `flags` bit of [`pcclReduceScatterQuantized`]: recursive halving inside the node and
+ * between nodes, every partial sum quantized (`log2` steps per level), instead of the two
+ * quantized all-to-alls (docs/QUANTIZED.md). Every rank must pass the same.
+ */
+#define PCCL_QUANT_HALVING 4
+
+/**
  * Opaque communicator; only ever used through a `pcclComm_t`.
  */
 typedef struct pcclComm pcclComm;
@@ -907,7 +914,8 @@ pcclResult_t pcclAllGatherQuantized(const void *sendbuff,
  * nranks` elements of every rank's `sendbuff`, block `r` to rank `r`'s `recvbuff`, with the
  * data block-quantized on the wire (ZeRO++'s qgZ: inside a node an all-to-all of quantized
  * pieces, summed in f32 and requantized, then between nodes the same; one all-to-all on one
- * node or one rank per node). `bits` 8 or 4, one `f32` scale per `block` elements (a power
+ * node or one rank per node; with [`PCCL_QUANT_HALVING`] in `flags`, recursive halving at
+ * each level instead). `bits` 8 or 4, one `f32` scale per `block` elements (a power
  * of two, 32 … 8192). Every element is within half a step of every quantized piece it passed
  * through (docs/QUANTIZED.md). Datatypes, refusals and `stream` as
  * [`pcclAllGatherQuantized`].

@@ -18,11 +18,19 @@ pub const PCCL_QUANT_ALLOW_NONFINITE: u32 = 1;
 /// `flags` bit of [`pcclReduceScatterQuantized`]: divide the sums by the number of ranks.
 pub const PCCL_QUANT_AVERAGE: u32 = 2;
 
+/// `flags` bit of [`pcclReduceScatterQuantized`]: recursive halving inside the node and
+/// between nodes, every partial sum quantized (`log2` steps per level), instead of the two
+/// quantized all-to-alls (docs/QUANTIZED.md). Every rank must pass the same.
+pub const PCCL_QUANT_HALVING: u32 = 4;
+
 /// Which quantized collective.
 #[derive(Clone, Copy)]
 enum Which {
     AllGather,
-    ReduceScatter { average: bool },
+    ReduceScatter {
+        average: bool,
+        scheme: crate::QuantScheme,
+    },
 }
 
 /// Runs the quantized collective on `T`; argument problems found here still take the
@@ -59,8 +67,8 @@ unsafe fn run_typed<T: QuantFloat>(
     });
     let call = |input: &[T], output: &mut [T]| match which {
         Which::AllGather => comm.all_gather_quantized(input, output, q),
-        Which::ReduceScatter { average } => {
-            comm.reduce_scatter_quantized(input, output, q, average)
+        Which::ReduceScatter { average, scheme } => {
+            comm.reduce_scatter_quantized_with(input, output, q, average, scheme)
         }
     };
     match checked {
@@ -178,7 +186,8 @@ pub unsafe extern "C" fn pcclAllGatherQuantized(
 /// nranks` elements of every rank's `sendbuff`, block `r` to rank `r`'s `recvbuff`, with the
 /// data block-quantized on the wire (ZeRO++'s qgZ: inside a node an all-to-all of quantized
 /// pieces, summed in f32 and requantized, then between nodes the same; one all-to-all on one
-/// node or one rank per node). `bits` 8 or 4, one `f32` scale per `block` elements (a power
+/// node or one rank per node; with [`PCCL_QUANT_HALVING`] in `flags`, recursive halving at
+/// each level instead). `bits` 8 or 4, one `f32` scale per `block` elements (a power
 /// of two, 32 … 8192). Every element is within half a step of every quantized piece it passed
 /// through (docs/QUANTIZED.md). Datatypes, refusals and `stream` as
 /// [`pcclAllGatherQuantized`].
@@ -203,6 +212,11 @@ pub unsafe extern "C" fn pcclReduceScatterQuantized(
             comm,
             Which::ReduceScatter {
                 average: flags & PCCL_QUANT_AVERAGE != 0,
+                scheme: if flags & PCCL_QUANT_HALVING != 0 {
+                    crate::QuantScheme::Halving
+                } else {
+                    crate::QuantScheme::TwoHop
+                },
             },
             sendbuff,
             recvbuff,
@@ -212,7 +226,7 @@ pub unsafe extern "C" fn pcclReduceScatterQuantized(
                 bits,
                 block,
                 flags,
-                PCCL_QUANT_ALLOW_NONFINITE | PCCL_QUANT_AVERAGE,
+                PCCL_QUANT_ALLOW_NONFINITE | PCCL_QUANT_AVERAGE | PCCL_QUANT_HALVING,
             ),
             stream,
         )

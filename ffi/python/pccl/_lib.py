@@ -145,6 +145,9 @@ _SIGNATURES = {
 PCCL_QUANT_ALLOW_NONFINITE = 1
 #: ``flags`` bit of ``pcclReduceScatterQuantized``: average instead of sum.
 PCCL_QUANT_AVERAGE = 2
+#: ``flags`` bit of ``pcclReduceScatterQuantized``: recursive halving at each level instead
+#: of the two quantized all-to-alls.
+PCCL_QUANT_HALVING = 4
 
 _lock = threading.Lock()
 _lib = None
@@ -453,7 +456,8 @@ class Communicator:
     def reduce_scatter_quantized(self, send, recv, recvcount, dtype, bits, block,
                                  flags=0) -> None:
         """``pcclReduceScatterQuantized`` on host memory (qgZ: quantized all-to-alls inside
-        the node, then between nodes; ``flags`` may add ``PCCL_QUANT_AVERAGE``)."""
+        the node, then between nodes; ``flags`` may add ``PCCL_QUANT_AVERAGE`` and
+        ``PCCL_QUANT_HALVING``)."""
         code = lib().pcclReduceScatterQuantized(send, recv, recvcount, dtype, bits, block,
                                                 flags, self.handle, None)
         check("pcclReduceScatterQuantized", code, self.handle)

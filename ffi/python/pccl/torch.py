@@ -1208,21 +1208,26 @@ def all_gather_quantized(output, input, bits=8, block=2048, allow_nonfinite=Fals
 
 
 def reduce_scatter_quantized(output, input, bits=8, block=2048, average=False,
-                             allow_nonfinite=False, group=None):
+                             allow_nonfinite=False, group=None, scheme="two-hop"):
     """Reduce-scatter (sum, or mean with ``average``) of ``input`` (``output.numel() x world``
     elements, block ``r`` for rank ``r``) into ``output`` with the data block-quantized on the
-    wire (ZeRO++'s qgZ: an all-to-all of quantized pieces inside the node, summed in float32
-    and requantized, then between nodes). Every element is within half a step of every
-    quantized piece it passed through (docs/QUANTIZED.md). Dtypes, refusals and ``group`` as
-    ``all_gather_quantized``. Synchronous."""
+    wire: ``scheme="two-hop"`` (ZeRO++'s qgZ: an all-to-all of quantized pieces inside the
+    node, summed in float32 and requantized, then between nodes) or ``"halving"`` (recursive
+    halving inside the node and between nodes, every partial sum quantized: log2 steps per
+    level). Every element is within half a step of every quantized piece it passed through
+    (docs/QUANTIZED.md). Dtypes, refusals and ``group`` as ``all_gather_quantized``; every
+    rank must pass the same scheme. Synchronous."""
     call = "reduce_scatter_quantized"
+    if scheme not in ("two-hop", "halving"):
+        raise ValueError(f"pccl: {call}: scheme must be 'two-hop' or 'halving', not {scheme!r}")
     be, comm, inp, out = _quantized_args(call, output, input, group)
     n = output.numel()
     if input.numel() != n * be.size():
         raise ValueError(f"pccl: {call}: input has {input.numel()} elements, expected "
                          f"{n} x {be.size()}")
     flags = (_lib.PCCL_QUANT_ALLOW_NONFINITE if allow_nonfinite else 0) | (
-        _lib.PCCL_QUANT_AVERAGE if average else 0)
+        _lib.PCCL_QUANT_AVERAGE if average else 0) | (
+        _lib.PCCL_QUANT_HALVING if scheme == "halving" else 0)
     comm.reduce_scatter_quantized(_ptr(inp), _ptr(out), n, _dtype(inp, call), int(bits),
                                   int(block), flags)
     if out is not output:

@@ -438,6 +438,9 @@ def quantized(ck: Checker):
         pccl.torch.reduce_scatter_quantized(out, inp, bits=bits, block=32, average=True)
         ck.close(f"reduce_scatter_quantized {bits}-bit average", out,
                  sign[me * m:(me + 1) * m] / n, False)
+        pccl.torch.reduce_scatter_quantized(out, inp, bits=bits, block=32, scheme="halving")
+        ck.close(f"reduce_scatter_quantized {bits}-bit halving", out, sign[me * m:(me + 1) * m],
+                 True)
     if n == 1:
         return
     ck.checks += 1
