@@ -94,19 +94,7 @@ impl Communicator {
             }
             Ok(())
         };
-        let end = self.queue_program(
-            dev,
-            Kind::Collective,
-            &what,
-            |_| "host-staged".to_string(),
-            build,
-            blocking,
-        )?;
-        if let Some(end) = end {
-            // The caller's stream goes on after the call, as with a collective.
-            dev.wait_on(&end)?;
-        }
-        Ok(())
+        self.queue_staged(dev, Kind::Collective, &what, build, blocking)
     }
 
     /// Validates a device rooted call; the bytes read from `send` and written to `recv` on
@@ -306,18 +294,7 @@ impl Communicator {
             }
             Ok(())
         };
-        let end = self.queue_program(
-            dev,
-            Kind::Collective,
-            &what,
-            |_| "host-staged".to_string(),
-            build,
-            blocking,
-        )?;
-        if let Some(end) = end {
-            dev.wait_on(&end)?;
-        }
-        Ok(())
+        self.queue_staged(dev, Kind::Collective, &what, build, blocking)
     }
 
     /// Sends and receives between device buffers of `dev` (NCCL's `ncclSend`/`ncclRecv`,
@@ -406,15 +383,22 @@ impl Communicator {
             }
             dev.synchronize()
         };
-        let end = self.queue_program(
-            dev,
-            Kind::P2p,
-            &what,
-            |_| "host-staged".to_string(),
-            build,
-            blocking,
-        )?;
-        if let Some(end) = end {
+        self.queue_staged(dev, Kind::P2p, &what, build, blocking)
+    }
+
+    /// Queues a host-staged program (see `Communicator::queue_program`) and makes `dev`'s
+    /// stream wait for its end: the caller's stream goes on after the call, as with a
+    /// collective.
+    fn queue_staged<D: Device>(
+        &self,
+        dev: &D,
+        kind: Kind,
+        what: &dyn Fn(u32) -> String,
+        build: impl FnOnce(&mut Program<'_, D>, Option<&mut NcclLevel<D>>, &D, u32) -> Result<()>,
+        blocking: impl FnOnce(&Communicator) -> Result<()>,
+    ) -> Result<()> {
+        let path = |_: Option<&NcclLevel<D>>| "host-staged".to_string();
+        if let Some(end) = self.queue_program(dev, kind, what, path, build, blocking)? {
             dev.wait_on(&end)?;
         }
         Ok(())

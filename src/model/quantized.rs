@@ -199,22 +199,22 @@ mod tests {
         }
     }
 
+    /// The plain hier-rd reduce-scatter of `n` bf16 elements per rank on `topo`, in seconds.
+    fn plain_hier_rd(prof: &Profile, topo: &Topology, n: usize) -> f64 {
+        let rs = Collective::ReduceScatter { average: false };
+        let job = Job::new(rs, "hier-rd".parse().unwrap(), (2 * n) as f64);
+        Cluster::new(topo, prof)
+            .simulate(&job, Engine::Auto)
+            .unwrap()
+            .seconds
+    }
+
     #[test]
     fn the_quantized_reduce_scatter_gains_on_the_network_and_pays_its_kernels() {
         let prof = presets::named("frontier").unwrap();
         let n = 1 << 20;
         let topo = Topology::uniform(256, 8);
-        let plain = Cluster::new(&topo, &prof)
-            .simulate(
-                &Job::new(
-                    Collective::ReduceScatter { average: false },
-                    "hier-rd".parse().unwrap(),
-                    (2 * n) as f64,
-                ),
-                Engine::Auto,
-            )
-            .unwrap()
-            .seconds;
+        let plain = plain_hier_rd(&prof, &topo, n);
         let q4 = Quant {
             bits: 4,
             ..Quant::INT8
@@ -238,17 +238,7 @@ mod tests {
         let prof = presets::named("frontier").unwrap();
         let (nn, m) = (256, 8);
         let n = (16 << 20) / (nn * m) / 2; // bf16 elements per rank's output
-        let plain = Cluster::new(&Topology::uniform(nn * m, m), &prof)
-            .simulate(
-                &Job::new(
-                    Collective::ReduceScatter { average: false },
-                    "hier-rd".parse().unwrap(),
-                    (2 * n) as f64,
-                ),
-                Engine::Auto,
-            )
-            .unwrap()
-            .seconds;
+        let plain = plain_hier_rd(&prof, &Topology::uniform(nn * m, m), n);
         let q4 = Quant {
             bits: 4,
             ..Quant::INT8

@@ -73,8 +73,11 @@ pub fn with_fake_runtime(child: &str, extra: &[(&str, &str)]) -> bool {
             cmd.env(k, v);
         }
     }
-    let out = cmd.output().expect("run the child test process");
+    let out = output_within(cmd, CHILD_LIMIT);
     let _ = std::fs::remove_dir_all(&dir);
+    let Some(out) = out else {
+        panic!("child {child} did not finish within {CHILD_LIMIT:?} (killed): a hang");
+    };
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
@@ -83,6 +86,60 @@ pub fn with_fake_runtime(child: &str, extra: &[(&str, &str)]) -> bool {
         "child did not run:\n{stdout}\n{stderr}"
     );
     true
+}
+
+/// How long a child may run: every check finishes in seconds; a hung one (a rank that
+/// panicked while its peers wait at a barrier, a stream held forever) fails instead of
+/// holding the suite until CI's limit.
+const CHILD_LIMIT: std::time::Duration = std::time::Duration::from_secs(240);
+
+/// Runs `cmd` to completion and returns its output, or kills it after `limit` (None).
+fn output_within(mut cmd: Command, limit: std::time::Duration) -> Option<std::process::Output> {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run the child test process");
+    // Drain both pipes on threads of their own (a full pipe would stall the child).
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            v
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("piped stdout")));
+    let err = drain(Box::new(child.stderr.take().expect("piped stderr")));
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait for the child") {
+            break Some(st);
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let (stdout, stderr) = (
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    );
+    if status.is_none() {
+        eprintln!(
+            "child output before it was killed:\n{}\n{}",
+            String::from_utf8_lossy(&stdout),
+            String::from_utf8_lossy(&stderr)
+        );
+    }
+    status.map(|status| std::process::Output {
+        status,
+        stdout,
+        stderr,
+    })
 }
 
 pub fn is_child() -> bool {
