@@ -106,6 +106,12 @@ class _P2PWork(dist._Work):
         return True
 
     def is_completed(self):
+        if self._op is None and not self._event.is_set():
+            if self._backend._coalescing:
+                return False  # queued in an open batch (posted at its end)
+            # Posts the queued group: device memory queued on the stream (never blocks), host
+            # memory of an older libpccl blocking (else it would never start).
+            self._backend._flush_p2p()
         op = self._op
         if op is not None:  # posted: poll, never block
             try:
@@ -115,9 +121,7 @@ class _P2PWork(dist._Work):
                 pass
             self._run()
             return True
-        if self._backend._async_p2p and not self._event.is_set():
-            return False  # queued in an open batch (posted at its end)
-        self._run()  # torch <= 2.11: posts the queued group (blocking), else it never starts
+        self._run()
         return True
 
     def is_success(self):
@@ -177,8 +181,14 @@ class P2PMixin:
         work = _P2PWork(self, call, self._next_seq(), [t])
         with self._p2p_lock:
             self._p2p_pending.append(_Pending(kind, buf, t.numel(), dt, peer, post, work, dev))
-        if self._async_p2p and not self._coalescing:
-            self._flush_p2p()  # outside a batch: posted at once (NCCL's order semantics)
+        # Outside a batch: posted at once (NCCL's order semantics). Device sends and receives
+        # of a torch that does not coalesce batches (2.11) wait for their Work to be waited
+        # for or polled, or for the group's next call, so that a batch's sends and receives
+        # are one group on the stream: posted one by one, a ring of them would run in series
+        # on each rank's stream and could wait on each other.
+        if self._async_p2p and not self._coalescing and (
+                dev is None or self.supports_coalescing):
+            self._flush_p2p()
         return work
 
     def send(self, tensors, dst, tag=0):

@@ -28,6 +28,11 @@ def _train(backend, tmp_path, extra=()):
            str(EXAMPLES / "train_fsdp.py"), "--backend", backend, "--steps", str(STEPS),
            "--seed", "1234", "--json-out", str(out), *extra]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    if backend == "gloo" and p.returncode != 0 and "SUMMARY" in p.stdout and \
+            "terminate called without an active exception" in p.stdout + p.stderr:
+        # The reference run (no PCCL loaded) finished its steps and then aborted in gloo's
+        # teardown (seen once in CI, 2026-11-27, on a loaded 2-core machine): run it again.
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, f"{backend} harness failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
     with open(out) as f:
         return json.load(f)
