@@ -237,9 +237,7 @@ impl Communicator {
         mine.scheme = scheme;
         self.agree_quantized(mine)?;
         if scheme == QuantScheme::Halving {
-            let mut all = alloc_f32(p * n)?;
-            T::to_f32_slice(input, &mut all);
-            let mut sum = self.halving_sum(&all, n, q)?;
+            let mut sum = self.halving_sum(input, n, q)?;
             if average {
                 let k = 1.0 / p as f32;
                 sum.iter_mut().for_each(|v| *v *= k);

@@ -6,7 +6,7 @@
 use super::Communicator;
 use crate::error::{Error, Result};
 use crate::plan::halving::{route, Role};
-use crate::quant::{self, Quant};
+use crate::quant::{self, Quant, QuantFloat};
 
 /// How a quantized reduce-scatter moves its partial sums.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -145,17 +145,25 @@ pub(super) fn halving(
 }
 
 impl Communicator {
-    /// The halving scheme of [`Communicator::reduce_scatter_quantized_with`] on `input` (as
-    /// `f32`, block `r` for rank `r`, `n` each): the sum of every rank's block `rank()`.
-    pub(super) fn halving_sum(&self, input: &[f32], n: usize, q: Quant) -> Result<Vec<f32>> {
+    /// The halving scheme of [`Communicator::reduce_scatter_quantized_with`] on `input` (block
+    /// `r` for rank `r`, `n` each): the sum of every rank's block `rank()`, in `f32`. The input
+    /// is converted once, straight into the order the first level sends it in.
+    pub(super) fn halving_sum<T: QuantFloat>(
+        &self,
+        input: &[T],
+        n: usize,
+        q: Quant,
+    ) -> Result<Vec<f32>> {
         let topo = self.topology();
         let nodes = topo.nodes();
         if !crate::plan::two_hop::applies(nodes) {
-            return halving(self, input.to_vec(), n, q);
+            let mut all = floats(input.len(), "this rank's input")?;
+            T::to_f32_slice(input, &mut all);
+            return halving(self, all, n, q);
         }
         let (nn, m) = (nodes.len(), nodes[0].len());
-        // Unit j of the node's reduce-scatter: the blocks of the ranks of local index j on
-        // every node, in node order (the inter level's member order).
+        // Unit j of the node's level: the blocks of the ranks of local index j on every node,
+        // in node order (the inter level's member order).
         let mut payload = floats(m * nn * n, "the node's reduce-scatter")?;
         for j in 0..m {
             for (k, r) in crate::plan::two_hop::hop1_piece(nodes, j)
@@ -163,7 +171,7 @@ impl Communicator {
                 .enumerate()
             {
                 let at = (j * nn + k) * n;
-                payload[at..at + n].copy_from_slice(&input[r * n..(r + 1) * n]);
+                T::to_f32_slice(&input[r * n..(r + 1) * n], &mut payload[at..at + n]);
             }
         }
         self.with_levels(|intra, inter| {
