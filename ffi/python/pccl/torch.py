@@ -414,7 +414,7 @@ class PcclBackend(P2PMixin, _BASE):
         if comm is None or self._p2p_pending or getattr(opts, "asyncOp", True):
             return None
         for t in tensors:
-            # `_streams.is_device` too: the one seam that says where a tensor lives (tests stub it).
+            # `_streams.is_device` too: the one seam that says where a tensor lives (tests replace it).
             if not (t.is_cpu and t.layout is _STRIDED and t.is_contiguous()) or _streams.is_device(
                 t.device
             ):

@@ -247,35 +247,17 @@ impl Communicator {
         }
         let topo = self.topology();
         let nodes = topo.nodes();
-        let m = nodes.first().map_or(1, Vec::len);
         let two_hops = crate::plan::two_hop::applies(nodes);
-        let as_f32 = |r: usize, dst: &mut [f32]| {
-            T::to_f32_slice(&input[r * n..(r + 1) * n], dst);
-        };
         let mut sum = if two_hops {
-            let nn = nodes.len();
-            // Hop 1: to local index j, the blocks of the ranks of index j on every node
-            // (the routing crate::plan::two_hop proves).
-            let mut payload = alloc_f32(m * nn * n)?;
-            for j in 0..m {
-                for (k, r) in crate::plan::two_hop::hop1_piece(nodes, j)
-                    .into_iter()
-                    .enumerate()
-                {
-                    let at = (j * nn + k) * n;
-                    as_f32(r, &mut payload[at..at + n]);
-                }
-            }
+            let payload = node_units(input, nodes, n)?;
             self.with_levels(|intra, inter| {
-                let partial = quantized_hop(intra, &payload, nn * n, q)?;
+                let partial = quantized_hop(intra, &payload, nodes.len() * n, q)?;
                 // Hop 2: to node k, the partial sum of its rank of this local index.
                 quantized_hop(inter, &partial, n, q)
             })?
         } else {
-            let mut payload = alloc_f32(p * n)?;
-            for r in 0..p {
-                as_f32(r, &mut payload[r * n..(r + 1) * n]);
-            }
+            let mut payload = alloc_f32(p * n, "this rank's input")?;
+            T::to_f32_slice(input, &mut payload);
             quantized_hop(self, &payload, n, q)?
         };
         if average {
@@ -310,12 +292,36 @@ impl Communicator {
     }
 }
 
-fn alloc_f32(n: usize) -> Result<Vec<f32>> {
+/// `n` floats, or an error naming what they were for.
+pub(super) fn alloc_f32(n: usize, what: &str) -> Result<Vec<f32>> {
     let mut v = Vec::new();
     v.try_reserve_exact(n)
-        .map_err(|_| Error::system(format!("cannot allocate {n} floats of staging")))?;
+        .map_err(|_| Error::system(format!("cannot allocate {n} floats for {what}")))?;
     v.resize(n, 0.0);
     Ok(v)
+}
+
+/// `input` (block `r` for rank `r`, `n` each) in `f32`, arranged as the first level inside
+/// the node sends it: unit `j` holds the blocks of the ranks of local index `j` on every
+/// node, in node order (the routing `crate::plan::two_hop` proves; the network level's member
+/// order). Nodes of one size.
+pub(super) fn node_units<T: QuantFloat>(
+    input: &[T],
+    nodes: &[Vec<usize>],
+    n: usize,
+) -> Result<Vec<f32>> {
+    let (nn, m) = (nodes.len(), nodes.first().map_or(0, Vec::len));
+    let mut payload = alloc_f32(m * nn * n, "the node's first level")?;
+    for j in 0..m {
+        for (k, r) in crate::plan::two_hop::hop1_piece(nodes, j)
+            .into_iter()
+            .enumerate()
+        {
+            let at = (j * nn + k) * n;
+            T::to_f32_slice(&input[r * n..(r + 1) * n], &mut payload[at..at + n]);
+        }
+    }
+    Ok(payload)
 }
 
 /// One quantized all-to-all on `comm`: `payload` holds `comm.size()` pieces of `len` f32
@@ -334,8 +340,8 @@ fn quantized_hop(comm: &Communicator, payload: &[f32], len: usize, q: Quant) -> 
     }
     let mut recv = alloc_words(total, "the quantized pieces received")?;
     comm.all_to_all(&send, &mut recv)?;
-    let mut sum = alloc_f32(len)?;
-    let mut piece = alloc_f32(len)?;
+    let mut sum = alloc_f32(len, "a hop's sum")?;
+    let mut piece = alloc_f32(len, "a received piece")?;
     for d in 0..s {
         let rec = bytemuck::cast_slice(&recv[d * words..(d + 1) * words]);
         quant::dequantize(&q, rec, &mut piece)?;

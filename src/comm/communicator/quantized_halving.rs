@@ -3,8 +3,9 @@
 //! `log2 M + log2 N` messages per rank instead of the two-hop scheme's `(M − 1) + (N − 1)`,
 //! about as many bytes (routing: `crate::plan::halving`, proven there for 1–64 members).
 
+use super::quantized::{alloc_f32, node_units};
 use super::Communicator;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::plan::halving::{route, Role};
 use crate::quant::{self, Quant, QuantFloat};
 
@@ -31,18 +32,9 @@ impl QuantScheme {
     }
 }
 
-/// `n` floats, or an error naming what they were for.
-fn floats(n: usize, what: &str) -> Result<Vec<f32>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n)
-        .map_err(|_| Error::system(format!("cannot allocate {n} floats for {what}")))?;
-    v.resize(n, 0.0);
-    Ok(v)
-}
-
 /// The blocks `ids` (of `n` floats each) of `data`, packed in order.
 fn pack(data: &[f32], ids: &[usize], n: usize) -> Result<Vec<f32>> {
-    let mut v = floats(ids.len() * n, "a halving message")?;
+    let mut v = alloc_f32(ids.len() * n, "a halving message")?;
     for (i, &b) in ids.iter().enumerate() {
         v[i * n..(i + 1) * n].copy_from_slice(&data[b * n..(b + 1) * n]);
     }
@@ -75,7 +67,7 @@ fn exchange(
     match inb {
         None => Ok(None),
         Some((_, len)) => {
-            let mut vals = floats(len, "a received partial sum")?;
+            let mut vals = alloc_f32(len, "a received partial sum")?;
             quant::dequantize(&q, bytemuck::cast_slice(&recv), &mut vals)?;
             Ok(Some(vals))
         }
@@ -108,7 +100,7 @@ pub(super) fn halving(
     match route(s, me) {
         Role::Extra { core } => {
             exchange(comm, q, Some((core, &data)), None)?;
-            let mut mine = floats(n, "this rank's block")?;
+            let mut mine = alloc_f32(n, "this rank's block")?;
             let mut g = comm.group_start();
             g.recv(&mut mine, core);
             g.end()?;
@@ -157,23 +149,12 @@ impl Communicator {
         let topo = self.topology();
         let nodes = topo.nodes();
         if !crate::plan::two_hop::applies(nodes) {
-            let mut all = floats(input.len(), "this rank's input")?;
+            let mut all = alloc_f32(input.len(), "this rank's input")?;
             T::to_f32_slice(input, &mut all);
             return halving(self, all, n, q);
         }
-        let (nn, m) = (nodes.len(), nodes[0].len());
-        // Unit j of the node's level: the blocks of the ranks of local index j on every node,
-        // in node order (the inter level's member order).
-        let mut payload = floats(m * nn * n, "the node's reduce-scatter")?;
-        for j in 0..m {
-            for (k, r) in crate::plan::two_hop::hop1_piece(nodes, j)
-                .into_iter()
-                .enumerate()
-            {
-                let at = (j * nn + k) * n;
-                T::to_f32_slice(&input[r * n..(r + 1) * n], &mut payload[at..at + n]);
-            }
-        }
+        let payload = node_units(input, nodes, n)?;
+        let nn = nodes.len();
         self.with_levels(|intra, inter| {
             let partial = halving(intra, payload, nn * n, q)?;
             halving(inter, partial, n, q)
