@@ -6,11 +6,17 @@
 # file per shape, in OUT).
 #
 #   scripts/cluster-bench.sh [--out docs/cluster] [--rate 200mbit] [--sizes 1K:1M] \
-#       [--shapes "4x4 8x2"] [--nics "1 2 4"] [--colls "allgather reducescatter"] [--iters 3]
+#       [--shapes "4x4 8x2"] [--nics "1 2 4"] [--colls "allgather reducescatter"] [--iters 3] \
+#       [--tuned] [--no-mpi] [--batch-ms MS]
+#
+# --tuned: the model's profile is measured inside the cluster first (pccl-tune --transport tcp
+# on the shape's ranks, once per shape and K) instead of written from R and K alone.
+# --no-mpi: PCCL's own processes (no mpiexec, no MPI row). --batch-ms: calls per timed round
+# grow until a round lasts about that long (small sizes otherwise time the barrier's skew).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=docs/cluster rate=200mbit sizes=1K:1M shapes="4x4 8x2" nics="1 2 4"
-colls="allgather reducescatter" iters=3 tag=""
+colls="allgather reducescatter" iters=3 tag="" tuned=0 mpi=1 batch_ms=""
 while [ $# -gt 0 ]; do
     case $1 in
         --out) out=$2; shift 2 ;;
@@ -21,27 +27,41 @@ while [ $# -gt 0 ]; do
         --colls) colls=$2; shift 2 ;;
         --iters) iters=$2; shift 2 ;;
         --tag) tag=$2; shift 2 ;;
+        --tuned) tuned=1; shift ;;
+        --no-mpi) mpi=0; shift ;;
+        --batch-ms) batch_ms=$2; shift 2 ;;
         *) echo "cluster-bench.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
 bench=target/release/pccl-bench
-[ -x "$bench" ] || cargo build --release --features mpi,hwloc,ofi --bin pccl-bench
+tune=target/release/pccl-tune
+[ -x "$bench" ] && [ -x "$tune" ] || cargo build --release --features mpi,hwloc,ofi --bin pccl-bench --bin pccl-tune
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-algos=auto,ring,rd,hier-rd,hier-ring,hier-rd-pipe4,hier-ring-pipe4,mpi
+algos=auto,ring,rd,hier-rd,hier-ring,hier-rd-pipe4,hier-ring-pipe4
+launch=()
+if [ "$mpi" = 1 ]; then algos=$algos,mpi launch=(--mpi); fi
+extra=()
+if [ -n "$batch_ms" ]; then extra=(--batch-ms "$batch_ms"); fi
 for shape in $shapes; do
     n=${shape%x*} m=${shape#*x}
     for k in $nics; do
         scripts/cluster.sh up --nodes "$n" --nics "$k" --rate "$rate" >/dev/null
-        prof="$out/profile-${k}nic-$rate.toml"
-        scripts/cluster.sh profile >"$prof"
+        if [ "$tuned" = 1 ]; then
+            prof="$out/profile-tuned-${n}x${m}-k${k}-$rate.toml"
+            scripts/cluster.sh run --ranks-per-node "$m" --timeout 300 -- \
+                "$PWD/$tune" --transport tcp -o "$prof" >&2
+        else
+            prof="$out/profile-${k}nic-$rate.toml"
+            scripts/cluster.sh profile >"$prof"
+        fi
         for coll in $colls; do
             f="$out/${coll}-${n}x${m}-k${k}-${rate}${tag}.json"
             echo "== $shape K=$k $coll -> $f" >&2
-            scripts/cluster.sh run --mpi --ranks-per-node "$m" --timeout 1500 -- \
+            scripts/cluster.sh run "${launch[@]}" --ranks-per-node "$m" --timeout 1500 -- \
                 env PCCL_TUNE_FILE="$prof" "$PWD/$bench" --transport tcp -m "$sizes" \
-                -i "$iters" --coll "$coll" --algo "$algos" --nic-rate "$rate" --model --check \
-                --json >"$f.tmp" 2>"$f.err" || echo "   (exit $?; see $f.err)" >&2
+                -i "$iters" "${extra[@]}" --coll "$coll" --algo "$algos" --nic-rate "$rate" \
+                --model --check --json >"$f.tmp" 2>"$f.err" || echo "   (exit $?; see $f.err)" >&2
             # Only rank 0's JSON document: from its first '{' line to the end.
             sed -n '/^{/,$p' "$f.tmp" >"$f" && rm -f "$f.tmp"
         done

@@ -2,7 +2,10 @@
 """Tables and target checks of the emulated-cluster runs (scripts/cluster-bench.sh's JSON).
 
     python3 scripts/cluster_report.py docs/cluster [--before docs/cluster/before-ack] \
-        [--into docs/CLUSTER.md]
+        [--into docs/CLUSTER.md [--marker NAME]]
+
+--marker: the block between `<!-- NAME:start -->` and `<!-- NAME:end -->` (default
+cluster-report) is replaced, so several folders' reports can live in one document.
 
 For every run (shape N x M, K NICs, collective): one row per size with each entry's time (the
 slowest rank's, median over rounds: the collective's completion), its distance from the NIC
@@ -228,11 +231,13 @@ def compare(old_runs, new_runs, b=1 << 20):
     return "\n".join(lines)
 
 
-START, END = "<!-- cluster-report:start -->", "<!-- cluster-report:end -->"
-
-
 def main():
     args = sys.argv[1:]
+    marker = "cluster-report"
+    if "--marker" in args:
+        i = args.index("--marker")
+        marker = args[i + 1]
+        del args[i:i + 2]
     into = None
     if "--into" in args:
         i = args.index("--into")
@@ -253,7 +258,8 @@ def main():
         print(text)
         return
     doc = open(into).read()
-    a, b = doc.index(START) + len(START), doc.index(END)
+    start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
+    a, b = doc.index(start) + len(start), doc.index(end)
     open(into, "w").write(doc[:a] + "\n" + text + "\n" + doc[b:])
 
 

@@ -285,6 +285,45 @@ fn an_emulated_cluster_runs_checked_collectives_on_the_mapped_nics_and_fails_cle
         }
     }
 
+    // pccl-tune measures the network from inside it: each NIC's rate as shaped (1 Gbit/s,
+    // 1448/1514 of it TCP payload), the three nodes found on one host, the overheads fitted.
+    let prof = dir.join("tuned.toml");
+    let o = c.run(
+        &[],
+        120,
+        &[
+            env!("CARGO_BIN_EXE_pccl-tune"),
+            "--transport",
+            "tcp",
+            "--quick",
+            "-o",
+            prof.to_str().expect("a UTF-8 path"),
+        ],
+    );
+    assert!(
+        o.status.success(),
+        "pccl-tune in the cluster failed:
+{}
+{}",
+        text(&o),
+        c.rank_logs().join("\n---\n")
+    );
+    let p = pccl::model::profile::Profile::load(&prof).expect("the profile pccl-tune wrote");
+    println!(
+        "pccl-tune: NIC {:.4} GB/s, inter {:.1} us + {:.1} us of core time, {} nodes per host",
+        p.inter.nic_bandwidth_gbps,
+        p.inter.alpha_us,
+        p.oversub.inter_cpu_us,
+        p.oversub.nodes_per_host
+    );
+    let payload = 0.125 * 1448.0 / 1514.0;
+    assert!(
+        (0.8 * payload..1.05 * payload).contains(&p.inter.nic_bandwidth_gbps),
+        "NIC rate {} GB/s measured, shaped to {payload} of payload",
+        p.inter.nic_bandwidth_gbps
+    );
+    assert_eq!((p.inter.nics, p.oversub.nodes_per_host), (NICS, NODES));
+
     // A NIC taken down while every rank loops over all-reduces: every rank fails within
     // PCCL_TIMEOUT (5 s) of it, none hangs (the run's own limit is 60 s), none succeeds.
     let logs = fault_run(&c, &["link", "1", "0", "down"], &["link", "1", "0", "up"]);

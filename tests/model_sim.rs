@@ -682,3 +682,71 @@ fn on_one_host_a_ranks_reductions_take_the_core_its_incoming_pieces_need() {
     let over = both(&topo, &prof, Job::new(RS, HIER.overlapped(4).unwrap(), s));
     assert!(over < 0.9 * plain, "apart: {over} vs {plain}");
 }
+
+/// `net_only` with each message costing `o` µs of core time, the ranks of `nodes_per_host`
+/// nodes sharing `cores` cores.
+fn with_overheads(nics: usize, cores: usize, nodes_per_host: usize, o: f64) -> Profile {
+    let mut p = net_only(nics);
+    p.oversub.cores = cores;
+    p.oversub.nodes_per_host = nodes_per_host;
+    p.oversub.inter_cpu_us = o;
+    p.oversub.intra_cpu_us = o;
+    p
+}
+
+/// Small messages sent all at once are bound by the host's cores: a 1-byte ring all-gather on
+/// 4 nodes × 4 ranks sharing 2 cores (16 messages per step, 100 µs of core time each) takes
+/// 15 steps × (α + 16 × 100 µs / 2 cores); on a host of its own per node (8 cores for 4
+/// ranks) each message's overhead runs on its rank's core: α + 100 µs per step.
+#[test]
+fn message_overheads_share_the_hosts_cores() {
+    let topo = Topology::uniform(16, 4);
+    let mut shared = with_overheads(1, 2, 4, 100.0);
+    shared.intra.alpha_us = 5.0;
+    let t = both(&topo, &shared, Job::new(AG, RING, 1.0));
+    let step = 5e-6 + 16.0 * 100e-6 / 2.0;
+    assert!(
+        (t / (15.0 * step) - 1.0).abs() < 1e-3,
+        "{t} vs {}",
+        15.0 * step
+    );
+    let mut own = with_overheads(1, 8, 1, 100.0);
+    own.intra.alpha_us = 5.0;
+    let t = both(&topo, &own, Job::new(AG, RING, 1.0));
+    let step = 5e-6 + 100e-6;
+    assert!(
+        (t / (15.0 * step) - 1.0).abs() < 1e-3,
+        "{t} vs {}",
+        15.0 * step
+    );
+    // Without the term the same profile is the plain α-β model.
+    let mut none = with_overheads(1, 2, 4, 0.0);
+    none.intra.alpha_us = 5.0;
+    let t = both(&topo, &none, Job::new(AG, RING, 1.0));
+    assert!((t / (15.0 * 5e-6) - 1.0).abs() < 1e-3, "{t}");
+}
+
+/// A message's overhead runs while its bytes move: a large message costs the larger of the
+/// two, and both engines agree on every algorithm with the term on.
+#[test]
+fn overheads_overlap_the_bytes_and_the_engines_agree_with_them() {
+    let topo = Topology::uniform(2, 1);
+    let p = with_overheads(1, 2, 2, 50.0);
+    // 1 MB at 10 GB/s: 100 µs of bytes after 5 µs of latency hide the 50 µs overhead.
+    let t = both(&topo, &p, Job::new(AG, RING, 1e6));
+    close(t, 5e-6 + 1e-4);
+    let t = both(&topo, &p, Job::new(AG, RING, 1e3));
+    close(t, 5e-6 + 50e-6);
+    let p = with_overheads(2, 2, 4, 30.0);
+    let topo = Topology::uniform(16, 4);
+    for coll in [AG, RS, Collective::AllReduce { average: false }] {
+        for algo in Algorithm::ALL {
+            if algo == Algorithm::VectorRd {
+                continue;
+            }
+            for s in [1024.0, 1048576.0] {
+                both_within(&topo, &p, Job::new(coll, algo, s), 0.05);
+            }
+        }
+    }
+}

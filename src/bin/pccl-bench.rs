@@ -46,6 +46,11 @@ struct Args {
     /// Timed iterations per size (default: fewer for larger sizes).
     #[arg(short = 'i')]
     iters: Option<usize>,
+    /// In a list run (`--algo a,b,..`): calls per timed round grow until a round lasts about
+    /// this long (at most 64; the ranks agree on it from the warm-up), so that small sizes
+    /// are not dominated by the ranks' skew leaving the barrier before each round.
+    #[arg(long, value_name = "MS")]
+    batch_ms: Option<f64>,
     /// Warm-up iterations per size.
     #[arg(short = 'x', default_value_t = 2)]
     warmup: usize,

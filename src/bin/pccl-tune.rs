@@ -69,9 +69,18 @@ struct Args {
     /// Fewer iterations (a rough profile in a few seconds).
     #[arg(long)]
     quick: bool,
-    /// Transport: threads, or mpi (under mpiexec, built with --features mpi).
+    /// Transport: threads, mpi (under mpiexec, built with --features mpi), or tcp / ofi
+    /// with one process per rank under a launcher (`scripts/cluster.sh run`, `mpiexec`,
+    /// Slurm): the network's terms measured across the nodes (at least 2 of 2 ranks each).
     #[arg(long, default_value = "threads")]
     transport: String,
+    /// With tcp / ofi: the profile that holds this host's own terms (copies, reductions;
+    /// a threads run of pccl-tune); PCCL's defaults without it.
+    #[arg(long, value_name = "PROFILE")]
+    base: Option<String>,
+    /// With tcp / ofi: NICs per node (default: the topology's NIC map, else 1).
+    #[arg(long)]
+    nics: Option<usize>,
     /// Last-level cache size in bytes (K/M suffixes) instead of sysfs's; 0: no cache tier.
     #[arg(long)]
     cache_bytes: Option<String>,
@@ -388,6 +397,59 @@ fn merge(args: &Args) {
     write_profile(args, &prof);
 }
 
+#[path = "tune_network/mod.rs"]
+mod tune_network;
+
+/// `--transport tcp|ofi`: the network's terms, measured by every launched rank.
+fn network(args: &Args) {
+    use pccl::transport::{launch, select};
+    let cfg = Config::from_env().unwrap_or_else(|e| fail(e));
+    let kind = select::parse(&args.transport).unwrap_or_else(|e| fail(e));
+    let Some((_, t)) =
+        launch::join_launched(kind, cfg.chunk_bytes, cfg.timeout).unwrap_or_else(|e| fail(e))
+    else {
+        fail(format!(
+            "--transport {}: start one process per rank under a launcher (PCCL_RANK, \
+             PCCL_WORLD_SIZE and PCCL_UNIQUE_ID_FILE, as scripts/cluster.sh run sets them)",
+            args.transport
+        ))
+    };
+    let world = Communicator::with_config(t, cfg).unwrap_or_else(|e| fail(e));
+    let a = tune_network::NetworkArgs {
+        transport: &args.transport,
+        quick: args.quick,
+        base: args.base.as_deref(),
+        nics: args.nics,
+    };
+    let out = tune_network::run(&world, &a).unwrap_or_else(|e| fail(e));
+    if let Some((prof, worst, m)) = out {
+        if args.verbose {
+            for (what, v) in [
+                ("between nodes", &m.inter_pair),
+                ("in a node", &m.intra_pair),
+            ] {
+                for (s, t) in v.iter() {
+                    eprintln!("pccl-tune: pair {what}: {s:>9} B {:>10.1} us", t * 1e6);
+                }
+            }
+            for (al, s, t) in &m.world {
+                eprintln!("pccl-tune: world {al}: {s} B {:>10.1} us", t * 1e6);
+            }
+        }
+        eprintln!(
+            "pccl-tune: network: {:.1} us + {:.1} us of core time per message between nodes, \
+             {:.4} GB/s per NIC; {:.1} us + {:.1} us inside a node; the world's all-gathers \
+             predicted within {worst:.2}x",
+            prof.inter.alpha_us,
+            prof.oversub.inter_cpu_us,
+            prof.inter.nic_bandwidth_gbps,
+            prof.intra.alpha_us,
+            prof.oversub.intra_cpu_us
+        );
+        write_profile(args, &prof);
+    }
+}
+
 /// `-v`: the exchange measured and as the profile fits it, per size.
 fn exchange_table(prof: &Profile) {
     let Some(m) = &prof.measured else { return };
@@ -417,6 +479,10 @@ fn main() {
         fail(format!(
             "--oversub-of {base}: this pccl-tune was built without the `mpi` feature"
         ));
+    }
+    if matches!(args.transport.as_str(), "tcp" | "ofi") {
+        network(&args);
+        return;
     }
     if !(2..=8).contains(&args.ranks) {
         fail("--ranks must be 2…8");

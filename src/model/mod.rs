@@ -3,6 +3,8 @@
 //! * [`cache`]: the cache tier's parameters fitted to a copy sweep (`pccl-tune`).
 //! * [`calibrate`]: a profile from `pccl-tune`'s raw timings, and the median of several runs.
 //! * [`link_fit`]: a transport's message curve fitted to the link terms (`pccl-tune`).
+//! * [`network_fit`]: the network's links and the messages' core time, fitted to timings
+//!   taken on the network (`pccl-tune --transport tcp` under a launcher).
 //! * [`oversub`]: the per-message cost of ranks outnumbering cores, from two timings.
 //! * [`profile`]: machine parameters (TOML; `pccl-tune` writes them, `presets/` holds some).
 //! * [`traffic`]: what a plan asks of the machine, phase by phase.
@@ -23,6 +25,7 @@ pub mod contention;
 pub mod cost;
 pub mod goal;
 pub mod link_fit;
+pub mod network_fit;
 pub mod nic_load;
 pub mod online;
 pub mod oversub;

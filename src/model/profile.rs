@@ -186,6 +186,20 @@ pub struct Oversub {
     /// slice; above 1 where sharing costs more than the slices (context switches, a cache
     /// the spinning processes evict).
     pub rate_share: f64,
+    /// Nodes whose ranks share one host's `cores` (1, the default: every node is a host of
+    /// its own). An emulated cluster (`scripts/cluster.sh`: network namespaces of one machine
+    /// as nodes) runs all its nodes' ranks on the machine's cores, so the term counts the
+    /// ranks of that many nodes, while each node keeps its own NICs.
+    pub nodes_per_host: usize,
+    /// Core time one message between nodes costs (µs, both ends together: system calls, the
+    /// kernel's network stack, wake-ups; LogP's overhead `o`, where `inter.alpha_us` is its
+    /// latency `L`). The messages of the ranks of `nodes_per_host` nodes share the host's
+    /// `cores`: a phase in which many messages start at once waits for their overheads
+    /// ([`Profile::message_cpu_seconds`]). `0` (the default): no such term, as with
+    /// `cores = 0`.
+    pub inter_cpu_us: f64,
+    /// The same for a message between two ranks of one node (µs).
+    pub intra_cpu_us: f64,
 }
 
 impl Default for Oversub {
@@ -194,6 +208,9 @@ impl Default for Oversub {
             cores: 0,
             per_message_us: 0.0,
             rate_share: 0.0,
+            nodes_per_host: 1,
+            inter_cpu_us: 0.0,
+            intra_cpu_us: 0.0,
         }
     }
 }
@@ -417,6 +434,21 @@ impl Profile {
                 "profile: oversub.per_message_us must be finite and ≥ 0",
             ));
         }
+        for (what, v) in [
+            ("oversub.inter_cpu_us", self.oversub.inter_cpu_us),
+            ("oversub.intra_cpu_us", self.oversub.intra_cpu_us),
+        ] {
+            if v < 0.0 || !v.is_finite() {
+                return Err(Error::invalid(format!(
+                    "profile: {what} must be finite and ≥ 0"
+                )));
+            }
+        }
+        if self.oversub.nodes_per_host == 0 {
+            return Err(Error::invalid(
+                "profile: oversub.nodes_per_host must be at least 1",
+            ));
+        }
         if !(0.0..=MAX_RATE_SHARE).contains(&self.oversub.rate_share) {
             return Err(Error::invalid(format!(
                 "profile: oversub.rate_share must be in 0 … {MAX_RATE_SHARE}"
@@ -594,6 +626,20 @@ impl Profile {
             return 0.0;
         }
         o.per_message_us * (local_ranks as f64 / o.cores as f64 - 1.0) * 1e-6
+    }
+
+    /// Core time (seconds) one message costs the host (`inter`: between nodes), and the
+    /// cores one node's messages share: `oversub.cores / oversub.nodes_per_host`. `None`
+    /// without the term (no cores known, or no time per message).
+    pub fn message_cpu_seconds(&self, inter: bool) -> Option<(f64, f64)> {
+        let o = &self.oversub;
+        let us = if inter {
+            o.inter_cpu_us
+        } else {
+            o.intra_cpu_us
+        };
+        (o.cores > 0 && (o.inter_cpu_us > 0.0 || o.intra_cpu_us > 0.0))
+            .then(|| (us * 1e-6, o.cores as f64 / o.nodes_per_host.max(1) as f64))
     }
 
     /// Whether a strided send of blocks of `block_bytes` is packed first ([`Strided`]).

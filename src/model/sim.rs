@@ -108,8 +108,13 @@ impl<'a> Cluster<'a> {
                 .cloned()
                 .unwrap_or_else(|| NicMap::even(m, prof.inter.nics))
         };
-        // The ranks of one host: all of them when the "nodes" are pretend ones on one host.
-        let local = if prof.one_host { topo.nranks() } else { m };
+        // The ranks of one host: all of them when the "nodes" are pretend ones on one host,
+        // those of `nodes_per_host` nodes where nodes share a host's cores.
+        let local = if prof.one_host {
+            topo.nranks()
+        } else {
+            (m * prof.oversub.nodes_per_host).min(topo.nranks())
+        };
         Cluster {
             topo,
             prof,
@@ -247,7 +252,39 @@ impl<'a> Cluster<'a> {
                 }
             }
         }
+        // Each node's cores (core-seconds per second), for the messages' overheads, then
+        // each rank's own core (a rank's overheads run on one core at a time).
+        debug_assert_eq!(c.len(), self.cpu_base(nodes));
+        if let Some((_, cores)) = self.prof.message_cpu_seconds(true) {
+            c.extend(std::iter::repeat_n(cores, nodes));
+            c.extend(std::iter::repeat_n(1.0, nodes * self.m));
+        }
         c
+    }
+
+    /// Index of node 0's cores among [`Self::caps`]' resources (node `i`'s: `+ i`; rank
+    /// `(i, l)`'s own core: `+ nodes + i·m + l`).
+    fn cpu_base(&self, nodes: usize) -> usize {
+        2 * nodes * self.nics.nics() + self.groups(nodes) + nodes + nodes * self.m * self.m
+    }
+
+    /// The overhead of a message from the rank at `(node, local)` on its node's cores and
+    /// its own core, as a flow (core-seconds, the resources), when the profile has the term.
+    fn cpu_flow(
+        &self,
+        nodes: usize,
+        (na, la): (usize, usize),
+        inter: bool,
+    ) -> Option<(f64, [u32; 2])> {
+        let (secs, _) = self.prof.message_cpu_seconds(inter)?;
+        let base = self.cpu_base(nodes);
+        let na = na % nodes;
+        (secs > 0.0).then(|| {
+            (
+                secs,
+                [(base + na) as u32, (base + nodes + na * self.m + la) as u32],
+            )
+        })
     }
 
     /// The resources of a message, as (bytes share, resources) sub-flows: NCCL-like rings
@@ -591,13 +628,20 @@ impl<'a> Cluster<'a> {
                         let (pa, pb) = (self.topo.position(m.src), self.topo.position(m.dst));
                         let cross = self.crosses_global(pa.0, pb.0);
                         self.route(nodes, pa, pb, nccl, cross, &mut sub);
-                        let n = sub.len();
+                        let mut n = sub.len();
                         // An eager message's bytes take longer (copied through the library's
                         // own shared cells): more work through the same links.
                         let work = m.bytes * self.prof.eager_factor(m.bytes);
                         for (share, res) in &sub {
                             let id = fluid.add(work * share, res);
                             flows.insert(id, Flow::Msg(mi));
+                        }
+                        // Its overhead on the sender node's cores, while its bytes move: one
+                        // more part of the message.
+                        if let Some((work, res)) = self.cpu_flow(nodes, pa, pa.0 != pb.0) {
+                            let id = fluid.add(work, &res);
+                            flows.insert(id, Flow::Msg(mi));
+                            n += 1;
                         }
                         msgs[mi].parts = n;
                         msgs[mi].t0 = now;
@@ -776,6 +820,12 @@ impl Summary {
                     let bytes = blocks as f64 * bb;
                     let start = local[la].0.max(local.get(lb).map_or(0.0, |x| x.1))
                         + cl.alpha(!same, bytes, nccl, self.pieces);
+                    // Node 0's messages share its cores: each one's overhead runs there
+                    // while its bytes move, and the message ends when both have.
+                    if let Some((work, res)) = cl.cpu_flow(1, (0, la), !same) {
+                        flows.push((start, work, res.to_vec()));
+                        owner.push((la, lb, usize::from(!same)));
+                    }
                     sub.clear();
                     // Another node's receive side looks like node 0's (symmetry): one node.
                     cl.route(1, (0, la), (usize::from(!same), lb), nccl, cross, &mut sub);

@@ -207,14 +207,27 @@ pub fn run_size<T: Element>(
     let batch = iters.div_ceil(rounds);
     let coll_key = coll.plan_key(op);
     let block_bytes = coll.block_bytes(count, p, es);
+    let mut warm = 0.0f64;
     for (a, c) in subs.iter().enumerate() {
         if let (Some(sub), None) = (c, quants[a]) {
             settle(sub, coll_key, block_bytes, || run_once(a, &mut output))?;
         }
+        let t0 = Instant::now();
         for _ in 0..args.warmup {
             run_once(a, &mut output)?;
         }
+        warm = warm.max(t0.elapsed().as_secs_f64() / args.warmup.max(1) as f64);
     }
+    let batch = match args.batch_ms {
+        Some(ms) if args.warmup > 0 => {
+            // Every rank must run as many calls: the slowest rank's estimate decides.
+            let mut slowest_call = [0f64];
+            comm.all_reduce(&[warm], &mut slowest_call, ReduceOp::Max)?;
+            let want = (ms * 1e-3 / slowest_call[0].max(1e-9)).ceil() as usize;
+            want.clamp(batch, batch.max(64))
+        }
+        _ => batch,
+    };
     let k = subs.len();
     // samples[a * rounds + round]: this rank's seconds per iteration.
     let mut samples = vec![0f64; k * rounds];

@@ -1,0 +1,188 @@
+//! `pccl-tune --transport tcp|ofi` under a launcher (one process per rank, e.g.
+//! `scripts/cluster.sh run`): the network's terms measured on the network itself
+//! ([`pccl::model::network_fit`]).
+//!
+//! Every rank takes part; the world needs at least 2 nodes of at least 2 ranks. Measured,
+//! one after another (the other ranks wait in a barrier, asleep):
+//! * the 2-rank all-gather (ring) between rank 0 and the first rank of node 1, and between
+//!   ranks 0 and 1 of node 0, at 1 KiB … 4 MiB;
+//! * the whole world's 1 KiB all-gather with the flat ring, the hierarchical ring and flat
+//!   recursive doubling (the slowest rank's time).
+//!
+//! The host's own terms (copies, reductions) come from `--base` (a `pccl-tune` profile of one
+//! node, threads), else PCCL's defaults. Nodes that share one machine (network namespaces)
+//! are found by the kernel's boot id: their ranks share its cores.
+
+use pccl::config::Config;
+use pccl::model::network_fit::{self, NetworkTimings};
+use pccl::model::profile::Profile;
+use pccl::{Algorithm, Communicator, ReduceOp};
+use std::time::Instant;
+
+/// Sizes of the pairs' all-gathers (bytes per rank).
+const PAIR_SIZES: [usize; 5] = [1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20];
+/// The world's all-gathers: bytes per rank and algorithms.
+const WORLD_BYTES: usize = 1 << 10;
+const WORLD_ALGOS: [&str; 3] = ["ring", "hier-ring", "rd"];
+
+/// What the caller asked for.
+pub struct NetworkArgs<'a> {
+    /// `tcp` or `ofi`.
+    pub transport: &'a str,
+    /// Fewer rounds.
+    pub quick: bool,
+    /// A profile holding the host's terms.
+    pub base: Option<&'a str>,
+    /// NICs per node (default: the topology's NIC map).
+    pub nics: Option<usize>,
+}
+
+fn cfg_with(algo: Option<Algorithm>) -> pccl::Result<Config> {
+    let mut cfg = Config::from_env()?;
+    cfg.algo = algo;
+    Ok(cfg)
+}
+
+/// The median time of one all-gather of `bytes` per rank on `comm`, the slowest rank's:
+/// rounds of back-to-back calls after a barrier, as pccl-bench times.
+fn slowest(comm: &Communicator, bytes: usize, quick: bool) -> pccl::Result<f64> {
+    let n = (bytes / 4).max(1);
+    let input = vec![1f32; n];
+    let mut output = vec![0f32; n * comm.size()];
+    let per_round = ((4 << 20) / bytes).clamp(2, 20);
+    for _ in 0..2 {
+        comm.all_gather(&input, &mut output)?;
+    }
+    let mut v = Vec::new();
+    for _ in 0..if quick { 3 } else { 9 } {
+        comm.barrier()?;
+        let t = Instant::now();
+        for _ in 0..per_round {
+            comm.all_gather(&input, &mut output)?;
+        }
+        v.push(t.elapsed().as_secs_f64() / per_round as f64);
+    }
+    v.sort_by(f64::total_cmp);
+    let mine = [v[v.len() / 2]];
+    let mut worst = [0f64];
+    comm.all_reduce(&mine, &mut worst, ReduceOp::Max)?;
+    Ok(worst[0])
+}
+
+/// The pair `members` (world ranks) measured over [`PAIR_SIZES`]; the others wait.
+fn pair(world: &Communicator, members: [usize; 2], quick: bool) -> pccl::Result<Vec<(usize, f64)>> {
+    let me = world.rank();
+    let color = members.contains(&me).then_some(0);
+    let sub = world.split_with_config(
+        color,
+        me as i32,
+        cfg_with(Some(Algorithm::Flat(pccl::LevelAlgo::Ring)))?,
+    )?;
+    let mut out = Vec::new();
+    if let Some(c) = &sub {
+        for s in PAIR_SIZES {
+            out.push((s, slowest(c, s, quick)?));
+        }
+    }
+    world.barrier()?;
+    // Rank 0 is in both pairs: it holds the result.
+    Ok(out)
+}
+
+/// How many nodes of the world run on this machine (same kernel boot id as node 0).
+fn nodes_per_host(world: &Communicator) -> pccl::Result<usize> {
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let h = id.trim().bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    let mut all = vec![0u64; world.size()];
+    world.all_gather(&[h], &mut all)?;
+    let topo = world.topology();
+    let first = |n: &Vec<usize>| n.first().map(|&r| all[r]);
+    let mine = first(&topo.nodes()[0]);
+    Ok(topo
+        .nodes()
+        .iter()
+        .filter(|n| first(n) == mine)
+        .count()
+        .max(1))
+}
+
+/// Measures on the launched world `world` and returns the profile (on rank 0; `None`
+/// elsewhere) and the fit's largest error on the world's timings.
+pub fn run(
+    world: &Communicator,
+    a: &NetworkArgs<'_>,
+) -> pccl::Result<Option<(Profile, f64, NetworkTimings)>> {
+    let topo = world.topology().clone();
+    let nodes = topo.nodes().len();
+    let m = topo.nodes().iter().map(Vec::len).min().unwrap_or(0);
+    if nodes < 2 || m < 2 || !topo.is_regular() {
+        return Err(pccl::Error::invalid(format!(
+            "pccl-tune --transport {}: the network's terms need a world of at least 2 nodes \
+             of at least 2 ranks each, all alike (this world: {})",
+            a.transport,
+            topo.describe()
+        )));
+    }
+    let n0 = &topo.nodes()[0];
+    let inter = pair(world, [n0[0], topo.nodes()[1][0]], a.quick)?;
+    let intra = pair(world, [n0[0], n0[1]], a.quick)?;
+    let mut runs = Vec::new();
+    for name in WORLD_ALGOS {
+        let algo: Algorithm = name.parse()?;
+        let comm = world
+            .split_with_config(Some(0), world.rank() as i32, cfg_with(Some(algo))?)?
+            .expect("every rank passed a color");
+        runs.push((algo, WORLD_BYTES, slowest(&comm, WORLD_BYTES, a.quick)?));
+    }
+    let per_host = nodes_per_host(world)?;
+    if world.rank() != 0 {
+        return Ok(None);
+    }
+    let nics = a
+        .nics
+        .or_else(|| topo.nic_map().map(|n| n.nics()))
+        .unwrap_or(1);
+    let timings = NetworkTimings {
+        nodes,
+        ranks_per_node: m,
+        nics,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        nodes_per_host: per_host,
+        inter_pair: inter,
+        intra_pair: intra,
+        world: runs,
+    };
+    let base = match a.base {
+        Some(f) => Profile::load(std::path::Path::new(f))?,
+        None => Profile::default(),
+    };
+    let (mut prof, worst) = network_fit::fit(&base, &timings)?;
+    prof.name = format!("measured-network-{nodes}x{m}-{nics}nic");
+    let us = |v: &[(usize, f64)]| {
+        v.iter()
+            .map(|(s, t)| format!("{s} B {:.1} us", t * 1e6))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    prof.source = format!(
+        "pccl-tune --transport {} on {nodes} nodes x {m} ranks ({nics} NICs per node; {per_host} \
+         nodes per host of {} cores); host terms from {}. Measured: pair between nodes: {}; \
+         pair in a node: {}; the world's {} B all-gathers: {}; fitted within {worst:.2}x",
+        a.transport,
+        timings.cores,
+        a.base.unwrap_or("PCCL's defaults"),
+        us(&timings.inter_pair),
+        us(&timings.intra_pair),
+        WORLD_BYTES,
+        timings
+            .world
+            .iter()
+            .map(|(al, _, t)| format!("{al} {:.1} us", t * 1e6))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    prof.measured = None;
+    Ok(Some((prof, worst, timings)))
+}

@@ -1,0 +1,278 @@
+//! The network's terms from timings taken on the network itself (`pccl-tune --transport tcp`
+//! under a launcher, one process per rank: the emulated cluster of `scripts/cluster.sh`, or
+//! a real one).
+//!
+//! What is measured ([`NetworkTimings`]): the 2-rank all-gather between the first ranks of
+//! two nodes and between two ranks of one node, each over a range of sizes, with every other
+//! rank idle; and small all-gathers of the whole world with fixed algorithms (flat ring,
+//! hierarchical ring, flat recursive doubling), the slowest rank's time.
+//!
+//! What is fitted ([`fit`]):
+//! * each level's bandwidth from the pair's two largest sizes (the slope), its latency from
+//!   the smallest (less its bytes at that bandwidth);
+//! * the core time a message costs, between nodes and inside one (LogP's overhead `o`,
+//!   [`super::profile::Oversub::inter_cpu_us`]), from the whole world's small all-gathers:
+//!   there every rank sends at once and the messages' overheads share the host's cores
+//!   (on one machine emulating the cluster, all nodes' ranks share its cores; on a real
+//!   cluster each node's). The two overheads are found by the model itself: the pair of
+//!   values whose predictions of the world's all-gathers are closest (relative least
+//!   squares over a grid), the latency being the pair's time less the overhead (a pair's
+//!   lone message pays both once: `t = α + max(o, s/β)`).
+
+use super::profile::Profile;
+use super::sim::{Cluster, Engine, Job};
+use crate::error::{Error, Result};
+use crate::plan::{Algorithm, Collective};
+use crate::topology::{NicMap, Topology};
+
+/// Timings of one `pccl-tune` run on the network (seconds; sizes in bytes per rank).
+#[derive(Clone, Debug, PartialEq)]
+pub struct NetworkTimings {
+    /// Nodes of the world.
+    pub nodes: usize,
+    /// Ranks per node.
+    pub ranks_per_node: usize,
+    /// NICs per node.
+    pub nics: usize,
+    /// Cores of one host.
+    pub cores: usize,
+    /// Nodes whose ranks share one host's cores (all of them on one machine emulating the
+    /// cluster, 1 on a real one).
+    pub nodes_per_host: usize,
+    /// The 2-rank all-gather between two nodes: (bytes, seconds), sizes ascending.
+    pub inter_pair: Vec<(usize, f64)>,
+    /// The 2-rank all-gather inside one node.
+    pub intra_pair: Vec<(usize, f64)>,
+    /// The whole world's small all-gathers: (algorithm, bytes, seconds of the slowest rank).
+    pub world: Vec<(Algorithm, usize, f64)>,
+}
+
+/// Bandwidth (bytes/s, from the slope of the two largest sizes less the all-gather's local
+/// copy of its own block at `copy` bytes/s) and the smallest size and its time of a pair's
+/// curve; an error naming `what` when the curve does not grow.
+fn line(pts: &[(usize, f64)], copy: f64, what: &str) -> Result<(f64, f64, f64)> {
+    let bad = |why: &str| Err(Error::invalid(format!("network fit: the {what} {why}")));
+    if pts.len() < 3 {
+        return bad("needs at least 3 sizes");
+    }
+    if pts.iter().any(|&(_, t)| !(t > 0.0 && t.is_finite())) {
+        return bad("holds a time that is not above zero");
+    }
+    let (s1, t1) = pts[pts.len() - 2];
+    let (s2, t2) = pts[pts.len() - 1];
+    if s2 <= s1 || t2 <= t1 {
+        return bad("does not take longer at its largest size: no bandwidth to fit");
+    }
+    let per_byte = (t2 - t1) / (s2 - s1) as f64;
+    let rest = per_byte - 1.0 / copy;
+    // A copy as slow as the whole transfer: the copy rate is not this host's; keep the slope.
+    let rate = if rest > 0.1 * per_byte {
+        1.0 / rest
+    } else {
+        1.0 / per_byte
+    };
+    let (s0, t0) = pts[0];
+    Ok((rate, s0 as f64, t0))
+}
+
+/// The topology the timings were taken on (NICs spread evenly over the local ranks).
+fn world_topology(m: &NetworkTimings) -> Topology {
+    Topology::uniform(m.nodes * m.ranks_per_node, m.ranks_per_node)
+        .with_nic_map(NicMap::even(m.ranks_per_node, m.nics))
+}
+
+/// The model's time of the whole world's all-gather `algo` at `bytes` per rank.
+fn predict(prof: &Profile, topo: &Topology, algo: Algorithm, bytes: usize) -> f64 {
+    let job = Job::new(Collective::AllGather, algo, bytes as f64);
+    Cluster::new(topo, prof)
+        .simulate(&job, Engine::Events)
+        .map_or(f64::NAN, |o| o.seconds)
+}
+
+/// `base` (the host's terms: copies, reductions) with the network's terms fitted to `m`
+/// (see the module's documentation), and the fit's error: the largest ratio between a
+/// world timing and its prediction (≥ 1).
+pub fn fit(base: &Profile, m: &NetworkTimings) -> Result<(Profile, f64)> {
+    if m.nodes < 2 || m.ranks_per_node < 2 {
+        return Err(Error::invalid(format!(
+            "network fit: needs at least 2 nodes of at least 2 ranks, not {} x {}",
+            m.nodes, m.ranks_per_node
+        )));
+    }
+    if m.world.is_empty() {
+        return Err(Error::invalid("network fit: no whole-world timing"));
+    }
+    let copy = base.copy_gbps * 1e9;
+    let (inter_rate, inter_s0, inter_t0) = line(&m.inter_pair, copy, "pair between nodes")?;
+    let (intra_rate, intra_s0, intra_t0) = line(&m.intra_pair, copy, "pair inside a node")?;
+    let mut prof = base.clone();
+    prof.one_host = false;
+    prof.efficiency = 1.0;
+    prof.inter.nics = m.nics.max(1);
+    prof.inter.nic_bandwidth_gbps = inter_rate / 1e9;
+    prof.intra.bandwidth_gbps = intra_rate / 1e9;
+    prof.intra.node_bandwidth_gbps = 0.0;
+    prof.ranks_per_node = m.ranks_per_node;
+    prof.oversub.cores = m.cores.max(1);
+    prof.oversub.nodes_per_host = m.nodes_per_host.max(1);
+    prof.oversub.per_message_us = 0.0; // the overheads below take its place
+    prof.oversub.rate_share = 0.0;
+    let topo = world_topology(m);
+    // A pair's lone message has its node's share of the cores to itself (two nodes of the
+    // host busy): `o` beyond that share is not hidden behind its latency.
+    let pair_cores = (m.cores.max(1) as f64 / 2.0_f64.min(m.nodes_per_host as f64)).min(1.0);
+    let with = |oe: f64, oa: f64| {
+        let mut q = prof.clone();
+        q.oversub.inter_cpu_us = oe * 1e6;
+        q.oversub.intra_cpu_us = oa * 1e6;
+        // The pair's message: t = α + max(overhead, bytes at the rate) (+ the local copy).
+        let alpha = |t0: f64, s0: f64, rate: f64, o: f64| {
+            (t0 - s0 / copy - (o / pair_cores).max(s0 / rate)).max(0.0) * 1e6
+        };
+        q.inter.alpha_us = alpha(inter_t0, inter_s0, inter_rate, oe);
+        q.intra.alpha_us = alpha(intra_t0, intra_s0, intra_rate, oa);
+        q
+    };
+    let error = |q: &Profile| -> f64 {
+        m.world
+            .iter()
+            .map(|&(a, s, t)| (predict(q, &topo, a, s) / t).ln().powi(2))
+            .sum()
+    };
+    // Relative least squares over a grid of both overheads (0 … the pair's own latency,
+    // which holds one overhead), refined once around the best point.
+    const STEPS: usize = 24;
+    let (mut lo_e, mut hi_e) = (0.0, inter_t0 * pair_cores);
+    let (mut lo_a, mut hi_a) = (0.0, intra_t0 * pair_cores);
+    let mut best = (f64::INFINITY, 0.0, 0.0);
+    for _ in 0..2 {
+        for i in 0..=STEPS {
+            for j in 0..=STEPS {
+                let oe = lo_e + (hi_e - lo_e) * i as f64 / STEPS as f64;
+                let oa = lo_a + (hi_a - lo_a) * j as f64 / STEPS as f64;
+                let e = error(&with(oe, oa));
+                if e < best.0 {
+                    best = (e, oe, oa);
+                }
+            }
+        }
+        let (we, wa) = ((hi_e - lo_e) / STEPS as f64, (hi_a - lo_a) / STEPS as f64);
+        (lo_e, hi_e) = ((best.1 - we).max(0.0), best.1 + we);
+        (lo_a, hi_a) = ((best.2 - wa).max(0.0), best.2 + wa);
+    }
+    if !best.0.is_finite() {
+        return Err(Error::invalid(
+            "network fit: the model predicts no finite time for the world's timings",
+        ));
+    }
+    let out = with(best.1, best.2);
+    let worst = m
+        .world
+        .iter()
+        .map(|&(a, s, t)| {
+            let r = predict(&out, &topo, a, s) / t;
+            r.max(1.0 / r)
+        })
+        .fold(1.0, f64::max);
+    out.validate()?;
+    Ok((out, worst))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::LevelAlgo;
+
+    /// A cluster of 4 nodes × 4 ranks, 2 NICs at 25 MB/s, on one 2-core host.
+    fn truth() -> Profile {
+        let mut p = Profile::default();
+        p.inter.alpha_us = 60.0;
+        p.inter.nics = 2;
+        p.inter.nic_bandwidth_gbps = 0.025;
+        p.intra.alpha_us = 10.0;
+        p.intra.bandwidth_gbps = 2.0;
+        p.oversub.cores = 2;
+        p.oversub.nodes_per_host = 4;
+        p.oversub.inter_cpu_us = 40.0;
+        p.oversub.intra_cpu_us = 12.0;
+        p
+    }
+
+    /// What the timings would be if the model were the machine.
+    fn timings_of(p: &Profile) -> NetworkTimings {
+        let mut m = NetworkTimings {
+            nodes: 4,
+            ranks_per_node: 4,
+            nics: 2,
+            cores: 2,
+            nodes_per_host: 4,
+            inter_pair: Vec::new(),
+            intra_pair: Vec::new(),
+            world: Vec::new(),
+        };
+        // The pairs on a 2-node world of one rank per node, and a 1-node world of two (the
+        // other nodes idle: as the pair measurement runs).
+        let mut pair = p.clone();
+        pair.oversub.nodes_per_host = 2;
+        let inter = Topology::uniform(2, 1);
+        let mut intra = p.clone();
+        intra.oversub.nodes_per_host = 1;
+        let one = Topology::uniform(2, 2);
+        for s in [1024usize, 64 << 10, 1 << 20, 4 << 20] {
+            m.inter_pair.push((
+                s,
+                predict(&pair, &inter, Algorithm::Flat(LevelAlgo::Ring), s),
+            ));
+            m.intra_pair.push((
+                s,
+                predict(&intra, &one, Algorithm::Flat(LevelAlgo::Ring), s),
+            ));
+        }
+        let topo = world_topology(&m);
+        for a in ["ring", "hier-ring", "rd"] {
+            let a: Algorithm = a.parse().unwrap();
+            m.world.push((a, 1024, predict(p, &topo, a, 1024)));
+        }
+        m
+    }
+
+    #[test]
+    fn the_fit_gives_back_the_overheads_and_links_the_model_was_given() {
+        let t = truth();
+        let m = timings_of(&t);
+        let (got, worst) = fit(&Profile::default(), &m).unwrap();
+        assert!(worst < 1.05, "the world's timings predicted within {worst}");
+        let near = |a: f64, b: f64, tol: f64| (a / b - 1.0).abs() < tol;
+        assert!(
+            near(got.inter.nic_bandwidth_gbps, 0.025, 0.02),
+            "NIC rate {}",
+            got.inter.nic_bandwidth_gbps
+        );
+        assert!(
+            near(got.oversub.inter_cpu_us, 40.0, 0.2),
+            "inter overhead {} µs, given 40",
+            got.oversub.inter_cpu_us
+        );
+        assert!(
+            near(got.oversub.intra_cpu_us, 12.0, 0.35),
+            "intra overhead {} µs, given 12",
+            got.oversub.intra_cpu_us
+        );
+        assert!(
+            near(got.inter.alpha_us, 60.0, 0.25),
+            "inter latency {} µs, given 60",
+            got.inter.alpha_us
+        );
+    }
+
+    #[test]
+    fn timings_that_do_not_grow_or_a_one_node_world_are_refused() {
+        let mut m = timings_of(&truth());
+        m.inter_pair.last_mut().unwrap().1 = m.inter_pair[2].1 * 0.5;
+        let e = fit(&Profile::default(), &m).unwrap_err();
+        assert!(e.message().contains("pair between nodes"), "{e}");
+        let mut m = timings_of(&truth());
+        m.nodes = 1;
+        assert!(fit(&Profile::default(), &m).is_err());
+    }
+}
