@@ -7,16 +7,18 @@
 #
 #   scripts/cluster-bench.sh [--out docs/cluster] [--rate 200mbit] [--sizes 1K:1M] \
 #       [--shapes "4x4 8x2"] [--nics "1 2 4"] [--colls "allgather reducescatter"] [--iters 3] \
-#       [--tuned] [--no-mpi] [--batch-ms MS]
+#       [--tuned] [--no-mpi] [--batch-ms MS] [--algos LIST]
 #
 # --tuned: the model's profile is measured inside the cluster first (pccl-tune --transport tcp
-# on the shape's ranks, once per shape and K) instead of written from R and K alone.
+# on the shape's ranks, once per shape and K, under mpiexec unless --no-mpi) instead of
+# written from R and K alone.
 # --no-mpi: PCCL's own processes (no mpiexec, no MPI row). --batch-ms: calls per timed round
 # grow until a round lasts about that long (small sizes otherwise time the barrier's skew).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=docs/cluster rate=200mbit sizes=1K:1M shapes="4x4 8x2" nics="1 2 4"
 colls="allgather reducescatter" iters=3 tag="" tuned=0 mpi=1 batch_ms=""
+algos=auto,ring,rd,hier-rd,hier-ring,hier-rd-pipe4,hier-ring-pipe4
 while [ $# -gt 0 ]; do
     case $1 in
         --out) out=$2; shift 2 ;;
@@ -26,10 +28,11 @@ while [ $# -gt 0 ]; do
         --nics) nics=$2; shift 2 ;;
         --colls) colls=$2; shift 2 ;;
         --iters) iters=$2; shift 2 ;;
-        --tag) tag=$2; shift 2 ;;
+        --tag) tag=-${2#-}; shift 2 ;;
         --tuned) tuned=1; shift ;;
         --no-mpi) mpi=0; shift ;;
         --batch-ms) batch_ms=$2; shift 2 ;;
+        --algos) algos=$2; shift 2 ;;
         *) echo "cluster-bench.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -38,7 +41,6 @@ tune=target/release/pccl-tune
 [ -x "$bench" ] && [ -x "$tune" ] || cargo build --release --features mpi,hwloc,ofi --bin pccl-bench --bin pccl-tune
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-algos=auto,ring,rd,hier-rd,hier-ring,hier-rd-pipe4,hier-ring-pipe4
 launch=()
 if [ "$mpi" = 1 ]; then algos=$algos,mpi launch=(--mpi); fi
 extra=()
@@ -48,9 +50,14 @@ for shape in $shapes; do
     for k in $nics; do
         scripts/cluster.sh up --nodes "$n" --nics "$k" --rate "$rate" >/dev/null
         if [ "$tuned" = 1 ]; then
-            prof="$out/profile-tuned-${n}x${m}-k${k}-$rate.toml"
-            scripts/cluster.sh run --ranks-per-node "$m" --timeout 300 -- \
-                "$PWD/$tune" --transport tcp -o "$prof" >&2
+            prof="$out/profile-tuned-${n}x${m}-k${k}-$rate$tag.toml"
+            rm -f "$prof"
+            # Under mpiexec when the benchmark is: an initialised MPI takes core time. A
+            # rank stuck in MPI_Finalize (UCX across namespaces) fails the run after the
+            # profile is written: the profile decides.
+            scripts/cluster.sh run "${launch[@]}" --ranks-per-node "$m" --timeout 300 -- \
+                "$PWD/$tune" --transport tcp -o "$prof" >&2 || [ -s "$prof" ] ||
+                { echo "cluster-bench.sh: pccl-tune failed on ${n}x$m K=$k" >&2; exit 1; }
         else
             prof="$out/profile-${k}nic-$rate.toml"
             scripts/cluster.sh profile >"$prof"

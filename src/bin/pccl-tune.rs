@@ -405,9 +405,27 @@ fn network(args: &Args) {
     use pccl::transport::{launch, select};
     let cfg = Config::from_env().unwrap_or_else(|e| fail(e));
     let kind = select::parse(&args.transport).unwrap_or_else(|e| fail(e));
-    let Some((_, t)) =
-        launch::join_launched(kind, cfg.chunk_bytes, cfg.timeout).unwrap_or_else(|e| fail(e))
-    else {
+    // Under mpiexec the transport bootstraps through the MPI world, as pccl-bench's does:
+    // measured beside an initialised MPI library (UCX's progress takes core time), which is
+    // what a benchmark under mpiexec runs beside too.
+    #[cfg(feature = "mpi")]
+    let mpi = pccl::transport::mpi::launched_by_mpiexec();
+    #[cfg(not(feature = "mpi"))]
+    let mpi = false;
+    let joined = if mpi {
+        #[cfg(feature = "mpi")]
+        {
+            pccl::transport::mpi::init().unwrap_or_else(|e| fail(e));
+            Some(select::world(kind, cfg.chunk_bytes, cfg.timeout).unwrap_or_else(|e| fail(e)))
+        }
+        #[cfg(not(feature = "mpi"))]
+        None
+    } else {
+        launch::join_launched(kind, cfg.chunk_bytes, cfg.timeout)
+            .unwrap_or_else(|e| fail(e))
+            .map(|(_, t)| t)
+    };
+    let Some(t) = joined else {
         fail(format!(
             "--transport {}: start one process per rank under a launcher (PCCL_RANK, \
              PCCL_WORLD_SIZE and PCCL_UNIQUE_ID_FILE, as scripts/cluster.sh run sets them)",
@@ -438,16 +456,34 @@ fn network(args: &Args) {
         }
         eprintln!(
             "pccl-tune: network: {:.1} us + {:.1} us of core time per message between nodes, \
-             {:.4} GB/s per NIC; {:.1} us + {:.1} us inside a node; the world's all-gathers \
-             predicted within {worst:.2}x",
+             {:.4} GB/s per NIC; {:.1} us + {:.1} us inside a node; {:.1} us per message per \
+             extra rank per core; the world's all-gathers predicted within {worst:.2}x",
             prof.inter.alpha_us,
             prof.oversub.inter_cpu_us,
             prof.inter.nic_bandwidth_gbps,
             prof.intra.alpha_us,
-            prof.oversub.intra_cpu_us
+            prof.oversub.intra_cpu_us,
+            prof.oversub.per_message_us
         );
         write_profile(args, &prof);
     }
+    #[cfg(feature = "mpi")]
+    if mpi {
+        finalize_guarded();
+    }
+}
+
+/// `MPI_Finalize`, given 10 s: across network namespaces UCX's TCP progress sometimes never
+/// returns from it (a known UCX issue); the profile is written by then.
+#[cfg(feature = "mpi")]
+fn finalize_guarded() {
+    std::thread::spawn(|| {
+        std::thread::sleep(std::time::Duration::from_secs(10));
+        eprintln!("pccl-tune: MPI_Finalize did not return within 10 s; exiting without it");
+        // SAFETY: _exit ends the process at once; nothing after it runs.
+        unsafe { libc::_exit(0) };
+    });
+    pccl::transport::mpi::finalize();
 }
 
 /// `-v`: the exchange measured and as the profile fits it, per size.

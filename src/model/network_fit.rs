@@ -17,7 +17,11 @@
 //!   cluster each node's). The two overheads are found by the model itself: the pair of
 //!   values whose predictions of the world's all-gathers are closest (relative least
 //!   squares over a grid), the latency being the pair's time less the overhead (a pair's
-//!   lone message pays both once: `t = α + max(o, s/β)`).
+//!   lone message pays both once: `t = α + max(o, s/β)`);
+//! * with them, the wake-up latency each message pays in the busy world, where ranks
+//!   outnumber the cores and wait to be scheduled ([`super::profile::Oversub::per_message_us`];
+//!   beside MPI's busy-polling progress under `mpiexec`, the flat ring's 1 KiB all-gather
+//!   took 3.2× its time without it).
 
 use super::profile::Profile;
 use super::sim::{Cluster, Engine, Job};
@@ -115,16 +119,24 @@ pub fn fit(base: &Profile, m: &NetworkTimings) -> Result<(Profile, f64)> {
     prof.ranks_per_node = m.ranks_per_node;
     prof.oversub.cores = m.cores.max(1);
     prof.oversub.nodes_per_host = m.nodes_per_host.max(1);
-    prof.oversub.per_message_us = 0.0; // the overheads below take its place
+    prof.oversub.per_message_us = 0.0;
     prof.oversub.rate_share = 0.0;
+    // Extra ranks per core of the world's host (the wake-up term's factor).
+    let extra = ((m.ranks_per_node * m.nodes_per_host.clamp(1, m.nodes)) as f64
+        / m.cores.max(1) as f64
+        - 1.0)
+        .max(0.0);
     let topo = world_topology(m);
     // A pair's lone message has its node's share of the cores to itself (two nodes of the
     // host busy): `o` beyond that share is not hidden behind its latency.
     let pair_cores = (m.cores.max(1) as f64 / 2.0_f64.min(m.nodes_per_host as f64)).min(1.0);
-    let with = |oe: f64, oa: f64| {
+    let with = |oe: f64, oa: f64, wake: f64| {
         let mut q = prof.clone();
         q.oversub.inter_cpu_us = oe * 1e6;
         q.oversub.intra_cpu_us = oa * 1e6;
+        if extra > 0.0 {
+            q.oversub.per_message_us = wake * 1e6 / extra;
+        }
         // The pair's message: t = α + max(overhead, bytes at the rate) (+ the local copy).
         let alpha = |t0: f64, s0: f64, rate: f64, o: f64| {
             (t0 - s0 / copy - (o / pair_cores).max(s0 / rate)).max(0.0) * 1e6
@@ -140,32 +152,47 @@ pub fn fit(base: &Profile, m: &NetworkTimings) -> Result<(Profile, f64)> {
             .sum()
     };
     // Relative least squares over a grid of both overheads (0 … the pair's own latency,
-    // which holds one overhead), refined once around the best point.
-    const STEPS: usize = 24;
-    let (mut lo_e, mut hi_e) = (0.0, inter_t0 * pair_cores);
-    let (mut lo_a, mut hi_a) = (0.0, intra_t0 * pair_cores);
-    let mut best = (f64::INFINITY, 0.0, 0.0);
-    for _ in 0..2 {
+    // which holds one overhead) and of the wake-up latency a message pays in the busy world
+    // (0 … the slowest world timing's time per rank: ranks outnumbering the cores wait to
+    // be scheduled, longer beside MPI's busy-polling progress; `oversub.per_message_us`),
+    // refined around the best point.
+    const STEPS: usize = 12;
+    let p = (m.nodes * m.ranks_per_node) as f64;
+    let wake_hi = if extra > 0.0 {
+        m.world.iter().map(|w| w.2).fold(0.0, f64::max) / p
+    } else {
+        0.0
+    };
+    let mut box_ = [
+        (0.0, inter_t0 * pair_cores),
+        (0.0, intra_t0 * pair_cores),
+        (0.0, wake_hi),
+    ];
+    let at = |(lo, hi): (f64, f64), i: usize| lo + (hi - lo) * i as f64 / STEPS as f64;
+    let mut best = (f64::INFINITY, 0.0, 0.0, 0.0);
+    for _ in 0..3 {
         for i in 0..=STEPS {
             for j in 0..=STEPS {
-                let oe = lo_e + (hi_e - lo_e) * i as f64 / STEPS as f64;
-                let oa = lo_a + (hi_a - lo_a) * j as f64 / STEPS as f64;
-                let e = error(&with(oe, oa));
-                if e < best.0 {
-                    best = (e, oe, oa);
+                for k in 0..=STEPS {
+                    let (oe, oa, w) = (at(box_[0], i), at(box_[1], j), at(box_[2], k));
+                    let e = error(&with(oe, oa, w));
+                    if e < best.0 {
+                        best = (e, oe, oa, w);
+                    }
                 }
             }
         }
-        let (we, wa) = ((hi_e - lo_e) / STEPS as f64, (hi_a - lo_a) / STEPS as f64);
-        (lo_e, hi_e) = ((best.1 - we).max(0.0), best.1 + we);
-        (lo_a, hi_a) = ((best.2 - wa).max(0.0), best.2 + wa);
+        for (b, centre) in box_.iter_mut().zip([best.1, best.2, best.3]) {
+            let step = (b.1 - b.0) / STEPS as f64;
+            *b = ((centre - step).max(0.0), centre + step);
+        }
     }
     if !best.0.is_finite() {
         return Err(Error::invalid(
             "network fit: the model predicts no finite time for the world's timings",
         ));
     }
-    let out = with(best.1, best.2);
+    let out = with(best.1, best.2, best.3);
     let worst = m
         .world
         .iter()
@@ -195,6 +222,7 @@ mod tests {
         p.oversub.nodes_per_host = 4;
         p.oversub.inter_cpu_us = 40.0;
         p.oversub.intra_cpu_us = 12.0;
+        p.oversub.per_message_us = 4.0; // 28 µs per message at 8 ranks per core
         p
     }
 
@@ -262,6 +290,11 @@ mod tests {
             near(got.inter.alpha_us, 60.0, 0.25),
             "inter latency {} µs, given 60",
             got.inter.alpha_us
+        );
+        assert!(
+            near(got.oversub.per_message_us, 4.0, 0.35),
+            "wake-up {} µs per extra rank per core, given 4",
+            got.oversub.per_message_us
         );
     }
 
