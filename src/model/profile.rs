@@ -194,7 +194,8 @@ pub struct Oversub {
     /// Core time one message between nodes costs (µs, both ends together: system calls, the
     /// kernel's network stack, wake-ups; LogP's overhead `o`, where `inter.alpha_us` is its
     /// latency `L`). The messages of the ranks of `nodes_per_host` nodes share the host's
-    /// `cores`: a phase in which many messages start at once waits for their overheads
+    /// `cores`, each overhead running while its message's bytes move: a phase in which many
+    /// small messages start at once waits for their overheads
     /// ([`Profile::message_cpu_seconds`]). `0` (the default): no such term, as with
     /// `cores = 0`.
     pub inter_cpu_us: f64,
