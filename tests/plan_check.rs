@@ -510,3 +510,127 @@ fn a_ring_reduce_scatter_with_one_slot_is_caught() {
         .collect();
     assert!(check_plans(coll, &ps, false).is_err());
 }
+
+/// Three levels with every choice of level algorithm.
+fn deep_algos() -> Vec<Algorithm> {
+    let mut v = Vec::new();
+    for inter in [LevelAlgo::Rd, LevelAlgo::Ring] {
+        for mid in [LevelAlgo::Ring, LevelAlgo::Rd] {
+            for inner in [LevelAlgo::Ring, LevelAlgo::Rd] {
+                v.push(Algorithm::Deep { inter, mid, inner });
+            }
+        }
+    }
+    v
+}
+
+const LEVELLED: [Collective; 4] = [
+    Collective::AllGather,
+    Collective::ReduceScatter { average: false },
+    Collective::ReduceScatter { average: true },
+    Collective::AllReduce { average: true },
+];
+
+#[test]
+fn three_level_hierarchy_is_correct_for_every_node_group_shape_up_to_64() {
+    // N nodes of G groups of S ranks, every N·G·S ≤ 64 with G, S ≥ 2 (odd and awkward
+    // ones included: 3 × 3 × 2, 1 × 5 × 3, 7 × 2 × 2, ...).
+    let mut shapes = 0;
+    for p in 4..=64usize {
+        for m in (4..=p).filter(|m| p % m == 0) {
+            for s in (2..m).filter(|s| m % s == 0) {
+                let topo = Topology::uniform(p, m).with_groups(s);
+                assert!(topo.has_groups());
+                for coll in LEVELLED {
+                    for algo in deep_algos() {
+                        let ps = plans(coll, algo, &topo);
+                        assert_eq!(ps[0].algorithm, algo, "{}", topo.describe());
+                        check_all(coll, algo, &topo);
+                    }
+                }
+                shapes += 1;
+            }
+        }
+    }
+    assert!(shapes > 100, "{shapes} shapes");
+}
+
+#[test]
+fn three_level_hierarchy_handles_interleaved_placement_and_scale() {
+    // Round-robin placement: rank r on node r % N, groups of consecutive local indices.
+    for (n, m, s) in [(2, 4, 2), (3, 6, 3), (3, 6, 2), (4, 4, 2)] {
+        let keys: Vec<u64> = (0..n * m).map(|r| (r % n) as u64).collect();
+        let topo = Topology::from_node_keys(&keys).with_groups(s);
+        for coll in LEVELLED {
+            for algo in deep_algos() {
+                check_all(coll, algo, &topo);
+            }
+        }
+    }
+    // Frontier-shaped: 256 nodes of 4 MI250X × 2 GCDs.
+    let topo = Topology::uniform(2048, 8).with_groups(2);
+    for coll in [
+        Collective::AllGather,
+        Collective::ReduceScatter { average: false },
+    ] {
+        let algo: Algorithm = "hier3-rd".parse().unwrap();
+        let ps = plans(coll, algo, &topo);
+        check_plans(coll, &ps, false).unwrap_or_else(|e| panic!("{coll:?} {algo}: {e}"));
+        // lg 256 network steps, 3 ring steps across groups, 1 inside the pair.
+        assert_eq!(ps[0].sends(), 8 + 3 + 1, "{coll:?}");
+    }
+}
+
+#[test]
+fn three_levels_without_groups_run_two_and_on_unequal_nodes_run_flat() {
+    let algo: Algorithm = "hier3-rd-rd-ring".parse().unwrap();
+    assert_eq!(algo.to_string(), "hier3-rd-rd-ring");
+    for name in ["hier3-rd", "hier3-ring", "hier3-ring-rd-rd"] {
+        assert_eq!(name.parse::<Algorithm>().unwrap().to_string(), name);
+    }
+    for bad in [
+        "hier3-rd-ring",
+        "hier3-rd-ring-ring-ring",
+        "hier3-x-ring-ring",
+    ] {
+        let e = bad.parse::<Algorithm>().unwrap_err();
+        assert!(e.message().contains("hier3-INTER-MID-INNER"), "{e}");
+    }
+    // Groups that make no level: none, one per node, or not dividing the node.
+    for topo in [
+        Topology::uniform(16, 4),
+        Topology::uniform(16, 4).with_groups(4),
+        Topology::uniform(18, 6).with_groups(4),
+    ] {
+        assert!(!topo.has_groups());
+        for coll in LEVELLED {
+            let ps = plans(coll, algo, &topo);
+            assert_eq!(
+                ps[0].algorithm,
+                Algorithm::Hier {
+                    inter: LevelAlgo::Rd,
+                    intra: LevelAlgo::Rd
+                }
+            );
+            check_all(coll, algo, &topo);
+        }
+    }
+    let topo = Topology::from_nodes(vec![vec![0, 1, 2, 3], vec![4, 5]]).with_groups(2);
+    for coll in LEVELLED {
+        let ps = plans(coll, algo, &topo);
+        assert_eq!(ps[0].algorithm, Algorithm::Flat(LevelAlgo::Rd));
+        check_all(coll, algo, &topo);
+    }
+}
+
+#[test]
+fn three_level_reduce_scatter_needs_no_more_scratch_than_two() {
+    let deep = Topology::uniform(32, 8).with_groups(2);
+    let two = Topology::uniform(32, 8);
+    let coll = Collective::ReduceScatter { average: false };
+    for r in 0..32 {
+        let d = build(coll, "hier3-rd".parse().unwrap(), &deep, r).unwrap();
+        let h = build(coll, "hier-rd".parse().unwrap(), &two, r).unwrap();
+        assert!(d.scratch_blocks() <= h.scratch_blocks(), "rank {r}");
+    }
+}

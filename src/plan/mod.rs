@@ -17,6 +17,7 @@
 pub mod alltoall;
 pub mod broadcast;
 pub mod check;
+pub mod deep;
 pub mod halving;
 pub mod hierarchical;
 pub mod overlap;
@@ -229,6 +230,18 @@ pub enum Algorithm {
     /// Whole-vector recursive doubling ([`vector`]): `ceil(lg P)` rounds exchanging the
     /// whole vector, for latency-bound all-reduce. Other collectives run [`LevelAlgo::Rd`].
     VectorRd,
+    /// Three levels ([`deep`]): `inter` among nodes, `mid` among a node's groups (the ranks
+    /// of one position in their group), `inner` inside a group. Needs a topology with groups
+    /// ([`Topology::has_groups`]); without them it runs as [`Algorithm::Hier`] of `inter` and
+    /// `mid`, on unequal nodes as the flat `inter`.
+    Deep {
+        /// Algorithm among nodes.
+        inter: LevelAlgo,
+        /// Algorithm among the groups of a node.
+        mid: LevelAlgo,
+        /// Algorithm inside a group.
+        inner: LevelAlgo,
+    },
     /// Two levels overlapped: every block cut into `pieces` pieces whose inter-node and
     /// intra-node steps run in the same phases, staggered (see [`overlap`]).
     Overlap {
@@ -256,6 +269,9 @@ impl Algorithm {
             Algorithm::Flat(l) => level(l),
             Algorithm::VectorRd => 3,
             Algorithm::Hier { inter, intra } => 16 + 4 * level(inter) + level(intra),
+            Algorithm::Deep { inter, mid, inner } => {
+                128 + 16 * level(inter) + 4 * level(mid) + level(inner)
+            }
             Algorithm::Overlap {
                 inter,
                 intra,
@@ -282,7 +298,17 @@ impl Algorithm {
                     pieces,
                 })
             }
-            Algorithm::Flat(_) | Algorithm::VectorRd => None,
+            Algorithm::Flat(_) | Algorithm::VectorRd | Algorithm::Deep { .. } => None,
+        }
+    }
+
+    /// The algorithm of each level of `topo`'s hierarchy ([`Topology::levels`]), outermost
+    /// first, for the hierarchical algorithms that run on it as they are.
+    pub fn level_algos(self) -> Option<Vec<LevelAlgo>> {
+        match self {
+            Algorithm::Hier { inter, intra } => Some(vec![inter, intra]),
+            Algorithm::Deep { inter, mid, inner } => Some(vec![inter, mid, inner]),
+            _ => None,
         }
     }
 
@@ -337,6 +363,22 @@ impl Algorithm {
             Algorithm::Hier { inter, intra } => {
                 format!("hier-{}-{}", level_name(inter), level_name(intra))
             }
+            Algorithm::Deep {
+                inter: LevelAlgo::Rd,
+                mid: LevelAlgo::Ring,
+                inner: LevelAlgo::Ring,
+            } => "hier3-rd".into(),
+            Algorithm::Deep {
+                inter: LevelAlgo::Ring,
+                mid: LevelAlgo::Ring,
+                inner: LevelAlgo::Ring,
+            } => "hier3-ring".into(),
+            Algorithm::Deep { inter, mid, inner } => format!(
+                "hier3-{}-{}-{}",
+                level_name(inter),
+                level_name(mid),
+                level_name(inner)
+            ),
             Algorithm::Overlap {
                 inter,
                 intra,
@@ -393,6 +435,25 @@ impl FromStr for Algorithm {
                 inter: LevelAlgo::Ring,
                 intra: LevelAlgo::Ring,
             }),
+            "hier3-rd" => Some(Algorithm::Deep {
+                inter: LevelAlgo::Rd,
+                mid: LevelAlgo::Ring,
+                inner: LevelAlgo::Ring,
+            }),
+            "hier3-ring" => Some(Algorithm::Deep {
+                inter: LevelAlgo::Ring,
+                mid: LevelAlgo::Ring,
+                inner: LevelAlgo::Ring,
+            }),
+            _ if s.starts_with("hier3-") => {
+                let mut it = s["hier3-".len()..].split('-').map(lvl);
+                match (it.next(), it.next(), it.next(), it.next()) {
+                    (Some(Some(inter)), Some(Some(mid)), Some(Some(inner)), None) => {
+                        Some(Algorithm::Deep { inter, mid, inner })
+                    }
+                    _ => None,
+                }
+            }
             _ => s.strip_prefix("hier-").and_then(|rest| {
                 let (a, b) = rest.split_once('-')?;
                 Some(Algorithm::Hier {
@@ -405,7 +466,8 @@ impl FromStr for Algorithm {
             Error::invalid(format!(
                 "unknown algorithm '{s}': expected ring, rd, rdv, hier-rd, hier-ring or hier-INTER-INTRA \
                  with INTER, INTRA in {{ring, rd}}, optionally overlapped in K pieces as \
-                 HIER-pipeK (hier-rd-pipe4)"
+                 HIER-pipeK (hier-rd-pipe4), or three levels as hier3-rd, hier3-ring or \
+                 hier3-INTER-MID-INNER (inside nodes cut into groups: PCCL_GROUP_SIZE)"
             ))
         })
     }
@@ -532,6 +594,14 @@ pub fn build_for(
             Algorithm::Flat(a) => flat_allgather(a, rank, p),
             Algorithm::VectorRd => flat_allgather(LevelAlgo::Rd, rank, p),
             Algorithm::Hier { inter, intra } => hierarchical::allgather(topo, rank, inter, intra),
+            Algorithm::Deep { inter, mid, inner } => {
+                let mut ph = vec![Phase::of(vec![Step::Copy {
+                    src: vec![Span::block(Buf::Input, 0)],
+                    dst: vec![Span::block(Buf::Output, rank)],
+                }])];
+                ph.extend(deep::allgather_in_output(topo, rank, &[inter, mid, inner]));
+                ph
+            }
             Algorithm::Overlap {
                 inter,
                 intra,
@@ -571,6 +641,13 @@ pub fn build_for(
                     Span::block(Buf::Output, 0),
                     Buf::Scratch,
                 ),
+                Algorithm::Deep { inter, mid, inner } => deep::reduce_scatter(
+                    topo,
+                    rank,
+                    &[inter, mid, inner],
+                    Span::block(Buf::Output, 0),
+                    Buf::Scratch,
+                ),
                 Algorithm::Overlap {
                     inter,
                     intra,
@@ -604,6 +681,9 @@ pub fn build_for(
                 Algorithm::Hier { inter, intra } => {
                     hierarchical::reduce_scatter(topo, rank, (inter, intra), mine, Buf::Output)
                 }
+                Algorithm::Deep { inter, mid, inner } => {
+                    deep::reduce_scatter(topo, rank, &[inter, mid, inner], mine, Buf::Output)
+                }
                 Algorithm::Overlap {
                     inter,
                     intra,
@@ -626,6 +706,9 @@ pub fn build_for(
                 Algorithm::VectorRd => flat_allgather_in_output(LevelAlgo::Rd, rank, p),
                 Algorithm::Hier { inter, intra } => {
                     hierarchical::allgather_in_output(topo, rank, inter, intra)
+                }
+                Algorithm::Deep { inter, mid, inner } => {
+                    deep::allgather_in_output(topo, rank, &[inter, mid, inner])
                 }
                 Algorithm::Overlap {
                     inter,
@@ -653,11 +736,19 @@ pub fn build_for(
 }
 
 /// The algorithm that will actually run: hierarchical needs nodes of equal size and more
-/// than one level; otherwise the flat algorithm of the inter-node level.
+/// than one level; otherwise the flat algorithm of the inter-node level. Three levels need
+/// groups inside the nodes; otherwise the two-level algorithm of the outer two.
 pub fn effective_algorithm(algorithm: Algorithm, topo: &Topology) -> Algorithm {
     match algorithm {
-        Algorithm::Hier { inter, .. } | Algorithm::Overlap { inter, .. } if !topo.is_regular() => {
+        Algorithm::Hier { inter, .. }
+        | Algorithm::Overlap { inter, .. }
+        | Algorithm::Deep { inter, .. }
+            if !topo.is_regular() =>
+        {
             Algorithm::Flat(inter)
+        }
+        Algorithm::Deep { inter, mid, .. } if !topo.has_groups() => {
+            Algorithm::Hier { inter, intra: mid }
         }
         Algorithm::Overlap { pieces, .. } if pieces == 0 || pieces > MAX_PIECES => algorithm
             .overlapped(pieces.clamp(1, MAX_PIECES))

@@ -19,6 +19,9 @@ pub struct Topology {
     nodes: Vec<Vec<usize>>,
     position: Vec<(usize, usize)>,
     nic_map: Option<NicMap>,
+    /// Ranks per group inside a node (consecutive local indices sharing a faster link: the
+    /// two GCDs of an MI250X, a package, a NUMA domain); `1` for none.
+    group: usize,
 }
 
 impl Topology {
@@ -59,7 +62,41 @@ impl Topology {
             nodes,
             position,
             nic_map: None,
+            group: 1,
         }
+    }
+
+    /// The same topology whose nodes are cut into groups of `size` consecutive local ranks
+    /// (a level between the rank and the node: [`Self::levels`]). Kept as given; it only
+    /// makes a level where it divides equal nodes into more than one group of more than one
+    /// rank.
+    pub fn with_groups(mut self, size: usize) -> Self {
+        self.group = size.max(1);
+        self
+    }
+
+    /// Ranks per group inside a node, as set by [`Self::with_groups`] (`1`: none).
+    pub fn group_size(&self) -> usize {
+        self.group
+    }
+
+    /// Whether the groups make a level of their own: equal nodes, each cut into more than
+    /// one group of more than one rank.
+    pub fn has_groups(&self) -> bool {
+        matches!(self.ranks_per_node(), Some(m) if self.group > 1 && self.group < m && m % self.group == 0)
+    }
+
+    /// The radices of the hierarchy, outermost first: `[nodes, groups per node, ranks per
+    /// group]` with groups ([`Self::has_groups`]), else `[nodes, ranks per node]`; `None` on
+    /// unequal nodes. A rank's coordinates in it are its node, then its local index written
+    /// in the inner radices ([`Self::coords`]).
+    pub fn levels(&self) -> Option<Vec<usize>> {
+        let m = self.ranks_per_node()?;
+        Some(if self.has_groups() {
+            vec![self.nodes.len(), m / self.group, self.group]
+        } else {
+            vec![self.nodes.len(), m]
+        })
     }
 
     /// The same topology with the NIC map every node uses.
@@ -114,9 +151,12 @@ impl Topology {
         self.is_regular()
             .then(|| self.nodes.first().map_or(1, Vec::len))
     }
-    /// A short description such as `2x4` or `irregular [4, 2]`.
+    /// A short description such as `2x4`, `2x4 (groups of 2)` or `irregular [4, 2]`.
     pub fn describe(&self) -> String {
         match self.ranks_per_node() {
+            Some(m) if self.has_groups() => {
+                format!("{}x{} (groups of {})", self.nodes.len(), m, self.group)
+            }
             Some(m) => format!("{}x{}", self.nodes.len(), m),
             None => format!(
                 "irregular {:?}",
