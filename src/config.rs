@@ -7,6 +7,7 @@
 //! | `PCCL_TUNE_ONLINE` | timed calls per candidate with which the first calls of each collective and size try the algorithms the model predicts within 1.5× of its best (at most 3) in turn, each for that many calls in a row after one that warms up, the ranks then keeping the fastest by the slowest rank's median; `on` = `8`, `0`/`off` keeps the model's choice. Choices then depend on timing: floating-point sums may round differently from run to run | `0` |
 //! | `PCCL_TUNE_FILE` | the tuner's machine profile (TOML, written by `pccl-tune`) | `$XDG_CONFIG_HOME/pccl/tune.toml` if present, else built in |
 //! | `PCCL_RANKS_PER_NODE` | pretend nodes of this many consecutive ranks | real hosts |
+//! | `PCCL_GROUP_SIZE` | ranks per group inside a node (the level of three-level algorithms) | GPUs under one PCI parent, else none |
 //! | `PCCL_TIMEOUT` | seconds a whole collective may take before a timeout error (one deadline per collective) | `300` |
 //! | `PCCL_CHUNK_SIZE` | bytes per pipelined piece of a large message; when set it wins over the tuner's per-call piece (every rank must set the same) | the tuner's piece per call (`1048576` where nothing is tuned) |
 //! | `PCCL_ALLTOALL_DIRECT` | largest block (bytes per peer) of an equal-block all-to-all run as one phase posting every message at once; larger ones take `P−1` pairwise phases; `0`: always pairwise | `16K` |
@@ -71,6 +72,8 @@ pub struct Config {
     pub profile: Profile,
     /// Pretend nodes of this many consecutive ranks.
     pub ranks_per_node: Option<usize>,
+    /// Ranks per group inside a node (`PCCL_GROUP_SIZE`; `None`: what discovery finds).
+    pub group_size: Option<usize>,
     /// Limit of a whole collective (one deadline for every wait in it).
     pub timeout: Duration,
     /// Bytes per pipelined piece.
@@ -108,6 +111,7 @@ impl Default for Config {
             algo_by_coll: AlgoOverrides::default(),
             profile: Profile::default(),
             ranks_per_node: None,
+            group_size: None,
             timeout: Duration::from_secs(300),
             chunk_bytes: 1 << 20,
             chunk_explicit: false,
@@ -206,6 +210,15 @@ impl Config {
                 return Err(Error::invalid("PCCL_RANKS_PER_NODE must be at least 1"));
             }
             c.ranks_per_node = Some(m);
+        }
+        if let Some(v) = var("PCCL_GROUP_SIZE") {
+            let g: usize = parse_num("PCCL_GROUP_SIZE", &v)?;
+            if g == 0 || g > 0xfff {
+                return Err(Error::invalid(format!(
+                    "PCCL_GROUP_SIZE={v}: expected 1 (no groups) to 4095 ranks per group"
+                )));
+            }
+            c.group_size = Some(g);
         }
         if let Some(v) = var("PCCL_FAULT") {
             c.faults = crate::fault::parse(&v)?;

@@ -46,7 +46,8 @@ struct Args {
     #[arg(long, default_value = "allgather")]
     coll: String,
     /// ring, rd, hier-rd, hier-ring, hier-INTER-INTRA, any hierarchy overlapped in K pieces as
-    /// HIER-pipeK (hier-rd-pipe8), auto (the tuner's choice per size), or a vendor baseline of
+    /// HIER-pipeK (hier-rd-pipe8), three levels as hier3-rd, hier3-ring or
+    /// hier3-INTER-MID-INNER (network, the node's groups, inside a group: --groups), auto (the tuner's choice per size), or a vendor baseline of
     /// the profile: rccl / nccl (its `[vendor]` ring) or mpich (its `[mpich]` ring).
     #[arg(long, default_value = "auto")]
     algo: String,
@@ -56,6 +57,11 @@ struct Args {
     /// Ranks per node (default: the profile's `ranks_per_node`).
     #[arg(long)]
     ranks_per_node: Option<usize>,
+    /// Ranks per group inside a node, the middle level of three-level algorithms
+    /// (hier3-*) and of `auto`'s candidates (default: the profile's `intra.pair_size`, the
+    /// GCD pair of an MI250X on Frontier; 1 for none).
+    #[arg(long)]
+    groups: Option<usize>,
     /// NIC map in Cray syntax (`0:0-1;1:2-3;...`); default: ranks spread evenly over the NICs.
     #[arg(long)]
     nic_map: Option<String>,
@@ -157,6 +163,7 @@ struct Sim {
     coll: Collective,
     engine: Engine,
     nic_map: Option<NicMap>,
+    groups: usize,
     mech: Mechanisms,
     output_sizes: bool,
 }
@@ -181,7 +188,7 @@ impl Which {
 
 impl Sim {
     fn topo(&self, ranks: usize, m: usize) -> Topology {
-        let t = Topology::uniform(ranks, m);
+        let t = Topology::uniform(ranks, m).with_groups(self.groups);
         match &self.nic_map {
             Some(map) => t.with_nic_map(map.clone()),
             None => t,
@@ -322,11 +329,13 @@ fn main() {
         .nic_map
         .as_deref()
         .map(|s| s.parse::<NicMap>().unwrap_or_else(|e| fail(e)));
+    let groups = args.groups.unwrap_or(prof.intra.pair_size).max(1);
     let sim = Sim {
         prof,
         coll: parse_coll(&args.coll),
         engine,
         nic_map,
+        groups,
         mech,
         output_sizes: args.output_sizes,
     };

@@ -105,7 +105,7 @@ struct Inner {
 fn nic_view(cfg: &Config) -> NicView {
     let env = crate::topology::env::ProcessEnv;
     let hw = crate::topology::discover::host_hardware(cfg.topo_file.as_deref());
-    NicView::new(hw, &env, cfg.nic_map.clone())
+    NicView::new(hw, &env, cfg.nic_map.clone()).with_group_size(cfg.group_size)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -157,7 +157,9 @@ impl Communicator {
             Some(m) => {
                 let own = view.own_map(m);
                 (
-                    Topology::uniform(p, m).with_nic_map(own),
+                    Topology::uniform(p, m)
+                        .with_nic_map(own)
+                        .with_groups(view.own_group(m)),
                     "own view, no exchange",
                 )
             }

@@ -207,11 +207,13 @@ impl<'a> Cluster<'a> {
 
     /// The bandwidth of the hierarchy's intra level when PCCL hands it to the vendor library
     /// (the profile's `[vendor] intra_ring_gbps`): its rings spread over every link of the
-    /// node, where PCCL's own plan would cross one link per message.
+    /// node, where PCCL's own plan would cross one link per message. A three-level hierarchy
+    /// hands both inner levels to it (a communicator of the node's groups, one of each
+    /// group); links faster than that rate (a pair's) keep their own ([`Self::caps`]).
     fn vendor_intra(&self, algo: Algorithm) -> Option<f64> {
         let hier = matches!(
             crate::plan::effective_algorithm(algo, self.topo),
-            Algorithm::Hier { .. } | Algorithm::Overlap { .. }
+            Algorithm::Hier { .. } | Algorithm::Overlap { .. } | Algorithm::Deep { .. }
         );
         self.prof
             .vendor
@@ -223,7 +225,8 @@ impl<'a> Cluster<'a> {
     /// Resource table for `nodes` nodes: NIC send sides, NIC receive sides, the global
     /// network (one per dragonfly group, each carrying `taper` of its nodes' injection; one
     /// for all without groups), each node's shared intra-node bus, each node's `m × m` intra
-    /// links (at `intra` where the vendor library runs the level); host rates (intra links,
+    /// links (at `intra` where the vendor library runs the level, or their own rate where
+    /// that is faster); host rates (intra links,
     /// the bus, the "NICs" of one host) sped up `speed` times by the cache (the transfers'
     /// share of it, [`Self::speeds`]).
     fn caps(&self, nodes: usize, global_nodes: usize, speed: f64, intra: Option<f64>) -> Vec<f64> {
@@ -248,7 +251,8 @@ impl<'a> Cluster<'a> {
         for _ in 0..nodes {
             for a in 0..self.m {
                 for b in 0..self.m {
-                    c.push(intra.unwrap_or_else(|| self.prof.intra_rate(a, b)) * speed);
+                    let own = self.prof.intra_rate(a, b);
+                    c.push(intra.map_or(own, |v| v.max(own)) * speed);
                 }
             }
         }

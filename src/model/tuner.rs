@@ -12,7 +12,8 @@ use crate::error::{Error, Result};
 use crate::plan::{Algorithm, Collective, LevelAlgo};
 use crate::topology::Topology;
 
-/// The algorithms worth considering on `topo`.
+/// The algorithms worth considering on `topo`: the flat ones, the two-level ones on equal
+/// nodes, the three-level ones where the nodes are cut into groups.
 pub fn candidates(topo: &Topology) -> Vec<Algorithm> {
     let mut v = vec![
         Algorithm::Flat(LevelAlgo::Ring),
@@ -23,6 +24,17 @@ pub fn candidates(topo: &Topology) -> Vec<Algorithm> {
             for inter in [LevelAlgo::Rd, LevelAlgo::Ring] {
                 for intra in [LevelAlgo::Ring, LevelAlgo::Rd] {
                     v.push(Algorithm::Hier { inter, intra });
+                }
+            }
+        }
+    }
+    // Three levels where the nodes are cut into groups (after the two-level ones: ties
+    // keep the older choice).
+    if topo.has_groups() && topo.nodes().len() > 1 {
+        for inter in [LevelAlgo::Rd, LevelAlgo::Ring] {
+            for mid in [LevelAlgo::Ring, LevelAlgo::Rd] {
+                for inner in [LevelAlgo::Ring, LevelAlgo::Rd] {
+                    v.push(Algorithm::Deep { inter, mid, inner });
                 }
             }
         }

@@ -16,6 +16,86 @@ pub const WORDS: usize = 6;
 const ENTRIES: usize = 32;
 /// Header flag: this rank could not discover its topology.
 const FAILED: u64 = 1 << 63;
+/// Header flag: the group size (bits 32–43) is the user's. Bits 48–59: the rank's GPU count.
+const GROUP_USER: u64 = 1 << 44;
+
+/// Ranks per group of GPUs sharing a PCI parent (the GCDs of one MI250X, GPUs behind one
+/// switch), when every such group has the same size of at least 2 and is contiguous in bus
+/// order (ranks drive GPUs in that order); else 0.
+pub fn gpu_group(hw: &NodeHardware) -> usize {
+    let parent = |g: &super::hardware::Gpu| g.path.len().checked_sub(2).map(|i| g.path[i]);
+    let mut sizes: Vec<usize> = Vec::new();
+    let mut last: Option<Option<u64>> = None;
+    let mut seen: Vec<Option<u64>> = Vec::new();
+    for g in &hw.gpus {
+        let p = parent(g);
+        if p.is_none() {
+            return 0;
+        }
+        if last == Some(p) {
+            *sizes.last_mut().expect("a group") += 1;
+        } else {
+            if seen.contains(&p) {
+                return 0; // not contiguous in bus order
+            }
+            seen.push(p);
+            sizes.push(1);
+            last = Some(p);
+        }
+    }
+    match sizes.first() {
+        Some(&k) if k >= 2 && sizes.len() >= 2 && sizes.iter().all(|&s| s == k) => k,
+        _ => 0,
+    }
+}
+
+/// The group size every rank agrees on from the gathered header words: the user's (every
+/// rank must give the same, dividing the nodes), else discovery's where every rank found the
+/// same one and drives one GPU of its node each; 1 for none.
+fn agree_group(topo: &Topology, headers: &[u64]) -> Result<usize> {
+    let of = |h: u64| ((h >> 32) & 0xfff) as usize;
+    let user = |h: u64| h & GROUP_USER != 0;
+    if let Some(u) = headers.iter().position(|&h| user(h)) {
+        if let Some(bad) = headers
+            .iter()
+            .position(|&h| !user(h) || of(h) != of(headers[u]))
+        {
+            let say = |r: usize| match user(headers[r]) {
+                true => format!("PCCL_GROUP_SIZE={}", of(headers[r])),
+                false => "no PCCL_GROUP_SIZE".to_string(),
+            };
+            return Err(Error::invalid(format!(
+                "ranks disagree on the groups inside a node: rank {u} has {}, rank {bad} has {} \
+                 (set the same PCCL_GROUP_SIZE on every rank)",
+                say(u),
+                say(bad)
+            )));
+        }
+        let g = of(headers[u]).max(1);
+        if let Some(m) = topo.ranks_per_node() {
+            if g > 1 && m % g != 0 {
+                return Err(Error::invalid(format!(
+                    "PCCL_GROUP_SIZE={g} does not divide the {m} ranks of each node ({}); \
+                     use a divisor of {m}, or 1 for no groups",
+                    topo.describe()
+                )));
+            }
+        }
+        return Ok(g);
+    }
+    let g = of(headers[0]);
+    let one_gpu_each = topo.nodes().iter().all(|node| {
+        node.iter()
+            .all(|&r| ((headers[r] >> 48) & 0xfff) as usize == node.len())
+    });
+    Ok(
+        if g > 1 && one_gpu_each && headers.iter().all(|&h| of(h) == g) {
+            g
+        } else {
+            1
+        },
+    )
+}
 
 /// What one rank contributes: its NIC for every local rank it could have.
 #[derive(Clone, Debug)]
@@ -27,6 +107,11 @@ pub struct NicView {
     /// The NIC of local rank `l` is `period[l % period.len()]`; empty: even spread or one NIC.
     period: Vec<usize>,
     error: Option<String>,
+    /// Ranks per group inside the node (0: none): `PCCL_GROUP_SIZE`, else the GPUs that
+    /// share a PCI parent ([`gpu_group`]).
+    group: usize,
+    /// Whether `group` was set by the user (then every rank must say the same).
+    group_user: bool,
 }
 
 impl NicView {
@@ -57,6 +142,7 @@ impl NicView {
                 _ => (MapSource::Even, nics, Vec::new()),
             }
         };
+        let group = gpu_group(&hw);
         NicView {
             hw,
             user,
@@ -64,6 +150,27 @@ impl NicView {
             nics: n,
             period,
             error,
+            group,
+            group_user: false,
+        }
+    }
+
+    /// The same view with the user's group size (`PCCL_GROUP_SIZE`) instead of discovery's.
+    pub fn with_group_size(mut self, user: Option<usize>) -> Self {
+        if let Some(g) = user {
+            self.group = g;
+            self.group_user = true;
+        }
+        self
+    }
+
+    /// Group size for a node of `local_ranks` ranks that all share this view (no exchange):
+    /// the user's, else discovery's when the node has one rank per GPU.
+    pub fn own_group(&self, local_ranks: usize) -> usize {
+        match self.group_user {
+            true => self.group,
+            false if self.hw.gpus.len() == local_ranks => self.group.max(1),
+            false => 1,
         }
     }
 
@@ -84,7 +191,10 @@ impl NicView {
         w[1] = self.source as u64
             | ((self.nics.min(0xfff) as u64) << 4)
             | ((self.period.len().min(0xffff) as u64) << 16)
-            | if self.error.is_some() { FAILED } else { 0 };
+            | if self.error.is_some() { FAILED } else { 0 }
+            | ((self.group.min(0xfff) as u64) << 32)
+            | if self.group_user { GROUP_USER } else { 0 }
+            | ((self.hw.gpus.len().min(0xfff) as u64) << 48);
         for (k, &nic) in self.period.iter().take(ENTRIES).enumerate() {
             w[2 + k / 8] |= (nic.min(255) as u64) << (8 * (k % 8));
         }
@@ -136,7 +246,9 @@ impl NicView {
             })
             .collect();
         let source = MapSource::from_code(all[topo.nodes()[0][0] * WORDS + 1] & 0xf);
-        let topo = topo.with_nic_map(maps[0].clone());
+        let headers: Vec<u64> = (0..p).map(|r| all[r * WORDS + 1]).collect();
+        let group = agree_group(&topo, &headers)?;
+        let topo = topo.with_nic_map(maps[0].clone()).with_groups(group);
         Ok((topo, maps, source))
     }
 }
@@ -259,5 +371,64 @@ mod tests {
         hw.nics.truncate(1);
         let v = NicView::new(Ok(Arc::new(hw)), &[("X", "")], None);
         assert_eq!(v.own_map(3).to_string(), "0:0-2");
+    }
+
+    /// Four GPUs as two pairs, each pair under one PCI parent (two MI250X).
+    fn pairs() -> Arc<NodeHardware> {
+        let mut hw = (*crossed()).clone();
+        for (g, gpu) in hw.gpus.iter_mut().enumerate() {
+            gpu.path = vec![0, 10 + g as u64 / 2, 100 + g as u64];
+        }
+        Arc::new(hw)
+    }
+
+    #[test]
+    fn gpus_sharing_a_parent_make_groups_when_each_rank_drives_one() {
+        assert_eq!(gpu_group(&pairs()), 2);
+        assert_eq!(gpu_group(&crossed()), 0);
+        let view =
+            |g: Option<usize>| NicView::new(Ok(pairs()), &[("X", "")], None).with_group_size(g);
+        // Two nodes of 4 ranks, one per GPU: groups of 2.
+        let views: Vec<(u64, NicView)> = (0..8).map(|r| (r / 4, view(None))).collect();
+        let (topo, _, _) = views[5].1.agree(5, &gather(&views)).unwrap();
+        assert!(topo.has_groups());
+        assert_eq!(topo.describe(), "2x4 (groups of 2)");
+        // Two ranks on a node of four GPUs: which GPUs they drive is unknown, no groups.
+        let views: Vec<(u64, NicView)> = (0..4).map(|r| (r / 2, view(None))).collect();
+        let (topo, _, _) = views[0].1.agree(0, &gather(&views)).unwrap();
+        assert_eq!(topo.group_size(), 1);
+        assert_eq!(view(None).own_group(4), 2);
+        assert_eq!(view(None).own_group(2), 1);
+        assert_eq!(view(Some(4)).own_group(8), 4);
+    }
+
+    #[test]
+    fn ranks_that_disagree_on_the_group_size_fail_every_rank_naming_both() {
+        let view =
+            |g: Option<usize>| NicView::new(Ok(pairs()), &[("X", "")], None).with_group_size(g);
+        let views: Vec<(u64, NicView)> = (0..8)
+            .map(|r| (r / 4, view(Some(if r == 6 { 4 } else { 2 }))))
+            .collect();
+        let all = gather(&views);
+        for (r, (_, v)) in views.iter().enumerate() {
+            let e = v.agree(r, &all).unwrap_err();
+            assert!(
+                e.message().contains("rank 0 has PCCL_GROUP_SIZE=2")
+                    && e.message().contains("rank 6 has PCCL_GROUP_SIZE=4"),
+                "{e}"
+            );
+        }
+        // Set on some ranks only.
+        let views: Vec<(u64, NicView)> = (0..4).map(|r| (0, view((r != 3).then_some(2)))).collect();
+        let e = views[0].1.agree(0, &gather(&views)).unwrap_err();
+        assert!(e.message().contains("rank 3 has no PCCL_GROUP_SIZE"), "{e}");
+        // A size that does not divide the nodes.
+        let views: Vec<(u64, NicView)> = (0..6).map(|r| (r / 3, view(Some(2)))).collect();
+        let e = views[0].1.agree(0, &gather(&views)).unwrap_err();
+        assert!(e.message().contains("does not divide the 3 ranks"), "{e}");
+        // The user's size wins over discovery's, and 1 turns groups off.
+        let views: Vec<(u64, NicView)> = (0..8).map(|r| (r / 4, view(Some(1)))).collect();
+        let (topo, _, _) = views[0].1.agree(0, &gather(&views)).unwrap();
+        assert!(!topo.has_groups());
     }
 }
