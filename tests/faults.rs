@@ -360,12 +360,23 @@ fn fault_case(
     kind: FaultKind,
     timeout: f64,
 ) -> Vec<Option<(Error, Duration)>> {
+    fault_case_with(p, cfg(m, algo, timeout, vec![]), which, victim, kind)
+}
+
+/// [`fault_case`] with the settings `base` (its faults replaced by the victim's).
+fn fault_case_with(
+    p: usize,
+    base: Config,
+    which: usize,
+    victim: usize,
+    kind: FaultKind,
+) -> Vec<Option<(Error, Duration)>> {
     let faults = vec![Fault {
         rank: victim,
         seq: 1,
         kind,
     }];
-    Communicator::run_threads(p, cfg(m, algo, timeout, faults), |comm| {
+    Communicator::run_threads(p, Config { faults, ..base }, |comm| {
         // Collective #0 is clean, but a survivor may still be in it when the victim, done
         // with its part, dies: then it fails already (naming the victim). `took` is the
         // time of the last call made (the one that failed), not of the clean one before it.
@@ -429,6 +440,40 @@ fn kill_drop_and_corrupt_fail_every_survivor_within_a_second_naming_the_rank() {
                     for (r, o) in out.iter().enumerate() {
                         let Some((e, took)) = o else { continue };
                         let what = format!("{kind:?} {name} {algo:?} p{p} rank {r}");
+                        assert_eq!(e.kind(), ErrorKind::Remote, "{what}: {e}");
+                        assert!(*took < prompt(SECOND), "{what}: {took:?}");
+                        assert!(
+                            e.message().contains(&format!("rank {victim}")),
+                            "{what}: the message must name rank {victim}: {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_peer_dying_in_a_three_level_collective_fails_every_survivor_naming_it() {
+    // 2 nodes of 2 pairs: the victim is a network, a node-level and a pair-level peer of
+    // someone. A corrupted message is caught too, and the next collective is right.
+    for kind in [FaultKind::Kill, FaultKind::Drop, FaultKind::Corrupt] {
+        for algo in ["hier3-rd", "hier3-ring-rd-ring"] {
+            for (which, name) in COLLS.iter().enumerate().take(3) {
+                for victim in [0, 5] {
+                    let base = Config {
+                        group_size: Some(2),
+                        ..cfg(4, Some(algo.parse().unwrap()), 30.0, vec![])
+                    };
+                    let out = fault_case_with(8, base, which, victim, kind);
+                    let failed = out.iter().flatten().count();
+                    assert!(
+                        failed > 0 || kind == FaultKind::Corrupt,
+                        "{kind:?} {name} {algo}: nobody noticed"
+                    );
+                    for (r, o) in out.iter().enumerate() {
+                        let Some((e, took)) = o else { continue };
+                        let what = format!("{kind:?} {name} {algo} victim {victim} rank {r}");
                         assert_eq!(e.kind(), ErrorKind::Remote, "{what}: {e}");
                         assert!(*took < prompt(SECOND), "{what}: {took:?}");
                         assert!(

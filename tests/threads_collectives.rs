@@ -596,3 +596,40 @@ fn a_rank_missing_from_a_direct_all_to_all_ends_in_an_error_not_a_hang() {
         );
     }
 }
+
+#[test]
+fn three_level_hierarchy_matches_the_reference_for_every_dtype_and_op() {
+    // (nodes, ranks per node, ranks per group): pairs, triples, an odd node count.
+    for (n, m, g) in [(2, 4, 2), (3, 4, 2), (2, 6, 3), (2, 6, 2)] {
+        for name in [
+            "hier3-rd",
+            "hier3-ring",
+            "hier3-rd-rd-rd",
+            "hier3-ring-rd-ring",
+        ] {
+            let algo: Algorithm = name.parse().unwrap();
+            let cfg = Config {
+                group_size: Some(g),
+                ..cfg(m, Some(algo))
+            };
+            let res = Communicator::run_threads(n * m, cfg, |comm| -> Result<Vec<u8>, String> {
+                if !comm.topology().has_groups() {
+                    return Err(format!("no groups in {}", comm.topology().describe()));
+                }
+                let mut digest = Vec::new();
+                for op in ReduceOp::ALL {
+                    for count in [0usize, 1, 7] {
+                        digest.extend(all_dtypes(&comm, count, op, count % 2 == 1)?);
+                    }
+                }
+                for inplace in [false, true] {
+                    let v = check_collectives::<f32>(&comm, 40_001, ReduceOp::Sum, inplace)?;
+                    digest.extend_from_slice(bytemuck::cast_slice(&v));
+                }
+                Ok(digest)
+            })
+            .unwrap();
+            assert_all_ok_and_identical(res);
+        }
+    }
+}
