@@ -458,7 +458,7 @@ fn a_peer_dying_in_a_three_level_collective_fails_every_survivor_naming_it() {
     // 2 nodes of 2 pairs: the victim is a network, a node-level and a pair-level peer of
     // someone. A corrupted message is caught too, and the next collective is right.
     for kind in [FaultKind::Kill, FaultKind::Drop, FaultKind::Corrupt] {
-        for algo in ["hier3-rd", "hier3-ring-rd-ring"] {
+        for algo in ["hier3-rd", "hier3-ring-rd-ring-pipe4"] {
             for (which, name) in COLLS.iter().enumerate().take(3) {
                 for victim in [0, 5] {
                     let base = Config {

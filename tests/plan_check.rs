@@ -517,7 +517,12 @@ fn deep_algos() -> Vec<Algorithm> {
     for inter in [LevelAlgo::Rd, LevelAlgo::Ring] {
         for mid in [LevelAlgo::Ring, LevelAlgo::Rd] {
             for inner in [LevelAlgo::Ring, LevelAlgo::Rd] {
-                v.push(Algorithm::Deep { inter, mid, inner });
+                v.push(Algorithm::Deep {
+                    inter,
+                    mid,
+                    inner,
+                    pieces: 1,
+                });
             }
         }
     }
@@ -633,4 +638,54 @@ fn three_level_reduce_scatter_needs_no_more_scratch_than_two() {
         let h = build(coll, "hier-rd".parse().unwrap(), &two, r).unwrap();
         assert!(d.scratch_blocks() <= h.scratch_blocks(), "rank {r}");
     }
+}
+
+#[test]
+fn overlapped_three_level_hierarchy_is_correct_for_awkward_shapes_and_piece_counts() {
+    for (n, m, s) in [
+        (2, 4, 2),
+        (3, 6, 2),
+        (2, 6, 3),
+        (5, 4, 2),
+        (4, 8, 2),
+        (3, 9, 3),
+    ] {
+        let topo = Topology::uniform(n * m, m).with_groups(s);
+        for k in [2, 3, 4] {
+            for coll in LEVELLED {
+                for algo in deep_algos() {
+                    let algo = algo.overlapped(k).unwrap();
+                    let ps = plans(coll, algo, &topo);
+                    assert_eq!(ps[0].algorithm, algo);
+                    assert_eq!(ps[0].pieces, k);
+                    check_all(coll, algo, &topo);
+                }
+            }
+        }
+    }
+    // Interleaved placement, and 1024 ranks as 128 × 4 × 2.
+    let keys: Vec<u64> = (0..12).map(|r| (r % 3) as u64).collect();
+    let topo = Topology::from_node_keys(&keys).with_groups(2);
+    for coll in LEVELLED {
+        check_all(coll, "hier3-rd-pipe4".parse().unwrap(), &topo);
+    }
+    let topo = Topology::uniform(1024, 8).with_groups(2);
+    for coll in [
+        Collective::AllGather,
+        Collective::ReduceScatter { average: false },
+    ] {
+        let algo: Algorithm = "hier3-rd-rd-ring-pipe4".parse().unwrap();
+        let ps = plans(coll, algo, &topo);
+        check_plans(coll, &ps, false).unwrap_or_else(|e| panic!("{coll:?} {algo}: {e}"));
+    }
+    // One piece is the plain three-level plan; without groups the overlapped two-level one.
+    let one: Algorithm = "hier3-rd-pipe1".parse().unwrap();
+    assert_eq!(one, "hier3-rd".parse().unwrap());
+    let flat_nodes = Topology::uniform(16, 4);
+    let ps = plans(
+        Collective::AllGather,
+        "hier3-rd-pipe4".parse().unwrap(),
+        &flat_nodes,
+    );
+    assert_eq!(ps[0].algorithm, "hier-rd-pipe4".parse().unwrap());
 }

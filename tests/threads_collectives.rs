@@ -605,7 +605,7 @@ fn three_level_hierarchy_matches_the_reference_for_every_dtype_and_op() {
             "hier3-rd",
             "hier3-ring",
             "hier3-rd-rd-rd",
-            "hier3-ring-rd-ring",
+            "hier3-ring-rd-ring-pipe3",
         ] {
             let algo: Algorithm = name.parse().unwrap();
             let cfg = Config {

@@ -34,7 +34,12 @@ pub fn candidates(topo: &Topology) -> Vec<Algorithm> {
         for inter in [LevelAlgo::Rd, LevelAlgo::Ring] {
             for mid in [LevelAlgo::Ring, LevelAlgo::Rd] {
                 for inner in [LevelAlgo::Ring, LevelAlgo::Rd] {
-                    v.push(Algorithm::Deep { inter, mid, inner });
+                    v.push(Algorithm::Deep {
+                        inter,
+                        mid,
+                        inner,
+                        pieces: 1,
+                    });
                 }
             }
         }
@@ -117,7 +122,7 @@ pub fn choose_with(
         let hier: Vec<Algorithm> = scored
             .iter()
             .map(|s| s.0)
-            .filter(|a| matches!(a, Algorithm::Hier { .. }))
+            .filter(|a| matches!(a, Algorithm::Hier { .. } | Algorithm::Deep { .. }))
             .collect();
         for h in hier {
             let mut best: Option<(Algorithm, f64)> = None;

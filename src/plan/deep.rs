@@ -20,6 +20,7 @@
 //! (tests check it); three give pair → node → network on Frontier. The strided units are
 //! packed by the executor, as in two levels.
 
+use super::hierarchical::BlockMap;
 use super::{level_allgather, level_reduce_scatter, Buf, Level, LevelAlgo, Phase, Span, Spans};
 use crate::topology::Topology;
 
@@ -58,13 +59,17 @@ fn unit_ranks(topo: &Topology, radix: &[usize], l: usize, v: usize, me: &[usize]
         .collect()
 }
 
-/// The blocks of `ranks` in `buf`, merged where adjacent.
-fn span_of(buf: Buf, ranks: &[usize]) -> Spans {
+/// The blocks of `ranks` in `buf` as `blk` maps them, merged where adjacent.
+fn span_of(blk: BlockMap<'_>, buf: Buf, ranks: &[usize]) -> Spans {
     let mut v = Spans::new();
     for &r in ranks {
-        super::push_span(&mut v, Span::block(buf, r));
+        super::push_span(&mut v, blk(buf, r));
     }
     v
+}
+
+fn whole(buf: Buf, b: usize) -> Span {
+    Span::block(buf, b)
 }
 
 /// Level `l`'s members (communicator ranks, by `cₗ`) seen from `me`.
@@ -89,24 +94,40 @@ fn radix_for(topo: &Topology, algos: &[LevelAlgo]) -> Vec<usize> {
 /// All-gather of `Output` blocks over every level, outermost first, each rank's own block
 /// already in place. `algos[l]` runs level `l` (outermost first).
 pub fn allgather_in_output(topo: &Topology, rank: usize, algos: &[LevelAlgo]) -> Vec<Phase> {
+    allgather_levels(topo, rank, algos, &whole)
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// The levels of an all-gather of `Output` blocks mapped by `blk`, in the order they run
+/// (outermost first).
+pub(crate) fn allgather_levels(
+    topo: &Topology,
+    rank: usize,
+    algos: &[LevelAlgo],
+    blk: BlockMap<'_>,
+) -> Vec<Vec<Phase>> {
     let radix = radix_for(topo, algos);
     let me = coords(topo, &radix, rank);
-    let mut phases = Vec::new();
-    for (l, &a) in algos.iter().enumerate() {
-        let members = group(topo, &radix, l, &me);
-        let units: Vec<Spans> = (0..radix[l])
-            .map(|v| span_of(Buf::Output, &unit_ranks(topo, &radix, l, v, &me)))
-            .collect();
-        phases.extend(level_allgather(
-            a,
-            Level {
-                group: &members,
-                me: me[l],
-            },
-            &units,
-        ));
-    }
-    phases
+    algos
+        .iter()
+        .enumerate()
+        .map(|(l, &a)| {
+            let members = group(topo, &radix, l, &me);
+            let units: Vec<Spans> = (0..radix[l])
+                .map(|v| span_of(blk, Buf::Output, &unit_ranks(topo, &radix, l, v, &me)))
+                .collect();
+            level_allgather(
+                a,
+                Level {
+                    group: &members,
+                    me: me[l],
+                },
+                &units,
+            )
+        })
+        .collect()
 }
 
 /// Reduce-scatter of `Input` (one block per rank) over every level, innermost first; this
@@ -119,14 +140,29 @@ pub fn reduce_scatter(
     out: Span,
     work: Buf,
 ) -> Vec<Phase> {
+    reduce_scatter_levels(topo, rank, algos, out, &whole, work)
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// The levels of a reduce-scatter of `Input` blocks mapped by `blk`, in the order they run
+/// (innermost first; a level of one member is left out but for the network level, which
+/// lands the result in `out`).
+pub(crate) fn reduce_scatter_levels(
+    topo: &Topology,
+    rank: usize,
+    algos: &[LevelAlgo],
+    out: Span,
+    blk: BlockMap<'_>,
+    work: Buf,
+) -> Vec<Vec<Phase>> {
     let radix = radix_for(topo, algos);
     let me = coords(topo, &radix, rank);
-    let mut phases = Vec::new();
+    let mut levels = Vec::new();
     // Where the partial sums are: the input until a level has reduced into the work buffer.
     let mut partial = Buf::Input;
     for l in (0..radix.len()).rev() {
-        // A level of one member has nothing to reduce (the network level still lands the
-        // result in `out`).
         if radix[l] == 1 && l > 0 {
             continue;
         }
@@ -134,10 +170,10 @@ pub fn reduce_scatter(
         let ranks: Vec<Vec<usize>> = (0..radix[l])
             .map(|v| unit_ranks(topo, &radix, l, v, &me))
             .collect();
-        let src: Vec<Spans> = ranks.iter().map(|r| span_of(partial, r)).collect();
-        let w: Vec<Spans> = ranks.iter().map(|r| span_of(work, r)).collect();
+        let src: Vec<Spans> = ranks.iter().map(|r| span_of(blk, partial, r)).collect();
+        let w: Vec<Spans> = ranks.iter().map(|r| span_of(blk, work, r)).collect();
         let dst = if l == 0 { vec![out] } else { w[me[l]].clone() };
-        phases.extend(level_reduce_scatter(
+        levels.push(level_reduce_scatter(
             algos[l],
             Level {
                 group: &members,
@@ -149,7 +185,7 @@ pub fn reduce_scatter(
         ));
         partial = work;
     }
-    phases
+    levels
 }
 
 #[cfg(test)]

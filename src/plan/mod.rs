@@ -241,6 +241,9 @@ pub enum Algorithm {
         mid: LevelAlgo,
         /// Algorithm inside a group.
         inner: LevelAlgo,
+        /// Pieces per block (`1..=MAX_PIECES`): above 1, the network level of piece `j + 1`
+        /// runs beside the node's levels of piece `j` ([`overlap`]).
+        pieces: usize,
     },
     /// Two levels overlapped: every block cut into `pieces` pieces whose inter-node and
     /// intra-node steps run in the same phases, staggered (see [`overlap`]).
@@ -269,9 +272,12 @@ impl Algorithm {
             Algorithm::Flat(l) => level(l),
             Algorithm::VectorRd => 3,
             Algorithm::Hier { inter, intra } => 16 + 4 * level(inter) + level(intra),
-            Algorithm::Deep { inter, mid, inner } => {
-                128 + 16 * level(inter) + 4 * level(mid) + level(inner)
-            }
+            Algorithm::Deep {
+                inter,
+                mid,
+                inner,
+                pieces,
+            } => ((pieces as u64) << 8) + 128 + 16 * level(inter) + 4 * level(mid) + level(inner),
             Algorithm::Overlap {
                 inter,
                 intra,
@@ -280,10 +286,11 @@ impl Algorithm {
         }
     }
 
-    /// Pieces per block of the plans it builds (1 but for [`Algorithm::Overlap`]).
+    /// Pieces per block of the plans it builds (1 but for [`Algorithm::Overlap`] and an
+    /// overlapped [`Algorithm::Deep`]).
     pub fn pieces(self) -> usize {
         match self {
-            Algorithm::Overlap { pieces, .. } => pieces,
+            Algorithm::Overlap { pieces, .. } | Algorithm::Deep { pieces, .. } => pieces,
             _ => 1,
         }
     }
@@ -291,6 +298,14 @@ impl Algorithm {
     /// The same algorithm overlapped in `pieces` pieces per block (`None` for a flat one).
     pub fn overlapped(self, pieces: usize) -> Option<Algorithm> {
         match self {
+            Algorithm::Deep {
+                inter, mid, inner, ..
+            } => Some(Algorithm::Deep {
+                inter,
+                mid,
+                inner,
+                pieces,
+            }),
             Algorithm::Hier { inter, intra } | Algorithm::Overlap { inter, intra, .. } => {
                 Some(Algorithm::Overlap {
                     inter,
@@ -298,17 +313,7 @@ impl Algorithm {
                     pieces,
                 })
             }
-            Algorithm::Flat(_) | Algorithm::VectorRd | Algorithm::Deep { .. } => None,
-        }
-    }
-
-    /// The algorithm of each level of `topo`'s hierarchy ([`Topology::levels`]), outermost
-    /// first, for the hierarchical algorithms that run on it as they are.
-    pub fn level_algos(self) -> Option<Vec<LevelAlgo>> {
-        match self {
-            Algorithm::Hier { inter, intra } => Some(vec![inter, intra]),
-            Algorithm::Deep { inter, mid, inner } => Some(vec![inter, mid, inner]),
-            _ => None,
+            Algorithm::Flat(_) | Algorithm::VectorRd => None,
         }
     }
 
@@ -364,21 +369,26 @@ impl Algorithm {
                 format!("hier-{}-{}", level_name(inter), level_name(intra))
             }
             Algorithm::Deep {
-                inter: LevelAlgo::Rd,
-                mid: LevelAlgo::Ring,
-                inner: LevelAlgo::Ring,
-            } => "hier3-rd".into(),
-            Algorithm::Deep {
-                inter: LevelAlgo::Ring,
-                mid: LevelAlgo::Ring,
-                inner: LevelAlgo::Ring,
-            } => "hier3-ring".into(),
-            Algorithm::Deep { inter, mid, inner } => format!(
-                "hier3-{}-{}-{}",
-                level_name(inter),
-                level_name(mid),
-                level_name(inner)
-            ),
+                inter,
+                mid,
+                inner,
+                pieces,
+            } => {
+                let base = match (inter, mid, inner) {
+                    (LevelAlgo::Rd, LevelAlgo::Ring, LevelAlgo::Ring) => "hier3-rd".into(),
+                    (LevelAlgo::Ring, LevelAlgo::Ring, LevelAlgo::Ring) => "hier3-ring".into(),
+                    _ => format!(
+                        "hier3-{}-{}-{}",
+                        level_name(inter),
+                        level_name(mid),
+                        level_name(inner)
+                    ),
+                };
+                match pieces {
+                    1 => base,
+                    k => format!("{base}-pipe{k}"),
+                }
+            }
             Algorithm::Overlap {
                 inter,
                 intra,
@@ -410,11 +420,13 @@ impl FromStr for Algorithm {
                 .ok()
                 .filter(|k| (1..=MAX_PIECES).contains(k));
             return match (base.parse::<Algorithm>(), pieces) {
-                (Ok(a @ Algorithm::Hier { .. }), Some(k)) => Ok(a.overlapped(k).unwrap_or(a)),
+                (Ok(a @ (Algorithm::Hier { .. } | Algorithm::Deep { pieces: 1, .. })), Some(k)) => {
+                    Ok(a.overlapped(k).unwrap_or(a))
+                }
                 _ => Err(Error::invalid(format!(
                     "unknown algorithm '{s}': an overlapped hierarchy is HIER-pipeK with HIER one \
-                     of hier-rd, hier-ring, hier-INTER-INTRA and K in 1..={MAX_PIECES} \
-                     (e.g. hier-rd-pipe4)"
+                     of hier-rd, hier-ring, hier-INTER-INTRA, hier3-rd, hier3-ring, \
+                     hier3-INTER-MID-INNER and K in 1..={MAX_PIECES} (e.g. hier-rd-pipe4)"
                 ))),
             };
         }
@@ -439,17 +451,24 @@ impl FromStr for Algorithm {
                 inter: LevelAlgo::Rd,
                 mid: LevelAlgo::Ring,
                 inner: LevelAlgo::Ring,
+                pieces: 1,
             }),
             "hier3-ring" => Some(Algorithm::Deep {
                 inter: LevelAlgo::Ring,
                 mid: LevelAlgo::Ring,
                 inner: LevelAlgo::Ring,
+                pieces: 1,
             }),
             _ if s.starts_with("hier3-") => {
                 let mut it = s["hier3-".len()..].split('-').map(lvl);
                 match (it.next(), it.next(), it.next(), it.next()) {
                     (Some(Some(inter)), Some(Some(mid)), Some(Some(inner)), None) => {
-                        Some(Algorithm::Deep { inter, mid, inner })
+                        Some(Algorithm::Deep {
+                            inter,
+                            mid,
+                            inner,
+                            pieces: 1,
+                        })
                     }
                     _ => None,
                 }
@@ -594,12 +613,22 @@ pub fn build_for(
             Algorithm::Flat(a) => flat_allgather(a, rank, p),
             Algorithm::VectorRd => flat_allgather(LevelAlgo::Rd, rank, p),
             Algorithm::Hier { inter, intra } => hierarchical::allgather(topo, rank, inter, intra),
-            Algorithm::Deep { inter, mid, inner } => {
+            Algorithm::Deep {
+                inter,
+                mid,
+                inner,
+                pieces,
+            } => {
                 let mut ph = vec![Phase::of(vec![Step::Copy {
-                    src: vec![Span::block(Buf::Input, 0)],
-                    dst: vec![Span::block(Buf::Output, rank)],
+                    src: vec![overlap::whole_block(Buf::Input, 0, pieces)],
+                    dst: vec![overlap::whole_block(Buf::Output, rank, pieces)],
                 }])];
-                ph.extend(deep::allgather_in_output(topo, rank, &[inter, mid, inner]));
+                ph.extend(overlap::deep_allgather_in_output(
+                    topo,
+                    rank,
+                    &[inter, mid, inner],
+                    pieces,
+                ));
                 ph
             }
             Algorithm::Overlap {
@@ -641,11 +670,17 @@ pub fn build_for(
                     Span::block(Buf::Output, 0),
                     Buf::Scratch,
                 ),
-                Algorithm::Deep { inter, mid, inner } => deep::reduce_scatter(
+                Algorithm::Deep {
+                    inter,
+                    mid,
+                    inner,
+                    pieces,
+                } => overlap::deep_reduce_scatter(
                     topo,
                     rank,
                     &[inter, mid, inner],
-                    Span::block(Buf::Output, 0),
+                    (Buf::Output, 0),
+                    pieces,
                     Buf::Scratch,
                 ),
                 Algorithm::Overlap {
@@ -681,9 +716,19 @@ pub fn build_for(
                 Algorithm::Hier { inter, intra } => {
                     hierarchical::reduce_scatter(topo, rank, (inter, intra), mine, Buf::Output)
                 }
-                Algorithm::Deep { inter, mid, inner } => {
-                    deep::reduce_scatter(topo, rank, &[inter, mid, inner], mine, Buf::Output)
-                }
+                Algorithm::Deep {
+                    inter,
+                    mid,
+                    inner,
+                    pieces,
+                } => overlap::deep_reduce_scatter(
+                    topo,
+                    rank,
+                    &[inter, mid, inner],
+                    (Buf::Output, rank),
+                    pieces,
+                    Buf::Output,
+                ),
                 Algorithm::Overlap {
                     inter,
                     intra,
@@ -707,9 +752,12 @@ pub fn build_for(
                 Algorithm::Hier { inter, intra } => {
                     hierarchical::allgather_in_output(topo, rank, inter, intra)
                 }
-                Algorithm::Deep { inter, mid, inner } => {
-                    deep::allgather_in_output(topo, rank, &[inter, mid, inner])
-                }
+                Algorithm::Deep {
+                    inter,
+                    mid,
+                    inner,
+                    pieces,
+                } => overlap::deep_allgather_in_output(topo, rank, &[inter, mid, inner], pieces),
                 Algorithm::Overlap {
                     inter,
                     intra,
@@ -747,9 +795,22 @@ pub fn effective_algorithm(algorithm: Algorithm, topo: &Topology) -> Algorithm {
         {
             Algorithm::Flat(inter)
         }
-        Algorithm::Deep { inter, mid, .. } if !topo.has_groups() => {
-            Algorithm::Hier { inter, intra: mid }
-        }
+        Algorithm::Deep {
+            inter, mid, pieces, ..
+        } if !topo.has_groups() => effective_algorithm(
+            match pieces {
+                1 => Algorithm::Hier { inter, intra: mid },
+                k => Algorithm::Overlap {
+                    inter,
+                    intra: mid,
+                    pieces: k,
+                },
+            },
+            topo,
+        ),
+        Algorithm::Deep { pieces, .. } if pieces == 0 || pieces > MAX_PIECES => algorithm
+            .overlapped(pieces.clamp(1, MAX_PIECES))
+            .unwrap_or(algorithm),
         Algorithm::Overlap { pieces, .. } if pieces == 0 || pieces > MAX_PIECES => algorithm
             .overlapped(pieces.clamp(1, MAX_PIECES))
             .unwrap_or(algorithm),

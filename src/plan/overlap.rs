@@ -22,6 +22,7 @@
 //! holds two messages between the same pair of ranks in one direction (the levels' peers are
 //! on the same node and on other nodes); should it, the two are kept in separate phases.
 
+use super::deep;
 use super::hierarchical::{allgather_levels, reduce_scatter_levels};
 use super::{Buf, LevelAlgo, Phase, Span, Step};
 use crate::topology::Topology;
@@ -85,6 +86,48 @@ pub fn reduce_scatter(
         .map(|j| {
             let out_j = Span::block(out.0, out.1 * k + j);
             reduce_scatter_levels(topo, rank, levels, out_j, &piece(k, j), work)
+        })
+        .collect();
+    stagger(pieces, Align::SecondStartsWithNextFirst, true)
+}
+
+/// Overlapped all-gather of three or more levels ([`deep`]), this rank's own pieces already
+/// in `Output`: the network level of piece `j + 1` beside the node's levels (run one after
+/// the other) of piece `j`. One piece is the plain hierarchy.
+pub fn deep_allgather_in_output(
+    topo: &Topology,
+    rank: usize,
+    algos: &[LevelAlgo],
+    k: usize,
+) -> Vec<Phase> {
+    let pieces: Vec<_> = (0..k)
+        .map(|j| {
+            let mut levels = deep::allgather_levels(topo, rank, algos, &piece(k, j)).into_iter();
+            let network = levels.next().unwrap_or_default();
+            (network, levels.flatten().collect())
+        })
+        .collect();
+    stagger(pieces, Align::SecondEndsWithNextFirst, false)
+}
+
+/// Overlapped reduce-scatter of three or more levels: the node's levels of piece `j + 1`
+/// beside the network level of piece `j`; this rank's result lands in the `k` pieces of
+/// logical block `out`, partial sums in `work`'s blocks.
+pub fn deep_reduce_scatter(
+    topo: &Topology,
+    rank: usize,
+    algos: &[LevelAlgo],
+    out: (Buf, usize),
+    k: usize,
+    work: Buf,
+) -> Vec<Phase> {
+    let pieces: Vec<_> = (0..k)
+        .map(|j| {
+            let out_j = Span::block(out.0, out.1 * k + j);
+            let mut levels =
+                deep::reduce_scatter_levels(topo, rank, algos, out_j, &piece(k, j), work);
+            let network = levels.pop().unwrap_or_default();
+            (levels.into_iter().flatten().collect(), network)
         })
         .collect();
     stagger(pieces, Align::SecondStartsWithNextFirst, true)
