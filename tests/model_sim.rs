@@ -750,3 +750,94 @@ fn overheads_overlap_the_bytes_and_the_engines_agree_with_them() {
         }
     }
 }
+
+/// One node of 8 ranks as 4 pairs: 50 GB/s between pairs, 200 inside one, nothing else costs.
+fn pairs_of_eight() -> Profile {
+    let mut p = Profile {
+        efficiency: 1.0,
+        copy_gbps: f64::INFINITY,
+        piece_bytes: 1 << 30,
+        ..Profile::default()
+    };
+    p.intra.alpha_us = 0.0;
+    p.intra.bandwidth_gbps = 50.0;
+    p.intra.pair_size = 2;
+    p.intra.pair_bandwidth_gbps = 200.0;
+    p.reduce_host_gbps.insert("default".into(), f64::INFINITY);
+    p
+}
+
+#[test]
+fn three_levels_move_the_pairs_share_over_the_fast_links() {
+    // Ring of 8 across the node: 7 steps of one block over the slowest (50 GB/s) link. Three
+    // levels: 3 steps of one block between pairs, then 4 blocks inside the pair at 200 GB/s.
+    let prof = pairs_of_eight();
+    let topo = Topology::uniform(8, 8).with_groups(2);
+    let b = 1e6;
+    let two: Algorithm = "hier-ring".parse().unwrap();
+    let three: Algorithm = "hier3-ring".parse().unwrap();
+    for coll in [AG, RS] {
+        close(both(&topo, &prof, Job::new(coll, two, b)), 7.0 * b / 50e9);
+        close(
+            both(&topo, &prof, Job::new(coll, three, b)),
+            3.0 * b / 50e9 + 4.0 * b / 200e9,
+        );
+    }
+}
+
+#[test]
+fn engines_agree_on_three_levels_with_the_frontier_preset() {
+    let prof = presets::named("frontier").unwrap();
+    for nodes in [2usize, 3, 4] {
+        let topo = Topology::uniform(nodes * 8, 8).with_groups(2);
+        for coll in [AG, RS, Collective::AllReduce { average: false }] {
+            for name in ["hier3-rd", "hier3-ring-rd-ring", "hier3-rd-pipe4"] {
+                let algo: Algorithm = name.parse().unwrap();
+                for s in [4096.0, 16.0 * 1048576.0] {
+                    both_within(&topo, &prof, Job::new(coll, algo, s), 0.05);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn on_frontier_three_levels_beat_two_and_most_where_pccl_runs_the_node() {
+    // docs/SCALING.md "Three levels": with RCCL's intra-node rates the pair level saves 3 of
+    // the 7 intra-node steps (1.04-1.35x); with PCCL's own plans over the 50 GB/s links it
+    // also moves half the node's bytes at 200 GB/s (1.16-1.39x).
+    // Reductions on the GCDs, as `pccl-sim --on device` (its default) has them.
+    let f = presets::named("frontier").unwrap();
+    let vendor = Profile {
+        reduce_host_gbps: f.reduce_device_gbps.clone(),
+        ..f
+    };
+    let own = Profile {
+        vendor: None,
+        ..vendor.clone()
+    };
+    let two: Algorithm = "hier-rd".parse().unwrap();
+    let three: Algorithm = "hier3-rd".parse().unwrap();
+    for ranks in [32usize, 256] {
+        let topo = Topology::uniform(ranks, 8).with_groups(2);
+        for coll in [AG, RS, Collective::AllReduce { average: false }] {
+            for out in [64.0 * 1024.0, 16.0 * 1048576.0, 1024.0 * 1048576.0] {
+                let b = out / ranks as f64;
+                for (prof, least) in [(&vendor, 1.03), (&own, 1.15)] {
+                    let cl = Cluster::new(&topo, prof);
+                    let t = |a| {
+                        cl.simulate(&Job::new(coll, a, b), Engine::Auto)
+                            .unwrap()
+                            .seconds
+                    };
+                    let gain = t(two) / t(three);
+                    assert!(
+                        gain >= least,
+                        "{coll:?} {ranks} ranks {out} B (vendor: {}): {gain}",
+                        prof.vendor.is_some()
+                    );
+                }
+            }
+        }
+    }
+}

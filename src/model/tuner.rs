@@ -392,6 +392,34 @@ mod tests {
     }
 
     #[test]
+    fn frontier_with_its_gcd_pairs_as_groups_goes_three_levels() {
+        // The pair level saves three of the node's seven steps: the tuner takes it where the
+        // nodes show pairs, and never offers it where they do not.
+        let prof = frontier_pccl();
+        let pairs = Topology::uniform(256, 8)
+            .with_nic_map(NicMap::even(8, 4))
+            .with_groups(2);
+        for coll in [
+            Collective::AllGather,
+            Collective::ReduceScatter { average: false },
+            Collective::AllReduce { average: false },
+        ] {
+            for bytes in [256usize, 4096, 65536] {
+                let (c, scored) = choose_with(coll, &pairs, bytes, &prof).unwrap();
+                assert!(
+                    matches!(c.algo, Algorithm::Deep { .. }),
+                    "{coll:?} {bytes} B: {} {scored:?}",
+                    c.algo
+                );
+            }
+            let plain = Topology::uniform(256, 8).with_nic_map(NicMap::even(8, 4));
+            assert!(candidates(&plain)
+                .iter()
+                .all(|a| !matches!(a, Algorithm::Deep { .. })));
+        }
+    }
+
+    #[test]
     fn frontier_at_scale_overlaps_the_levels_for_large_blocks() {
         // At 64 MiB per rank the overlapped hierarchy must beat the plain one in the model
         // (both levels busy at once), and the tuner must pick an overlapped form.
