@@ -111,6 +111,32 @@ fn overlapped_plans_are_exact_over_tcp_and_shared_memory() {
     }
 }
 
+/// Three levels (2 nodes of 2 pairs, 2 nodes of 3 pairs overlapped) over sockets and shared
+/// memory: strided units at every level, exact at counts that are no multiple of P.
+#[test]
+fn three_level_plans_are_exact_over_tcp_and_shared_memory() {
+    for (p, m, name, shm) in [
+        (8, 4, "hier3-rd", true),
+        (8, 4, "hier3-ring-rd-rd", false),
+        (12, 6, "hier3-rd-pipe3", true),
+    ] {
+        let algo: Algorithm = name.parse().unwrap();
+        let c = Config {
+            group_size: Some(2),
+            ..cfg(m, algo)
+        };
+        let res = on_tcp_with(p, c, shm, |comm| -> Result<(), String> {
+            if !comm.topology().has_groups() {
+                return Err(format!("no groups: {}", comm.topology().describe()));
+            }
+            exact_on(&comm, &[0, 1, 7, 100_003])
+        });
+        for r in res {
+            r.unwrap_or_else(|e| panic!("P={p} M={m} {algo} shm={shm}: {e}"));
+        }
+    }
+}
+
 #[test]
 fn split_builds_a_working_sub_mesh() {
     let res = on_tcp(
