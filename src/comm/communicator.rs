@@ -597,7 +597,9 @@ impl Communicator {
             .iter()
             .map(|&r| self.inner.topo.position(r).0 as u64)
             .collect();
-        let topo = Topology::from_node_keys(&keys).inherit_nic_map(&self.inner.topo, &members);
+        let topo = Topology::from_node_keys(&keys)
+            .inherit_nic_map(&self.inner.topo, &members)
+            .inherit_groups(&self.inner.topo, &members);
         Ok(Some(Communicator::build(transport, topo, cfg)))
     }
 

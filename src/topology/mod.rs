@@ -119,6 +119,31 @@ impl Topology {
         self.with_nic_map(map)
     }
 
+    /// The same topology for a sub-group whose rank `i` was rank `members[i]` of `parent`,
+    /// keeping the parent's groups where every node of the sub-group is made of whole
+    /// groups of the parent, each in its order (a split that keeps the ranks' order).
+    pub fn inherit_groups(self, parent: &Topology, members: &[usize]) -> Self {
+        let g = parent.group;
+        if !parent.has_groups() {
+            return self;
+        }
+        let whole = self.nodes.iter().all(|node| {
+            node.len() % g == 0
+                && node.chunks(g).all(|c| {
+                    let (n0, l0) = parent.position(members[c[0]]);
+                    l0 % g == 0
+                        && c.iter()
+                            .enumerate()
+                            .all(|(i, &r)| parent.position(members[r]) == (n0, l0 + i))
+                })
+        });
+        if whole {
+            self.with_groups(g)
+        } else {
+            self
+        }
+    }
+
     /// The NIC map, when one is known (discovered, given by `PCCL_NIC_MAP`, or set by a model).
     pub fn nic_map(&self) -> Option<&NicMap> {
         self.nic_map.as_ref()
@@ -190,6 +215,23 @@ mod tests {
                 .nic_map(),
             None
         );
+    }
+
+    #[test]
+    fn sub_groups_keep_whole_groups_only() {
+        let parent = Topology::uniform(8, 4).with_groups(2);
+        // The same ranks in order: groups kept.
+        let all: Vec<usize> = (0..8).collect();
+        let same = Topology::from_node_keys(&[0, 0, 0, 0, 1, 1, 1, 1]);
+        assert!(same.inherit_groups(&parent, &all).has_groups());
+        // Ranks 0, 1 of each node: one whole pair per node, no level of its own.
+        let pairs = Topology::from_node_keys(&[0, 0, 1, 1]).inherit_groups(&parent, &[0, 1, 4, 5]);
+        assert_eq!(pairs.group_size(), 2);
+        assert!(!pairs.has_groups());
+        // Ranks 1, 2 of each node: halves of two pairs, no groups.
+        let cut = Topology::from_node_keys(&[0, 0, 0, 0, 1, 1, 1, 1])
+            .inherit_groups(&parent, &[1, 2, 0, 3, 5, 6, 4, 7]);
+        assert_eq!(cut.group_size(), 1);
     }
 
     #[test]

@@ -121,7 +121,9 @@ impl Communicator {
             .collect();
         let mut cfg = self.inner.cfg.clone();
         cfg.faults.clear();
-        let topo = Topology::from_node_keys(&keys).inherit_nic_map(&self.inner.topo, &members);
+        let topo = Topology::from_node_keys(&keys)
+            .inherit_nic_map(&self.inner.topo, &members)
+            .inherit_groups(&self.inner.topo, &members);
         let child = Communicator::build(transport, topo, cfg);
         let mut all = vec![0u64; members.len()];
         child.all_gather(&[agreed], &mut all)?;
