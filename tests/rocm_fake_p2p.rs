@@ -231,6 +231,81 @@ fn child_p2p_silent_peer() {
     }
 }
 
+#[test]
+fn a_receive_from_a_rank_whose_earlier_device_call_failed_fails_at_once() {
+    with_fake_runtime("child_p2p_failed_sender", &env("20"));
+}
+
+/// Rank 0's device receive from rank 1 fails (rank 1 sends one element too few), so rank 0
+/// refuses its next device send, to rank 2. Rank 2's receive from rank 0 fails within a few
+/// seconds naming rank 0 (rank 0 told its peers), not at PCCL_TIMEOUT (20 s); so does a host
+/// call of rank 1.
+#[test]
+fn child_p2p_failed_sender() {
+    if !is_child() {
+        return;
+    }
+    const N: usize = 64;
+    on_ranks(3, false, |r, c, dev, barrier| {
+        first_collective(&c, &dev);
+        let sb = dev.upload(&vec![3.0f32; N]).unwrap();
+        let out = dev.upload(&vec![-1.0f32; N]).unwrap();
+        barrier.wait();
+        let t0 = Instant::now();
+        let sent = match r {
+            // SAFETY (all three): the buffers hold `N` f32 and live until the communicator
+            // is aborted and the stream synchronised below.
+            0 => {
+                unsafe { c.enqueue_p2p_on(&dev, &[op(Dir::Recv, 1, out.device_ptr(), N)]) }
+                    .unwrap();
+                async_error_within(&c, Duration::from_secs(10)).expect("the receive fails");
+                let e = unsafe { c.enqueue_p2p_on(&dev, &[op(Dir::Send, 2, sb.device_ptr(), N)]) }
+                    .expect_err("a send after the failure is refused");
+                assert!(
+                    e.to_string()
+                        .contains("an earlier queued collective failed"),
+                    "{e}"
+                );
+                None
+            }
+            1 => {
+                unsafe { c.enqueue_p2p_on(&dev, &[op(Dir::Send, 0, sb.device_ptr(), N - 1)]) }
+                    .unwrap();
+                let mut host = [0f32; 4];
+                let mut waited = Err(pccl::Error::internal("not yet"));
+                while t0.elapsed() < Duration::from_secs(10) {
+                    waited = c.all_reduce(&[1f32; 4], &mut host, ReduceOp::Sum);
+                    if waited.is_err() {
+                        break;
+                    }
+                }
+                Some(waited.expect_err("a host call on the revoked communicator"))
+            }
+            _ => {
+                unsafe { c.enqueue_p2p_on(&dev, &[op(Dir::Recv, 0, out.device_ptr(), N)]) }
+                    .unwrap();
+                Some(
+                    async_error_within(&c, Duration::from_secs(15))
+                        .expect("the receive from rank 0 fails"),
+                )
+            }
+        };
+        let took = t0.elapsed();
+        barrier.wait();
+        c.abort();
+        dev.synchronize().unwrap();
+        if let Some(e) = sent {
+            let msg = e.to_string();
+            assert!(msg.contains("rank 0"), "rank {r}: {msg}");
+            assert!(
+                took < Duration::from_secs(8),
+                "rank {r}: the failure reached it after {took:?} (PCCL_TIMEOUT=20): {msg}"
+            );
+        }
+    });
+    println!("child-checked");
+}
+
 fn check_failing_receive(disagree: bool) {
     const N: usize = 64;
     on_ranks(2, false, |r, c, dev, barrier| {

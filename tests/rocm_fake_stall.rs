@@ -154,6 +154,7 @@ fn child_capi_hung() {
         pcclSuccess
     );
     let world_addr = world as usize;
+    let sync = &std::sync::Barrier::new(p);
     let results: Vec<(pcclResult_t, String, Duration)> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..p)
             .map(|r| {
@@ -202,13 +203,22 @@ fn child_capi_hung() {
                     let msg = unsafe { std::ffi::CStr::from_ptr(pcclGetLastError(comm)) }
                         .to_string_lossy()
                         .into_owned();
-                    // Every later device call fails, naming what failed.
+                    // Every later device call fails, naming what failed; the failed rank
+                    // told its peers, so host calls fail at once too (the communicator is
+                    // unusable until aborted, as NCCL's after an asynchronous error).
                     assert_ne!(call(), pcclSuccess, "rank {r}: a call after the failure");
-                    assert_eq!(pcclBarrier(comm), pcclSuccess);
+                    let t1 = Instant::now();
+                    assert_ne!(pcclBarrier(comm), pcclSuccess, "rank {r}: a host call");
+                    assert!(
+                        t1.elapsed() < Duration::from_secs(1),
+                        "rank {r}: {:?}",
+                        t1.elapsed()
+                    );
+                    sync.wait();
                     if r == 0 {
                         fake_hook("fake_hip_release_stalls", None);
                     }
-                    assert_eq!(pcclBarrier(comm), pcclSuccess);
+                    sync.wait();
                     pcclCommDestroy(comm);
                     (rc, msg, took)
                 })

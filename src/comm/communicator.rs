@@ -680,6 +680,12 @@ impl Communicator {
         self.inner.device_error.clone()
     }
 
+    /// The communicator's transport (the device front end tells the peers through it).
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
+    pub(crate) fn inner_transport(&self) -> Arc<dyn Transport> {
+        self.inner.transport.clone()
+    }
+
     /// The transport's key of this rank's host (equal on ranks of one host).
     #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
     pub(crate) fn node_key(&self) -> u64 {

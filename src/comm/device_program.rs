@@ -558,12 +558,16 @@ impl<'a, D: Device> Program<'a, D> {
 
     /// Records the program's end event and hands back the job that runs its host part (None
     /// when it has none).
+    ///
+    /// `on_fail` runs once, on the progress thread, when this program's failure is the
+    /// communicator's first asynchronous error (the communicator tells its peers).
     pub(crate) fn end(
         self,
         timeout: Duration,
         rank: usize,
         errors: Arc<Mutex<Option<Error>>>,
         own: Arc<D>,
+        on_fail: OnFail,
     ) -> Result<Ended<D>> {
         let end = Arc::new(self.own.new_event()?);
         self.own.record(&end, None)?;
@@ -574,19 +578,33 @@ impl<'a, D: Device> Program<'a, D> {
         let tickets = self.tickets.clone();
         let (sections, finish) = (self.sections, self.finish);
         let job = Box::new(move || {
-            run_job::<D>(&own, sections, finish, &tickets, &errors, timeout, rank);
+            run_job::<D>(
+                &own,
+                sections,
+                finish,
+                (&tickets, &errors, &*on_fail),
+                timeout,
+                rank,
+            );
         });
         Ok((end, Some(job)))
     }
 }
+
+/// What a program's job does with the communicator's first asynchronous error: tell the
+/// peers (see [`Program::end`]).
+pub(crate) type OnFail = Arc<dyn Fn(&Error) + Send + Sync>;
 
 /// The progress thread's part of one program.
 fn run_job<D: Device>(
     own: &D,
     sections: Vec<HostSection<D>>,
     finish: Option<Finish<D>>,
-    tickets: &GateTickets,
-    errors: &Mutex<Option<Error>>,
+    (tickets, errors, on_fail): (
+        &GateTickets,
+        &Mutex<Option<Error>>,
+        &(dyn Fn(&Error) + Sync),
+    ),
     timeout: Duration,
     rank: usize,
 ) {
@@ -596,7 +614,15 @@ fn run_job<D: Device>(
             "PCCL WARN rank {rank}: queued {} collective failed: {e}",
             D::VENDOR
         );
-        lock(errors).get_or_insert(e);
+        let first = {
+            let mut slot = lock(errors);
+            let first = slot.is_none();
+            slot.get_or_insert(e.clone());
+            first
+        };
+        if first {
+            on_fail(&e);
+        }
     };
     for s in sections {
         if let Some(earlier) = lock(errors).clone() {

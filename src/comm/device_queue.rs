@@ -109,6 +109,15 @@ fn state_of<'a, D: Device>(
         .ok_or_else(|| Error::internal("device state missing"))
 }
 
+/// Keeps `e` as the communicator's asynchronous error unless one is kept already; whether it
+/// was the first.
+fn first_error(errors: &Mutex<Option<Error>>, e: &Error) -> bool {
+    let mut slot = lock(errors);
+    let first = slot.is_none();
+    slot.get_or_insert_with(|| e.clone());
+    first
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -340,8 +349,15 @@ impl Communicator {
         let refusable = level.is_none() && kind == Kind::Collective;
         let built = build(&mut prog, level.as_mut(), &own, seq);
         let host_bytes = prog.host_bytes;
-        let ended =
-            built.and_then(|()| prog.end(timeout, self.rank(), async_error.clone(), own.clone()));
+        let ended = built.and_then(|()| {
+            prog.end(
+                timeout,
+                self.rank(),
+                async_error.clone(),
+                own.clone(),
+                self.tell_peers_on_failure(),
+            )
+        });
         let (end, job) = match ended {
             Ok(x) => x,
             Err(e) => {
@@ -349,9 +365,12 @@ impl Communicator {
                 // them shut and fail every later call.
                 q.tickets.shut();
                 let e = Error::new(e.kind(), format!("queueing {what}: {}", e.message()));
-                lock(async_error).get_or_insert(e.clone());
+                let first = first_error(async_error, &e);
                 if refusable {
                     self.refuse_seq(seq, &what, e.clone());
+                }
+                if first {
+                    self.tell_peers_on_failure()(&e);
                 }
                 return Err(e);
             }
@@ -377,11 +396,26 @@ impl Communicator {
             if let Err(e) = submitted {
                 // Nobody will run it: the stream stays held, every later call fails.
                 tickets.shut();
-                lock(&errors).get_or_insert(e.clone());
+                if first_error(&errors, &e) {
+                    self.tell_peers_on_failure()(&e);
+                }
                 return Err(e);
             }
         }
         Ok(Some(end))
+    }
+
+    /// What a queued program does when its failure is this communicator's first
+    /// asynchronous error: the communicator is unusable from then on (every later device call
+    /// fails with that error, the streams stay held until abort), so its peers are told at
+    /// once, as by an abort: their waits on this rank end naming it, instead of running out
+    /// `PCCL_TIMEOUT` on a message it will never send (a receive matched to a send this rank
+    /// now refuses). Local streams are not released (that takes [`Communicator::abort`]).
+    fn tell_peers_on_failure(&self) -> super::device_program::OnFail {
+        let transport = self.inner_transport();
+        Arc::new(move |e: &Error| {
+            transport.abort(&format!("its queued device work failed: {}", e.message()));
+        })
     }
 
     /// PCCL's stream of `dev`'s device: a handle with a stream of its own, and a gate. Made
