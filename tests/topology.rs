@@ -195,12 +195,18 @@ mod with_hwloc {
         let r = Communicator::run_threads(8, cfg, |c| {
             let mut out = [0u32; 8];
             c.all_gather(&[c.rank() as u32], &mut out).unwrap();
-            (c.topology().nic_map().map(|m| m.to_string()), out)
+            (
+                c.topology().nic_map().map(|m| m.to_string()),
+                out,
+                c.topology().group_size(),
+            )
         })
         .unwrap();
-        for (m, out) in r {
+        for (m, out, group) in r {
             assert_eq!(m.as_deref(), Some("0:0-1;1:2-3;2:4-5;3:6-7"));
             assert_eq!(out, [0, 1, 2, 3, 4, 5, 6, 7]);
+            // The two GCDs of each MI250X sit under one PCI parent: pairs, one rank per GPU.
+            assert_eq!(group, 2);
         }
     }
 
@@ -263,6 +269,8 @@ fn pccl_info_reports_the_map_and_what_it_would_set() {
     assert!(set
         .iter()
         .any(|s| s["var"] == "MPICH_OFI_NIC_MAPPING" && s["value"] == "0:0-1;1:2-3"));
+    // Perlmutter's four A100s each have a PCI parent of their own: no groups.
+    assert_eq!(v["groups"]["size"], 1);
     if cfg!(feature = "hwloc") {
         assert_eq!(v["gpus"].as_array().unwrap().len(), 4);
         assert_eq!(v["apply"]["nic"], "cxi0");

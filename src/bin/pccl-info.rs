@@ -40,6 +40,29 @@ fn world(env: &dyn Env) -> Option<(usize, Option<usize>)> {
         })
 }
 
+/// The groups inside a node that three-level algorithms would use for `local_ranks` ranks:
+/// `PCCL_GROUP_SIZE`, else GPUs under one PCI parent (one rank per GPU).
+fn groups(env: &ProcessEnv, hw: &NodeHardware, local_ranks: usize) -> Value {
+    let user = nonempty(env, "PCCL_GROUP_SIZE").and_then(|v| v.parse::<usize>().ok());
+    let found = pccl::topology::agree::gpu_group(hw);
+    let (size, why) = match user {
+        Some(g) => (g, "PCCL_GROUP_SIZE".to_string()),
+        None if found > 1 && hw.gpus.len() == local_ranks => {
+            (found, format!("{found} GPUs under each PCI parent"))
+        }
+        None if found > 1 => (
+            1,
+            format!(
+                "{found} GPUs under each PCI parent, but {local_ranks} local ranks for {} GPUs",
+                hw.gpus.len()
+            ),
+        ),
+        None => (1, "no GPUs sharing a PCI parent".to_string()),
+    };
+    let level = size > 1 && size < local_ranks && local_ranks % size == 0;
+    json!({"size": size, "why": why, "level": level})
+}
+
 fn report(args: &Args) -> Result<Value, pccl::Error> {
     let env = ProcessEnv;
     let file = args.topo_file.clone().or_else(|| topo_file(&env));
@@ -90,6 +113,7 @@ fn report(args: &Args) -> Result<Value, pccl::Error> {
         "nics": nics,
         "nic_map": {"local_ranks": local_ranks, "map": map.to_string(), "why": source.describe(),
                     "pccl_nic_map": user.map(|m| m.to_string())},
+        "groups": groups(&env, &hw, local_ranks),
         "transports": {"threads": true, "tcp": true, "mpi": cfg!(feature = "mpi"), "ofi": cfg!(feature = "ofi")},
         "built_features": pccl::features().join(","),
         "features": {"hwloc": cfg!(feature = "hwloc"), "mpi": cfg!(feature = "mpi"),
@@ -194,6 +218,17 @@ fn text(v: &Value) -> String {
         s(&m["local_ranks"]),
         s(&m["map"]),
         s(&m["why"])
+    );
+    let g = &v["groups"];
+    o += &format!(
+        "Groups inside the node: {} rank(s) each ({}; {})\n",
+        s(&g["size"]),
+        s(&g["why"]),
+        if g["level"].as_bool() == Some(true) {
+            "a level of its own: hier3-* runs and the tuner considers it"
+        } else {
+            "no level of its own"
+        }
     );
     let t = &v["transports"];
     let built: Vec<&str> = ["threads", "tcp", "mpi", "ofi"]
