@@ -559,3 +559,65 @@ fn child_rooted_on_device() {
     });
     println!("child-checked");
 }
+
+// ---- events reused ---------------------------------------------------------------------------
+
+#[test]
+fn queued_collectives_reuse_their_events() {
+    with_fake_runtime("child_events_reused_staged", &env(false));
+    with_fake_runtime("child_events_reused_rccl", &env(true));
+}
+
+#[test]
+fn child_events_reused_staged() {
+    if is_child() {
+        check_events_reused();
+    }
+}
+
+#[test]
+fn child_events_reused_rccl() {
+    if is_child() {
+        check_events_reused();
+    }
+}
+
+/// After a warm-up, each queued collective makes one new event (its end, which the caller
+/// may keep); the caller stream's point, the host sections' and the vendor steps' events
+/// come back from the pool (three per call before).
+fn check_events_reused() {
+    const CALLS: i64 = 40;
+    let made = on_ranks(2, false, |r, c, dev, barrier| {
+        let b = dev.upload(&[r as f32 + 1.0; 256]).unwrap();
+        let call = || {
+            // SAFETY: `b` holds 256 f32 and outlives the synchronisation below.
+            unsafe {
+                c.enqueue_on::<f32, HipDevice>(&dev, SUM, b.device_ptr(), b.device_ptr(), 256)
+            }
+            .unwrap()
+        };
+        for _ in 0..3 {
+            call();
+        }
+        dev.synchronize().unwrap();
+        barrier.wait();
+        let before = harness::fake_events_created();
+        barrier.wait();
+        for _ in 0..CALLS {
+            call();
+            dev.synchronize().unwrap();
+        }
+        barrier.wait();
+        let made = harness::fake_events_created() - before;
+        barrier.wait();
+        made
+    });
+    // Both ranks' events: one end event per call each, a few more while the pools fill.
+    assert!(
+        made[0] <= 2 * CALLS + 8,
+        "{} events for {} calls on 2 ranks",
+        made[0],
+        2 * CALLS
+    );
+    println!("child-checked");
+}

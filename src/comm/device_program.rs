@@ -34,6 +34,7 @@
 use super::communicator::{
     AllToAllBlocks, Communicator, Dir, RawCollective, RawRooted, StampedP2p,
 };
+use super::device_events::EventPool;
 use crate::device::api::{DevSpan, Device, GateReleaser, PinnedHost};
 use crate::device::nccl_abi::AsyncErrorProbe;
 use crate::dtype::Element;
@@ -203,6 +204,7 @@ struct Finish<D: Device> {
 /// A program being queued on PCCL's stream of one device (see the module docs).
 pub(crate) struct Program<'a, D: Device> {
     own: &'a D,
+    events: Arc<EventPool<D>>,
     gate: &'a mut D::Gate,
     tickets: &'a Arc<GateTickets>,
     pool: &'a mut PinnedPool<D>,
@@ -227,9 +229,11 @@ impl<'a, D: Device> Program<'a, D> {
         gate: &'a mut D::Gate,
         tickets: &'a Arc<GateTickets>,
         pool: &'a mut PinnedPool<D>,
+        events: Arc<EventPool<D>>,
     ) -> Self {
         Program {
             own,
+            events,
             gate,
             tickets,
             pool,
@@ -508,7 +512,7 @@ impl<'a, D: Device> Program<'a, D> {
             // buffer holds `total >= at + len` bytes and is not reused before the end event.
             unsafe { own.copy_dtoh(None, base.add(at), DevSpan::new(src, len, ord)?)? };
         }
-        let staged = own.new_event()?;
+        let staged = self.events.take(own)?;
         own.record(&staged, None)?;
         let ticket = own.gate_hold(self.gate)?;
         self.tickets.taken(ticket);
@@ -543,7 +547,7 @@ impl<'a, D: Device> Program<'a, D> {
         probe: Option<AsyncErrorProbe>,
         what: String,
     ) -> Result<()> {
-        let done = self.own.new_event()?;
+        let done = self.events.take(self.own)?;
         self.own.record(&done, None)?;
         let ticket = self.own.gate_hold(self.gate)?;
         self.tickets.taken(ticket);
@@ -576,13 +580,13 @@ impl<'a, D: Device> Program<'a, D> {
             return Ok((end, None));
         }
         let tickets = self.tickets.clone();
-        let (sections, finish) = (self.sections, self.finish);
+        let (sections, finish, events) = (self.sections, self.finish, self.events);
         let job = Box::new(move || {
             run_job::<D>(
                 &own,
                 sections,
                 finish,
-                (&tickets, &errors, &*on_fail),
+                (&tickets, &errors, &*on_fail, &events),
                 timeout,
                 rank,
             );
@@ -595,16 +599,21 @@ impl<'a, D: Device> Program<'a, D> {
 /// peers (see [`Program::end`]).
 pub(crate) type OnFail = Arc<dyn Fn(&Error) + Send + Sync>;
 
+/// What a program's job shares with its communicator: the gate's tickets, the asynchronous
+/// error, what to do on the first one, the device's free events.
+type Shared<'a, D> = (
+    &'a GateTickets,
+    &'a Mutex<Option<Error>>,
+    &'a (dyn Fn(&Error) + Sync),
+    &'a EventPool<D>,
+);
+
 /// The progress thread's part of one program.
 fn run_job<D: Device>(
     own: &D,
     sections: Vec<HostSection<D>>,
     finish: Option<Finish<D>>,
-    (tickets, errors, on_fail): (
-        &GateTickets,
-        &Mutex<Option<Error>>,
-        &(dyn Fn(&Error) + Sync),
-    ),
+    (tickets, errors, on_fail, events): Shared<'_, D>,
     timeout: Duration,
     rank: usize,
 ) {
@@ -646,8 +655,11 @@ fn run_job<D: Device>(
                 (s.refuse)(e.clone());
                 Err(e)
             }
-            Ok(()) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(s.run))
-                .unwrap_or_else(|_| Err(Error::internal("a queued device collective panicked"))),
+            Ok(()) => {
+                events.give(s.staged);
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(s.run))
+                    .unwrap_or_else(|_| Err(Error::internal("a queued device collective panicked")))
+            }
         };
         match r {
             Ok(()) => tickets.release(s.ticket),
@@ -666,7 +678,10 @@ fn run_job<D: Device>(
             )
         });
         match r {
-            Ok(()) => tickets.release(f.ticket),
+            Ok(()) => {
+                events.give(f.done);
+                tickets.release(f.ticket);
+            }
             Err(e) => fail(Error::new(e.kind(), format!("{}: {}", f.what, e.message()))),
         }
     }

@@ -5,6 +5,7 @@
 //! for CUDA and HIP.
 
 use super::communicator::{Communicator, RawCollective};
+use super::device_events::EventPool;
 use super::device_program::{coll_name, GateTickets, PinnedPool, Program};
 use super::device_run::DeviceCall;
 use super::nccl_level::NcclLevel;
@@ -55,6 +56,8 @@ struct Queue<D: Device> {
     gate: D::Gate,
     tickets: Arc<GateTickets>,
     last_end: Option<Arc<D::Event>>,
+    /// Free events of the device, reused from call to call.
+    events: Arc<EventPool<D>>,
 }
 
 impl<D: Device> Drop for DeviceState<D> {
@@ -336,10 +339,13 @@ impl Communicator {
         } = state;
         let q = &mut queues[qi];
         let own = q.own.clone();
-        let ready = dev.new_event()?;
+        // The caller's stream's point: PCCL's stream waits for it, then it is free again (a
+        // wait takes the record current at the call).
+        let ready = q.events.take(&*own)?;
         dev.record(&ready, None)?;
         own.wait_on(&ready)?;
-        let mut prog = Program::new(&*own, &mut q.gate, &q.tickets, pool);
+        q.events.give(ready);
+        let mut prog = Program::new(&*own, &mut q.gate, &q.tickets, pool, q.events.clone());
         let timeout = self.timeout();
         let seq = match kind {
             Kind::Collective => self.take_tag(),
@@ -433,6 +439,7 @@ impl Communicator {
             gate,
             tickets,
             last_end: None,
+            events: Arc::default(),
         })
     }
 

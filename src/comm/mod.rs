@@ -4,6 +4,8 @@ pub mod communicator;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
+mod device_events;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
 mod device_exchange;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 mod device_program;

@@ -168,7 +168,11 @@ static void event_unref(Event* e) {
     pthread_mutex_unlock(&e->mu);
     if (last) { pthread_mutex_destroy(&e->mu); pthread_cond_destroy(&e->cv); free(e); }
 }
+/* Events made so far (test hook: fake_hip_events_created). */
+static long events_created;
+long fake_hip_events_created(void) { return __atomic_load_n(&events_created, __ATOMIC_SEQ_CST); }
 E hipEventCreate(void** out) {
+    __atomic_add_fetch(&events_created, 1, __ATOMIC_SEQ_CST);
     Event* e = calloc(1, sizeof *e);
     e->refs = 1;
     pthread_mutex_init(&e->mu, 0);

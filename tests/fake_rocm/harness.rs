@@ -162,3 +162,17 @@ pub fn fake_hook(name: &str, arg: Option<i32>) {
         std::mem::forget(lib);
     }
 }
+
+/// Events the fake runtime has made so far (every thread's).
+pub fn fake_events_created() -> i64 {
+    let path = std::env::var("PCCL_HIP_LIBRARY").expect("the child runs on the fake runtime");
+    // SAFETY: as in `fake_hook`; the hook is `long fake_hip_events_created(void)`.
+    unsafe {
+        let lib = libloading::Library::new(&path).unwrap();
+        let n = lib
+            .get::<unsafe extern "C" fn() -> std::ffi::c_long>(b"fake_hip_events_created")
+            .unwrap()();
+        std::mem::forget(lib);
+        n as i64
+    }
+}
