@@ -609,34 +609,15 @@ pub fn build_for(
         Collective::Scatter { root } => rooted::scatter(rank, p, root),
         Collective::AllToAll { direct: false } => alltoall::pairwise(rank, p),
         Collective::AllToAll { direct: true } => alltoall::direct(rank, p),
-        Collective::AllGather => match algorithm {
-            Algorithm::Flat(a) => flat_allgather(a, rank, p),
-            Algorithm::VectorRd => flat_allgather(LevelAlgo::Rd, rank, p),
-            Algorithm::Hier { inter, intra } => hierarchical::allgather(topo, rank, inter, intra),
-            Algorithm::Deep {
-                inter,
-                mid,
-                inner,
-                pieces,
-            } => {
-                let mut ph = vec![Phase::of(vec![Step::Copy {
-                    src: vec![overlap::whole_block(Buf::Input, 0, pieces)],
-                    dst: vec![overlap::whole_block(Buf::Output, rank, pieces)],
-                }])];
-                ph.extend(overlap::deep_allgather_in_output(
-                    topo,
-                    rank,
-                    &[inter, mid, inner],
-                    pieces,
-                ));
-                ph
-            }
-            Algorithm::Overlap {
-                inter,
-                intra,
-                pieces,
-            } => overlap::allgather(topo, rank, inter, intra, pieces),
-        },
+        Collective::AllGather => {
+            let k = algorithm.pieces();
+            let mut ph = vec![Phase::of(vec![Step::Copy {
+                src: vec![overlap::whole_block(Buf::Input, 0, k)],
+                dst: vec![overlap::whole_block(Buf::Output, rank, k)],
+            }])];
+            ph.extend(allgather_in_output(algorithm, topo, rank));
+            ph
+        }
         Collective::ReduceScatter { average } => {
             let mut ph = match algorithm {
                 // Uniform blocks: the ring's partial sums rotate through two scratch blocks.
@@ -659,42 +640,7 @@ pub fn build_for(
                     let src = flat_units(p, Buf::Input);
                     ring::reduce_scatter_two_slots(lvl, &src, &slots, &out)
                 }
-                Algorithm::Flat(a) => flat_reduce_scatter(a, rank, p, Span::block(Buf::Output, 0)),
-                Algorithm::VectorRd => {
-                    flat_reduce_scatter(LevelAlgo::Rd, rank, p, Span::block(Buf::Output, 0))
-                }
-                Algorithm::Hier { inter, intra } => hierarchical::reduce_scatter(
-                    topo,
-                    rank,
-                    (inter, intra),
-                    Span::block(Buf::Output, 0),
-                    Buf::Scratch,
-                ),
-                Algorithm::Deep {
-                    inter,
-                    mid,
-                    inner,
-                    pieces,
-                } => overlap::deep_reduce_scatter(
-                    topo,
-                    rank,
-                    &[inter, mid, inner],
-                    (Buf::Output, 0),
-                    pieces,
-                    Buf::Scratch,
-                ),
-                Algorithm::Overlap {
-                    inter,
-                    intra,
-                    pieces,
-                } => overlap::reduce_scatter(
-                    topo,
-                    rank,
-                    (inter, intra),
-                    (Buf::Output, 0),
-                    pieces,
-                    Buf::Scratch,
-                ),
+                a => reduce_scatter_into(a, topo, rank, (Buf::Output, 0), Buf::Scratch),
             };
             if average {
                 ph.push(Phase::of(vec![Step::Average {
@@ -707,63 +653,14 @@ pub fn build_for(
             vector::allreduce(rank, p, average)
         }
         Collective::AllReduce { average } => {
-            let mine = Span::block(Buf::Output, rank);
-            let mut ph = match algorithm {
-                // The partial sums live in the output's own blocks: no scratch.
-                Algorithm::Flat(a) => flat_reduce_scatter_in(a, rank, p, mine, Buf::Output),
-                // Built by `vector::allreduce` above.
-                Algorithm::VectorRd => flat_reduce_scatter(LevelAlgo::Rd, rank, p, mine),
-                Algorithm::Hier { inter, intra } => {
-                    hierarchical::reduce_scatter(topo, rank, (inter, intra), mine, Buf::Output)
-                }
-                Algorithm::Deep {
-                    inter,
-                    mid,
-                    inner,
-                    pieces,
-                } => overlap::deep_reduce_scatter(
-                    topo,
-                    rank,
-                    &[inter, mid, inner],
-                    (Buf::Output, rank),
-                    pieces,
-                    Buf::Output,
-                ),
-                Algorithm::Overlap {
-                    inter,
-                    intra,
-                    pieces,
-                } => overlap::reduce_scatter(
-                    topo,
-                    rank,
-                    (inter, intra),
-                    (Buf::Output, rank),
-                    pieces,
-                    Buf::Output,
-                ),
-            };
+            // The partial sums live in the output's own blocks: no scratch.
+            let mut ph =
+                reduce_scatter_into(algorithm, topo, rank, (Buf::Output, rank), Buf::Output);
             let mine = overlap::whole_block(Buf::Output, rank, algorithm.pieces());
             if average {
                 ph.push(Phase::of(vec![Step::Average { dst: vec![mine] }]));
             }
-            ph.extend(match algorithm {
-                Algorithm::Flat(a) => flat_allgather_in_output(a, rank, p),
-                Algorithm::VectorRd => flat_allgather_in_output(LevelAlgo::Rd, rank, p),
-                Algorithm::Hier { inter, intra } => {
-                    hierarchical::allgather_in_output(topo, rank, inter, intra)
-                }
-                Algorithm::Deep {
-                    inter,
-                    mid,
-                    inner,
-                    pieces,
-                } => overlap::deep_allgather_in_output(topo, rank, &[inter, mid, inner], pieces),
-                Algorithm::Overlap {
-                    inter,
-                    intra,
-                    pieces,
-                } => overlap::allgather_in_output(topo, rank, inter, intra, pieces),
-            });
+            ph.extend(allgather_in_output(algorithm, topo, rank));
             ph
         }
     };
@@ -818,21 +715,68 @@ pub fn effective_algorithm(algorithm: Algorithm, topo: &Topology) -> Algorithm {
     }
 }
 
+/// The all-gather of `Output` blocks by `algorithm`, each rank's own block (its pieces, for
+/// an overlapped one) already in place.
+fn allgather_in_output(algorithm: Algorithm, topo: &Topology, rank: usize) -> Vec<Phase> {
+    let p = topo.nranks();
+    match algorithm {
+        Algorithm::Flat(a) => flat_allgather_in_output(a, rank, p),
+        Algorithm::VectorRd => flat_allgather_in_output(LevelAlgo::Rd, rank, p),
+        Algorithm::Hier { inter, intra } => {
+            hierarchical::allgather_in_output(topo, rank, inter, intra)
+        }
+        Algorithm::Deep {
+            inter,
+            mid,
+            inner,
+            pieces,
+        } => overlap::deep_allgather_in_output(topo, rank, &[inter, mid, inner], pieces),
+        Algorithm::Overlap {
+            inter,
+            intra,
+            pieces,
+        } => overlap::allgather_in_output(topo, rank, inter, intra, pieces),
+    }
+}
+
+/// The reduce-scatter of `Input` by `algorithm`: this rank's result lands in logical block
+/// `out` (its pieces, for an overlapped one), the partial sum of block `j` in block `j` of
+/// `work` (the scratch, or the all-reduce's output).
+fn reduce_scatter_into(
+    algorithm: Algorithm,
+    topo: &Topology,
+    rank: usize,
+    out: (Buf, usize),
+    work: Buf,
+) -> Vec<Phase> {
+    let p = topo.nranks();
+    let span = Span::block(out.0, out.1);
+    match algorithm {
+        Algorithm::Flat(a) => flat_reduce_scatter_in(a, rank, p, span, work),
+        Algorithm::VectorRd => flat_reduce_scatter_in(LevelAlgo::Rd, rank, p, span, work),
+        Algorithm::Hier { inter, intra } => {
+            hierarchical::reduce_scatter(topo, rank, (inter, intra), span, work)
+        }
+        Algorithm::Deep {
+            inter,
+            mid,
+            inner,
+            pieces,
+        } => overlap::deep_reduce_scatter(topo, rank, &[inter, mid, inner], out, pieces, work),
+        Algorithm::Overlap {
+            inter,
+            intra,
+            pieces,
+        } => overlap::reduce_scatter(topo, rank, (inter, intra), out, pieces, work),
+    }
+}
+
 fn flat_units(p: usize, buf: Buf) -> Vec<Spans> {
     (0..p).map(|b| vec![Span::block(buf, b)]).collect()
 }
 
 fn flat_group(p: usize) -> Vec<usize> {
     (0..p).collect()
-}
-
-fn flat_allgather(a: LevelAlgo, rank: usize, p: usize) -> Vec<Phase> {
-    let mut ph = vec![Phase::of(vec![Step::Copy {
-        src: vec![Span::block(Buf::Input, 0)],
-        dst: vec![Span::block(Buf::Output, rank)],
-    }])];
-    ph.extend(flat_allgather_in_output(a, rank, p));
-    ph
 }
 
 fn flat_allgather_in_output(a: LevelAlgo, rank: usize, p: usize) -> Vec<Phase> {
@@ -845,11 +789,7 @@ fn flat_allgather_in_output(a: LevelAlgo, rank: usize, p: usize) -> Vec<Phase> {
     level_allgather(a, lvl, &units)
 }
 
-fn flat_reduce_scatter(a: LevelAlgo, rank: usize, p: usize, out: Span) -> Vec<Phase> {
-    flat_reduce_scatter_in(a, rank, p, out, Buf::Scratch)
-}
-
-/// [`flat_reduce_scatter`] with the partial sum of unit `j` kept in block `j` of `work`.
+/// The flat reduce-scatter by `a`, the partial sum of unit `j` kept in block `j` of `work`.
 fn flat_reduce_scatter_in(a: LevelAlgo, rank: usize, p: usize, out: Span, work: Buf) -> Vec<Phase> {
     let group = flat_group(p);
     let lvl = Level {
