@@ -198,3 +198,52 @@ fn unknown_device_exits_non_zero_with_a_message() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("host") && err.contains("cuda"), "{err}");
 }
+
+#[test]
+fn pccl_group_size_makes_three_levels_run_and_a_bad_one_is_refused() {
+    let run = |group: &str, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_pccl-bench"))
+            .args(args)
+            .env("PCCL_GROUP_SIZE", group)
+            .output()
+            .expect("pccl-bench runs")
+    };
+    let out = run(
+        "2",
+        &[
+            "--ranks",
+            "8",
+            "--ranks-per-node",
+            "4",
+            "--coll",
+            "reducescatter",
+            "-m",
+            "4K:4K",
+            "-i",
+            "3",
+            "--json",
+            "--check",
+            "--algo",
+            "hier3-rd,hier3-rd-pipe2",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    assert_eq!(v["comm"]["shape"], "2x4 (groups of 2)", "{v}");
+    let rows = v["results"].as_array().unwrap();
+    for (r, want) in rows.iter().zip(["hier3-rd", "hier3-rd-pipe2"]) {
+        // Each algorithm's own communicator (a split) kept the groups: it ran as asked.
+        assert_eq!(r["algo"], want, "{r}");
+        assert_eq!(r["wrong"], 0);
+    }
+    for bad in ["0", "x"] {
+        let out = run(bad, &["--ranks", "2"]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("PCCL_GROUP_SIZE"), "{bad}: {err}");
+    }
+}
