@@ -68,6 +68,7 @@ fn span_of(blk: BlockMap<'_>, buf: Buf, ranks: &[usize]) -> Spans {
     v
 }
 
+#[cfg(test)]
 fn whole(buf: Buf, b: usize) -> Span {
     Span::block(buf, b)
 }
@@ -83,8 +84,9 @@ fn group(topo: &Topology, radix: &[usize], l: usize, me: &[usize]) -> Vec<usize>
         .collect()
 }
 
-/// Radices and per-level algorithms agree in number; the caller (the planner) checks the
-/// topology has them.
+/// The topology's radices, as many as `algos`. The planner only builds these plans where
+/// [`crate::plan::effective_algorithm`] kept the hierarchy (equal nodes, with groups for
+/// three levels), which is what the two checks here rely on.
 fn radix_for(topo: &Topology, algos: &[LevelAlgo]) -> Vec<usize> {
     let radix = topo.levels().expect("a hierarchy needs equal nodes");
     assert_eq!(radix.len(), algos.len(), "one algorithm per level");
@@ -92,8 +94,10 @@ fn radix_for(topo: &Topology, algos: &[LevelAlgo]) -> Vec<usize> {
 }
 
 /// All-gather of `Output` blocks over every level, outermost first, each rank's own block
-/// already in place. `algos[l]` runs level `l` (outermost first).
-pub fn allgather_in_output(topo: &Topology, rank: usize, algos: &[LevelAlgo]) -> Vec<Phase> {
+/// already in place. `algos[l]` runs level `l` (outermost first). (The planner builds these
+/// through [`super::overlap::deep_allgather_in_output`], one piece being the plain form.)
+#[cfg(test)]
+fn allgather_in_output(topo: &Topology, rank: usize, algos: &[LevelAlgo]) -> Vec<Phase> {
     allgather_levels(topo, rank, algos, &whole)
         .into_iter()
         .flatten()
@@ -133,7 +137,8 @@ pub(crate) fn allgather_levels(
 /// Reduce-scatter of `Input` (one block per rank) over every level, innermost first; this
 /// rank's result lands in `out`, partial sums in `work`'s blocks (the scratch, laid out like
 /// the input, or the all-reduce's output).
-pub fn reduce_scatter(
+#[cfg(test)]
+fn reduce_scatter(
     topo: &Topology,
     rank: usize,
     algos: &[LevelAlgo],

@@ -33,7 +33,9 @@ pub fn gpu_group(hw: &NodeHardware) -> usize {
             return 0;
         }
         if last == Some(p) {
-            *sizes.last_mut().expect("a group") += 1;
+            if let Some(s) = sizes.last_mut() {
+                *s += 1;
+            }
         } else {
             if seen.contains(&p) {
                 return 0; // not contiguous in bus order
