@@ -513,20 +513,7 @@ fn a_ring_reduce_scatter_with_one_slot_is_caught() {
 
 /// Three levels with every choice of level algorithm.
 fn deep_algos() -> Vec<Algorithm> {
-    let mut v = Vec::new();
-    for inter in [LevelAlgo::Rd, LevelAlgo::Ring] {
-        for mid in [LevelAlgo::Ring, LevelAlgo::Rd] {
-            for inner in [LevelAlgo::Ring, LevelAlgo::Rd] {
-                v.push(Algorithm::Deep {
-                    inter,
-                    mid,
-                    inner,
-                    pieces: 1,
-                });
-            }
-        }
-    }
-    v
+    Algorithm::three_level_forms()
 }
 
 const LEVELLED: [Collective; 4] = [

@@ -31,18 +31,7 @@ pub fn candidates(topo: &Topology) -> Vec<Algorithm> {
     // Three levels where the nodes are cut into groups (after the two-level ones: ties
     // keep the older choice).
     if topo.has_groups() && topo.nodes().len() > 1 {
-        for inter in [LevelAlgo::Rd, LevelAlgo::Ring] {
-            for mid in [LevelAlgo::Ring, LevelAlgo::Rd] {
-                for inner in [LevelAlgo::Ring, LevelAlgo::Rd] {
-                    v.push(Algorithm::Deep {
-                        inter,
-                        mid,
-                        inner,
-                        pieces: 1,
-                    });
-                }
-            }
-        }
+        v.extend(Algorithm::three_level_forms());
     }
     v
 }

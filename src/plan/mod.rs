@@ -341,6 +341,25 @@ impl Algorithm {
         Algorithm::VectorRd,
     ];
 
+    /// The eight plain three-level algorithms (every choice of each level's algorithm),
+    /// recursive doubling between nodes first.
+    pub fn three_level_forms() -> Vec<Algorithm> {
+        let mut v = Vec::with_capacity(8);
+        for inter in [LevelAlgo::Rd, LevelAlgo::Ring] {
+            for mid in [LevelAlgo::Ring, LevelAlgo::Rd] {
+                for inner in [LevelAlgo::Ring, LevelAlgo::Rd] {
+                    v.push(Algorithm::Deep {
+                        inter,
+                        mid,
+                        inner,
+                        pieces: 1,
+                    });
+                }
+            }
+        }
+        v
+    }
+
     /// The algorithm that runs `collective`: [`Algorithm::VectorRd`] is for all-reduce
     /// only, the others run recursive doubling instead.
     pub fn for_collective(self, collective: Collective) -> Algorithm {
