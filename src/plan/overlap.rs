@@ -23,6 +23,7 @@
 //! on the same node and on other nodes); should it, the two are kept in separate phases.
 
 use super::deep;
+use super::hierarchical::{allgather_levels, reduce_scatter_levels};
 use super::{Buf, LevelAlgo, Phase, Span, Step};
 use crate::topology::Topology;
 
@@ -56,9 +57,7 @@ pub fn allgather(
     ph
 }
 
-/// Overlapped all-gather of `Output` sub-blocks, this rank's own pieces already in place
-/// (the two-level case of [`deep_allgather_in_output`], whose two levels are exactly
-/// [`super::hierarchical`]'s).
+/// Overlapped all-gather of `Output` sub-blocks, this rank's own pieces already in place.
 pub fn allgather_in_output(
     topo: &Topology,
     rank: usize,
@@ -66,24 +65,33 @@ pub fn allgather_in_output(
     intra: LevelAlgo,
     k: usize,
 ) -> Vec<Phase> {
-    deep_allgather_in_output(topo, rank, &[inter, intra], k)
+    let pieces: Vec<_> = (0..k)
+        .map(|j| allgather_levels(topo, rank, inter, intra, &piece(k, j)))
+        .collect();
+    // First level: inter-node; the intra-node steps go first in a shared phase.
+    stagger(pieces, Align::SecondEndsWithNextFirst, false)
 }
 
 /// Overlapped reduce-scatter of `Input` sub-blocks; this rank's result lands in the `k`
-/// pieces of logical block `out`, partial sums in `work`'s blocks (the two-level case of
-/// [`deep_reduce_scatter`]).
+/// pieces of logical block `out`, partial sums in `work`'s blocks.
 pub fn reduce_scatter(
     topo: &Topology,
     rank: usize,
-    (inter, intra): (LevelAlgo, LevelAlgo),
+    levels: (LevelAlgo, LevelAlgo),
     out: (Buf, usize),
     k: usize,
     work: Buf,
 ) -> Vec<Phase> {
-    deep_reduce_scatter(topo, rank, &[inter, intra], out, k, work)
+    let pieces: Vec<_> = (0..k)
+        .map(|j| {
+            let out_j = Span::block(out.0, out.1 * k + j);
+            reduce_scatter_levels(topo, rank, levels, out_j, &piece(k, j), work)
+        })
+        .collect();
+    stagger(pieces, Align::SecondStartsWithNextFirst, true)
 }
 
-/// Overlapped all-gather of two or more levels ([`deep`]), this rank's own pieces already
+/// Overlapped all-gather of three or more levels ([`deep`]), this rank's own pieces already
 /// in `Output`: the network level of piece `j + 1` beside the node's levels (run one after
 /// the other) of piece `j`. One piece is the plain hierarchy.
 pub fn deep_allgather_in_output(
@@ -102,7 +110,7 @@ pub fn deep_allgather_in_output(
     stagger(pieces, Align::SecondEndsWithNextFirst, false)
 }
 
-/// Overlapped reduce-scatter of two or more levels: the node's levels of piece `j + 1`
+/// Overlapped reduce-scatter of three or more levels: the node's levels of piece `j + 1`
 /// beside the network level of piece `j`; this rank's result lands in the `k` pieces of
 /// logical block `out`, partial sums in `work`'s blocks.
 pub fn deep_reduce_scatter(
