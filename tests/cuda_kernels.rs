@@ -410,6 +410,21 @@ mod gpu {
             let images = cuda::compile_kernels(major, minor)
                 .unwrap_or_else(|e| panic!("sm_{major}{minor}: {e}"));
             assert!(!images.reduce.is_empty() && !images.transpose.is_empty());
+            // The quantization kernels are compiled into the reduction module.
+            let bytes: &[u8] = match &images.reduce {
+                cuda::KernelImage::Cubin(b) => b,
+                cuda::KernelImage::Ptx(s) => s.as_bytes(),
+            };
+            for name in [
+                "pccl_quantize_bf16_4",
+                "pccl_dequantize_f64_8",
+                "pccl_from_f32_f16",
+            ] {
+                assert!(
+                    bytes.windows(name.len()).any(|w| w == name.as_bytes()),
+                    "sm_{major}{minor}: {name} missing from the reduction module"
+                );
+            }
         }
     }
 }

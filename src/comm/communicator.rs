@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 mod calls;
 mod p2p;
 mod quantized;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+mod quantized_device;
 mod quantized_halving;
 mod rooted;
 mod trust;

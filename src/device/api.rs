@@ -6,6 +6,7 @@
 use super::nccl_abi::NcclApi;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
+use crate::quant::Quant;
 use std::ffi::c_void;
 
 /// A range of device memory: address, length in bytes, and the ordinal of its device.
@@ -223,6 +224,32 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// # Safety
     /// `dst` must stay valid until the kernel has completed.
     unsafe fn divide(&self, dtype: DType, dst: DevSpan, ranks: usize) -> Result<()>;
+    /// Encodes the elements of `dtype` (float32, float64, float16, bfloat16) in `src` into
+    /// the record `rec` ([`crate::quant`]'s layout, exactly [`Quant::record_bytes`] bytes),
+    /// bit-identical to [`crate::quant::quantize`].
+    ///
+    /// # Safety
+    /// The spans must stay valid until the kernel has completed and must not overlap.
+    unsafe fn quantize(&self, dtype: DType, q: &Quant, src: DevSpan, rec: DevSpan) -> Result<()>;
+    /// Decodes the record `rec` into `dst`: as elements of `dtype` (bit-identical to
+    /// [`crate::quant::dequantize`]), or with `accumulate` added to the float32 sums in `dst`
+    /// (`dtype` float32).
+    ///
+    /// # Safety
+    /// As [`Device::quantize`].
+    unsafe fn dequantize(
+        &self,
+        dtype: DType,
+        q: &Quant,
+        rec: DevSpan,
+        dst: DevSpan,
+        accumulate: bool,
+    ) -> Result<()>;
+    /// `dst = src × mul` rounded to `dtype`, `src` float32 (equal element counts).
+    ///
+    /// # Safety
+    /// As [`Device::quantize`].
+    unsafe fn convert_f32(&self, dtype: DType, src: DevSpan, dst: DevSpan, mul: f32) -> Result<()>;
     /// Transposes an `m` x `n` grid of blocks of `block` bytes: `src` holds it as `[m][n]`,
     /// `dst` receives it as `[n][m]`.
     ///

@@ -3,7 +3,7 @@
 //!
 //! Everything here is pure (device addresses are plain `u64` values), so it compiles without
 //! any feature and is unit-tested without a GPU. The kernels these numbers describe live in
-//! `csrc/reduce.cu` and `csrc/transpose.cu`.
+//! `csrc/reduce.cu` (with `csrc/quant.cu`, see [`super::quant_launch`]) and `csrc/transpose.cu`.
 
 // Only the GPU back ends call into this module; a build with neither (the unit tests of the
 // default features) leaves parts of it unused.
@@ -122,7 +122,7 @@ pub(crate) fn divide_kernel(dtype: DType) -> String {
     format!("pccl_divide_{}", dtype.name())
 }
 
-/// Every kernel the two modules define, reductions and divisions first.
+/// Every kernel the two modules define: reductions and divisions, quantization, transposes.
 pub(crate) fn kernel_names() -> Vec<String> {
     let mut v = Vec::new();
     for d in DType::ALL {
@@ -133,11 +133,22 @@ pub(crate) fn kernel_names() -> Vec<String> {
             v.push(divide_kernel(d));
         }
     }
+    v.extend(super::quant_launch::kernel_names());
     for u in [1, 2, 4, 8, 16] {
         v.push(format!("pccl_transpose_copy_{u}"));
         v.push(format!("pccl_transpose_tile_{u}"));
     }
     v
+}
+
+/// The block-quantization kernels: compiled in the reduction module, whose types and
+/// conversions they use.
+pub(crate) const QUANT_SOURCE: &str = include_str!("../../csrc/quant.cu");
+
+/// The source of the reduction module: `reduce` (`csrc/reduce.cu`), then `csrc/quant.cu`
+/// with its own line numbers.
+pub(crate) fn reduce_module_source(reduce: &str) -> String {
+    format!("{reduce}\n#line 1 \"quant.cu\"\n{QUANT_SOURCE}")
 }
 
 /// Checks that reduction buffers of byte lengths `lens` are equally long and hold whole
@@ -367,7 +378,7 @@ mod tests {
     #[test]
     fn kernel_name_set() {
         let names = kernel_names();
-        assert_eq!(names.len(), 10 * 4 + 4 + 10);
+        assert_eq!(names.len(), 10 * 4 + 4 + 22 + 10);
         assert_eq!(
             reduce_kernel(ReduceOp::Avg, DType::BF16),
             "pccl_reduce_bf16_sum"

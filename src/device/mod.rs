@@ -17,6 +17,9 @@ pub mod host;
 pub(crate) mod launch;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 pub mod nccl_abi;
+// The quantization kernels' names and checks.
+#[cfg(any(feature = "cuda", feature = "rocm", test))]
+pub(crate) mod quant_launch;
 /// NCCL: the CUDA build of [`nccl_abi`] (the same module, under its old name).
 #[cfg(feature = "cuda")]
 pub use nccl_abi as nccl;

@@ -1,8 +1,8 @@
 /* A stand-in for libamdhip64 + libhiprtc + librccl that executes on the CPU, for testing
  * PCCL's ROCm path without an AMD GPU (see docs/DEVICE.md). Device memory is host memory,
  * every stream runs its operations in order on a thread of its own (so the host really runs
- * ahead of the "device"), and hipModuleLaunchKernel dispatches by kernel name to C versions of csrc/reduce.cu and
- * csrc/transpose.cu with the arithmetic of PCCL's host kernels. RCCL runs worlds of thread
+ * ahead of the "device"), and hipModuleLaunchKernel dispatches by kernel name to C versions of csrc/reduce.cu,
+ * csrc/quant.cu and csrc/transpose.cu with the arithmetic of PCCL's host kernels. RCCL runs worlds of thread
  * ranks of this process (see the RCCL section).
  *
  * Environment: FAKE_HIP_DEVICES (default 2) devices, each with a distinct UUID;
@@ -18,6 +18,7 @@
  * of 2026-11-26: see src/comm/device_program.rs); the allocation itself returns at once.
  * fake_hip_capture_all(on): every stream reports that it is capturing a graph
  * (hipStreamIsCapturing), for the refusal of collectives during capture. */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -435,15 +436,79 @@ static int divide(const char* dt, void* dp, uint64_t n, void* divisor) {
     return 98;
 }
 
+/* Block quantization (csrc/quant.cu): element i of dtype dt as f32, and back. */
+static float qload(const char* dt, const void* x, uint64_t i) {
+    if (!strcmp(dt, "f32")) return ((const float*)x)[i];
+    if (!strcmp(dt, "f64")) return (float)((const double*)x)[i];
+    if (!strcmp(dt, "f16")) return f16_widen(((const uint16_t*)x)[i]);
+    return bf16_widen(((const uint16_t*)x)[i]);
+}
+static void qstore(const char* dt, void* o, uint64_t i, float v) {
+    if (!strcmp(dt, "f32")) ((float*)o)[i] = v;
+    else if (!strcmp(dt, "f64")) ((double*)o)[i] = (double)v;
+    else if (!strcmp(dt, "f16")) ((uint16_t*)o)[i] = f16_narrow(v);
+    else ((uint16_t*)o)[i] = bf16_narrow(v);
+}
+static int qcode(float v, float inv, float qmax, int finite) {
+    return finite ? (int)rintf(fminf(fmaxf(v * inv, -qmax), qmax)) : 0;
+}
+static int quantize(const char* dt, int bits, const void* x, unsigned char* rec, uint64_t n,
+                    uint64_t block, uint64_t rec_bytes) {
+    uint64_t nb = (n + block - 1) / block;
+    unsigned char* codes = rec + 4 * nb;
+    float qmax = bits == 8 ? 127.0f : 7.0f;
+    for (uint64_t b = 0; b < nb; b++) {
+        uint64_t base = b * block, len = n - base < block ? n - base : block;
+        float m = 0.0f;
+        int bad = 0;
+        for (uint64_t i = 0; i < len; i++) {
+            float v = qload(dt, x, base + i);
+            bad |= !(fabsf(v) <= FLT_MAX);
+            m = fmaxf(m, fabsf(v));
+        }
+        float scale = bad ? NAN : m / qmax, inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+        memcpy(rec + 4 * b, &scale, 4);
+        if (bits == 8) {
+            for (uint64_t i = 0; i < len; i++)
+                codes[base + i] = (uint8_t)(int8_t)qcode(qload(dt, x, base + i), inv, qmax, !bad);
+        } else {
+            for (uint64_t k = 0; 2 * k < len; k++) {
+                int c0 = qcode(qload(dt, x, base + 2 * k), inv, qmax, !bad);
+                int c1 = 2 * k + 1 < len ? qcode(qload(dt, x, base + 2 * k + 1), inv, qmax, !bad) : 0;
+                codes[base / 2 + k] = (uint8_t)((c0 & 0xf) | ((c1 & 0xf) << 4));
+            }
+        }
+    }
+    uint64_t used = 4 * nb + (bits == 8 ? n : (n + 1) / 2);
+    if (rec_bytes > used) memset(rec + used, 0, rec_bytes - used);
+    return 0;
+}
+/* Decodes into dtype dt, or (dt "add") adds to f32 sums. */
+static int dequantize(const char* dt, int bits, const unsigned char* rec, void* out, uint64_t n,
+                      uint64_t block) {
+    uint64_t nb = (n + block - 1) / block;
+    const unsigned char* codes = rec + 4 * nb;
+    for (uint64_t i = 0; i < n; i++) {
+        float s;
+        memcpy(&s, rec + 4 * (i / block), 4);
+        int c = bits == 8 ? (int)(int8_t)codes[i] : (((codes[i >> 1] >> ((i & 1) * 4)) & 0xf) ^ 8) - 8;
+        float v = (float)c * s;
+        if (!strcmp(dt, "add")) ((float*)out)[i] += v;
+        else qstore(dt, out, i, v);
+    }
+    return 0;
+}
+
 /* A kernel launch, its arguments read when it is queued (as HIP copies them). */
 typedef struct {
-    int kind; /* 'r' reduce, 'd' divide, 't' transpose */
+    int kind; /* 'r' reduce, 'd' divide, 't' transpose, 'q' quantize, 'u' dequantize, 'c' from f32 */
     char dt[8], op;
     void* d;
     const void *a, *b;
     uint64_t n, M, N;
     size_t blk;
     unsigned char divisor[8];
+    int bits;
 } Launch;
 static int known_dtype(const char* dt) {
     static const char* all[] = {"i8", "u8", "i32", "u32", "i64", "u64", "f16", "bf16", "f32", "f64"};
@@ -454,6 +519,13 @@ static int launch_run(void* p) {
     Launch* l = p;
     if (l->kind == 'r') return reduce(l->dt, l->op, l->d, l->a, l->b, l->n);
     if (l->kind == 'd') return divide(l->dt, l->d, l->n, l->divisor);
+    if (l->kind == 'q') return quantize(l->dt, l->bits, l->a, l->d, l->n, l->blk, l->M);
+    if (l->kind == 'u') return dequantize(l->dt, l->bits, l->a, l->d, l->n, l->blk);
+    if (l->kind == 'c') {
+        float mul; memcpy(&mul, l->divisor, 4);
+        for (uint64_t i = 0; i < l->n; i++) qstore(l->dt, l->d, i, ((const float*)l->a)[i] * mul);
+        return 0;
+    }
     const char* s = l->a; char* d = l->d;
     for (uint64_t i = 0; i < l->M; i++)
         for (uint64_t j = 0; j < l->N; j++) memcpy(d + (j * l->M + i) * l->blk, s + (i * l->N + j) * l->blk, l->blk);
@@ -491,6 +563,28 @@ E hipModuleLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
         l.kind = 'd';
         l.d = *(void**)a[0]; l.n = *(uint64_t*)a[1];
         memcpy(l.divisor, a[3], strcmp(l.dt, "f64") ? 4 : 8);
+    } else if (!strncmp(k, "pccl_quantize_", 14) || !strncmp(k, "pccl_dequantize_", 16)) {
+        int enc = k[5] == 'q';
+        const char* rest = k + (enc ? 14 : 16);
+        const char* us = strrchr(rest, '_');
+        if (!us || us - rest >= 8 || us == rest) return 98;
+        memcpy(l.dt, rest, us - rest);
+        l.bits = atoi(us + 1);
+        if (l.bits != 8 && l.bits != 4) return 98;
+        if (strcmp(l.dt, "f16") && strcmp(l.dt, "bf16") && strcmp(l.dt, "f32") && strcmp(l.dt, "f64")
+            && (enc || strcmp(l.dt, "add"))) return 98;
+        l.kind = enc ? 'q' : 'u';
+        /* quantize(x, rec, n, block, rec_bytes); dequantize(rec, out, n, block) */
+        l.a = *(void**)a[0]; l.d = *(void**)a[1]; l.n = *(uint64_t*)a[2]; l.blk = *(uint32_t*)a[3];
+        if (enc) l.M = *(uint64_t*)a[4];
+        if (l.blk < 32 || (l.blk & (l.blk - 1))) return 1;
+    } else if (!strncmp(k, "pccl_from_f32_", 14)) {
+        if (strlen(k + 14) >= 8) return 98;
+        strcpy(l.dt, k + 14);
+        if (strcmp(l.dt, "f16") && strcmp(l.dt, "bf16") && strcmp(l.dt, "f32") && strcmp(l.dt, "f64")) return 98;
+        l.kind = 'c';
+        l.a = *(void**)a[0]; l.d = *(void**)a[1]; l.n = *(uint64_t*)a[2];
+        memcpy(l.divisor, a[3], 4);
     } else if (!strncmp(k, "pccl_transpose_", 15)) {
         int tile = k[15] == 't';
         size_t u = (size_t)atoi(strrchr(k, '_') + 1);

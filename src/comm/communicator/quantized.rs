@@ -47,15 +47,15 @@ fn list(r: &[usize]) -> String {
 }
 
 /// What a rank brings to a quantized call's agreement.
-struct Mine<'a> {
-    call: &'a str,
+pub(super) struct Mine<'a> {
+    pub(super) call: &'a str,
     q: Quant,
     count: usize,
     finite: bool,
     /// The arguments' problem on this rank (reported on every rank), if any.
-    unsound: Option<String>,
+    pub(super) unsound: Option<String>,
     /// The reduce-scatter's scheme (the all-gather's: the default).
-    scheme: QuantScheme,
+    pub(super) scheme: QuantScheme,
 }
 
 impl<'a> Mine<'a> {
@@ -69,6 +69,18 @@ impl<'a> Mine<'a> {
         (name, whole): (&str, usize),
         data: &[T],
     ) -> Self {
+        Self::checked(call, q, (count, p), (name, whole), quant::all_finite(data))
+    }
+
+    /// [`Mine::of`] with the data's finiteness found by the caller (device data: from the
+    /// scales of its records).
+    pub(super) fn checked(
+        call: &'a str,
+        q: Quant,
+        (count, p): (usize, usize),
+        (name, whole): (&str, usize),
+        finite: bool,
+    ) -> Self {
         let unsound = match q.validate() {
             Err(e) => Some(e.message().to_string()),
             Ok(()) if count.checked_mul(p) != Some(whole) => {
@@ -80,7 +92,7 @@ impl<'a> Mine<'a> {
             call,
             q,
             count,
-            finite: quant::all_finite(data),
+            finite,
             unsound,
             scheme: QuantScheme::default(),
         }
@@ -91,7 +103,7 @@ impl Communicator {
     /// The header exchange of a quantized call: every rank learns every rank's encoding,
     /// count, finiteness and soundness, and all reach the same verdict (an error naming the
     /// ranks, or go) before any data moves.
-    fn agree_quantized(&self, m: Mine<'_>) -> Result<()> {
+    pub(super) fn agree_quantized(&self, m: Mine<'_>) -> Result<()> {
         let p = self.size();
         let mut header = [0u64; FIELDS];
         header[BITS] = u64::from(m.q.bits);

@@ -4,8 +4,10 @@
 use super::{CudaDevice, PinnedBuffer, StreamGate};
 use crate::device::api::{check_device, DevSpan, Device, GateReleaser, PinnedHost};
 use crate::device::nccl_abi::{self, NcclApi};
+use crate::device::quant_launch::Decode;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
+use crate::quant::Quant;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -187,6 +189,36 @@ impl Device for CudaDevice {
     unsafe fn divide(&self, dtype: DType, dst: DevSpan, ranks: usize) -> Result<()> {
         self.check_spans(&[dst])?;
         self.divide_raw(dtype, dst.addr(), dst.len(), ranks)
+    }
+
+    unsafe fn quantize(&self, dtype: DType, q: &Quant, src: DevSpan, rec: DevSpan) -> Result<()> {
+        self.check_spans(&[src, rec])?;
+        let (s, r) = ((src.addr(), src.len()), (rec.addr(), rec.len()));
+        self.quant_raw(dtype, q, None, s, r)
+    }
+
+    unsafe fn dequantize(
+        &self,
+        dtype: DType,
+        q: &Quant,
+        rec: DevSpan,
+        dst: DevSpan,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.check_spans(&[rec, dst])?;
+        let how = if accumulate {
+            Decode::Accumulate
+        } else {
+            Decode::Store
+        };
+        let (d, r) = ((dst.addr(), dst.len()), (rec.addr(), rec.len()));
+        self.quant_raw(dtype, q, Some(how), d, r)
+    }
+
+    unsafe fn convert_f32(&self, dtype: DType, src: DevSpan, dst: DevSpan, mul: f32) -> Result<()> {
+        self.check_spans(&[src, dst])?;
+        let (s, d) = ((src.addr(), src.len()), (dst.addr(), dst.len()));
+        self.convert_f32_raw(dtype, s, d, mul)
     }
 
     unsafe fn transpose(

@@ -20,6 +20,7 @@ mod gate;
 mod gpu;
 mod nvrtc;
 mod pinned;
+mod quant;
 mod raw;
 
 pub use gate::*;

@@ -216,7 +216,12 @@ pub fn compile_kernels(major: i32, minor: i32) -> Result<KernelImages> {
         (format!("--gpu-architecture=compute_{best}"), false)
     };
     Ok(KernelImages {
-        reduce: compile_one("reduce.cu", REDUCE_SOURCE, &arch_opt, cubin)?,
+        reduce: compile_one(
+            "reduce.cu",
+            &super::super::launch::reduce_module_source(REDUCE_SOURCE),
+            &arch_opt,
+            cubin,
+        )?,
         transpose: compile_one("transpose.cu", TRANSPOSE_SOURCE, &arch_opt, cubin)?,
     })
 }

@@ -326,7 +326,7 @@ impl HipDevice {
     /// # Safety
     /// `args` must point at values of exactly the kernel's parameter types, in order, and
     /// every device address among them must stay valid until the kernel completes.
-    unsafe fn launch(
+    pub(super) unsafe fn launch(
         &self,
         kernel: &str,
         grid: u32,

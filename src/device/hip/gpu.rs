@@ -4,6 +4,8 @@
 use super::*;
 use crate::device::api::{check_device, DevSpan, Device, GateReleaser, PinnedHost};
 use crate::device::nccl_abi::{self, NcclApi};
+use crate::device::quant_launch::Decode;
+use crate::quant::Quant;
 
 impl HipDevice {
     /// The ordinal of the device a caller's stream belongs to (`hipStreamGetDevice`).
@@ -372,6 +374,36 @@ impl Device for HipDevice {
     unsafe fn divide(&self, dtype: DType, dst: DevSpan, ranks: usize) -> Result<()> {
         self.check_spans(&[dst])?;
         self.divide_raw(dtype, dst.addr(), dst.len(), ranks)
+    }
+
+    unsafe fn quantize(&self, dtype: DType, q: &Quant, src: DevSpan, rec: DevSpan) -> Result<()> {
+        self.check_spans(&[src, rec])?;
+        let (s, r) = ((src.addr(), src.len()), (rec.addr(), rec.len()));
+        self.quant_raw(dtype, q, None, s, r)
+    }
+
+    unsafe fn dequantize(
+        &self,
+        dtype: DType,
+        q: &Quant,
+        rec: DevSpan,
+        dst: DevSpan,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.check_spans(&[rec, dst])?;
+        let how = if accumulate {
+            Decode::Accumulate
+        } else {
+            Decode::Store
+        };
+        let (d, r) = ((dst.addr(), dst.len()), (rec.addr(), rec.len()));
+        self.quant_raw(dtype, q, Some(how), d, r)
+    }
+
+    unsafe fn convert_f32(&self, dtype: DType, src: DevSpan, dst: DevSpan, mul: f32) -> Result<()> {
+        self.check_spans(&[src, dst])?;
+        let (s, d) = ((src.addr(), src.len()), (dst.addr(), dst.len()));
+        self.convert_f32_raw(dtype, s, d, mul)
     }
 
     unsafe fn transpose(

@@ -36,6 +36,7 @@ mod check;
 mod device;
 mod gate;
 mod gpu;
+mod quant;
 mod rtc;
 mod shared;
 mod sys;

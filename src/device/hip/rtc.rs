@@ -208,7 +208,12 @@ pub fn compile_kernels(arch: &str) -> Result<HipKernelImages> {
     let rtc = hiprtc_api()?;
     Ok(HipKernelImages {
         arch: parse_arch(arch)?,
-        reduce: compile_one(rtc, "reduce.cu", REDUCE_SOURCE, &options)?,
+        reduce: compile_one(
+            rtc,
+            "reduce.cu",
+            &super::super::launch::reduce_module_source(REDUCE_SOURCE),
+            &options,
+        )?,
         transpose: compile_one(rtc, "transpose.cu", TRANSPOSE_SOURCE, &options)?,
     })
 }

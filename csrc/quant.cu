@@ -1,0 +1,175 @@
+// PCCL block-quantization kernels (ZeRO++'s qwZ / qgZ on device memory), compiled with the
+// reductions: src/device/{cuda,hip} append this file to csrc/reduce.cu, whose storage types
+// (f16, bf16), conversions (Elem<T>) and integer names it uses.
+//
+//   pccl_quantize_<dtype>_<bits>(const T* x, u8* rec, u64 n, u32 block, u64 rec_bytes)
+//   pccl_dequantize_<dtype>_<bits>(const u8* rec, T* out, u64 n, u32 block)
+//   pccl_dequantize_add_<bits>(const u8* rec, float* acc, u64 n, u32 block)
+//   pccl_from_f32_<dtype>(const float* src, T* dst, u64 n, float mul)
+//
+// dtype is f32, f64, f16 or bf16; bits 8 or 4. A record (src/quant/mod.rs) holds ceil(n/block)
+// f32 scales, then the codes (INT8: one byte each; INT4: two per byte, low nibble first, two's
+// complement), then zero padding to rec_bytes (a multiple of 8). The arithmetic is the host's,
+// so results are bit-identical: the element is read as f32; a block's scale is
+// max|x| / qmax (IEEE division; qmax 127 or 7); a code is rint(clamp(x * (1 / scale))) (ties
+// to even); a block holding NaN or infinity gets scale NaN and codes 0 (it decodes as NaN); a
+// decoded element is code * scale in f32, rounded once to T; the accumulating form adds it to
+// acc in f32 (no fused multiply-add, as on the host).
+//
+// Quantize: one thread block per quantization block (grid-stride over the blocks), its threads
+// sharing the block's maximum through shared memory. Dequantize: element-wise, grid-stride.
+
+#define PCCL_QUANT_MAX_THREADS 1024
+
+__device__ __forceinline__ float q_rint(float x) {
+#if defined(__HIP__)
+    return __builtin_rintf(x);
+#else
+    return rintf(x);
+#endif
+}
+
+__device__ __forceinline__ float q_nan() { return bits_f32(0x7fc00000u); }
+
+// Any T as f32 (double rounds to nearest, as `f64 as f32` on the host).
+template <typename T> __device__ __forceinline__ float q_load(T x) { return (float)Elem<T>::load(x); }
+template <typename T> __device__ __forceinline__ T q_store(float v) { return Elem<T>::store(v); }
+template <> __device__ __forceinline__ double q_store<double>(float v) { return (double)v; }
+
+// The code of v in a block with reciprocal step inv (0 for an all-zero or non-finite block).
+__device__ __forceinline__ int q_code(float v, float inv, float qmax, bool finite) {
+    if (!finite) {
+        return 0;
+    }
+    const float t = fminf(fmaxf(__fmul_rn(v, inv), -qmax), qmax);
+    return (int)q_rint(t);
+}
+
+template <typename T, int BITS>
+__device__ __forceinline__ void quantize_body(const T* x, u8* rec, u64 n, u32 block, u64 rec_bytes) {
+    __shared__ float s_max[PCCL_QUANT_MAX_THREADS];
+    __shared__ int s_bad[PCCL_QUANT_MAX_THREADS];
+    const float qmax = BITS == 8 ? 127.0f : 7.0f;
+    const u64 nb = (n + block - 1) / block;
+    float* scales = reinterpret_cast<float*>(rec);
+    u8* codes = rec + 4 * nb;
+    const u32 t = threadIdx.x;
+    u32 top = 1;
+    while (top < blockDim.x) {
+        top <<= 1;
+    }
+    for (u64 b = blockIdx.x; b < nb; b += gridDim.x) {
+        const u64 base = b * block;
+        const u64 len = n - base < block ? n - base : block;
+        float m = 0.0f;
+        int bad = 0;
+        for (u64 i = t; i < len; i += blockDim.x) {
+            const float v = q_load(x[base + i]);
+            // NaN and infinities fail `|v| <= FLT_MAX`; fmaxf skips NaN, as f32::max does.
+            bad |= !(fabsf(v) <= 3.402823466e38f);
+            m = fmaxf(m, fabsf(v));
+        }
+        s_max[t] = m;
+        s_bad[t] = bad;
+        __syncthreads();
+        for (u32 s = top / 2; s > 0; s >>= 1) {
+            if (t < s && t + s < blockDim.x) {
+                s_max[t] = fmaxf(s_max[t], s_max[t + s]);
+                s_bad[t] |= s_bad[t + s];
+            }
+            __syncthreads();
+        }
+        const bool finite = s_bad[0] == 0;
+        const float scale = finite ? __fdiv_rn(s_max[0], qmax) : q_nan();
+        const float inv = scale > 0.0f ? __fdiv_rn(1.0f, scale) : 0.0f;
+        if (t == 0) {
+            scales[b] = scale;
+        }
+        if (BITS == 8) {
+            for (u64 i = t; i < len; i += blockDim.x) {
+                codes[base + i] = (u8)(i8)q_code(q_load(x[base + i]), inv, qmax, finite);
+            }
+        } else {
+            // base is even (blocks hold at least 32 elements): the block's nibbles start a byte.
+            for (u64 k = t; 2 * k < len; k += blockDim.x) {
+                const int c0 = q_code(q_load(x[base + 2 * k]), inv, qmax, finite);
+                const int c1 = 2 * k + 1 < len ? q_code(q_load(x[base + 2 * k + 1]), inv, qmax, finite) : 0;
+                codes[base / 2 + k] = (u8)((c0 & 0xf) | ((c1 & 0xf) << 4));
+            }
+        }
+        // s_max / s_bad are rewritten by the next block.
+        __syncthreads();
+    }
+    if (blockIdx.x == 0) {
+        const u64 used = 4 * nb + (BITS == 8 ? n : (n + 1) / 2);
+        for (u64 i = used + t; i < rec_bytes; i += blockDim.x) {
+            rec[i] = 0;
+        }
+    }
+}
+
+template <int BITS> __device__ __forceinline__ float q_decode(const u8* rec, u64 nb, u64 i, u32 block) {
+    const float s = reinterpret_cast<const float*>(rec)[i / block];
+    const u8* codes = rec + 4 * nb;
+    int c;
+    if (BITS == 8) {
+        c = (int)(i8)codes[i];
+    } else {
+        const int nib = (codes[i >> 1] >> ((i & 1) * 4)) & 0xf;
+        c = (nib ^ 8) - 8;
+    }
+    return __fmul_rn((float)c, s);
+}
+
+template <typename T, int BITS>
+__device__ __forceinline__ void dequantize_body(const u8* rec, T* out, u64 n, u32 block) {
+    const u64 nb = (n + block - 1) / block;
+    const u64 nthreads = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += nthreads) {
+        out[i] = q_store<T>(q_decode<BITS>(rec, nb, i, block));
+    }
+}
+
+template <int BITS>
+__device__ __forceinline__ void dequantize_add_body(const u8* rec, float* acc, u64 n, u32 block) {
+    const u64 nb = (n + block - 1) / block;
+    const u64 nthreads = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += nthreads) {
+        acc[i] = __fadd_rn(acc[i], q_decode<BITS>(rec, nb, i, block));
+    }
+}
+
+template <typename T> __device__ __forceinline__ void from_f32_body(const float* src, T* dst, u64 n, float mul) {
+    const u64 nthreads = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += nthreads) {
+        dst[i] = q_store<T>(__fmul_rn(src[i], mul));
+    }
+}
+
+#define PCCL_QUANT(T, NAME, BITS)                                                                     \
+    extern "C" __global__ void pccl_quantize_##NAME##_##BITS(const T* x, u8* rec, u64 n, u32 block,  \
+                                                             u64 rec_bytes) {                         \
+        quantize_body<T, BITS>(x, rec, n, block, rec_bytes);                                          \
+    }                                                                                                 \
+    extern "C" __global__ void pccl_dequantize_##NAME##_##BITS(const u8* rec, T* out, u64 n, u32 block) { \
+        dequantize_body<T, BITS>(rec, out, n, block);                                                 \
+    }
+
+#define PCCL_QUANT_BOTH(T, NAME) \
+    PCCL_QUANT(T, NAME, 8)       \
+    PCCL_QUANT(T, NAME, 4)       \
+    extern "C" __global__ void pccl_from_f32_##NAME(const float* src, T* dst, u64 n, float mul) { \
+        from_f32_body<T>(src, dst, n, mul);                                                       \
+    }
+
+PCCL_QUANT_BOTH(float, f32)
+PCCL_QUANT_BOTH(double, f64)
+PCCL_QUANT_BOTH(f16, f16)
+PCCL_QUANT_BOTH(bf16, bf16)
+
+extern "C" __global__ void pccl_dequantize_add_8(const u8* rec, float* acc, u64 n, u32 block) {
+    dequantize_add_body<8>(rec, acc, n, block);
+}
+extern "C" __global__ void pccl_dequantize_add_4(const u8* rec, float* acc, u64 n, u32 block) {
+    dequantize_add_body<4>(rec, acc, n, block);
+}

@@ -1,0 +1,279 @@
+//! The quantized collectives on device memory (`csrc/quant.cu` through the HIP back end) on
+//! the fake ROCm runtime, whose kernels are C versions of the CUDA/HIP sources: every result
+//! equals the host form's bit for bit (same encoding, same order of the f32 partial sums),
+//! over dtypes × bits × blocks × node shapes; a NaN on one rank's device, a rank that passes
+//! another block size and a kernel that fails each end the call on every rank, named, and
+//! nothing hangs. Each check runs in a child process (tests/fake_rocm/harness.rs); skipped
+//! without a C compiler.
+
+#![cfg(feature = "rocm")]
+
+#[path = "fake_rocm/harness.rs"]
+mod harness;
+
+use half::{bf16, f16};
+use harness::{is_child, with_fake_runtime};
+use pccl::config::Config;
+use pccl::device::hip::HipDevice;
+use pccl::quant::QuantFloat;
+use pccl::{Communicator, ErrorKind, Quant, QuantScheme, ThreadWorld};
+use std::time::Duration;
+
+/// Runs `body(rank, comm, device)` on 4 thread ranks in nodes of `m`, rank `r` on fake GPU
+/// `r`.
+fn on_nodes<R: Send>(
+    m: usize,
+    body: impl Fn(usize, &Communicator, &HipDevice) -> R + Sync,
+) -> Vec<R> {
+    let p = 4;
+    let world = ThreadWorld::new(p);
+    let body = &body;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..p)
+            .map(|r| {
+                let t = world.transport(r).unwrap();
+                s.spawn(move || {
+                    let cfg = Config {
+                        ranks_per_node: Some(m),
+                        timeout: Duration::from_secs(30),
+                        ..Config::default()
+                    };
+                    let c = Communicator::with_config(t, cfg).unwrap();
+                    let dev = HipDevice::open(r).unwrap();
+                    body(r, &c, &dev)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Rank `r`'s data: mixed scales, a heavy tail, exact zeros, a block of zeros.
+fn data<T: QuantFloat>(r: usize, n: usize) -> Vec<T> {
+    (0..n)
+        .map(|i| {
+            let x = ((i * 7919 + r * 104_729) % 2003) as f32 / 1001.0 - 1.0;
+            T::from_f32(match i % 13 {
+                0 => 0.0,
+                1 => x * 3e3,
+                _ if (40..72).contains(&i) => 0.0,
+                _ => x * (1 + r) as f32,
+            })
+        })
+        .collect()
+}
+
+fn bits_of<T: QuantFloat>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|x| f64::from(x.to_f32())).collect()
+}
+
+/// The device all-gather and reduce-scatter against the host forms on the same ranks.
+fn check_type<T: QuantFloat>(r: usize, c: &Communicator, dev: &HipDevice) {
+    let p = c.size();
+    for (bits, block, n) in [(8, 32, 100), (4, 32, 101), (8, 64, 257), (4, 128, 64)] {
+        let q = Quant {
+            bits,
+            block,
+            allow_nonfinite: false,
+        };
+        let tag = format!("rank {r} {} {bits} bits block {block} n {n}", T::DTYPE);
+        // All-gather.
+        let input = data::<T>(r, n);
+        let mut want = vec![T::from_f32(0.0); n * p];
+        c.all_gather_quantized(&input, &mut want, q).unwrap();
+        let sb = dev.upload(&input).unwrap();
+        let ob = dev.upload(&vec![T::from_f32(-7.0); n * p]).unwrap();
+        // SAFETY: both buffers live on `dev` until the call returns (it blocks).
+        unsafe {
+            c.all_gather_quantized_on::<T, HipDevice>(dev, (sb.device_ptr(), ob.device_ptr()), n, q)
+        }
+        .unwrap_or_else(|e| panic!("{tag}: all-gather: {e}"));
+        let got: Vec<T> = dev.download(&ob).unwrap();
+        assert_eq!(bits_of(&got), bits_of(&want), "{tag}: all-gather");
+        // Reduce-scatter, sum and average.
+        for average in [false, true] {
+            let input = data::<T>(r, n * p);
+            let mut want = vec![T::from_f32(0.0); n];
+            c.reduce_scatter_quantized(&input, &mut want, q, average)
+                .unwrap();
+            let sb = dev.upload(&input).unwrap();
+            let ob = dev.upload(&vec![T::from_f32(-7.0); n]).unwrap();
+            // SAFETY: as above.
+            unsafe {
+                c.reduce_scatter_quantized_on::<T, HipDevice>(
+                    dev,
+                    (sb.device_ptr(), ob.device_ptr()),
+                    n,
+                    (q, average, QuantScheme::TwoHop),
+                )
+            }
+            .unwrap_or_else(|e| panic!("{tag}: reduce-scatter: {e}"));
+            let got: Vec<T> = dev.download(&ob).unwrap();
+            assert_eq!(
+                bits_of(&got),
+                bits_of(&want),
+                "{tag}: reduce-scatter (average {average})"
+            );
+        }
+    }
+}
+
+#[test]
+fn quantized_collectives_on_device_memory_equal_the_host_forms() {
+    with_fake_runtime("child_device_equals_host", &[("FAKE_HIP_DEVICES", "4")]);
+}
+
+/// Nodes of 2 (two hops), 4 (one node: one hop) and 1 (one rank per node: one hop).
+#[test]
+fn child_device_equals_host() {
+    if !is_child() {
+        return;
+    }
+    for m in [2, 4, 1] {
+        on_nodes(m, |r, c, dev| {
+            check_type::<f32>(r, c, dev);
+            check_type::<bf16>(r, c, dev);
+            check_type::<f16>(r, c, dev);
+            check_type::<f64>(r, c, dev);
+        });
+        println!("nodes of {m}: equal");
+    }
+    println!("child-checked");
+}
+
+#[test]
+fn a_bad_rank_fails_a_device_quantized_call_on_every_rank() {
+    with_fake_runtime("child_bad_rank", &[("FAKE_HIP_DEVICES", "4")]);
+}
+
+/// A NaN on rank 2's device, then rank 1 with another block: every rank fails each call
+/// naming the rank, before any record moves; the communicator goes on working.
+#[test]
+fn child_bad_rank() {
+    if !is_child() {
+        return;
+    }
+    let n = 96;
+    on_nodes(2, |r, c, dev| {
+        let q = Quant::INT8;
+        let mut input = data::<f32>(r, n);
+        if r == 2 {
+            input[50] = f32::NAN;
+        }
+        let sb = dev.upload(&input).unwrap();
+        let ob = dev.upload(&vec![0f32; n * 4]).unwrap();
+        let ag = |q: Quant| {
+            // SAFETY: both buffers live on `dev` until the call returns.
+            unsafe {
+                c.all_gather_quantized_on::<f32, HipDevice>(
+                    dev,
+                    (sb.device_ptr(), ob.device_ptr()),
+                    n,
+                    q,
+                )
+            }
+        };
+        let e = ag(q).expect_err("a NaN on rank 2");
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "rank {r}: {e}");
+        assert!(e.message().contains("rank(s) 2 holds NaN"), "rank {r}: {e}");
+        // Rank 2 opts in: its NaN block arrives as NaN, the others decode.
+        let allow = Quant {
+            allow_nonfinite: true,
+            ..q
+        };
+        ag(allow).unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        let got: Vec<f32> = dev.download(&ob).unwrap();
+        assert!(got[2 * n + 50].is_nan() && got[2 * n].is_nan(), "rank {r}");
+        assert!(got[..2 * n].iter().all(|v| !v.is_nan()), "rank {r}");
+        // Rank 1 passes blocks of 64: every rank names it.
+        let mine = if r == 1 {
+            Quant { block: 64, ..allow }
+        } else {
+            allow
+        };
+        let e = ag(mine).expect_err("a disagreeing block");
+        assert!(
+            e.message().contains("rank 1: 8 bits, block 64"),
+            "rank {r}: {e}"
+        );
+        // The halving scheme is host memory only: refused alike on every rank.
+        let rs = dev.upload(&data::<f32>(r, n * 4)).unwrap();
+        // SAFETY: as above.
+        let e = unsafe {
+            c.reduce_scatter_quantized_on::<f32, HipDevice>(
+                dev,
+                (rs.device_ptr(), sb.device_ptr()),
+                n,
+                (q, false, QuantScheme::Halving),
+            )
+        }
+        .expect_err("halving on device");
+        assert!(e.message().contains("host memory"), "rank {r}: {e}");
+        // Still in step.
+        ag(q).expect_err("rank 2's NaN is still there");
+        // SAFETY: as above.
+        unsafe {
+            c.reduce_scatter_quantized_on::<f32, HipDevice>(
+                dev,
+                (rs.device_ptr(), sb.device_ptr()),
+                n,
+                (q, true, QuantScheme::TwoHop),
+            )
+        }
+        .unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    });
+    println!("child-checked");
+}
+
+#[test]
+fn a_failing_kernel_ends_a_device_quantized_call_on_every_rank() {
+    // The 4 ranks' first launches are the quantize kernels of the first call (one each);
+    // rank order is not fixed, so some rank's decode fails after the exchange started.
+    with_fake_runtime(
+        "child_failing_kernel",
+        &[
+            ("FAKE_HIP_DEVICES", "4"),
+            ("FAKE_HIP_FAIL_LAUNCH_AFTER", "6"),
+        ],
+    );
+}
+
+/// Launches fail from the 7th on: the first all-gather's decoding fails on some rank; every
+/// rank's call ends in an error within the timeout (the peers are told), none hangs.
+#[test]
+fn child_failing_kernel() {
+    if !is_child() {
+        return;
+    }
+    let n = 64;
+    let results = on_nodes(2, |r, c, dev| {
+        let sb = dev.upload(&data::<f32>(r, n)).unwrap();
+        let ob = dev.upload(&vec![0f32; n * 4]).unwrap();
+        let t = std::time::Instant::now();
+        let mut last = Ok(());
+        for _ in 0..3 {
+            // SAFETY: both buffers live on `dev` until the call returns.
+            last = unsafe {
+                c.all_gather_quantized_on::<f32, HipDevice>(
+                    dev,
+                    (sb.device_ptr(), ob.device_ptr()),
+                    n,
+                    Quant::INT8,
+                )
+            };
+            if last.is_err() {
+                break;
+            }
+        }
+        (last, t.elapsed())
+    });
+    for (r, (res, took)) in results.iter().enumerate() {
+        let e = res.as_ref().expect_err("launches fail");
+        assert!(
+            took < &Duration::from_secs(20),
+            "rank {r} took {took:?}: {e}"
+        );
+        println!("rank {r}: {e} ({took:?})");
+    }
+    println!("child-checked");
+}
