@@ -893,7 +893,11 @@ pcclResult_t pcclIrecv(void *recvbuff,
  * float16, bfloat16 or float64. NaN or infinity in any rank's data fails the call on every
  * rank before any data moves, unless `flags` has [`PCCL_QUANT_ALLOW_NONFINITE`]. Every rank
  * must pass the same `bits`, `block`, `sendcount` and flags; one that does not fails the call
- * on every rank, named. `stream` must be NULL (host memory).
+ * on every rank, named. `stream` NULL: host memory; otherwise device memory of that stream's
+ * GPU (CUDA or HIP, as the communicator's runtime), ordered after the work queued on it and
+ * encoded/decoded by the device's kernels, bit-identical to the host's; the call returns when
+ * the result is in `recvbuff` (it blocks: every rank learns whether every rank's data is
+ * finite before any byte moves).
  *
  * # Safety
  * `sendbuff` must be readable for `sendcount` elements and `recvbuff` writable for

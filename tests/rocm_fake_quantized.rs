@@ -85,7 +85,12 @@ fn check_type<T: QuantFloat>(r: usize, c: &Communicator, dev: &HipDevice) {
         let ob = dev.upload(&vec![T::from_f32(-7.0); n * p]).unwrap();
         // SAFETY: both buffers live on `dev` until the call returns (it blocks).
         unsafe {
-            c.all_gather_quantized_on::<T, HipDevice>(dev, (sb.device_ptr(), ob.device_ptr()), n, q)
+            c.all_gather_quantized_on::<T, HipDevice>(
+                dev,
+                (sb.device_ptr(), ob.device_ptr()),
+                (n, n * p),
+                q,
+            )
         }
         .unwrap_or_else(|e| panic!("{tag}: all-gather: {e}"));
         let got: Vec<T> = dev.download(&ob).unwrap();
@@ -103,7 +108,7 @@ fn check_type<T: QuantFloat>(r: usize, c: &Communicator, dev: &HipDevice) {
                 c.reduce_scatter_quantized_on::<T, HipDevice>(
                     dev,
                     (sb.device_ptr(), ob.device_ptr()),
-                    n,
+                    (n, n * p),
                     (q, average, QuantScheme::TwoHop),
                 )
             }
@@ -168,7 +173,7 @@ fn child_bad_rank() {
                 c.all_gather_quantized_on::<f32, HipDevice>(
                     dev,
                     (sb.device_ptr(), ob.device_ptr()),
-                    n,
+                    (n, n * 4),
                     q,
                 )
             }
@@ -196,6 +201,22 @@ fn child_bad_rank() {
             e.message().contains("rank 1: 8 bits, block 64"),
             "rank {r}: {e}"
         );
+        // Rank 3's output is one element short: every rank names it, nothing is written.
+        let short = if r == 3 { n * 4 - 1 } else { n * 4 };
+        // SAFETY: as above (rank 3's buffer is in fact whole; the call must not use it).
+        let e = unsafe {
+            c.all_gather_quantized_on::<f32, HipDevice>(
+                dev,
+                (sb.device_ptr(), ob.device_ptr()),
+                (n, short),
+                allow,
+            )
+        }
+        .expect_err("a short output on rank 3");
+        assert!(
+            e.message().contains("rank(s) 3 passed unsound"),
+            "rank {r}: {e}"
+        );
         // The halving scheme is host memory only: refused alike on every rank.
         let rs = dev.upload(&data::<f32>(r, n * 4)).unwrap();
         // SAFETY: as above.
@@ -203,7 +224,7 @@ fn child_bad_rank() {
             c.reduce_scatter_quantized_on::<f32, HipDevice>(
                 dev,
                 (rs.device_ptr(), sb.device_ptr()),
-                n,
+                (n, n * 4),
                 (q, false, QuantScheme::Halving),
             )
         }
@@ -216,7 +237,7 @@ fn child_bad_rank() {
             c.reduce_scatter_quantized_on::<f32, HipDevice>(
                 dev,
                 (rs.device_ptr(), sb.device_ptr()),
-                n,
+                (n, n * 4),
                 (q, true, QuantScheme::TwoHop),
             )
         }
@@ -257,7 +278,7 @@ fn child_failing_kernel() {
                 c.all_gather_quantized_on::<f32, HipDevice>(
                     dev,
                     (sb.device_ptr(), ob.device_ptr()),
-                    n,
+                    (n, n * 4),
                     Quant::INT8,
                 )
             };
@@ -275,5 +296,106 @@ fn child_failing_kernel() {
         );
         println!("rank {r}: {e} ({took:?})");
     }
+    println!("child-checked");
+}
+
+#[test]
+fn the_c_abi_takes_device_memory_for_the_quantized_calls() {
+    with_fake_runtime("child_c_abi", &[("FAKE_HIP_DEVICES", "3")]);
+}
+
+/// `pcclAllGatherQuantized` / `pcclReduceScatterQuantized` with a HIP stream on 3 thread ranks
+/// give the host calls' results (stream NULL) bit for bit; a rank passing an integer dtype on
+/// its device fails the call on every rank (the others are told through the agreement), and
+/// the ranks stay in step.
+#[test]
+fn child_c_abi() {
+    use pccl::capi::*;
+    use pccl::device::api::Device;
+    if !is_child() {
+        return;
+    }
+    let p = 3usize;
+    let n = 300usize;
+    let mut world: pcclThreadWorld_t = std::ptr::null_mut();
+    // SAFETY: `world` is a writable handle.
+    assert_eq!(
+        unsafe { pcclThreadWorldCreate(p as i32, &mut world) },
+        pcclSuccess
+    );
+    let world_addr = world as usize;
+    std::thread::scope(|s| {
+        for r in 0..p {
+            s.spawn(move || {
+                let mut comm: pcclComm_t = std::ptr::null_mut();
+                // SAFETY: `comm` is a writable handle; the world lives until all joined.
+                let rc = unsafe {
+                    pcclCommInitThreads(&mut comm, world_addr as pcclThreadWorld_t, r as i32)
+                };
+                assert_eq!(rc, pcclSuccess);
+                assert_eq!(pcclCommSetDeviceRuntime(comm, pcclRuntimeHip), pcclSuccess);
+                let dev = HipDevice::open(r).unwrap();
+                let st = dev.raw_stream();
+                let x = data::<bf16>(r, n * p);
+                let sb = dev.upload(&x).unwrap();
+                let ob = dev.upload(&vec![bf16::from_f32(0.0); n * p]).unwrap();
+                let (sp, op) = (sb.device_ptr() as *const _, ob.device_ptr() as *mut _);
+                let mut host = vec![bf16::from_f32(0.0); n * p];
+                let hp = host.as_mut_ptr() as *mut _;
+                let xp = x.as_ptr() as *const _;
+                // SAFETY: host and device buffers of n (send) and n × p (receive) bf16.
+                unsafe {
+                    for (stream, out) in [(std::ptr::null_mut(), hp), (st, op)] {
+                        let rc = pcclAllGatherQuantized(
+                            if stream.is_null() { xp } else { sp },
+                            out,
+                            n,
+                            pcclBfloat16,
+                            4,
+                            64,
+                            0,
+                            comm,
+                            stream,
+                        );
+                        assert_eq!(rc, pcclSuccess, "rank {r}");
+                    }
+                }
+                let got: Vec<bf16> = dev.download(&ob).unwrap();
+                assert_eq!(bits_of(&got), bits_of(&host), "rank {r}: all-gather");
+                let flags = PCCL_QUANT_AVERAGE;
+                // SAFETY: as above, n × p in and n out.
+                unsafe {
+                    for (stream, out) in [(std::ptr::null_mut(), hp), (st, op)] {
+                        let rc = pcclReduceScatterQuantized(
+                            if stream.is_null() { xp } else { sp },
+                            out,
+                            n,
+                            pcclBfloat16,
+                            8,
+                            32,
+                            flags,
+                            comm,
+                            stream,
+                        );
+                        assert_eq!(rc, pcclSuccess, "rank {r}");
+                    }
+                }
+                let got: Vec<bf16> = dev.download(&ob).unwrap();
+                assert_eq!(bits_of(&got[..n]), bits_of(&host[..n]), "rank {r}: RS");
+                // Rank 1 passes int32 on its device: every rank fails, none hangs.
+                let dt = if r == 1 { pcclInt32 } else { pcclBfloat16 };
+                // SAFETY: as above.
+                let rc = unsafe { pcclAllGatherQuantized(sp, op, n, dt, 8, 64, 0, comm, st) };
+                assert_ne!(rc, pcclSuccess, "rank {r}");
+                // Still in step.
+                // SAFETY: as above.
+                let rc =
+                    unsafe { pcclAllGatherQuantized(sp, op, n, pcclBfloat16, 8, 64, 0, comm, st) };
+                assert_eq!(rc, pcclSuccess, "rank {r}");
+                assert_eq!(pcclCommDestroy(comm), pcclSuccess);
+            });
+        }
+    });
+    assert_eq!(pcclThreadWorldDestroy(world), pcclSuccess);
     println!("child-checked");
 }

@@ -129,6 +129,18 @@ pub(super) enum DeviceCall<'a> {
     },
     /// `pcclSend` / `pcclRecv`, alone or a group's.
     P2p(&'a [P2pOp]),
+    /// `pcclAllGatherQuantized` (`rs` None) or `pcclReduceScatterQuantized` (`rs`: average,
+    /// scheme); blocking. `entered` is set once the call reaches the device collective (and
+    /// so its agreement): before that, the caller takes part in the agreement with the error.
+    Quantized {
+        dt: DType,
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        q: crate::Quant,
+        rs: Option<(bool, crate::QuantScheme)>,
+        entered: &'a std::cell::Cell<bool>,
+    },
 }
 
 impl DeviceCall<'_> {
@@ -138,7 +150,9 @@ impl DeviceCall<'_> {
         match self {
             // The receive buffer is used on every rank (the send buffer of a broadcast only on
             // root), except in a reduce or gather off the root.
-            DeviceCall::Op { send, recv, .. } | DeviceCall::AllToAllV { send, recv, .. } => {
+            DeviceCall::Op { send, recv, .. }
+            | DeviceCall::AllToAllV { send, recv, .. }
+            | DeviceCall::Quantized { send, recv, .. } => {
                 if recv.is_null() {
                     *send as u64
                 } else {
@@ -207,6 +221,59 @@ impl DeviceCall<'_> {
             }
             // SAFETY: forwarded from the caller.
             DeviceCall::P2p(ops) => unsafe { comm.enqueue_p2p_on::<D>(dev, ops) },
+            DeviceCall::Quantized {
+                dt,
+                send,
+                recv,
+                count,
+                q,
+                rs,
+                entered,
+            } => {
+                entered.set(true);
+                let b = (send as u64, recv as u64);
+                // SAFETY: forwarded from the caller.
+                unsafe {
+                    match dt {
+                        DType::F32 => quantized_on::<f32, D>(comm, dev, b, count, q, rs),
+                        DType::F64 => quantized_on::<f64, D>(comm, dev, b, count, q, rs),
+                        DType::F16 => quantized_on::<half::f16, D>(comm, dev, b, count, q, rs),
+                        DType::BF16 => quantized_on::<half::bf16, D>(comm, dev, b, count, q, rs),
+                        _ => Err(Error::internal("a quantized call of an integer type")),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A quantized collective on device memory of `dev`, typed.
+///
+/// # Safety
+/// As [`run`].
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+unsafe fn quantized_on<T: crate::quant::QuantFloat, D: crate::device::api::Device>(
+    comm: &Communicator,
+    dev: &D,
+    bufs: (u64, u64),
+    count: usize,
+    q: crate::Quant,
+    rs: Option<(bool, crate::QuantScheme)>,
+) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match rs {
+            // The buffers hold count × ranks elements (the caller's promise); an overflow
+            // fails the agreement on every rank.
+            None => {
+                let whole = count.checked_mul(comm.size()).unwrap_or(usize::MAX);
+                comm.all_gather_quantized_on::<T, D>(dev, bufs, (count, whole), q)
+            }
+            Some((avg, scheme)) => {
+                let whole = count.checked_mul(comm.size()).unwrap_or(usize::MAX);
+                let how = (q, avg, scheme);
+                comm.reduce_scatter_quantized_on::<T, D>(dev, bufs, (count, whole), how)
+            }
         }
     }
 }
@@ -290,7 +357,7 @@ unsafe fn cuda_run(comm: &Communicator, call: &DeviceCall<'_>, stream: *mut c_vo
                 // SAFETY: every block is empty: no pointer is read or written.
                 unsafe { by_type_null(comm, dt, [sc, sd, rc, rd]) }
             }
-            DeviceCall::Op { .. } => Err(Error::invalid(
+            DeviceCall::Op { .. } | DeviceCall::Quantized { .. } => Err(Error::invalid(
                 "a device call with a count above zero was given NULL buffers",
             )),
         };

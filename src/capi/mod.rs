@@ -27,6 +27,11 @@ mod handles;
 mod ops;
 mod quantized;
 
+pub use quantized::{
+    pcclAllGatherQuantized, pcclReduceScatterQuantized, PCCL_QUANT_ALLOW_NONFINITE,
+    PCCL_QUANT_AVERAGE, PCCL_QUANT_HALVING,
+};
+
 use crate::comm::request::Request;
 use crate::error::{Error, ErrorKind, Result};
 use crate::transport::Transport;

@@ -1,5 +1,8 @@
 //! The quantized collectives of the C ABI (`pcclAllGatherQuantized`,
-//! `pcclReduceScatterQuantized`): host memory only for now (a non-NULL `stream` is `pcclInvalidUsage`, on every rank).
+//! `pcclReduceScatterQuantized`): host memory with `stream` NULL; device memory of the
+//! stream's GPU otherwise (CUDA or HIP, the communicator's runtime), encoded and decoded by
+//! the device's kernels, blocking. A rank whose call fails before the agreement (bad flags,
+//! dtype, runtime or stream) still takes part in it, so every rank fails alike.
 
 use super::handles;
 use super::{
@@ -117,15 +120,37 @@ fn quantized(
             "unknown flags {:#x}",
             flags & !known
         )));
-    } else if !stream.is_null() {
-        local = Some(Error::usage(
-            "device memory is not supported for quantized collectives yet (pass stream = NULL)",
-        ));
     }
     let comm = &c.comm;
+    let dt = dtype_of(datatype);
+    if !stream.is_null() && local.is_none() {
+        if let Ok(dt @ (DType::F32 | DType::F64 | DType::F16 | DType::BF16)) = dt {
+            let entered = std::cell::Cell::new(false);
+            let call = super::device::DeviceCall::Quantized {
+                dt,
+                send,
+                recv,
+                count,
+                q,
+                rs: match which {
+                    Which::AllGather => None,
+                    Which::ReduceScatter { average, scheme } => Some((average, scheme)),
+                },
+                entered: &entered,
+            };
+            let runtime = c.runtime.load(std::sync::atomic::Ordering::SeqCst);
+            // SAFETY: forwarded from the caller (device buffers valid for the counts,
+            // `stream` a stream of their GPU).
+            let r = unsafe { super::device::run(comm, runtime, call, stream) };
+            match r {
+                Err(e) if !entered.get() => local = Some(e),
+                r => return r.on(&c),
+            }
+        }
+    }
     // SAFETY: forwarded from the caller (buffers valid for the counts).
     let r = unsafe {
-        match dtype_of(datatype) {
+        match dt {
             Ok(DType::F32) => run_typed::<f32>(comm, which, send, recv, count, q, local),
             Ok(DType::F64) => run_typed::<f64>(comm, which, send, recv, count, q, local),
             Ok(DType::F16) => run_typed::<half::f16>(comm, which, send, recv, count, q, local),
@@ -151,7 +176,11 @@ fn quantized(
 /// float16, bfloat16 or float64. NaN or infinity in any rank's data fails the call on every
 /// rank before any data moves, unless `flags` has [`PCCL_QUANT_ALLOW_NONFINITE`]. Every rank
 /// must pass the same `bits`, `block`, `sendcount` and flags; one that does not fails the call
-/// on every rank, named. `stream` must be NULL (host memory).
+/// on every rank, named. `stream` NULL: host memory; otherwise device memory of that stream's
+/// GPU (CUDA or HIP, as the communicator's runtime), ordered after the work queued on it and
+/// encoded/decoded by the device's kernels, bit-identical to the host's; the call returns when
+/// the result is in `recvbuff` (it blocks: every rank learns whether every rank's data is
+/// finite before any byte moves).
 ///
 /// # Safety
 /// `sendbuff` must be readable for `sendcount` elements and `recvbuff` writable for

@@ -29,6 +29,17 @@ fn elems_of<T: Element>(bytes: usize, what: &str) -> Result<usize> {
     Ok(bytes / es)
 }
 
+/// Elements of `T` in `bytes` bytes; `usize::MAX` (which no agreement accepts) when they
+/// are not whole.
+fn whole_elems<T>(bytes: usize) -> usize {
+    let es = std::mem::size_of::<T>();
+    if bytes % es == 0 {
+        bytes / es
+    } else {
+        usize::MAX
+    }
+}
+
 fn count_of(n: usize, p: usize, what: &str) -> Result<usize> {
     if n % p != 0 {
         return Err(Error::invalid(format!(
@@ -169,6 +180,50 @@ impl Communicator {
         let (b, _g) = buf.device_ptr_mut(dev.stream());
         // SAFETY: `buf` is borrowed for the whole call.
         unsafe { self.raw_collective_device::<T>(dev, RawCollective::Broadcast(root), b, b, n) }
+    }
+
+    /// [`Communicator::all_gather_quantized`] on device buffers of `dev`: `input` holds
+    /// `count` elements of `T`, `output` `count * size()`; encoded and decoded by the GPU's
+    /// kernels ([`Communicator::all_gather_quantized_on`]). Buffers that do not fit fail the
+    /// call on every rank.
+    pub fn all_gather_quantized_device<T: crate::quant::QuantFloat>(
+        &self,
+        dev: &CudaDevice,
+        input: &impl DevicePtr<u8>,
+        output: &mut impl DevicePtrMut<u8>,
+        q: crate::Quant,
+    ) -> Result<()> {
+        let (count, out) = (
+            whole_elems::<T>(input.len()),
+            whole_elems::<T>(output.len()),
+        );
+        let (s, _gs) = input.device_ptr(dev.stream());
+        let (r, _gr) = output.device_ptr_mut(dev.stream());
+        // SAFETY: both buffers are borrowed for the whole blocking call, distinct borrows;
+        // their lengths are checked in the call's agreement.
+        unsafe { self.all_gather_quantized_on::<T, CudaDevice>(dev, (s, r), (count, out), q) }
+    }
+
+    /// [`Communicator::reduce_scatter_quantized`] on device buffers of `dev`: `input` holds
+    /// `count * size()` elements of `T`, `output` `count`
+    /// ([`Communicator::reduce_scatter_quantized_on`]).
+    pub fn reduce_scatter_quantized_device<T: crate::quant::QuantFloat>(
+        &self,
+        dev: &CudaDevice,
+        input: &impl DevicePtr<u8>,
+        output: &mut impl DevicePtrMut<u8>,
+        q: crate::Quant,
+        average: bool,
+    ) -> Result<()> {
+        let (n, count) = (
+            whole_elems::<T>(input.len()),
+            whole_elems::<T>(output.len()),
+        );
+        let (s, _gs) = input.device_ptr(dev.stream());
+        let (r, _gr) = output.device_ptr_mut(dev.stream());
+        let how = (q, average, crate::QuantScheme::TwoHop);
+        // SAFETY: as in `all_gather_quantized_device`.
+        unsafe { self.reduce_scatter_quantized_on::<T, CudaDevice>(dev, (s, r), (count, n), how) }
     }
 
     /// [`Communicator::raw_collective`] on device addresses of `dev`'s context, with NCCL's

@@ -100,7 +100,9 @@ impl Communicator {
     }
 
     /// [`Communicator::all_gather_quantized`] on device memory of `dev` (CUDA or HIP):
-    /// `send` holds `count` elements of `T`, `recv` `count × size()`. Ordered after the work
+    /// `send` holds `count` elements of `T`, `recv` `recv_elems`, which must be `count ×
+    /// size()` (checked in the agreement: a rank whose buffer does not fit fails the call on
+    /// every rank). Ordered after the work
     /// queued on `dev`'s stream; returns when the result is in `recv` (it blocks the host:
     /// every rank learns whether every rank's data is finite before any record moves). The
     /// encoding is the host's, bit for bit, so host and device ranks may be mixed. Same
@@ -113,7 +115,7 @@ impl Communicator {
         &self,
         dev: &D,
         (send, recv): (u64, u64),
-        count: usize,
+        (count, recv_elems): (usize, usize),
         q: Quant,
     ) -> Result<()> {
         let (p, n, dt) = (self.size(), count, T::DTYPE);
@@ -175,12 +177,13 @@ impl Communicator {
             }
             Ok(())
         };
-        let mine = |finite| Mine::checked(call, q, (n, p), ("output", n.saturating_mul(p)), finite);
+        let mine = |finite| Mine::checked(call, q, (n, p), ("output", recv_elems), finite);
         self.device_quantized(dev, mine, prepare, exchange)
     }
 
     /// [`Communicator::reduce_scatter_quantized`] (the two-hop scheme) on device memory of
-    /// `dev`: `send` holds `count × size()` elements of `T`, `recv` `count`. Partial sums in
+    /// `dev`: `send` holds `send_elems` elements of `T` (which must be `count × size()`,
+    /// checked as the all-gather checks its output), `recv` `count`. Partial sums in
     /// `f32` on the device, added in the host form's order, so the result is the host's bit
     /// for bit. [`QuantScheme::Halving`] is host memory only (refused on every rank). Blocks
     /// the host as [`Communicator::all_gather_quantized_on`] does.
@@ -191,7 +194,7 @@ impl Communicator {
         &self,
         dev: &D,
         (send, recv): (u64, u64),
-        count: usize,
+        (count, send_elems): (usize, usize),
         (q, average, scheme): (Quant, bool, QuantScheme),
     ) -> Result<()> {
         let (p, n, dt) = (self.size(), count, T::DTYPE);
@@ -296,7 +299,7 @@ impl Communicator {
             unsafe { dev.convert_f32(dt, sum, output, mul) }
         };
         let mine = |finite| {
-            let mut m = Mine::checked(call, q, (n, p), ("input", n.saturating_mul(p)), finite);
+            let mut m = Mine::checked(call, q, (n, p), ("input", send_elems), finite);
             m.scheme = scheme;
             m
         };
