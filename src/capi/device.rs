@@ -266,11 +266,11 @@ unsafe fn quantized_on<T: crate::quant::QuantFloat, D: crate::device::api::Devic
             // The buffers hold count × ranks elements (the caller's promise); an overflow
             // fails the agreement on every rank.
             None => {
-                let whole = count.checked_mul(comm.size()).unwrap_or(usize::MAX);
+                let whole = count.saturating_mul(comm.size());
                 comm.all_gather_quantized_on::<T, D>(dev, bufs, (count, whole), q)
             }
             Some((avg, scheme)) => {
-                let whole = count.checked_mul(comm.size()).unwrap_or(usize::MAX);
+                let whole = count.saturating_mul(comm.size());
                 let how = (q, avg, scheme);
                 comm.reduce_scatter_quantized_on::<T, D>(dev, bufs, (count, whole), how)
             }
