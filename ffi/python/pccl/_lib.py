@@ -446,20 +446,23 @@ class Communicator:
     # Rooted collectives, all-to-all(v) and point-to-point: host memory with stream None
     # (blocking: they return once this rank's part is done), device memory queued on a
     # stream otherwise.
-    def allgather_quantized(self, send, recv, count, dtype, bits, block, flags=0) -> None:
-        """``pcclAllGatherQuantized`` on host memory: block-quantized (``bits`` 8 or 4, one
-        f32 scale per ``block`` elements) on the wire, decoded into ``dtype`` on every rank."""
+    def allgather_quantized(self, send, recv, count, dtype, bits, block, flags=0,
+                            stream=None) -> None:
+        """``pcclAllGatherQuantized``: block-quantized (``bits`` 8 or 4, one f32 scale per
+        ``block`` elements) on the wire, decoded into ``dtype`` on every rank. Host memory
+        with ``stream`` None; device memory of the stream's GPU otherwise (encoded and
+        decoded by the GPU's kernels). Blocking either way."""
         code = lib().pcclAllGatherQuantized(send, recv, count, dtype, bits, block, flags,
-                                            self.handle, None)
+                                            self.handle, stream)
         check("pcclAllGatherQuantized", code, self.handle)
 
     def reduce_scatter_quantized(self, send, recv, recvcount, dtype, bits, block,
-                                 flags=0) -> None:
-        """``pcclReduceScatterQuantized`` on host memory (qgZ: quantized all-to-alls inside
-        the node, then between nodes; ``flags`` may add ``PCCL_QUANT_AVERAGE`` and
-        ``PCCL_QUANT_HALVING``)."""
+                                 flags=0, stream=None) -> None:
+        """``pcclReduceScatterQuantized`` (qgZ: quantized all-to-alls inside the node, then
+        between nodes; ``flags`` may add ``PCCL_QUANT_AVERAGE`` and ``PCCL_QUANT_HALVING``,
+        the latter host memory only). Memory and blocking as ``allgather_quantized``."""
         code = lib().pcclReduceScatterQuantized(send, recv, recvcount, dtype, bits, block,
-                                                flags, self.handle, None)
+                                                flags, self.handle, stream)
         check("pcclReduceScatterQuantized", code, self.handle)
 
     def reduce(self, send, recv, count, dtype, op, root, stream=None) -> None:

@@ -30,6 +30,7 @@ library (``pcclCommSetDeviceRuntime``; needs a libpccl built with ``--features r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
@@ -488,12 +489,13 @@ class PcclBackend(P2PMixin, _BASE):
     # ---- collectives ---------------------------------------------------------------------
 
     def _quantized(self, kind, output, input, op=None):
-        """The bits of a call routed to its quantized form (set_quantization), or None: CPU
-        float tensors of one dtype, and for the reduce-scatter SUM or AVG."""
+        """The bits of a call routed to its quantized form (set_quantization), or None: float
+        tensors of one dtype on one device (CPU or GPU), and for the reduce-scatter SUM or
+        AVG."""
         bits = self._quant.get(kind)
         if not bits or input.dtype not in _FLOATS or output.dtype != input.dtype:
             return None
-        if not (input.is_cpu and output.is_cpu) or _streams.is_device(input.device):
+        if input.device != output.device:
             return None
         if op is not None and op not in (ReduceOp.SUM, ReduceOp.AVG):
             return None
@@ -1160,7 +1162,9 @@ def _create_backend(opts, backend_options):
 
 
 def _quantized_args(call, output, input, group):
-    """The backend and contiguous buffers of a quantized call, after the checks."""
+    """The communicator, contiguous buffers and stream of a quantized call, after the checks:
+    CPU tensors (stream None), or tensors of one GPU (the communicator told its runtime, the
+    stream torch's current one there)."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     be = _pccl_backend_of(pg)
     if be is None:
@@ -1169,17 +1173,28 @@ def _quantized_args(call, output, input, group):
     if be._p2p_pending:
         raise RuntimeError(f"pccl: {call}: finish the batch of point-to-point operations "
                            "first")
-    for t in (output, input):
-        if not t.is_cpu or _streams.is_device(t.device):
-            raise NotImplementedError(f"pccl: {call} takes CPU tensors (device tensors are "
-                                      "not supported yet)")
     if input.dtype not in _FLOATS or output.dtype != input.dtype:
         raise TypeError(f"pccl: {call}: input and output must share one of float32, float16, "
                         f"bfloat16, float64 (got {input.dtype}, {output.dtype})")
+    if output.device != input.device:
+        raise ValueError(f"pccl: {call}: input on {input.device}, output on {output.device}: "
+                         "both must be on one device")
+    stream = None
+    if _streams.is_device(input.device):
+        comm = be._device_comm(input.device)
+        with _streams.device_context(input.device):
+            stream = _streams.STREAMS.handle(_streams.STREAMS.current(input.device))
     inp = input.contiguous()
     out = output if output.is_contiguous() else torch.empty_like(
         output, memory_format=torch.contiguous_format)
-    return be, comm, inp, out
+    return be, comm, inp, out, stream
+
+
+def _on_device_of(t):
+    """torch's current device set to ``t``'s for a call on device memory (else nothing)."""
+    if _streams.is_device(t.device):
+        return _streams.device_context(t.device)
+    return contextlib.nullcontext()
 
 
 def all_gather_quantized(output, input, bits=8, block=2048, allow_nonfinite=False, group=None):
@@ -1187,21 +1202,24 @@ def all_gather_quantized(output, input, bits=8, block=2048, allow_nonfinite=Fals
     rank ``r``'s at block ``r``) with the data block-quantized on the wire (ZeRO++'s qwZ):
     ``bits`` 8 or 4, one float32 scale per ``block`` elements (a power of two, 32...8192).
     Every element arrives within half its block's step (``max|x| / 127``, or ``/ 7`` for 4
-    bits), zeros exactly. float32, float16, bfloat16 or float64 CPU tensors of one dtype.
-    NaN or infinity in any rank's input raises on every rank before any data moves, unless
-    ``allow_nonfinite`` (those blocks then arrive as NaN). Every rank must pass the same
-    ``bits``, ``block`` and sizes; one that does not makes the call raise on every rank,
-    naming it. Synchronous. ``group``: a process group of the pccl backend (default: the
-    default group)."""
+    bits), zeros exactly. float32, float16, bfloat16 or float64 tensors of one dtype, on the
+    CPU or one GPU (there encoded and decoded by PCCL's kernels, ordered after the work on the
+    current stream). NaN or infinity in any rank's input raises on every rank before any data
+    moves, unless ``allow_nonfinite`` (those blocks then arrive as NaN). Every rank must pass
+    the same ``bits``, ``block`` and sizes; one that does not makes the call raise on every
+    rank, naming it. Synchronous: returns when ``output`` holds the result (on a GPU after the
+    current stream's earlier work and the exchange). ``group``: a process group of the pccl
+    backend (default: the default group)."""
     call = "all_gather_quantized"
-    be, comm, inp, out = _quantized_args(call, output, input, group)
+    be, comm, inp, out, stream = _quantized_args(call, output, input, group)
     n = input.numel()
     if output.numel() != n * be.size():
         raise ValueError(f"pccl: {call}: output has {output.numel()} elements, expected "
                          f"{n} x {be.size()}")
     flags = _lib.PCCL_QUANT_ALLOW_NONFINITE if allow_nonfinite else 0
-    comm.allgather_quantized(_ptr(inp), _ptr(out), n, _dtype(inp, call), int(bits), int(block),
-                             flags)
+    with _on_device_of(inp):
+        comm.allgather_quantized(_ptr(inp), _ptr(out), n, _dtype(inp, call), int(bits),
+                                 int(block), flags, stream)
     if out is not output:
         output.copy_(out)
     return output
@@ -1216,11 +1234,11 @@ def reduce_scatter_quantized(output, input, bits=8, block=2048, average=False,
     halving inside the node and between nodes, every partial sum quantized: log2 steps per
     level). Every element is within half a step of every quantized piece it passed through
     (docs/QUANTIZED.md). Dtypes, refusals and ``group`` as ``all_gather_quantized``; every
-    rank must pass the same scheme. Synchronous."""
+    rank must pass the same scheme (``"halving"``: CPU tensors only). Synchronous."""
     call = "reduce_scatter_quantized"
     if scheme not in ("two-hop", "halving"):
         raise ValueError(f"pccl: {call}: scheme must be 'two-hop' or 'halving', not {scheme!r}")
-    be, comm, inp, out = _quantized_args(call, output, input, group)
+    be, comm, inp, out, stream = _quantized_args(call, output, input, group)
     n = output.numel()
     if input.numel() != n * be.size():
         raise ValueError(f"pccl: {call}: input has {input.numel()} elements, expected "
@@ -1228,8 +1246,9 @@ def reduce_scatter_quantized(output, input, bits=8, block=2048, average=False,
     flags = (_lib.PCCL_QUANT_ALLOW_NONFINITE if allow_nonfinite else 0) | (
         _lib.PCCL_QUANT_AVERAGE if average else 0) | (
         _lib.PCCL_QUANT_HALVING if scheme == "halving" else 0)
-    comm.reduce_scatter_quantized(_ptr(inp), _ptr(out), n, _dtype(inp, call), int(bits),
-                                  int(block), flags)
+    with _on_device_of(inp):
+        comm.reduce_scatter_quantized(_ptr(inp), _ptr(out), n, _dtype(inp, call), int(bits),
+                                      int(block), flags, stream)
     if out is not output:
         output.copy_(out)
     return output
@@ -1244,7 +1263,8 @@ _QUANT_DEFAULT = {"allgather": None, "reducescatter": None, "block": 2048}
 
 def set_quantization(all_gather=None, reduce_scatter=None, block=2048, group=None):
     """Routes the group's ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` (SUM, AVG)
-    on CPU float tensors to the quantized forms: ``"int8"``, ``"int4"`` or None (off) for
+    on float tensors (CPU, or GPU: there the calls block the host until their result is in
+    place) to the quantized forms: ``"int8"``, ``"int4"`` or None (off) for
     each, one float32 scale per ``block`` elements. What FSDP / ZeRO-3 call then moves block-
     quantized weights (ZeRO++'s qwZ) and gradients (qgZ); the other collectives and dtypes are
     untouched. Every rank must set the same (a rank that differs fails those calls on every
