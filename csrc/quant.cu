@@ -17,7 +17,8 @@
 // acc in f32 (no fused multiply-add, as on the host).
 //
 // Quantize: one thread block per quantization block (grid-stride over the blocks), its threads
-// sharing the block's maximum through shared memory. Dequantize: element-wise, grid-stride.
+// sharing the block's maximum through shared memory, each element read once (below).
+// Dequantize: element-wise, grid-stride.
 
 #define PCCL_QUANT_MAX_THREADS 1024
 
@@ -45,6 +46,59 @@ __device__ __forceinline__ int q_code(float v, float inv, float qmax, bool finit
     return (int)q_rint(t);
 }
 
+// Each thread takes units of 4 consecutive elements (unit u = thread + k * blockDim.x) and
+// keeps the first PCCL_QUANT_UNITS of them in registers between finding the block's maximum
+// and encoding, so an element is read from memory once (blocks of up to 4 x 4 x blockDim.x
+// elements: 8192 at 512 threads); units beyond are read again.
+#define PCCL_QUANT_UNITS 4
+
+template <typename T, int BITS>
+__device__ __forceinline__ void store_unit(u8* codes, u64 base, u64 u, u64 len, const float* v, float inv,
+                                           float qmax, bool finite) {
+    const u64 e = 4 * u;
+    int c[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        c[j] = e + j < len ? q_code(v[j], inv, qmax, finite) : 0;
+    }
+    if (BITS == 8) {
+        if (e + 4 <= len) {
+            // codes + base + e is 4-byte aligned: the scales before it are 4-byte words and
+            // base, e are multiples of 4.
+            *reinterpret_cast<u32*>(codes + base + e) =
+                (u32)(u8)c[0] | ((u32)(u8)c[1] << 8) | ((u32)(u8)c[2] << 16) | ((u32)(u8)c[3] << 24);
+        } else {
+            for (u64 j = 0; e + j < len; j++) {
+                codes[base + e + j] = (u8)(i8)c[j];
+            }
+        }
+    } else {
+        const u8 lo = (u8)((c[0] & 0xf) | ((c[1] & 0xf) << 4));
+        const u8 hi = (u8)((c[2] & 0xf) | ((c[3] & 0xf) << 4));
+        u8* at = codes + base / 2 + e / 2;
+        if (e + 4 <= len) {
+            *reinterpret_cast<u16*>(at) = (u16)lo | ((u16)hi << 8);
+        } else {
+            at[0] = lo;
+            if (e + 2 < len) {
+                at[1] = hi;
+            }
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void load_unit(const T* x, u64 base, u64 u, u64 len, float* v, float& m, int& bad) {
+    const u64 e = 4 * u;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        v[j] = e + j < len ? q_load(x[base + e + j]) : 0.0f;
+        // NaN and infinities fail `|v| <= FLT_MAX`; fmaxf skips NaN, as f32::max does.
+        bad |= !(fabsf(v[j]) <= 3.402823466e38f);
+        m = fmaxf(m, fabsf(v[j]));
+    }
+}
+
 template <typename T, int BITS>
 __device__ __forceinline__ void quantize_body(const T* x, u8* rec, u64 n, u32 block, u64 rec_bytes) {
     __shared__ float s_max[PCCL_QUANT_MAX_THREADS];
@@ -61,13 +115,20 @@ __device__ __forceinline__ void quantize_body(const T* x, u8* rec, u64 n, u32 bl
     for (u64 b = blockIdx.x; b < nb; b += gridDim.x) {
         const u64 base = b * block;
         const u64 len = n - base < block ? n - base : block;
+        const u64 units = (len + 3) / 4;
         float m = 0.0f;
         int bad = 0;
-        for (u64 i = t; i < len; i += blockDim.x) {
-            const float v = q_load(x[base + i]);
-            // NaN and infinities fail `|v| <= FLT_MAX`; fmaxf skips NaN, as f32::max does.
-            bad |= !(fabsf(v) <= 3.402823466e38f);
-            m = fmaxf(m, fabsf(v));
+        float v[PCCL_QUANT_UNITS][4];
+#pragma unroll
+        for (int k = 0; k < PCCL_QUANT_UNITS; k++) {
+            const u64 u = t + (u64)k * blockDim.x;
+            if (u < units) {
+                load_unit(x, base, u, len, v[k], m, bad);
+            }
+        }
+        for (u64 u = t + (u64)PCCL_QUANT_UNITS * blockDim.x; u < units; u += blockDim.x) {
+            float w[4];
+            load_unit(x, base, u, len, w, m, bad);
         }
         s_max[t] = m;
         s_bad[t] = bad;
@@ -85,17 +146,19 @@ __device__ __forceinline__ void quantize_body(const T* x, u8* rec, u64 n, u32 bl
         if (t == 0) {
             scales[b] = scale;
         }
-        if (BITS == 8) {
-            for (u64 i = t; i < len; i += blockDim.x) {
-                codes[base + i] = (u8)(i8)q_code(q_load(x[base + i]), inv, qmax, finite);
+#pragma unroll
+        for (int k = 0; k < PCCL_QUANT_UNITS; k++) {
+            const u64 u = t + (u64)k * blockDim.x;
+            if (u < units) {
+                store_unit<T, BITS>(codes, base, u, len, v[k], inv, qmax, finite);
             }
-        } else {
-            // base is even (blocks hold at least 32 elements): the block's nibbles start a byte.
-            for (u64 k = t; 2 * k < len; k += blockDim.x) {
-                const int c0 = q_code(q_load(x[base + 2 * k]), inv, qmax, finite);
-                const int c1 = 2 * k + 1 < len ? q_code(q_load(x[base + 2 * k + 1]), inv, qmax, finite) : 0;
-                codes[base / 2 + k] = (u8)((c0 & 0xf) | ((c1 & 0xf) << 4));
-            }
+        }
+        for (u64 u = t + (u64)PCCL_QUANT_UNITS * blockDim.x; u < units; u += blockDim.x) {
+            float w[4];
+            float m2 = 0.0f;
+            int bad2 = 0;
+            load_unit(x, base, u, len, w, m2, bad2);
+            store_unit<T, BITS>(codes, base, u, len, w, inv, qmax, finite);
         }
         // s_max / s_bad are rewritten by the next block.
         __syncthreads();

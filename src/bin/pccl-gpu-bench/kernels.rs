@@ -4,8 +4,9 @@
 //!
 //! Bytes count what must move through device memory: a copy reads and writes the buffer
 //! (2 x size), a reduction reads two inputs and writes one output (3 x size), a transpose reads
-//! and writes the grid (2 x size). Targets (issue "GPU path"): reductions >= 85% of copy,
-//! transpose >= 80%.
+//! and writes the grid (2 x size), a quantize reads the elements and writes the record, a
+//! dequantize the reverse. Targets (issues "GPU path", "quantized"): reductions >= 85% of
+//! copy, transpose and (de)quantization >= 80%.
 //!
 //! ```text
 //! pccl-gpu-bench [kernels] [--size-mib 256] [--transpose-mib 64] [--iters 30] [--sweep]
@@ -13,7 +14,9 @@
 //! `--sweep` also times the reduction and the transpose under several launch shapes.
 
 use half::bf16;
+use pccl::device::api::Device;
 use pccl::device::cuda::{self, CudaDevice, LaunchShape};
+use pccl::quant::{self as quant, Quant};
 use pccl::{DType, Element, ReduceOp, Result};
 
 use super::KernelArgs as Args;
@@ -166,6 +169,8 @@ pub fn run(args: &Args) -> Result<()> {
         println!("# {dt} sum result identical to the host reduction");
     }
 
+    rows.extend(quant_rows(&dev, args, copy_gbps, (&ba, &hba), &mut d)?);
+
     // Transpose of the hierarchical layout: M = 8 local ranks, N = 256 nodes.
     let tsize = args.transpose_mib << 20;
     let (m, n) = (8usize, 256usize);
@@ -269,4 +274,72 @@ pub fn run(args: &Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Block quantization of the bf16 buffer `src` (its host copy `host`) into INT8 and INT4
+/// records (blocks of 2048, ZeRO++'s weights) and back into `out`, timed, each result
+/// checked against the host kernels byte for byte.
+fn quant_rows(
+    dev: &CudaDevice,
+    args: &Args,
+    copy_gbps: f64,
+    (src, host): (&cudarc::driver::CudaSlice<u8>, &[bf16]),
+    out: &mut cudarc::driver::CudaSlice<u8>,
+) -> Result<Vec<Row>> {
+    let size = host.len() * 2;
+    let mut rows = Vec::new();
+    for bits in [8u32, 4] {
+        let q = Quant {
+            bits,
+            block: 2048,
+            allow_nonfinite: false,
+        };
+        let rb = q.record_bytes(host.len());
+        let rec = dev.alloc_zeroed(rb)?;
+        let (x, r) = (
+            Device::span_of(dev, src),
+            Device::span_of(dev, &rec).sub(0, rb)?,
+        );
+        let o = Device::span_of(dev, out).sub(0, size)?;
+        let enc = Row {
+            name: format!("quantize bf16 -> int{bits} B=2048 {} MiB", args.size_mib),
+            bytes: (size + rb) as f64,
+            // SAFETY: `src` and `rec` live to the end of this function, past the timing's
+            // synchronisation.
+            ms: median_ms(dev, args.iters, |dev| unsafe {
+                dev.quantize(DType::BF16, &q, x, r)
+            })?,
+        };
+        print_row(&enc, copy_gbps, Some(80.0));
+        let mut want = vec![0u8; rb];
+        quant::quantize(&q, host, &mut want)?;
+        let got: Vec<u8> = dev.download(&rec)?;
+        let bad = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+        let dec = Row {
+            name: format!("dequantize int{bits} -> bf16 B=2048 {} MiB", args.size_mib),
+            bytes: (size + rb) as f64,
+            // SAFETY: as above, `out` holds `size` bytes.
+            ms: median_ms(dev, args.iters, |dev| unsafe {
+                dev.dequantize(DType::BF16, &q, r, o, false)
+            })?,
+        };
+        print_row(&dec, copy_gbps, Some(80.0));
+        let mut back = vec![bf16::ZERO; host.len()];
+        quant::dequantize(&q, &want, &mut back)?;
+        let got: Vec<bf16> = dev.download(out)?;
+        let bad_dec = got
+            .iter()
+            .zip(&back)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        if bad + bad_dec != 0 {
+            return Err(pccl::Error::internal(format!(
+                "int{bits}: {bad} record bytes and {bad_dec} decoded elements differ from the host"
+            )));
+        }
+        println!("# int{bits} records and decoded values identical to the host kernels");
+        rows.push(enc);
+        rows.push(dec);
+    }
+    Ok(rows)
 }
