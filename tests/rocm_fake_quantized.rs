@@ -125,7 +125,13 @@ fn check_type<T: QuantFloat>(r: usize, c: &Communicator, dev: &HipDevice) {
 
 #[test]
 fn quantized_collectives_on_device_memory_equal_the_host_forms() {
-    with_fake_runtime("child_device_equals_host", &[("FAKE_HIP_DEVICES", "4")]);
+    // Host-staged records, then the fake RCCL inside the node.
+    for nccl in ["0", "1"] {
+        with_fake_runtime(
+            "child_device_equals_host",
+            &[("FAKE_HIP_DEVICES", "4"), ("PCCL_NCCL", nccl)],
+        );
+    }
 }
 
 /// Nodes of 2 (two hops), 4 (one node: one hop) and 1 (one rank per node: one hop).
