@@ -20,9 +20,9 @@
 # where there is none, is recorded as skipped:
 #   env          nvidia-smi, driver, NVRTC and NCCL found
 #   kernels      cuda_kernels tests; pccl-gpu-bench kernels (D2D copy ceiling, reductions,
-#                transpose: the kernel figures of docs/BENCHMARKS-GPU.md)
+#                transpose, quantize/dequantize: the kernel figures of docs/BENCHMARKS-GPU.md)
 #   staged       pccl-gpu-bench staged --size-mib 256 --ranks 2 (the host-staged figures)
-#   collectives  cuda_collectives tests (staged, direct, NCCL level, enqueued)
+#   collectives  cuda_collectives tests (staged, direct, NCCL level, enqueued, quantized)
 #   bench-w1     pccl-bench -d cuda --ranks 1 -m 1K:256M --coll all: PCCL beside NCCL's own
 #                collective on the same buffers (PCCL/NCCL per size, 1 KiB latency)
 #   bench-staged pccl-bench -d cuda --ranks 2 (PCCL_NCCL=0), 1K:256M, results checked
@@ -139,6 +139,7 @@ rocm_check() {
             copy_test rocm "--test rocm_fake" rocm_suite rocm_fake || return 1
             copy_test rocm "--test hip_loading" hip_loading hip_loading || return 1
             copy_test rocm "--test rocm_fake_async" rocm_async rocm_fake_async || return 1
+            copy_test rocm "--test rocm_fake_quantized" rocm_quant rocm_fake_quantized || return 1
             cp "$CARGO_TARGET_DIR/release/pccl-bench" "$BIN_DIR/pccl-bench"
             cp "$CARGO_TARGET_DIR/release/libpccl.so" "$BIN_DIR/libpccl.so"
             ls -l "$BIN_DIR"
@@ -146,7 +147,7 @@ rocm_check() {
         [ "$mode" = build ] && return 0
     fi
     local b
-    for b in rocm_suite rocm_async hip_loading pccl-bench; do
+    for b in rocm_suite rocm_async rocm_quant hip_loading pccl-bench; do
         if [ ! -x "$BIN_DIR/$b" ]; then
             echo "gpu-check: $BIN_DIR/$b is missing: run scripts/gpu-check.sh --rocm --build-only where cargo is" >&2
             return 1
@@ -170,6 +171,8 @@ rocm_check() {
     PCCL_ROCM_REAL=1 "$BIN_DIR/rocm_suite" --nocapture --test-threads=1 2>&1 | tee "$log/rocm-tests.log" || st=1
     # Collectives queued on a caller's HIP stream (hipStreamWaitValue32 gate), not blocking.
     PCCL_ROCM_REAL=1 "$BIN_DIR/rocm_async" --nocapture --test-threads=1 2>&1 | tee -a "$log/rocm-tests.log" || st=1
+    # The quantized collectives on device memory (csrc/quant.cu through hipRTC; 4 GCDs).
+    PCCL_ROCM_REAL=1 "$BIN_DIR/rocm_quant" --nocapture --test-threads=1 2>&1 | tee -a "$log/rocm-tests.log" || st=1
     "$BIN_DIR/hip_loading" --nocapture 2>&1 | tee -a "$log/rocm-tests.log" || st=1
     echo "## rocm: pccl-bench -d rocm (host-staged; RCCL level; one rank per GCD with the RCCL column)"
     {
