@@ -41,7 +41,8 @@ fn world(env: &dyn Env) -> Option<(usize, Option<usize>)> {
 }
 
 /// The groups inside a node that three-level algorithms would use for `local_ranks` ranks:
-/// `PCCL_GROUP_SIZE`, else GPUs under one PCI parent (one rank per GPU).
+/// `PCCL_GROUP_SIZE`, else GPUs under one PCI parent (one rank per GPU), else (no GPUs) the
+/// ranks' NUMA nodes, which only the ranks' agreement knows (this process's is shown).
 fn groups(env: &ProcessEnv, hw: &NodeHardware, local_ranks: usize) -> Value {
     let user = nonempty(env, "PCCL_GROUP_SIZE").and_then(|v| v.parse::<usize>().ok());
     let found = pccl::topology::agree::gpu_group(hw);
@@ -56,6 +57,16 @@ fn groups(env: &ProcessEnv, hw: &NodeHardware, local_ranks: usize) -> Value {
                 "{found} GPUs under each PCI parent, but {local_ranks} local ranks for {} GPUs",
                 hw.gpus.len()
             ),
+        ),
+        None if hw.gpus.is_empty() => (
+            1,
+            match pccl::topology::numa::this_thread() {
+                Some(n) => format!(
+                    "no GPUs; this process runs on the CPUs of NUMA node {n} only: ranks each on one NUMA \
+                     node, contiguous and equal in number, make the groups"
+                ),
+                None => "no GPUs, and this process may run on several NUMA nodes".to_string(),
+            },
         ),
         None => (1, "no GPUs sharing a PCI parent".to_string()),
     };

@@ -107,7 +107,9 @@ struct Inner {
 fn nic_view(cfg: &Config) -> NicView {
     let env = crate::topology::env::ProcessEnv;
     let hw = crate::topology::discover::host_hardware(cfg.topo_file.as_deref());
-    NicView::new(hw, &env, cfg.nic_map.clone()).with_group_size(cfg.group_size)
+    NicView::new(hw, &env, cfg.nic_map.clone())
+        .with_group_size(cfg.group_size)
+        .with_numa(crate::topology::numa::this_thread())
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -10,8 +10,11 @@ use super::{NicMap, Topology};
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
-/// Words per rank in the exchange: host key, header, then 32 NIC indices of 8 bits.
-pub const WORDS: usize = 6;
+/// Words per rank in the exchange: host key, header, 32 NIC indices of 8 bits, then the
+/// rank's NUMA node + 1 (0: none).
+pub const WORDS: usize = 7;
+/// The word of the NUMA node.
+const NUMA: usize = 6;
 /// Entries a view carries; a longer `PCCL_NIC_MAP` is agreed as its first 32 entries repeated.
 const ENTRIES: usize = 32;
 /// Header flag: this rank could not discover its topology.
@@ -51,10 +54,46 @@ pub fn gpu_group(hw: &NodeHardware) -> usize {
     }
 }
 
+/// Ranks per group of ranks bound to one NUMA node, for nodes whose ranks drive no GPU:
+/// every rank's NUMA node known (`numa[r]`: node + 1, 0 unknown), each NUMA node's ranks
+/// contiguous in local rank order, every group of one size of at least 2 and at least 2
+/// groups per node, the same on every node; else 1.
+fn numa_group(topo: &Topology, headers: &[u64], numa: &[u64]) -> usize {
+    let gpus = |r: usize| ((headers[r] >> 48) & 0xfff) as usize;
+    let mut size = None;
+    for node in topo.nodes() {
+        if node.iter().any(|&r| numa[r] == 0 || gpus(r) > 0) {
+            return 1;
+        }
+        let mut runs: Vec<(u64, usize)> = Vec::new();
+        for &r in node {
+            if let Some((id, n)) = runs.last_mut() {
+                if *id == numa[r] {
+                    *n += 1;
+                    continue;
+                }
+            }
+            if runs.iter().any(|(id, _)| *id == numa[r]) {
+                return 1; // not contiguous
+            }
+            runs.push((numa[r], 1));
+        }
+        let g = runs[0].1;
+        if g < 2 || runs.len() < 2 || runs.iter().any(|&(_, n)| n != g) {
+            return 1;
+        }
+        if *size.get_or_insert(g) != g {
+            return 1;
+        }
+    }
+    size.unwrap_or(1)
+}
+
 /// The group size every rank agrees on from the gathered header words: the user's (every
 /// rank must give the same, dividing the nodes), else discovery's where every rank found the
-/// same one and drives one GPU of its node each; 1 for none.
-fn agree_group(topo: &Topology, headers: &[u64]) -> Result<usize> {
+/// same one and drives one GPU of its node each, else the ranks' NUMA nodes
+/// ([`numa_group`]); 1 for none.
+fn agree_group(topo: &Topology, headers: &[u64], numa: &[u64]) -> Result<usize> {
     let of = |h: u64| ((h >> 32) & 0xfff) as usize;
     let user = |h: u64| h & GROUP_USER != 0;
     if let Some(u) = headers.iter().position(|&h| user(h)) {
@@ -94,7 +133,7 @@ fn agree_group(topo: &Topology, headers: &[u64]) -> Result<usize> {
         if g > 1 && one_gpu_each && headers.iter().all(|&h| of(h) == g) {
             g
         } else {
-            1
+            numa_group(topo, headers, numa)
         },
     )
 }
@@ -114,6 +153,8 @@ pub struct NicView {
     group: usize,
     /// Whether `group` was set by the user (then every rank must say the same).
     group_user: bool,
+    /// The NUMA node this rank is bound to, if one ([`super::numa`]).
+    numa: Option<usize>,
 }
 
 impl NicView {
@@ -154,7 +195,14 @@ impl NicView {
             error,
             group,
             group_user: false,
+            numa: None,
         }
+    }
+
+    /// The same view with this rank's NUMA node (`None`: unbound or unknown).
+    pub fn with_numa(mut self, numa: Option<usize>) -> Self {
+        self.numa = numa;
+        self
     }
 
     /// The same view with the user's group size (`PCCL_GROUP_SIZE`) instead of discovery's.
@@ -200,6 +248,7 @@ impl NicView {
         for (k, &nic) in self.period.iter().take(ENTRIES).enumerate() {
             w[2 + k / 8] |= (nic.min(255) as u64) << (8 * (k % 8));
         }
+        w[NUMA] = self.numa.map_or(0, |n| n as u64 + 1);
         w
     }
 
@@ -249,7 +298,8 @@ impl NicView {
             .collect();
         let source = MapSource::from_code(all[topo.nodes()[0][0] * WORDS + 1] & 0xf);
         let headers: Vec<u64> = (0..p).map(|r| all[r * WORDS + 1]).collect();
-        let group = agree_group(&topo, &headers)?;
+        let numa: Vec<u64> = (0..p).map(|r| all[r * WORDS + NUMA]).collect();
+        let group = agree_group(&topo, &headers, &numa)?;
         let topo = topo.with_nic_map(maps[0].clone()).with_groups(group);
         Ok((topo, maps, source))
     }
@@ -402,6 +452,52 @@ mod tests {
         assert_eq!(view(None).own_group(4), 2);
         assert_eq!(view(None).own_group(2), 1);
         assert_eq!(view(Some(4)).own_group(8), 4);
+    }
+
+    #[test]
+    fn cpu_ranks_bound_to_numa_nodes_make_groups_when_each_node_is_contiguous() {
+        let mut hw = (*crossed()).clone();
+        hw.gpus.clear();
+        let hw = Arc::new(hw);
+        // Two nodes of 4 ranks; `ids[l]` the NUMA node of local rank l (None: unbound).
+        let agree_with = |ids: &[Option<usize>], user: Option<usize>| -> Result<Topology> {
+            let views: Vec<(u64, NicView)> = (0..8)
+                .map(|r| {
+                    let v = NicView::new(Ok(hw.clone()), &[("X", "")], None)
+                        .with_group_size(user)
+                        .with_numa(ids[r % 4]);
+                    (r as u64 / 4, v)
+                })
+                .collect();
+            let all = gather(&views);
+            let topos: Vec<Topology> = views
+                .iter()
+                .enumerate()
+                .map(|(r, (_, v))| v.agree(r, &all).map(|t| t.0))
+                .collect::<Result<_>>()?;
+            assert!(topos.iter().all(|t| t.describe() == topos[0].describe()));
+            Ok(topos[0].clone())
+        };
+        let (a, b) = (Some(0), Some(1));
+        let t = agree_with(&[a, a, b, b], None).unwrap();
+        assert_eq!(t.describe(), "2x4 (groups of 2)");
+        assert_eq!(t.levels(), Some(vec![2, 2, 2]));
+        // Interleaved, unequal, unknown on one rank, one NUMA node: no groups.
+        for ids in [[a, b, a, b], [a, a, a, b], [a, a, b, None], [a, a, a, a]] {
+            assert_eq!(agree_with(&ids, None).unwrap().group_size(), 1, "{ids:?}");
+        }
+        // The user's size wins.
+        assert_eq!(agree_with(&[a, a, b, b], Some(4)).unwrap().group_size(), 4);
+        // Ranks that drive GPUs keep the GPUs' grouping (none for crossed GPUs), not NUMA's.
+        let views: Vec<(u64, NicView)> = (0..8)
+            .map(|r| {
+                let v =
+                    NicView::new(Ok(crossed()), &[("X", "")], None).with_numa([a, a, b, b][r % 4]);
+                (r as u64 / 4, v)
+            })
+            .collect();
+        let (t, _, _) = views[0].1.agree(0, &gather(&views)).unwrap();
+        assert_eq!(t.group_size(), 1);
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod hardware;
 mod hwloc;
 pub mod iface;
 pub mod nic_map;
+pub mod numa;
 
 pub use nic_map::NicMap;
 
