@@ -54,7 +54,7 @@ pub fn gpu_group(hw: &NodeHardware) -> usize {
     }
 }
 
-/// Ranks per group of ranks bound to one NUMA node, for nodes whose ranks drive no GPU:
+/// Ranks per group of ranks bound to one NUMA node, on nodes without GPUs:
 /// every rank's NUMA node known (`numa[r]`: node + 1, 0 unknown), each NUMA node's ranks
 /// contiguous in local rank order, every group of one size of at least 2 and at least 2
 /// groups per node, the same on every node; else 1.

@@ -5,7 +5,7 @@
 //! no library needed; on other systems, or where those files are missing, there is none.
 //!
 //! The topology agreement ([`super::agree`]) turns the ranks' NUMA nodes into groups inside a
-//! node (a level of the hierarchy: socket → node → network) for ranks that drive no GPU.
+//! node (a level of the hierarchy: socket → node → network) on nodes without GPUs.
 
 use std::path::Path;
 
