@@ -207,6 +207,17 @@ fn child_bad_rank() {
             e.message().contains("rank 1: 8 bits, block 64"),
             "rank {r}: {e}"
         );
+        // Rank 0 passes blocks of 0 (no record size): every rank names it, none panics.
+        let zero = if r == 0 {
+            Quant { block: 0, ..allow }
+        } else {
+            allow
+        };
+        let e = ag(zero).expect_err("a block of 0 on rank 0");
+        assert!(
+            e.message().contains("rank(s) 0 passed unsound"),
+            "rank {r}: {e}"
+        );
         // Rank 3's output is one element short: every rank names it, nothing is written.
         let short = if r == 3 { n * 4 - 1 } else { n * 4 };
         // SAFETY: as above (rank 3's buffer is in fact whole; the call must not use it).

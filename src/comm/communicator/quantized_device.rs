@@ -119,9 +119,15 @@ impl Communicator {
         q: Quant,
     ) -> Result<()> {
         let (p, n, dt) = (self.size(), count, T::DTYPE);
-        let rb = q.record_bytes(n);
+        // A bad encoding (a block of 0) has no record size: the agreement refuses it.
+        let rb = if q.validate().is_ok() {
+            q.record_bytes(n)
+        } else {
+            0
+        };
         let call = "all_gather_quantized";
         let prepare = || -> Result<Prepared<D>> {
+            q.validate()?;
             let eb = bytes_of::<T>(n, call)?;
             let ob = eb
                 .checked_mul(p)
@@ -138,7 +144,6 @@ impl Communicator {
             };
             let (m1, mine) = scratch(dev, rb)?;
             let (m2, records) = scratch(dev, all)?;
-            q.validate()?;
             // SAFETY: `input` is the caller's, `mine` ours.
             let finite = unsafe { encode_pieces(dev, (dt, &q), input, mine, (1, n))? };
             Ok(Prepared {
@@ -204,8 +209,11 @@ impl Communicator {
         let (nn, m) = (nodes.len(), nodes.first().map_or(0, Vec::len));
         // The first hop: `s1` pieces of `len1` elements (to the node's ranks, or to all).
         let (s1, len1) = if two_hops { (m, nn * n) } else { (p, n) };
-        let (rb1, rb2) = (q.record_bytes(len1), q.record_bytes(n));
+        let valid = q.validate().is_ok();
+        let rb = |len: usize| if valid { q.record_bytes(len) } else { 0 };
+        let (rb1, rb2) = (rb(len1), rb(n));
         let prepare = || -> Result<Prepared<D>> {
+            q.validate()?;
             if scheme == QuantScheme::Halving {
                 return Err(Error::usage(
                     "the halving scheme takes host memory; device buffers take the two-hop one",
@@ -222,7 +230,6 @@ impl Communicator {
                     DevSpan::new(recv, eb, dev.ordinal())?,
                 )
             };
-            q.validate()?;
             let mut held = Vec::new();
             let mut take = |bytes: usize| -> Result<DevSpan> {
                 let (mem, span) = scratch(dev, bytes)?;
