@@ -34,6 +34,8 @@
 #                gloo: NCCL refuses two ranks on one GPU, which nccl-w2 records)
 #   nccl-w2      train_fsdp.py --backend nccl with 2 processes on the one GPU: a probe (does
 #                it run?), recorded, never a failure
+#   fsdp-q       train_fsdp.py --quantize-weights int8 --quantize-grads int4 on CUDA tensors,
+#                2 processes, 300 steps, against the unquantized run
 #   deepspeed    train_deepspeed.py --device cuda, pccl and nccl (when deepspeed imports)
 # Results: with $OUT set (the `run` tool brings back at most 8 files), $OUT/summary.txt
 # (every step's outcome and time, the headline figures), $OUT/figures.json (every figure,
@@ -363,6 +365,12 @@ step fsdp-w2       60 torch torchrun_example 2 ffi/python/examples/train_fsdp.py
     --compare --steps 10 --json-out "$LOG_DIR/fsdp-w2.json"
 step nccl-w2       40 torch probe torchrun_example 2 ffi/python/examples/train_fsdp.py \
     --device cuda --backend nccl --steps 3 --json-out "$LOG_DIR/nccl-w2.json"
+# INT8 weights and INT4 gradients on CUDA tensors (the device kernels): the loss after 300
+# steps against the unquantized run (issue 29's target: within 2%), 2 ranks on the GPU.
+step fsdp-q        90 torch torchrun_example 2 ffi/python/examples/train_fsdp.py --device cuda \
+    --steps 300 --d-model 32 --layers 1 --heads 2 --seq 32 --batch 4 --quantize-weights int8 \
+    --quantize-grads int4 --qblock 256 --compare-quantized --quiet \
+    --json-out "$LOG_DIR/fsdp-q.json"
 if python3 -c 'import deepspeed' >/dev/null 2>&1; then
     step deepspeed-pccl 60 torch torchrun_example 1 ffi/python/examples/train_deepspeed.py \
         --device cuda --backend pccl --json-out "$LOG_DIR/deepspeed-pccl.json"
