@@ -20,7 +20,7 @@ Prints per step: the loss (mean over ranks), tokens/s (all ranks) and the wall t
 training loop spent blocked in collectives (issue + wait of every torch.distributed call
 FSDP makes), and a JSON summary line at the end (``--json-out`` writes it to a file).
 
-``--quantize-weights int8|int4`` / ``--quantize-grads int8|int4`` (pccl backend, CPU) route
+``--quantize-weights int8|int4`` / ``--quantize-grads int8|int4`` (pccl backend, CPU or CUDA) route
 FSDP's parameter all-gathers and gradient reduce-scatters to PCCL's block-quantized forms
 (ZeRO++'s qwZ and qgZ; ``pccl.torch.set_quantization``); the summary then reports the bytes
 those calls meant to move and moved per step, and ``--compare-quantized`` trains again
