@@ -30,10 +30,8 @@ library (``pcclCommSetDeviceRuntime``; needs a libpccl built with ``--features r
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
-import weakref
 
 import torch
 import torch.distributed as dist
@@ -44,6 +42,15 @@ from . import _lib, _streams
 from ._p2p import P2PMixin
 from ._streams import DeviceRequest
 from ._tensors import _FAST_DTYPES, _FAST_OPS, _FLOATS, _STRIDED, _device_of, _dtype, _ptr
+# The quantized collectives live in _quantized; re-exported here, where users find them.
+from ._quantized import (  # noqa: F401
+    _BACKENDS,
+    _QUANT_DEFAULT,
+    all_gather_quantized,
+    reduce_scatter_quantized,
+    set_quantization,
+    wire_bytes,
+)
 from ._work import (PcclTimeoutError, PcclWork, _done_work, _seconds,  # noqa: F401
                     drain, inflight, reap)
 
@@ -1159,161 +1166,6 @@ def _create_backend(opts, backend_options):
                              backend_options)
     return PcclBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout,
                        group_id=opts.group_id, options=backend_options)
-
-
-def _quantized_args(call, output, input, group):
-    """The communicator, contiguous buffers and stream of a quantized call, after the checks:
-    CPU tensors (stream None), or tensors of one GPU (the communicator told its runtime, the
-    stream torch's current one there)."""
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    be = _pccl_backend_of(pg)
-    if be is None:
-        raise RuntimeError(f"pccl: {call} needs a process group of the pccl backend")
-    comm = be._live()
-    if be._p2p_pending:
-        raise RuntimeError(f"pccl: {call}: finish the batch of point-to-point operations "
-                           "first")
-    if input.dtype not in _FLOATS or output.dtype != input.dtype:
-        raise TypeError(f"pccl: {call}: input and output must share one of float32, float16, "
-                        f"bfloat16, float64 (got {input.dtype}, {output.dtype})")
-    if output.device != input.device:
-        raise ValueError(f"pccl: {call}: input on {input.device}, output on {output.device}: "
-                         "both must be on one device")
-    stream = None
-    if _streams.is_device(input.device):
-        comm = be._device_comm(input.device)
-        with _streams.device_context(input.device):
-            stream = _streams.STREAMS.handle(_streams.STREAMS.current(input.device))
-    inp = input.contiguous()
-    out = output if output.is_contiguous() else torch.empty_like(
-        output, memory_format=torch.contiguous_format)
-    return be, comm, inp, out, stream
-
-
-def _on_device_of(t):
-    """torch's current device set to ``t``'s for a call on device memory (else nothing)."""
-    if _streams.is_device(t.device):
-        return _streams.device_context(t.device)
-    return contextlib.nullcontext()
-
-
-def all_gather_quantized(output, input, bits=8, block=2048, allow_nonfinite=False, group=None):
-    """All-gathers ``input`` of every rank into ``output`` (``input.numel() x world`` elements,
-    rank ``r``'s at block ``r``) with the data block-quantized on the wire (ZeRO++'s qwZ):
-    ``bits`` 8 or 4, one float32 scale per ``block`` elements (a power of two, 32...8192).
-    Every element arrives within half its block's step (``max|x| / 127``, or ``/ 7`` for 4
-    bits), zeros exactly. float32, float16, bfloat16 or float64 tensors of one dtype, on the
-    CPU or one GPU (there encoded and decoded by PCCL's kernels, ordered after the work on the
-    current stream). NaN or infinity in any rank's input raises on every rank before any data
-    moves, unless ``allow_nonfinite`` (those blocks then arrive as NaN). Every rank must pass
-    the same ``bits``, ``block`` and sizes; one that does not makes the call raise on every
-    rank, naming it. Synchronous: returns when ``output`` holds the result (on a GPU after the
-    current stream's earlier work and the exchange). ``group``: a process group of the pccl
-    backend (default: the default group)."""
-    call = "all_gather_quantized"
-    be, comm, inp, out, stream = _quantized_args(call, output, input, group)
-    n = input.numel()
-    if output.numel() != n * be.size():
-        raise ValueError(f"pccl: {call}: output has {output.numel()} elements, expected "
-                         f"{n} x {be.size()}")
-    flags = _lib.PCCL_QUANT_ALLOW_NONFINITE if allow_nonfinite else 0
-    with _on_device_of(inp):
-        comm.allgather_quantized(_ptr(inp), _ptr(out), n, _dtype(inp, call), int(bits),
-                                 int(block), flags, stream)
-    if out is not output:
-        output.copy_(out)
-    return output
-
-
-def reduce_scatter_quantized(output, input, bits=8, block=2048, average=False,
-                             allow_nonfinite=False, group=None, scheme="two-hop"):
-    """Reduce-scatter (sum, or mean with ``average``) of ``input`` (``output.numel() x world``
-    elements, block ``r`` for rank ``r``) into ``output`` with the data block-quantized on the
-    wire: ``scheme="two-hop"`` (ZeRO++'s qgZ: an all-to-all of quantized pieces inside the
-    node, summed in float32 and requantized, then between nodes) or ``"halving"`` (recursive
-    halving inside the node and between nodes, every partial sum quantized: log2 steps per
-    level). Every element is within half a step of every quantized piece it passed through
-    (docs/QUANTIZED.md). Dtypes, refusals and ``group`` as ``all_gather_quantized``; every
-    rank must pass the same scheme (``"halving"``: CPU tensors only). Synchronous."""
-    call = "reduce_scatter_quantized"
-    if scheme not in ("two-hop", "halving"):
-        raise ValueError(f"pccl: {call}: scheme must be 'two-hop' or 'halving', not {scheme!r}")
-    be, comm, inp, out, stream = _quantized_args(call, output, input, group)
-    n = output.numel()
-    if input.numel() != n * be.size():
-        raise ValueError(f"pccl: {call}: input has {input.numel()} elements, expected "
-                         f"{n} x {be.size()}")
-    flags = (_lib.PCCL_QUANT_ALLOW_NONFINITE if allow_nonfinite else 0) | (
-        _lib.PCCL_QUANT_AVERAGE if average else 0) | (
-        _lib.PCCL_QUANT_HALVING if scheme == "halving" else 0)
-    with _on_device_of(inp):
-        comm.reduce_scatter_quantized(_ptr(inp), _ptr(out), n, _dtype(inp, call), int(bits),
-                                      int(block), flags, stream)
-    if out is not output:
-        output.copy_(out)
-    return output
-
-
-_QUANT_BITS = {None: None, "none": None, "int8": 8, "int4": 4, 8: 8, 4: 4}
-# Every live pccl backend of this process (wire_bytes(all_groups=True)), and the quantization
-# a new one starts with (set_quantization(group="all")).
-_BACKENDS = weakref.WeakSet()
-_QUANT_DEFAULT = {"allgather": None, "reducescatter": None, "block": 2048}
-
-
-def set_quantization(all_gather=None, reduce_scatter=None, block=2048, group=None):
-    """Routes the group's ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` (SUM, AVG)
-    on float tensors (CPU, or GPU: there the calls block the host until their result is in
-    place) to the quantized forms: ``"int8"``, ``"int4"`` or None (off) for
-    each, one float32 scale per ``block`` elements. What FSDP / ZeRO-3 call then moves block-
-    quantized weights (ZeRO++'s qwZ) and gradients (qgZ); the other collectives and dtypes are
-    untouched. Every rank must set the same (a rank that differs fails those calls on every
-    rank). ``group="all"``: every pccl group of this process, those made later too (FSDP's
-    hpZ groups are made at the first forward). ``wire_bytes(group)`` reports what the calls
-    moved."""
-    if group == "all":
-        bes = list(_BACKENDS)
-    else:
-        pg = group if group is not None else dist.distributed_c10d._get_default_group()
-        be = _pccl_backend_of(pg)
-        if be is None:
-            raise RuntimeError("pccl: set_quantization needs a process group of the pccl "
-                               "backend")
-        bes = [be]
-    try:
-        ag, rs = _QUANT_BITS[all_gather], _QUANT_BITS[reduce_scatter]
-    except (KeyError, TypeError):
-        raise ValueError(f"pccl: set_quantization: expected 'int8', 'int4' or None, got "
-                         f"{all_gather!r}, {reduce_scatter!r}") from None
-    q = {"allgather": ag, "reducescatter": rs, "block": int(block)}
-    if group == "all":
-        _QUANT_DEFAULT.update(q)
-    for be in bes:
-        be._quant = dict(q)
-
-
-def wire_bytes(group=None, reset=False, all_groups=False):
-    """The all-gathers' and reduce-scatters' bytes on this rank's group so far: ``logical``
-    (the data: all-gather output, reduce-scatter input), ``wire`` (what the calls moved:
-    codes and scales where quantized), of it ``intra_wire`` (groups inside one node, by
-    PCCL_RANKS_PER_NODE or LOCAL_WORLD_SIZE) and ``inter_wire``, ``calls``,
-    ``quantized_calls``. ``all_groups``: summed over every pccl group of this process (FSDP's
-    hpZ all-gathers run on groups of its own). ``reset`` zeroes what it read."""
-    if all_groups:
-        bes = list(_BACKENDS)
-    else:
-        pg = group if group is not None else dist.distributed_c10d._get_default_group()
-        be = _pccl_backend_of(pg)
-        if be is None:
-            raise RuntimeError("pccl: wire_bytes needs a process group of the pccl backend")
-        bes = [be]
-    out = {}
-    for be in bes:
-        for k, v in be._bytes.items():
-            out[k] = out.get(k, 0) + v
-        if reset:
-            be._bytes = {k: 0 for k in be._bytes}
-    return out
 
 
 def _pccl_backend_of(pg):
