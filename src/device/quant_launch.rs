@@ -5,6 +5,8 @@
 #![cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
 
 use super::launch::check_aligned;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+use crate::device::api::{check_device, DevSpan};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::quant::Quant;
@@ -111,6 +113,40 @@ pub(crate) fn check_quant(
         rec_bytes: rec_len as u64,
         blocks: q.blocks(n) as u64,
     })
+}
+
+/// [`check_quant`] on spans of the device `ordinal` of a `vendor` handle: `elems` (the data)
+/// and `rec` (the record) must be on it. `accumulate` picks the dequantize that adds.
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+pub(crate) fn check_spans(
+    (vendor, ordinal): (&str, usize),
+    (dtype, q): (DType, &Quant),
+    decode: Option<bool>,
+    elems: DevSpan,
+    rec: DevSpan,
+) -> Result<QuantLaunch> {
+    check_device(vendor, ordinal, &[elems, rec])?;
+    let decode = decode.map(|add| {
+        if add {
+            Decode::Accumulate
+        } else {
+            Decode::Store
+        }
+    });
+    let e = (elems.addr(), elems.len());
+    check_quant(dtype, q, decode, e, (rec.addr(), rec.len()))
+}
+
+/// [`check_from_f32`] on spans of the device `ordinal` of a `vendor` handle.
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+pub(crate) fn check_convert_spans(
+    (vendor, ordinal): (&str, usize),
+    dtype: DType,
+    src: DevSpan,
+    dst: DevSpan,
+) -> Result<(String, u64)> {
+    check_device(vendor, ordinal, &[src, dst])?;
+    check_from_f32(dtype, (src.addr(), src.len()), (dst.addr(), dst.len()))
 }
 
 /// Checks `dst (dtype) = src (f32) × mul` over `n` elements: the kernel and `n`.

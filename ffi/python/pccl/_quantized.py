@@ -59,6 +59,18 @@ def _on_device_of(t):
     return contextlib.nullcontext()
 
 
+def _run(method, tensors, args):
+    """Calls the communicator's ``method(send, recv, *args)`` on the contiguous ``inp`` and
+    ``out`` (on their GPU, if any), then copies ``out`` into the caller's ``output`` where
+    they differ; returns ``output``."""
+    inp, out, output = tensors
+    with _on_device_of(inp):
+        method(_ptr(inp), _ptr(out), *args)
+    if out is not output:
+        output.copy_(out)
+    return output
+
+
 def all_gather_quantized(output, input, bits=8, block=2048, allow_nonfinite=False, group=None):
     """All-gathers ``input`` of every rank into ``output`` (``input.numel() x world`` elements,
     rank ``r``'s at block ``r``) with the data block-quantized on the wire (ZeRO++'s qwZ):
@@ -79,12 +91,8 @@ def all_gather_quantized(output, input, bits=8, block=2048, allow_nonfinite=Fals
         raise ValueError(f"pccl: {call}: output has {output.numel()} elements, expected "
                          f"{n} x {be.size()}")
     flags = _lib.PCCL_QUANT_ALLOW_NONFINITE if allow_nonfinite else 0
-    with _on_device_of(inp):
-        comm.allgather_quantized(_ptr(inp), _ptr(out), n, _dtype(inp, call), int(bits),
-                                 int(block), flags, stream)
-    if out is not output:
-        output.copy_(out)
-    return output
+    return _run(comm.allgather_quantized, (inp, out, output),
+                (n, _dtype(inp, call), int(bits), int(block), flags, stream))
 
 
 def reduce_scatter_quantized(output, input, bits=8, block=2048, average=False,
@@ -108,12 +116,8 @@ def reduce_scatter_quantized(output, input, bits=8, block=2048, average=False,
     flags = (_lib.PCCL_QUANT_ALLOW_NONFINITE if allow_nonfinite else 0) | (
         _lib.PCCL_QUANT_AVERAGE if average else 0) | (
         _lib.PCCL_QUANT_HALVING if scheme == "halving" else 0)
-    with _on_device_of(inp):
-        comm.reduce_scatter_quantized(_ptr(inp), _ptr(out), n, _dtype(inp, call), int(bits),
-                                      int(block), flags, stream)
-    if out is not output:
-        output.copy_(out)
-    return output
+    return _run(comm.reduce_scatter_quantized, (inp, out, output),
+                (n, _dtype(inp, call), int(bits), int(block), flags, stream))
 
 
 _QUANT_BITS = {None: None, "none": None, "int8": 8, "int4": 4, 8: 8, 4: 4}

@@ -4,7 +4,6 @@
 use super::*;
 use crate::device::api::{check_device, DevSpan, Device, GateReleaser, PinnedHost};
 use crate::device::nccl_abi::{self, NcclApi};
-use crate::device::quant_launch::Decode;
 use crate::quant::Quant;
 
 impl HipDevice {
@@ -377,9 +376,7 @@ impl Device for HipDevice {
     }
 
     unsafe fn quantize(&self, dtype: DType, q: &Quant, src: DevSpan, rec: DevSpan) -> Result<()> {
-        self.check_spans(&[src, rec])?;
-        let (s, r) = ((src.addr(), src.len()), (rec.addr(), rec.len()));
-        self.quant_raw(dtype, q, None, s, r)
+        self.quant_spans(dtype, q, None, src, rec)
     }
 
     unsafe fn dequantize(
@@ -390,20 +387,11 @@ impl Device for HipDevice {
         dst: DevSpan,
         accumulate: bool,
     ) -> Result<()> {
-        self.check_spans(&[rec, dst])?;
-        let how = if accumulate {
-            Decode::Accumulate
-        } else {
-            Decode::Store
-        };
-        let (d, r) = ((dst.addr(), dst.len()), (rec.addr(), rec.len()));
-        self.quant_raw(dtype, q, Some(how), d, r)
+        self.quant_spans(dtype, q, Some(accumulate), dst, rec)
     }
 
     unsafe fn convert_f32(&self, dtype: DType, src: DevSpan, dst: DevSpan, mul: f32) -> Result<()> {
-        self.check_spans(&[src, dst])?;
-        let (s, d) = ((src.addr(), src.len()), (dst.addr(), dst.len()));
-        self.convert_f32_raw(dtype, s, d, mul)
+        self.convert_spans(dtype, src, dst, mul)
     }
 
     unsafe fn transpose(

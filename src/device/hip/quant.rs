@@ -1,31 +1,35 @@
 //! The block-quantization kernels (`csrc/quant.cu`) on a [`HipDevice`]'s stream; the
-//! [`crate::device::api::Device`] methods `quantize`, `dequantize` and `convert_f32` call these
-//! after checking the spans' device.
+//! [`crate::device::api::Device`] methods `quantize`, `dequantize` and `convert_f32`, with the
+//! spans checked (their device, lengths, alignment) by [`crate::device::quant_launch`].
 
 use super::HipDevice;
-use crate::device::quant_launch::{self, Decode};
+use crate::device::api::{DevSpan, Device};
+use crate::device::quant_launch;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::quant::Quant;
 use std::ffi::c_void;
 
 impl HipDevice {
-    /// Encodes `bytes` bytes of `dtype` at `src` into the record of `rec_len` bytes at `rec`
-    /// (or, with `decode`, decodes the record into / adds it to the elements), queued on
-    /// this handle's stream.
+    /// Encodes the elements of `dtype` in `elems` into the record `rec` (`decode` None), or
+    /// decodes the record into them (`Some(false)`) or adds it to their `f32` sums
+    /// (`Some(true)`), queued on this handle's stream: [`Device::quantize`] and
+    /// [`Device::dequantize`].
     ///
     /// # Safety
-    /// Both ranges must be device memory of this device, valid until the kernel has
-    /// completed and untouched by other work meanwhile.
-    pub(crate) unsafe fn quant_raw(
+    /// Both spans must stay valid until the kernel has completed, untouched by other work
+    /// meanwhile.
+    pub(crate) unsafe fn quant_spans(
         &self,
         dtype: DType,
         q: &Quant,
-        decode: Option<Decode>,
-        (elems, bytes): (u64, usize),
-        (rec, rec_len): (u64, usize),
+        decode: Option<bool>,
+        elems: DevSpan,
+        rec: DevSpan,
     ) -> Result<()> {
-        let l = quant_launch::check_quant(dtype, q, decode, (elems, bytes), (rec, rec_len))?;
+        let at = (Self::VENDOR, self.ordinal());
+        let l = quant_launch::check_spans(at, (dtype, q), decode, elems, rec)?;
+        let (elems, rec) = (elems.addr(), rec.addr());
         if l.n == 0 {
             return Ok(());
         }
@@ -63,18 +67,21 @@ impl HipDevice {
         }
     }
 
-    /// `dst = src × mul` rounded to `dtype` (`src` float32 sums), queued on the stream.
+    /// `dst = src × mul` rounded to `dtype` (`src` float32 sums), queued on the stream:
+    /// [`Device::convert_f32`].
     ///
     /// # Safety
-    /// As [`HipDevice::quant_raw`].
-    pub(crate) unsafe fn convert_f32_raw(
+    /// As [`HipDevice::quant_spans`].
+    pub(crate) unsafe fn convert_spans(
         &self,
         dtype: DType,
-        (src, src_len): (u64, usize),
-        (dst, dst_len): (u64, usize),
+        src: DevSpan,
+        dst: DevSpan,
         mul: f32,
     ) -> Result<()> {
-        let (kernel, n) = quant_launch::check_from_f32(dtype, (src, src_len), (dst, dst_len))?;
+        let at = (Self::VENDOR, self.ordinal());
+        let (kernel, n) = quant_launch::check_convert_spans(at, dtype, src, dst)?;
+        let (src, dst) = (src.addr(), dst.addr());
         if n == 0 {
             return Ok(());
         }
