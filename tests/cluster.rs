@@ -11,6 +11,9 @@
 //!   middle of a run of collectives, end in an error on every rank within `PCCL_TIMEOUT` and
 //!   the diagnosis' grace (never a hang, never a success); behind the partition the timeouts
 //!   name the ranks across the cut;
+//! - a node lost (its ranks exit abruptly): the survivors' calls fail, `dead_ranks()` names
+//!   the lost ranks, the survivors shrink them out and go on with checked all-reduces
+//!   (`examples/survive.rs`);
 //! - `down` leaves no namespace, veth, process or state behind.
 //!
 //! Needs root, `ip`, `tc`, `unshare` and the `hwloc` feature (the NICs come from a topology
@@ -323,6 +326,35 @@ fn an_emulated_cluster_runs_checked_collectives_on_the_mapped_nics_and_fails_cle
         p.inter.nic_bandwidth_gbps
     );
     assert_eq!((p.inter.nics, p.oversub.nodes_per_host), (NICS, NODES));
+
+    // A node lost (node 2's ranks exit abruptly mid-run): the survivors' calls fail, the
+    // lost ranks show in `dead_ranks()`, the survivors shrink them out and go on, every
+    // result checked (examples/survive.rs; built by `cargo test` beside this test).
+    let survive = std::env::current_exe()
+        .ok()
+        .and_then(|t| Some(t.parent()?.parent()?.join("examples/survive")))
+        .filter(|p| p.exists());
+    match survive {
+        None => println!("node loss: skipped (examples/survive not built)"),
+        Some(bin) => {
+            let bin = bin.to_str().expect("a UTF-8 path").to_string();
+            let o = c.run(
+                &[("PCCL_TIMEOUT", "5")],
+                90,
+                &[&bin, "--lose", "2", "--after", "10", "--then", "10"],
+            );
+            let logs = c.rank_logs();
+            let all = logs.join("\n---\n");
+            assert!(o.status.success(), "node loss: {}\n{all}", text(&o));
+            for (r, log) in logs.iter().enumerate().take(4) {
+                assert!(
+                    log.contains("survived:") && log.contains("ranks [4, 5] shrunk out"),
+                    "rank {r} did not go on after the node loss:\n{all}"
+                );
+            }
+            println!("node loss: {}", logs[0].lines().last().unwrap_or(""));
+        }
+    }
 
     // A NIC taken down while every rank loops over all-reduces: every rank fails within
     // PCCL_TIMEOUT (5 s) of it, none hangs (the run's own limit is 60 s), none succeeds.
