@@ -116,10 +116,10 @@ fn main() {
         }
     }
     println!(
-        "rank {me}: survived: the first call after the loss failed in {:.2} s ({}), ranks {dead:?} \
-         shrunk out, {then} checked all-reduces on {} ranks",
+        "rank {me}: survived: the first call after the loss failed in {:.2} s ({:?}), ranks \
+         {dead:?} shrunk out, {then} checked all-reduces on {} ranks",
         failed_after.as_secs_f64(),
-        format!("{:?}", err.kind()),
+        err.kind(),
         comm.size()
     );
 }
