@@ -42,8 +42,13 @@ __device__ __forceinline__ int q_code(float v, float inv, float qmax, bool finit
     if (!finite) {
         return 0;
     }
-    const float t = fminf(fmaxf(__fmul_rn(v, inv), -qmax), qmax);
-    return (int)q_rint(t);
+    const float x = __fmul_rn(v, inv);
+    if (x != x) {
+        // 0 × inf, where the step is so small that its reciprocal overflows: code 0, as on
+        // the host (fmaxf would make it -qmax).
+        return 0;
+    }
+    return (int)q_rint(fminf(fmaxf(x, -qmax), qmax));
 }
 
 // Each thread takes units of 4 consecutive elements (unit u = thread + k * blockDim.x) and

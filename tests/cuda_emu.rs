@@ -77,6 +77,8 @@ fn data<T: QuantFloat>(n: usize, seed: usize, bad: bool) -> Vec<T> {
                 _ => x * (1 + seed % 5) as f32,
             };
             T::from_f32(match i {
+                // A block of tiny values (blocks of 32): its step's reciprocal overflows.
+                192..=223 => 1e-38 * (i % 3) as f32,
                 300 if bad => f32::NAN,
                 2500 if bad => f32::NEG_INFINITY,
                 _ => v,

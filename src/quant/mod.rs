@@ -94,14 +94,9 @@ impl QuantFloat for bf16 {
     }
 }
 
-/// Rounds to the nearest integer, ties to even, for |x| ≤ 2²² (the codes are at most 127):
-/// adding and taking away 1.5 · 2²³ leaves the integer part in the mantissa. Plain SSE2
-/// arithmetic, so the loops vectorise (`f32::round` is a library call without SSE4.1).
-#[inline(always)]
-fn round_small(x: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0;
-    (x + MAGIC) - MAGIC
-}
+/// 1.5 · 2²³: `x + ROUND_MAGIC` for |x| ≤ 2²² rounds `x` to the nearest integer (ties to
+/// even, the FPU's mode) and holds it in the low bits of the sum's mantissa.
+const ROUND_MAGIC: f32 = 12_582_912.0;
 
 /// How a quantized collective encodes its data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -192,25 +187,31 @@ pub fn quantize<T: QuantFloat>(q: &Quant, x: &[T], rec: &mut [u8]) -> Result<()>
     let (scales, codes) = rec.split_at_mut(4 * nb);
     let qmax = q.q_max();
     let mut tmp = vec![0f32; q.block.min(n.max(1))];
-    let mut codes8 = vec![0i8; q.block.min(n.max(1))];
+    let mut codes8 = vec![0u8; q.block.min(n.max(1))];
     for (b, chunk) in x.chunks(q.block).enumerate() {
         let t = &mut tmp[..chunk.len()];
         T::to_f32_slice(chunk, t);
         let amax = t.iter().fold(0f32, |m, v| m.max(v.abs()));
-        // NaN and infinities (when allowed) make the scale NaN: the block decodes as NaN.
         let finite = t.iter().fold(true, |ok, v| ok & v.is_finite());
+        // NaN and infinities (when allowed) make the scale NaN: the block decodes as NaN.
         let scale = if finite { amax / qmax } else { f32::NAN };
         scales[4 * b..4 * b + 4].copy_from_slice(&scale.to_le_bytes());
-        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
         let c8 = &mut codes8[..t.len()];
-        for (c, v) in c8.iter_mut().zip(t.iter()) {
-            *c = round_small((v * inv).clamp(-qmax, qmax)) as i8;
+        if scale > 0.0 {
+            let inv = 1.0 / scale;
+            // Adding 1.5 · 2²³ rounds to the nearest integer, ties to even, and leaves it in
+            // the low bits of the sum: its low byte is the code in two's complement. Plain
+            // SSE2 arithmetic and bit moves, so the loop vectorises.
+            for (c, v) in c8.iter_mut().zip(t.iter()) {
+                *c = ((v * inv).clamp(-qmax, qmax) + ROUND_MAGIC).to_bits() as u8;
+            }
+        } else {
+            // All zeros, or not finite: every code 0.
+            c8.fill(0);
         }
         let base = b * q.block;
         if q.bits == 8 {
-            for (d, &c) in codes[base..base + c8.len()].iter_mut().zip(c8.iter()) {
-                *d = c as u8;
-            }
+            codes[base..base + c8.len()].copy_from_slice(c8);
         } else {
             // `base` is even (blocks are ≥ 32): a block's nibbles start at a byte.
             let out = &mut codes[base / 2..(base + c8.len()).div_ceil(2)];
@@ -218,10 +219,10 @@ pub fn quantize<T: QuantFloat>(q: &Quant, x: &[T], rec: &mut [u8]) -> Result<()>
             let odd = pairs.remainder().first().copied();
             let whole = pairs.len();
             for (o, pr) in out[..whole].iter_mut().zip(pairs) {
-                *o = (pr[0] as u8 & 0x0f) | ((pr[1] as u8) << 4);
+                *o = (pr[0] & 0x0f) | (pr[1] << 4);
             }
             if let Some(last) = odd {
-                out[whole] = last as u8 & 0x0f;
+                out[whole] = last & 0x0f;
             }
         }
     }

@@ -450,7 +450,8 @@ static void qstore(const char* dt, void* o, uint64_t i, float v) {
     else ((uint16_t*)o)[i] = bf16_narrow(v);
 }
 static int qcode(float v, float inv, float qmax, int finite) {
-    return finite ? (int)rintf(fminf(fmaxf(v * inv, -qmax), qmax)) : 0;
+    float x = v * inv;
+    return finite && x == x ? (int)rintf(fminf(fmaxf(x, -qmax), qmax)) : 0;
 }
 static int quantize(const char* dt, int bits, const void* x, unsigned char* rec, uint64_t n,
                     uint64_t block, uint64_t rec_bytes) {
