@@ -102,10 +102,9 @@ impl Communicator {
     /// [`Communicator::all_gather_quantized`] on device memory of `dev` (CUDA or HIP):
     /// `send` holds `count` elements of `T`, `recv` `recv_elems`, which must be `count ×
     /// size()` (checked in the agreement: a rank whose buffer does not fit fails the call on
-    /// every rank). Ordered after the work
-    /// queued on `dev`'s stream; returns when the result is in `recv` (it blocks the host:
-    /// every rank learns whether every rank's data is finite before any record moves). The
-    /// encoding is the host's, bit for bit, so host and device ranks may be mixed. Same
+    /// every rank). Ordered after the work queued on `dev`'s stream; returns when the result
+    /// is in `recv` (it blocks the host: every rank learns whether every rank's data is
+    /// finite before any record moves). The encoding is the host's, bit for bit. Same
     /// refusals as the host form, on every rank.
     ///
     /// # Safety
