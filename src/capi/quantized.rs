@@ -123,7 +123,8 @@ fn quantized(
     }
     let comm = &c.comm;
     let dt = dtype_of(datatype);
-    if !stream.is_null() && local.is_none() {
+    // A count of 0 moves nothing: the host path's agreement serves any buffers.
+    if !stream.is_null() && local.is_none() && count > 0 {
         if let Ok(dt @ (DType::F32 | DType::F64 | DType::F16 | DType::BF16)) = dt {
             let entered = std::cell::Cell::new(false);
             let call = super::device::DeviceCall::Quantized {
