@@ -59,6 +59,23 @@ def _on_device_of(t):
     return contextlib.nullcontext()
 
 
+# A flag no version of the library knows: the call then fails this rank's part of the
+# agreement, so every rank's call fails too (naming this rank) instead of waiting for it.
+_REFUSE_FLAG = 1 << 31
+
+
+def _refuse(method, args, err):
+    """Takes this rank's part in the call's agreement as a refusal (no buffer is touched:
+    host path, NULL pointers), then raises ``err`` here; the other ranks' calls fail naming
+    this rank."""
+    n, dtype, bits, block, flags = args
+    try:
+        method(None, None, n, dtype, bits, block, flags | _REFUSE_FLAG)
+    except _lib.PcclError:
+        pass
+    raise err
+
+
 def _run(method, tensors, args):
     """Calls the communicator's ``method(send, recv, *args)`` on the contiguous ``inp`` and
     ``out`` (on their GPU, if any), then copies ``out`` into the caller's ``output`` where
@@ -87,10 +104,11 @@ def all_gather_quantized(output, input, bits=8, block=2048, allow_nonfinite=Fals
     call = "all_gather_quantized"
     be, comm, inp, out, stream = _quantized_args(call, output, input, group)
     n = input.numel()
-    if output.numel() != n * be.size():
-        raise ValueError(f"pccl: {call}: output has {output.numel()} elements, expected "
-                         f"{n} x {be.size()}")
     flags = _lib.PCCL_QUANT_ALLOW_NONFINITE if allow_nonfinite else 0
+    if output.numel() != n * be.size():
+        _refuse(comm.allgather_quantized, (n, _dtype(inp, call), int(bits), int(block), flags),
+                ValueError(f"pccl: {call}: output has {output.numel()} elements, expected "
+                           f"{n} x {be.size()}"))
     return _run(comm.allgather_quantized, (inp, out, output),
                 (n, _dtype(inp, call), int(bits), int(block), flags, stream))
 
@@ -110,12 +128,14 @@ def reduce_scatter_quantized(output, input, bits=8, block=2048, average=False,
         raise ValueError(f"pccl: {call}: scheme must be 'two-hop' or 'halving', not {scheme!r}")
     be, comm, inp, out, stream = _quantized_args(call, output, input, group)
     n = output.numel()
-    if input.numel() != n * be.size():
-        raise ValueError(f"pccl: {call}: input has {input.numel()} elements, expected "
-                         f"{n} x {be.size()}")
     flags = (_lib.PCCL_QUANT_ALLOW_NONFINITE if allow_nonfinite else 0) | (
         _lib.PCCL_QUANT_AVERAGE if average else 0) | (
         _lib.PCCL_QUANT_HALVING if scheme == "halving" else 0)
+    if input.numel() != n * be.size():
+        _refuse(comm.reduce_scatter_quantized,
+                (n, _dtype(inp, call), int(bits), int(block), flags),
+                ValueError(f"pccl: {call}: input has {input.numel()} elements, expected "
+                           f"{n} x {be.size()}"))
     return _run(comm.reduce_scatter_quantized, (inp, out, output),
                 (n, _dtype(inp, call), int(bits), int(block), flags, stream))
 

@@ -457,6 +457,22 @@ def quantized(ck: Checker):
     dist.all_reduce(after)
     ck.close("all_reduce after a refused quantized all-gather", after,
              torch.full((2,), float(n * (n - 1) // 2)), True)
+    # A wrong output size on rank 0: a ValueError there, an error naming it everywhere else
+    # (no rank waits for the others).
+    ck.checks += 1
+    out = torch.empty(64 * n - (1 if me == 0 else 0))
+    try:
+        pccl.torch.all_gather_quantized(out, torch.ones(64))
+        ck.failures.append("all_gather_quantized with a short output on rank 0 did not raise")
+    except ValueError as e:
+        if me != 0 or "expected" not in str(e):
+            ck.failures.append(f"rank {me}: unexpected ValueError {e!r}")
+    except _lib.PcclError as e:
+        if me == 0 or "rank(s) 0 passed unsound" not in str(e) + (e.detail or ""):
+            ck.failures.append(f"rank {me}: the error does not name rank 0: {e!r}")
+    dist.all_reduce(after)
+    ck.close("all_reduce after a refused size", after,
+             torch.full((2,), float(n * n * (n - 1) // 2)), True)
 
 
 class _AsyncAllreduceOpts:
