@@ -11,7 +11,7 @@
 #[path = "../tests/common.rs"]
 mod common;
 
-use common::{input, reduced, same_bits};
+use common::{arg, input, reduced, same_bits};
 use half::bf16;
 use pccl::config::Config;
 use pccl::plan::Algorithm;
@@ -40,15 +40,6 @@ fn rss_kib() -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
         })
         .unwrap_or(0)
-}
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 /// FNV-1a over the bits of `v`, folded into `h`.
@@ -231,9 +222,9 @@ fn rank_main(rank: usize, p: usize, id_hex: &str, calls: u64, seed: u64) -> Resu
 }
 
 fn main() {
-    let p = arg("--ranks", 4) as usize;
-    let calls = arg("--calls", 10_000);
-    let seed = arg("--seed", 0x50a4);
+    let p: usize = arg("--ranks", 4);
+    let calls: u64 = arg("--calls", 10_000);
+    let seed: u64 = arg("--seed", 0x50a4);
     if let (Ok(r), Ok(id)) = (
         std::env::var("PCCL_SOAK_RANK"),
         std::env::var("PCCL_SOAK_ID"),

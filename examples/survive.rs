@@ -11,19 +11,14 @@
 //! Prints one line per rank (`survived: …` or what went wrong) and exits non-zero on a wrong
 //! result, a hang past the timeout or a failed shrink.
 
+#[path = "../tests/common.rs"]
+mod common;
+
+use common::arg;
 use pccl::config::Config;
 use pccl::transport::{launch, select};
 use pccl::{Communicator, ReduceOp};
 use std::time::{Duration, Instant};
-
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn fail(rank: usize, msg: String) -> ! {
     println!("rank {rank}: FAILED: {msg}");

@@ -287,3 +287,14 @@ pub fn run_checked(comm: &pccl::Communicator, which: usize, n: usize) -> pccl::R
     }
     Ok(())
 }
+
+/// The value after command-line flag `name` (`--calls 10`), parsed; `default` when absent or
+/// unparsable (the examples' argument reading).
+pub fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

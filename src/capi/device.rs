@@ -260,19 +260,15 @@ unsafe fn quantized_on<T: crate::quant::QuantFloat, D: crate::device::api::Devic
     q: crate::Quant,
     rs: Option<(bool, crate::QuantScheme)>,
 ) -> Result<()> {
+    // The buffers hold count × ranks elements (the caller's promise); an overflow fails the
+    // agreement on every rank.
+    let sizes = (count, count.saturating_mul(comm.size()));
     // SAFETY: forwarded from the caller.
     unsafe {
         match rs {
-            // The buffers hold count × ranks elements (the caller's promise); an overflow
-            // fails the agreement on every rank.
-            None => {
-                let whole = count.saturating_mul(comm.size());
-                comm.all_gather_quantized_on::<T, D>(dev, bufs, (count, whole), q)
-            }
+            None => comm.all_gather_quantized_on::<T, D>(dev, bufs, sizes, q),
             Some((avg, scheme)) => {
-                let whole = count.saturating_mul(comm.size());
-                let how = (q, avg, scheme);
-                comm.reduce_scatter_quantized_on::<T, D>(dev, bufs, (count, whole), how)
+                comm.reduce_scatter_quantized_on::<T, D>(dev, bufs, sizes, (q, avg, scheme))
             }
         }
     }
