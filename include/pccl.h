@@ -456,6 +456,20 @@ pcclResult_t pcclCommShrink(pcclComm_t comm,
                             pcclComm_t *newcomm);
 
 /**
+ * Makes `*newcomm`, a communicator of the ranks of `comm` that can still reach each other,
+ * agreed among them (`Communicator::shrink_to_survivors`): after a failure, when the
+ * survivors do not know whom to exclude (a partition, a stalled rank, a cut link). Every
+ * rank still running calls it. Only a strict majority of the ranks not known to be dead
+ * goes on: a rank on the minority side of a partition, or one the others counted out, gets
+ * `pcclRemoteError` (and `*newcomm` stays NULL). Each round in which a rank does not answer
+ * costs up to `PCCL_TIMEOUT`. `comm` stays valid (destroy it afterwards).
+ *
+ * # Safety
+ * `newcomm` must be NULL (an error) or point to a writable `pcclComm_t`.
+ */
+pcclResult_t pcclCommShrinkSurvivors(pcclComm_t comm, pcclComm_t *newcomm);
+
+/**
  * Stores the number of ranks of `comm` in `*count`.
  *
  * # Safety

@@ -425,7 +425,7 @@ fn fault_case_with(
             FaultKind::Corrupt => {
                 run_checked(&comm, which, 50).expect("the next collective is correct");
             }
-            FaultKind::Stall | FaultKind::Slow => {}
+            FaultKind::Stall | FaultKind::Slow | FaultKind::Isolate => {}
         }
         e.map(|e| (e, took))
     })

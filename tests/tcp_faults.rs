@@ -62,6 +62,7 @@ impl Scenario {
             FaultKind::Slow => "slow",
             FaultKind::Drop => "drop",
             FaultKind::Corrupt => "corrupt",
+            FaultKind::Isolate => "isolate",
         };
         let coll = match self.coll {
             Coll::AllGather => "ag",
@@ -231,9 +232,14 @@ fn play(sc: Scenario, rank: usize, id: &UniqueId) {
                 return; // cut off: it leaves (a killed one never gets here)
             }
             let t0 = Instant::now();
-            let small = comm
-                .shrink(&[v])
-                .unwrap_or_else(|e| panic!("rank {rank}: shrink: {e}"));
+            // A killed process is proven dead (its connections closed): the survivors find
+            // it themselves. A dropped one lives on, so they name it.
+            let small = if sc.kind == FaultKind::Kill {
+                comm.shrink_to_survivors()
+            } else {
+                comm.shrink(&[v])
+            }
+            .unwrap_or_else(|e| panic!("rank {rank}: shrink: {e}"));
             assert_eq!(small.size(), sc.p - 1);
             for k in 0..2 {
                 run(&small, Coll::AllReduce, k)
@@ -245,7 +251,7 @@ fn play(sc: Scenario, rank: usize, id: &UniqueId) {
                 t0.elapsed().as_millis()
             );
         }
-        FaultKind::Stall | FaultKind::Slow | FaultKind::Corrupt => {
+        FaultKind::Stall | FaultKind::Slow | FaultKind::Corrupt | FaultKind::Isolate => {
             if sc.kind == FaultKind::Stall && rank != v {
                 // The stalled rank wakes after twice the timeout; meet it there.
                 std::thread::sleep(Duration::from_secs(sc.timeout_s + 1));

@@ -880,6 +880,34 @@ pub unsafe extern "C" fn pcclCommShrink(
     })
 }
 
+/// Makes `*newcomm`, a communicator of the ranks of `comm` that can still reach each other,
+/// agreed among them (`Communicator::shrink_to_survivors`): after a failure, when the
+/// survivors do not know whom to exclude (a partition, a stalled rank, a cut link). Every
+/// rank still running calls it. Only a strict majority of the ranks not known to be dead
+/// goes on: a rank on the minority side of a partition, or one the others counted out, gets
+/// `pcclRemoteError` (and `*newcomm` stays NULL). Each round in which a rank does not answer
+/// costs up to `PCCL_TIMEOUT`. `comm` stays valid (destroy it afterwards).
+///
+/// # Safety
+/// `newcomm` must be NULL (an error) or point to a writable `pcclComm_t`.
+#[no_mangle]
+pub unsafe extern "C" fn pcclCommShrinkSurvivors(
+    comm: pcclComm_t,
+    newcomm: *mut pcclComm_t,
+) -> pcclResult_t {
+    entry("pcclCommShrinkSurvivors", || {
+        // SAFETY: `newcomm` is NULL or points to a writable handle (caller's promise).
+        unsafe { clear(newcomm) };
+        let c = handles::comm(comm as usize, "comm", false)?;
+        not_null(newcomm, "newcomm").on(&c)?;
+        let sub = c.comm.shrink_to_survivors().on(&c)?;
+        let h = handles::add_comm(sub).on(&c)?;
+        // SAFETY: as above.
+        unsafe { put(newcomm, h as pcclComm_t) };
+        Ok(())
+    })
+}
+
 /// Stores the number of ranks of `comm` in `*count`.
 ///
 /// # Safety

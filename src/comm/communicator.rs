@@ -18,6 +18,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 mod calls;
+mod membership;
 mod p2p;
 mod quantized;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
@@ -74,6 +75,8 @@ struct Inner {
     busy: AtomicBool,
     /// Shrinks made from this communicator (names each new one's context).
     shrinks: AtomicU32,
+    /// Survivors' agreements run on this communicator (names each one's messages).
+    agreements: AtomicU32,
     /// Held while a plan runs; owns the scratch space (u64 words keep every dtype aligned).
     exec: Mutex<Vec<u64>>,
     worker: Mutex<Option<Worker>>,
@@ -207,6 +210,7 @@ impl Communicator {
                 seq: AtomicU32::new(0),
                 busy: AtomicBool::new(false),
                 shrinks: AtomicU32::new(0),
+                agreements: AtomicU32::new(0),
                 exec: Mutex::new(Vec::new()),
                 worker: Mutex::new(None),
                 outstanding: Outstanding::default(),

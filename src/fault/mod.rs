@@ -11,6 +11,7 @@
 //! | `slow` | the rank sleeps 50 ms ([`SLOW_MS`]) before the collective | nothing but a slower call (the online tuner's trials must not keep an algorithm for it) |
 //! | `drop` | every link of the rank fails, as if its cable were cut; the process lives on | `Remote` naming it, by detection |
 //! | `corrupt` | the collective's messages leave with a damaged stamp | `Remote`: the receivers see a call that does not match theirs |
+//! | `isolate` | the rank's network goes silent (a partition): every message between it and the ranks outside its side is lost, nobody is told; the ranks isolated at the same collective form one side and still reach each other (thread-ranks only) | `Timeout` naming it, at the deadline; [`crate::Communicator::shrink_to_survivors`] lets the majority side go on |
 
 use crate::error::{Error, Result};
 
@@ -28,6 +29,9 @@ pub enum FaultKind {
     Drop,
     /// Its messages of the collective carry a damaged stamp.
     Corrupt,
+    /// A partition: its messages to and from the ranks outside its side are lost silently
+    /// (the side: every rank isolated at the same collective).
+    Isolate,
 }
 
 /// How long a `slow` rank sleeps before its collective, in milliseconds.
@@ -49,7 +53,7 @@ pub fn parse(v: &str) -> Result<Vec<Fault>> {
     let bad = |part: &str, why: &str| {
         Error::invalid(format!(
             "PCCL_FAULT entry '{part}' {why}: expected rank:seq:kind with kind one of kill, \
-             stall, slow, drop, corrupt (e.g. PCCL_FAULT=1:3:kill)"
+             stall, slow, drop, corrupt, isolate (e.g. PCCL_FAULT=1:3:kill)"
         ))
     };
     v.split(',')
@@ -71,6 +75,7 @@ pub fn parse(v: &str) -> Result<Vec<Fault>> {
                     "slow" => FaultKind::Slow,
                     "drop" => FaultKind::Drop,
                     "corrupt" => FaultKind::Corrupt,
+                    "isolate" => FaultKind::Isolate,
                     _ => return Err(bad(part, "has an unknown kind")),
                 },
             })
@@ -92,8 +97,9 @@ mod tests {
 
     #[test]
     fn parses_lists_and_rejects_nonsense() {
-        let f = parse("1:3:kill, 0:0:corrupt, 2:5:slow").unwrap();
-        assert_eq!(f.len(), 3);
+        let f = parse("1:3:kill, 0:0:corrupt, 2:5:slow, 3:1:isolate").unwrap();
+        assert_eq!(f.len(), 4);
+        assert_eq!(at(&f, 3, 1), Some(FaultKind::Isolate));
         assert_eq!(at(&f, 2, 5), Some(FaultKind::Slow));
         assert_eq!(at(&f, 1, 3), Some(FaultKind::Kill));
         assert_eq!(at(&f, 0, 0), Some(FaultKind::Corrupt));

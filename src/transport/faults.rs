@@ -166,6 +166,9 @@ struct Board {
     revoked: Option<(usize, String)>,
     /// Peers known dead, with how it was detected.
     dead: BTreeMap<usize, String>,
+    /// Of those, the ones only this rank's own failure cut off (its links were cut): no
+    /// proof that they died, so the survivors' agreement does not count them dead.
+    cut_off: std::collections::BTreeSet<usize>,
     /// Collectives some rank refused: (sequence number, rank, why), the newest few, the
     /// first refusal of each.
     refused: VecDeque<(u32, usize, String)>,
@@ -252,6 +255,34 @@ impl Faults {
             b.dead.insert(rank, how.to_string());
             true
         });
+    }
+
+    /// Records that `rank` can no longer be reached because of a failure on this side (this
+    /// rank's own links were cut): waits on it fail as for a death, but nothing proves it
+    /// died, so [`Faults::confirmed_dead`] leaves it out.
+    pub fn cut_off(&self, rank: usize, how: &str) {
+        self.update(|b| {
+            if b.dead.contains_key(&rank) {
+                return false;
+            }
+            b.dead.insert(rank, how.to_string());
+            b.cut_off.insert(rank);
+            true
+        });
+    }
+
+    /// The dead ranks whose death was seen from outside this rank (a closed connection, a
+    /// vanished process), not only inferred from a failure here ([`Faults::cut_off`]).
+    pub fn confirmed_dead(&self) -> Vec<usize> {
+        if !self.any() {
+            return Vec::new();
+        }
+        let b = lock(&self.board);
+        b.dead
+            .keys()
+            .filter(|r| !b.cut_off.contains(r))
+            .copied()
+            .collect()
     }
 
     /// Records a local abort; every wait fails from now on.

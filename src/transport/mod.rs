@@ -114,6 +114,19 @@ pub trait Transport: Send + Sync {
         )))
     }
 
+    /// Fault injection (`PCCL_FAULT` kind `isolate`): a partition. From now on every message
+    /// between this rank and a rank not on `side` is lost without anybody being told; ranks
+    /// isolated on the same `side` still reach each other. Transports that cannot do it say
+    /// so (a real partition is made by the network: `scripts/cluster.sh partition`).
+    fn isolate(&self, side: u32) -> Result<()> {
+        let _ = side;
+        Err(Error::usage(format!(
+            "the {} transport cannot isolate a rank (fault injection kind `isolate`; \
+             thread-ranks only)",
+            self.name()
+        )))
+    }
+
     /// Posts a send of `len` bytes at `ptr` to `peer`.
     ///
     /// # Safety

@@ -476,7 +476,7 @@ impl Transport for TcpTransport {
 
     fn drop_links(&self) -> Result<()> {
         for l in self.links.iter().flatten() {
-            self.faults.dead(
+            self.faults.cut_off(
                 l.peer,
                 "this rank's links were cut by fault injection (PCCL_FAULT drop)",
             );

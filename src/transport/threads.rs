@@ -123,6 +123,9 @@ pub struct Hub {
     groups: Mutex<HashMap<u64, Group>>,
     /// World ranks that died (fault injection), with how.
     gone: Mutex<HashMap<usize, String>>,
+    /// The side of a partition each isolated world rank is on (fault injection `isolate`;
+    /// the others are on side 0): messages between sides are lost.
+    sides: Mutex<HashMap<usize, u32>>,
 }
 
 impl Hub {
@@ -179,6 +182,13 @@ impl Hub {
                 ch.cv.notify_all();
             }
         }
+    }
+
+    /// Whether a message from world rank `a` reaches world rank `b` (same side of any
+    /// partition).
+    fn reachable(&self, a: usize, b: usize) -> bool {
+        let sides = lock(&self.sides);
+        sides.get(&a).copied().unwrap_or(0) == sides.get(&b).copied().unwrap_or(0)
     }
 
     /// World rank `w` is gone (`how`): every board of every group holding it learns it.
@@ -277,6 +287,15 @@ pub struct ThreadTransport {
     faults: Arc<Faults>,
 }
 
+/// A send lost in a partition: it completes at once (the network took it) and arrives nowhere.
+struct Lost;
+
+impl SendOp for Lost {
+    fn wait(self: Box<Self>, _deadline: Instant) -> Result<()> {
+        Ok(())
+    }
+}
+
 struct ThreadSend {
     state: Arc<SendState>,
     ch: Arc<Channel>,
@@ -360,6 +379,9 @@ impl ThreadTransport {
             .get(peer)
             .ok_or_else(|| Error::invalid(format!("no rank {peer}")))?;
         self.faults.check(tag, peer)?;
+        if !self.hub.reachable(self.world[self.rank], dst) {
+            return Ok(Box::new(Lost));
+        }
         let ch = self.hub.channel(self.ctx, self.world[self.rank], dst);
         if ch.dst_left.load(Ordering::Acquire) {
             return Err(left_error(self.rank, peer, tag, "had a message for it of"));
@@ -404,7 +426,34 @@ impl ThreadTransport {
         }
         let mut q = lock(&ch.queue);
         loop {
-            if let Some(head) = q.front() {
+            if faults::is_control(tag) {
+                // The transport's own traffic (the survivors' agreement) passes whatever a
+                // failed collective or a point-to-point send left queued; earlier control
+                // messages of this pair are stale.
+                while let Some(i) = q
+                    .iter()
+                    .position(|e| faults::is_control(e.tag) && faults::is_stale(e.tag, tag))
+                {
+                    if let Some(old) = q.remove(i) {
+                        let mut st = lock(&old.state.state);
+                        if *st == POSTED {
+                            *st = DROPPED;
+                            old.state.cv.notify_all();
+                        }
+                    }
+                }
+                if let Some(i) = q.iter().position(|e| e.tag == tag) {
+                    if let Some(env) = q.remove(i) {
+                        let mut st = lock(&env.state.state);
+                        if *st != REVOKED {
+                            *st = CLAIMED;
+                            drop(st);
+                            return Ok(env);
+                        }
+                    }
+                    continue;
+                }
+            } else if let Some(head) = q.front() {
                 if faults::is_stale(head.tag, tag) {
                     if let Some(old) = q.pop_front() {
                         let mut st = lock(&old.state.state);
@@ -635,13 +684,18 @@ impl Transport for ThreadTransport {
     fn drop_links(&self) -> Result<()> {
         let w = self.world[self.rank];
         for r in (0..self.world.len()).filter(|&r| r != self.rank) {
-            self.faults.dead(
+            self.faults.cut_off(
                 r,
                 "this rank's links were cut by fault injection (PCCL_FAULT drop)",
             );
         }
         self.hub
             .bury(w, "its links were cut by fault injection (PCCL_FAULT drop)");
+        Ok(())
+    }
+
+    fn isolate(&self, side: u32) -> Result<()> {
+        lock(&self.hub.sides).insert(self.world[self.rank], side);
         Ok(())
     }
 

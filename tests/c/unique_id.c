@@ -44,6 +44,27 @@ static void *rank_main(void *arg) {
     for (int i = 0; i < COUNT; i++) ok &= send[i] == (float)(0 + 1 + 2 + 3 + NRANKS * (i % 3));
     check(ok, rank, "all-reduce result");
     check(pcclBarrier(comm) == pcclSuccess, rank, "pcclBarrier");
+    /* The survivors' agreement with nobody missing keeps every rank. */
+    check(pcclCommShrinkSurvivors(comm, NULL) == pcclInvalidArgument, rank, "NULL newcomm is rejected");
+    pcclComm_t all = NULL;
+    int nall = 0;
+    check(pcclCommShrinkSurvivors(comm, &all) == pcclSuccess && all != NULL, rank, "pcclCommShrinkSurvivors");
+    check(all && pcclCommCount(all, &nall) == pcclSuccess && nall == NRANKS, rank, "survivors are all ranks");
+    if (all) {
+        float one = 1.0f;
+        check(pcclAllReduce(&one, &one, 1, pcclFloat32, pcclSum, all, NULL) == pcclSuccess && one == (float)NRANKS,
+              rank, "all-reduce on the survivors' communicator");
+        check(pcclCommDestroy(all) == pcclSuccess, rank, "pcclCommDestroy (survivors)");
+    }
+    /* An explicit shrink without the last rank, which does not take part. */
+    if (rank != NRANKS - 1) {
+        int excluded[1] = {NRANKS - 1};
+        pcclComm_t sub = NULL;
+        int nsub = 0;
+        check(pcclCommShrink(comm, excluded, 1, &sub) == pcclSuccess && sub != NULL, rank, "pcclCommShrink");
+        check(sub && pcclCommCount(sub, &nsub) == pcclSuccess && nsub == NRANKS - 1, rank, "shrunk size");
+        if (sub) check(pcclCommDestroy(sub) == pcclSuccess, rank, "pcclCommDestroy (shrunk)");
+    }
     check(pcclCommDestroy(comm) == pcclSuccess, rank, "pcclCommDestroy");
     free(send);
     free(recv);

@@ -233,6 +233,12 @@ impl Inner {
                 Ok(false)
             }
             Some(FaultKind::Corrupt) => Ok(true),
+            Some(FaultKind::Isolate) => {
+                eprintln!("PCCL WARN rank {rank}: isolated at collective #{seq} (PCCL_FAULT)");
+                // The ranks isolated at the same collective share a side.
+                self.transport.isolate(seq.wrapping_add(1).max(1))?;
+                Ok(false)
+            }
         }
     }
 }

@@ -1,0 +1,191 @@
+//! The survivors' agreement (`Communicator::survivors` / `shrink_to_survivors`): after a
+//! partition only the majority side goes on, an even split stops both sides, proven deaths
+//! shrink the quorum, a rank cut off by its own failure never goes on alone, a slow rank is
+//! waited for, and with nobody missing the communicator is left as it was.
+
+mod common;
+
+use common::{on_tcp_ranks, prompt, run_checked};
+use pccl::config::Config;
+use pccl::fault::{Fault, FaultKind};
+use pccl::{Communicator, Error, ErrorKind};
+use std::time::{Duration, Instant};
+
+fn cfg(timeout: f64, faults: Vec<Fault>) -> Config {
+    Config {
+        ranks_per_node: Some(1),
+        timeout: Duration::from_secs_f64(timeout),
+        faults,
+        ..Config::default()
+    }
+}
+
+fn at_one(ranks: &[usize], kind: FaultKind) -> Vec<Fault> {
+    ranks
+        .iter()
+        .map(|&rank| Fault { rank, seq: 1, kind })
+        .collect()
+}
+
+/// What a rank saw: the first call's failure, then `shrink_to_survivors`' outcome (the new
+/// size, after checked collectives on it) and how long the agreement took.
+type Outcome = (Option<Error>, Result<usize, Error>, Duration);
+
+/// Every rank runs a clean all-reduce, a second one that the faults break, then shrinks to
+/// the survivors and (where that works) runs checked collectives on the result.
+fn partition_case(comm: Communicator) -> Outcome {
+    run_checked(&comm, 2, 100).expect("the collective before the fault");
+    let failed = run_checked(&comm, 2, 1000).err();
+    let t0 = Instant::now();
+    let sub = comm.shrink_to_survivors();
+    let took = t0.elapsed();
+    let size = sub.map(|s| {
+        run_checked(&s, 2, 333).expect("all-reduce among the survivors");
+        run_checked(&s, 0, 50).expect("all-gather among the survivors");
+        s.size()
+    });
+    (failed, size, took)
+}
+
+#[test]
+fn after_a_partition_the_majority_shrinks_and_goes_on_and_the_minority_stops() {
+    let timeout = 1.0;
+    for (p, side) in [(5, vec![3, 4]), (4, vec![1]), (7, vec![0, 2, 5])] {
+        let out = Communicator::run_threads(
+            p,
+            cfg(timeout, at_one(&side, FaultKind::Isolate)),
+            partition_case,
+        )
+        .unwrap();
+        for (r, (failed, size, took)) in out.iter().enumerate() {
+            let e = failed
+                .as_ref()
+                .expect("the partitioned call fails everywhere");
+            assert!(
+                matches!(e.kind(), ErrorKind::Timeout | ErrorKind::Remote),
+                "p{p} rank {r}: {e}"
+            );
+            assert!(
+                *took < prompt(Duration::from_secs_f64(3.0 * timeout)),
+                "p{p} rank {r}: the agreement took {took:?}"
+            );
+            if side.contains(&r) {
+                let e = size.as_ref().expect_err("the minority side must not go on");
+                assert!(e.message().contains("not a majority"), "p{p} rank {r}: {e}");
+            } else {
+                assert_eq!(
+                    size.as_ref().ok(),
+                    Some(&(p - side.len())),
+                    "p{p} rank {r}: {size:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn an_even_split_stops_both_sides() {
+    let out = Communicator::run_threads(
+        4,
+        cfg(1.0, at_one(&[2, 3], FaultKind::Isolate)),
+        partition_case,
+    )
+    .unwrap();
+    for (r, (_, size, _)) in out.iter().enumerate() {
+        let e = size.as_ref().expect_err("neither half may go on");
+        assert!(
+            e.message().contains("not a majority") && e.message().contains("2 of the 4"),
+            "rank {r}: {e}"
+        );
+    }
+}
+
+#[test]
+fn proven_deaths_leave_the_quorum_so_half_the_ranks_go_on() {
+    // Two of four ranks die: the two left are all the ranks not known dead.
+    let out = Communicator::run_threads(4, cfg(5.0, at_one(&[2, 3], FaultKind::Kill)), |comm| {
+        let dead = comm.rank() >= 2;
+        let _ = run_checked(&comm, 2, 100);
+        let _ = run_checked(&comm, 2, 1000);
+        if dead {
+            return None;
+        }
+        let t0 = Instant::now();
+        let alive = comm.survivors().expect("the survivors agree");
+        let sub = comm.shrink_to_survivors().expect("shrink");
+        run_checked(&sub, 2, 77).expect("all-reduce on two ranks");
+        Some((alive, t0.elapsed()))
+    })
+    .unwrap();
+    for (alive, took) in out.into_iter().flatten() {
+        assert_eq!(alive, vec![0, 1]);
+        assert!(took < prompt(Duration::from_secs(1)), "{took:?}");
+    }
+}
+
+#[test]
+fn a_rank_whose_links_were_cut_never_goes_on_alone() {
+    // The dropped rank sees every peer fail, but that proves nothing: it stops, the other
+    // three (who saw its links close) go on.
+    let out = Communicator::run_threads(4, cfg(5.0, at_one(&[1], FaultKind::Drop)), |comm| {
+        let _ = run_checked(&comm, 2, 100);
+        let _ = run_checked(&comm, 2, 1000);
+        comm.survivors()
+    })
+    .unwrap();
+    let e = out[1]
+        .as_ref()
+        .expect_err("the cut-off rank must not go on");
+    assert!(e.message().contains("not a majority"), "{e}");
+    for r in [0, 2, 3] {
+        assert_eq!(out[r].as_ref().ok(), Some(&vec![0, 2, 3]), "rank {r}");
+    }
+}
+
+#[test]
+fn with_nobody_missing_everyone_stays_and_the_communicator_still_works() {
+    let out = Communicator::run_threads(4, cfg(30.0, vec![]), |comm| {
+        let t0 = Instant::now();
+        if comm.rank() == 2 {
+            // A slow rank is waited for (well within the timeout).
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let alive = comm.survivors().expect("survivors");
+        let took = t0.elapsed();
+        // Nothing of the agreement is left in the way of the next collectives.
+        for n in [1, 100, 4096] {
+            run_checked(&comm, 2, n).expect("all-reduce after the agreement");
+        }
+        let again = comm.survivors().expect("a second agreement");
+        let sub = comm.shrink_to_survivors().expect("shrink");
+        run_checked(&sub, 0, 10).expect("all-gather on the shrunk communicator");
+        (alive, again, sub.size(), took)
+    })
+    .unwrap();
+    for (r, (alive, again, size, took)) in out.into_iter().enumerate() {
+        assert_eq!(alive, vec![0, 1, 2, 3], "rank {r}");
+        assert_eq!(again, alive, "rank {r}");
+        assert_eq!(size, 4, "rank {r}");
+        assert!(took < prompt(Duration::from_secs(2)), "rank {r}: {took:?}");
+    }
+}
+
+#[test]
+fn on_tcp_a_peer_that_lost_its_links_is_agreed_out() {
+    let c = cfg(5.0, at_one(&[3], FaultKind::Drop));
+    let out = on_tcp_ranks(4, 1 << 16, Duration::from_secs(30), false, &c, |comm| {
+        let _ = run_checked(&comm, 2, 100);
+        let _ = run_checked(&comm, 2, 1000);
+        comm.shrink_to_survivors().map(|sub| {
+            run_checked(&sub, 2, 500).expect("all-reduce among the survivors");
+            sub.size()
+        })
+    });
+    let e = out[3]
+        .as_ref()
+        .expect_err("the cut-off rank must not go on");
+    assert!(e.message().contains("not a majority"), "{e}");
+    for (r, o) in out.iter().enumerate().take(3) {
+        assert_eq!(o.as_ref().ok(), Some(&3), "rank {r}");
+    }
+}
