@@ -10,6 +10,12 @@
 //! ```
 //! Prints one line per rank (`survived: …` or what went wrong) and exits non-zero on a wrong
 //! result, a hang past the timeout or a failed shrink.
+//!
+//! With `--partition 1` nobody exits: the ranks loop checked all-reduces until the network
+//! is cut under them (`scripts/cluster.sh partition A B cut`, from outside), then agree on
+//! who goes on (`shrink_to_survivors`): the majority side prints `survived the partition: …`
+//! and runs `--then` more checked all-reduces among itself; a rank on the minority side must
+//! be refused (`stopped: … not a majority …`) and exits 0 — any other outcome is a failure.
 
 #[path = "../tests/common.rs"]
 mod common;
@@ -60,6 +66,10 @@ fn main() {
         .cloned()
         .unwrap_or_default();
     let mut members: Vec<usize> = (0..l.size).collect();
+    if arg("--partition", 0) != 0 {
+        partition(comm, me, members, n, then, timeout);
+        return;
+    }
     for _ in 0..after {
         if let Err(e) = checked(&comm, me, &members, n) {
             fail(me, format!("before the loss: {e}"));
@@ -115,6 +125,62 @@ fn main() {
          {dead:?} shrunk out, {then} checked all-reduces on {} ranks",
         failed_after.as_secs_f64(),
         err.kind(),
+        comm.size()
+    );
+}
+
+/// `--partition`: loop until a call fails (the cut), agree on the survivors, go on or stop.
+fn partition(
+    comm: Communicator,
+    me: usize,
+    mut members: Vec<usize>,
+    n: usize,
+    then: usize,
+    timeout: Duration,
+) {
+    let t0 = Instant::now();
+    let mut calls = 0usize;
+    let err = loop {
+        match checked(&comm, me, &members, n) {
+            Ok(()) if t0.elapsed() < timeout * 12 => calls += 1,
+            Ok(()) => fail(me, "the calls kept succeeding: no partition came".into()),
+            Err(e) => break e,
+        }
+    };
+    let t1 = Instant::now();
+    let alive = match comm.survivors() {
+        Ok(a) => a,
+        Err(e) if e.message().contains("not a majority") || e.message().contains("counted") => {
+            println!(
+                "rank {me}: stopped: after {calls} calls, the call failed ({:?}), then the \
+                 agreement in {:.2} s: {e}",
+                err.kind(),
+                t1.elapsed().as_secs_f64()
+            );
+            return;
+        }
+        Err(e) => fail(me, format!("survivors: {e} (the call failed: {err})")),
+    };
+    let agreed_in = t1.elapsed();
+    let excluded: Vec<usize> = members
+        .iter()
+        .copied()
+        .filter(|r| alive.binary_search(r).is_err())
+        .collect();
+    let comm = comm
+        .shrink(&excluded)
+        .unwrap_or_else(|e| fail(me, format!("shrink to {alive:?}: {e}")));
+    members = alive;
+    for i in 0..then {
+        if let Err(e) = checked(&comm, me, &members, n) {
+            fail(me, format!("all-reduce {i} after the shrink: {e}"));
+        }
+    }
+    println!(
+        "rank {me}: survived the partition: after {calls} calls the call failed ({:?}), the \
+         survivors agreed on {members:?} in {:.2} s, {then} checked all-reduces on {} ranks",
+        err.kind(),
+        agreed_in.as_secs_f64(),
         comm.size()
     );
 }

@@ -193,6 +193,74 @@ fn checked_run(c: &Cluster, transport: &str, env: &[(&str, &str)]) -> Vec<[u64; 
 /// rank must end with an error within 30 s of it (a rank's deadline plus the diagnosis'
 /// grace), none may hang (the run's own limit is 60 s) or succeed. `undo` repairs it. The
 /// ranks' logs.
+/// `examples/survive`, built by `cargo test` beside this test.
+fn survive_bin() -> Option<String> {
+    std::env::current_exe()
+        .ok()
+        .and_then(|t| Some(t.parent()?.parent()?.join("examples/survive")))
+        .filter(|p| p.exists())
+        .map(|p| p.to_str().expect("a UTF-8 path").to_string())
+}
+
+/// Node 0 cut off from nodes 1 and 2 while every rank loops over checked all-reduces
+/// (`examples/survive --partition 1`): ranks 2–5 agree, shrink and go on; ranks 0 and 1 stop.
+fn partition_survive(c: &Cluster, bin: &str) {
+    let runner = {
+        let c2 = Cluster {
+            name: c.name.clone(),
+            dir: c.dir.clone(),
+        };
+        let bin = bin.to_string();
+        std::thread::spawn(move || {
+            let o = c2.run(
+                &[("PCCL_TIMEOUT", "5")],
+                90,
+                &[&bin, "--partition", "1", "--then", "10"],
+            );
+            std::mem::forget(c2);
+            o
+        })
+    };
+    std::thread::sleep(Duration::from_secs(4));
+    for other in ["1", "2"] {
+        let o = c.cmd(&["partition", "0", other, "cut"]).output().unwrap();
+        assert!(o.status.success(), "partition 0 {other}: {}", text(&o));
+    }
+    let o = runner.join().unwrap();
+    for other in ["1", "2"] {
+        let h = c.cmd(&["partition", "0", other, "heal"]).output().unwrap();
+        assert!(h.status.success(), "heal 0 {other}: {}", text(&h));
+    }
+    let logs = c.rank_logs();
+    let all = logs.join("\n---\n");
+    assert!(
+        o.status.success(),
+        "partition survival: {}\n{all}",
+        text(&o)
+    );
+    for (r, log) in logs.iter().enumerate() {
+        if r < 2 {
+            assert!(
+                log.contains("stopped:") && log.contains("not a majority"),
+                "rank {r} (the minority side) was not refused:\n{all}"
+            );
+        } else {
+            assert!(
+                log.contains("survived the partition") && log.contains("on 4 ranks"),
+                "rank {r} (the majority side) did not go on:\n{all}"
+            );
+        }
+    }
+    println!(
+        "partition survival: {}",
+        logs[2].lines().last().unwrap_or("")
+    );
+    println!(
+        "partition survival: {}",
+        logs[0].lines().last().unwrap_or("")
+    );
+}
+
 fn fault_run(c: &Cluster, fault: &[&str], undo: &[&str]) -> Vec<String> {
     let t0 = Instant::now();
     let runner = {
@@ -330,14 +398,9 @@ fn an_emulated_cluster_runs_checked_collectives_on_the_mapped_nics_and_fails_cle
     // A node lost (node 2's ranks exit abruptly mid-run): the survivors' calls fail, the
     // lost ranks show in `dead_ranks()`, the survivors shrink them out and go on, every
     // result checked (examples/survive.rs; built by `cargo test` beside this test).
-    let survive = std::env::current_exe()
-        .ok()
-        .and_then(|t| Some(t.parent()?.parent()?.join("examples/survive")))
-        .filter(|p| p.exists());
-    match survive {
+    match survive_bin() {
         None => println!("node loss: skipped (examples/survive not built)"),
         Some(bin) => {
-            let bin = bin.to_str().expect("a UTF-8 path").to_string();
             let o = c.run(
                 &[("PCCL_TIMEOUT", "5")],
                 90,
@@ -384,6 +447,12 @@ fn an_emulated_cluster_runs_checked_collectives_on_the_mapped_nics_and_fails_cle
             && (l.contains("each waited in vain for the other") || l.contains("sent no word"))),
         "no rank named the ranks behind the partition:\n{all}"
     );
+    // A partition that leaves node 0 alone: the majority (nodes 1 and 2) agrees on who is
+    // left, shrinks and goes on with checked all-reduces; node 0's ranks are refused (not a
+    // majority) instead of going on as a second job.
+    if let Some(bin) = survive_bin() {
+        partition_survive(&c, &bin);
+    }
     // A link slowed to 8 bit/s (node 1's NIC 0, every class): a stall, not a slow run.
     let logs = fault_run(
         &c,
