@@ -4,7 +4,7 @@
 # pytest, numpy; deepspeed optionally), builds libpccl.so (cargo build --release --features
 # mpi,rocm, or PCCL_TEST_FEATURES), installs ffi/python in editable mode and runs pytest on the newest torch; then runs the
 # subset that depends on torch's version (backend ops, Work lifetime, timeouts, FSDP2 /
-# DeviceMesh / functional collectives, point-to-point and all-to-all) again on torch 2.11 (the Python-ProcessGroup code path),
+# DeviceMesh / functional collectives, point-to-point and all-to-all, shrink) again on torch 2.11 (the Python-ProcessGroup code path),
 # in a virtual environment kept at $PCCL_TORCH211_VENV (default ~/.cache/pccl/venv-torch2.11).
 # PCCL_SKIP_TORCH211=1 skips that run; PCCL_TEST_WHEEL=1 also builds the wheel
 # (pip wheel ./ffi/python, the features scripts/features.sh finds) and checks libpccl.so is inside. Exits
@@ -68,7 +68,7 @@ if [ "${PCCL_SKIP_TORCH211:-0}" != 1 ]; then
     t0=$SECONDS
     set +e
     (cd ffi/python && "$py211" -m pytest -v -s -p no:cacheprovider \
-      tests/test_work.py tests/test_p2p.py tests/test_rocm.py \
+      tests/test_work.py tests/test_p2p.py tests/test_rocm.py tests/test_shrink.py \
       "tests/test_backend.py::test_collectives_match_gloo[3]" \
       tests/test_backend.py::test_import_registers_backend tests/test_backend.py::test_library_loads)
     rc211=$?

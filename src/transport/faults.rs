@@ -402,7 +402,8 @@ fn dead_error(rank: usize, how: &str) -> Error {
         ErrorKind::Remote,
         format!(
             "rank {rank} died ({how}); this communicator cannot run collectives any more: \
-             shrink it without the dead ranks (Communicator::shrink / pcclCommShrink) or \
+             shrink it without the dead ranks (Communicator::shrink / pcclCommShrink, or \
+             shrink_to_survivors / pcclCommShrinkSurvivors to let the survivors agree) or \
              create a new one"
         ),
     )

@@ -102,6 +102,8 @@ _SIGNATURES = {
     "pcclCommCount": [_comm_t, ctypes.POINTER(_int)],
     "pcclCommUserRank": [_comm_t, ctypes.POINTER(_int)],
     "pcclCommSplit": [_comm_t, _int, _int, ctypes.POINTER(_comm_t)],
+    "pcclCommShrink": [_comm_t, ctypes.POINTER(_int), _int, ctypes.POINTER(_comm_t)],
+    "pcclCommShrinkSurvivors": [_comm_t, ctypes.POINTER(_comm_t)],
     "pcclCommSetTimeout": [_comm_t, ctypes.c_uint64],
     "pcclCommGetTimeout": [_comm_t, ctypes.POINTER(ctypes.c_uint64)],
     "pcclCommGetAsyncError": [_comm_t, ctypes.POINTER(ctypes.c_int)],
@@ -333,6 +335,28 @@ class Communicator:
         check("pcclCommSplit", code, self.handle)
         if not c.value:
             return None
+        return Communicator(c.value, self.get_timeout())
+
+    def shrink(self, excluded) -> "Communicator":
+        """``pcclCommShrink``: a communicator of this one's ranks not in ``excluded`` (dead
+        ranks; they take no part), made by the ranks that stay, which pass the same list."""
+        ranks = [int(r) for r in excluded]
+        arr = (_int * max(1, len(ranks)))(*ranks)
+        c = _comm_t()
+        code = lib().pcclCommShrink(self.handle, arr, len(ranks), ctypes.byref(c))
+        check("pcclCommShrink", code, self.handle)
+        return Communicator(c.value, self.get_timeout())
+
+    def shrink_to_survivors(self) -> "Communicator":
+        """``pcclCommShrinkSurvivors``: the ranks that still reach each other agree on who
+        goes on and form a new communicator; on the minority side of a partition (or counted
+        out by the others) a :class:`PcclError` instead."""
+        if not has("pcclCommShrinkSurvivors"):
+            raise RuntimeError(
+                f"pccl: libpccl at {library_path()} has no pcclCommShrinkSurvivors: rebuild it")
+        c = _comm_t()
+        code = lib().pcclCommShrinkSurvivors(self.handle, ctypes.byref(c))
+        check("pcclCommShrinkSurvivors", code, self.handle)
         return Communicator(c.value, self.get_timeout())
 
     def set_timeout(self, seconds: float) -> None:

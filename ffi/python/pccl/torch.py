@@ -53,9 +53,10 @@ from ._quantized import (  # noqa: F401
 )
 from ._work import (PcclTimeoutError, PcclWork, _done_work, _seconds,  # noqa: F401
                     drain, inflight, reap)
+from ._shrink import shrink_group, shrink_to_survivors  # noqa: F401
 
 __all__ = ["PcclBackend", "PcclWork", "PcclTimeoutError", "BACKEND_NAME", "register",
-           "inflight", "reap", "drain"]
+           "inflight", "reap", "drain", "shrink_group", "shrink_to_survivors"]
 
 BACKEND_NAME = "pccl"
 
@@ -317,6 +318,31 @@ class PcclBackend(P2PMixin, _BASE):
             child = self._child(comm, store, ranks, timeout, name)
         self._splits[key] = child
         return child
+
+    # ---- shrinking: torch's dist.shrink_group calls these where it can use a Python
+    # backend; pccl.torch.shrink_group / shrink_to_survivors (_shrink.py) on any torch.
+
+    @property
+    def supports_shrinking(self):
+        return _lib.has("pcclCommShrink")
+
+    def shrink(self, ranks_to_exclude, shrink_flags=0, opts=None):
+        """A backend of this group's ranks not in ``ranks_to_exclude`` over
+        ``pcclCommShrink`` (the excluded ranks take no part)."""
+        excluded = sorted({int(r) for r in ranks_to_exclude})
+        if shrink_flags:  # SHRINK_ABORT: end what is in flight on the old communicator
+            self._flush_p2p()
+        ready, self._shrunk_ready = getattr(self, "_shrunk_ready", None), None
+        if ready is not None and list(ready[0]) == excluded:
+            comm = ready[1]  # made by the survivors' agreement (pccl.torch.shrink_to_survivors)
+        else:
+            if ready is not None:
+                ready[1].destroy()
+            comm = self._live().shrink(excluded)
+        keep = [r for r in range(self.size()) if r not in excluded]
+        timeout = getattr(opts, "_timeout", None) or self._options._timeout
+        name = str(getattr(opts, "group_name", "") or f"{self._group_name}:shrunk")
+        return self._child(comm, None, keep, timeout, name, opts)
 
     @property
     def supports_coalescing(self):
