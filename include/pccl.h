@@ -68,6 +68,14 @@
 #define PCCL_QUANT_HALVING 4
 
 /**
+ * `flags` bit of [`pcclReduceScatterQuantized`]: one quantized all-to-all per level of the
+ * topology — inside the group (`PCCL_GROUP_SIZE`: a GPU pair, a NUMA node), among the
+ * node's groups, between nodes — instead of two (without groups it is the two-hop scheme).
+ * Host memory where the topology has groups. Not with [`PCCL_QUANT_HALVING`].
+ */
+#define PCCL_QUANT_PER_LEVEL 8
+
+/**
  * Opaque communicator; only ever used through a `pcclComm_t`.
  */
 typedef struct pcclComm pcclComm;

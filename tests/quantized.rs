@@ -354,7 +354,7 @@ fn reduce_scatter_quantized_stays_within_its_error_bound() {
                             level(p)
                         };
                         let bound = match scheme {
-                            QuantScheme::TwoHop => (s1 + s2) / 2.0 * 1.001,
+                            QuantScheme::TwoHop | QuantScheme::PerLevel => (s1 + s2) / 2.0 * 1.001,
                             QuantScheme::Halving => steps * s1 / 2.0 * 1.001,
                         };
                         let err = (got[e] - exact).abs();
@@ -424,5 +424,171 @@ fn reduce_scatter_quantized_refuses_nan_and_disagreement_on_every_rank() {
         assert!(nan.contains("rank(s) 3 holds NaN"), "rank {r}: {nan}");
         assert!(differ.contains("rank 1: 4 bits"), "rank {r}: {differ}");
         assert!(schemes.contains("scheme halving"), "rank {r}: {schemes}");
+    }
+}
+
+fn cfg_groups(m: usize, g: usize) -> Config {
+    Config {
+        group_size: Some(g),
+        ..cfg(m, None)
+    }
+}
+
+/// The per-level scheme (one quantized all-to-all per level: group, node, network) on
+/// shapes with groups, one node, and none: every contribution exactly once (±1 values are
+/// exact at any step, so the sum must be too).
+#[test]
+fn per_level_reduce_scatter_holds_each_contribution_exactly_once() {
+    // (ranks, per node, per group, whether the groups make a level)
+    for &(p, m, g, grouped) in &[
+        (8, 4, 2, true),
+        (12, 6, 3, true),
+        (12, 6, 2, true),
+        (16, 8, 2, true),
+        (8, 8, 2, true),
+        (6, 6, 3, true),
+        (4, 2, 2, false),
+        (8, 4, 1, false),
+        (5, 1, 1, false),
+    ] {
+        for bits in [8, 4] {
+            let n = 70;
+            let q = Quant {
+                bits,
+                block: 32,
+                allow_nonfinite: false,
+            };
+            let owner = |dst: usize, e: usize| (dst * 7 + e * 3) % p;
+            let sign = |r: usize| if r % 3 == 0 { -1.0f32 } else { 1.0 };
+            Communicator::run_threads(p, cfg_groups(m, g), |c| {
+                assert_eq!(c.topology().has_groups(), grouped, "{p}x{m}/g{g}");
+                let me = c.rank();
+                let input: Vec<f32> = (0..p * n)
+                    .map(|i| {
+                        let (dst, e) = (i / n, i % n);
+                        if owner(dst, e) == me {
+                            sign(me)
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect();
+                for round in 0..2 {
+                    let mut out = vec![9f32; n];
+                    c.reduce_scatter_quantized_with(&input, &mut out, q, false, QuantScheme::PerLevel)
+                        .unwrap_or_else(|e| panic!("{p} ranks ({m}/node, g{g}) {bits}-bit: {e}"));
+                    for (e, &v) in out.iter().enumerate() {
+                        assert_eq!(
+                            v,
+                            sign(owner(me, e)),
+                            "{p} ranks ({m}/node, g{g}) {bits}-bit round {round}: rank {me} element {e}"
+                        );
+                    }
+                }
+            })
+            .unwrap();
+        }
+    }
+}
+
+/// The per-level scheme's error: at most half a step per quantized piece an element passed
+/// through — each contributor's block, each group's partial sum, each node's — so within
+/// `3 · Σ_r max|x_r| / (2 · q_max)` with three levels; the measured error is printed next to
+/// the two-hop scheme's on the same data.
+#[test]
+fn per_level_reduce_scatter_stays_within_its_error_bound() {
+    let (p, m, g, n) = (8, 4, 2, 300);
+    for bits in [8u32, 4] {
+        for tail in [false, true] {
+            let q = Quant {
+                bits,
+                block: 64,
+                allow_nonfinite: false,
+            };
+            let data = |r: usize, i: usize| -> f32 {
+                let x = ((i * 2654435761 + r * 40503) % 10007) as f32 / 5003.5 - 1.0;
+                if tail && i % 97 == 0 {
+                    x * 1e3
+                } else {
+                    x
+                }
+            };
+            let out = Communicator::run_threads(p, cfg_groups(m, g), |c| {
+                let input: Vec<f32> = (0..p * n).map(|i| data(c.rank(), i)).collect();
+                let mut per = vec![0f32; n];
+                c.reduce_scatter_quantized_with(&input, &mut per, q, false, QuantScheme::PerLevel)
+                    .unwrap();
+                let mut two = vec![0f32; n];
+                c.reduce_scatter_quantized_with(&input, &mut two, q, false, QuantScheme::TwoHop)
+                    .unwrap();
+                (per, two)
+            })
+            .unwrap();
+            let s: f32 = (0..p)
+                .map(|r| (0..p * n).map(|k| data(r, k).abs()).fold(0f32, f32::max))
+                .sum();
+            let bound = 3.0 * s / (2.0 * q.q_max()) * 1.01;
+            let (mut worst, mut worst2) = (0f32, 0f32);
+            for (me, (per, two)) in out.iter().enumerate() {
+                for e in 0..n {
+                    let exact: f32 = (0..p).map(|r| data(r, me * n + e)).sum();
+                    let err = (per[e] - exact).abs();
+                    assert!(
+                        err <= bound,
+                        "INT{bits} tail {tail}: rank {me} element {e}: {} vs {exact}, bound {bound}",
+                        per[e]
+                    );
+                    worst = worst.max(err);
+                    worst2 = worst2.max((two[e] - exact).abs());
+                }
+            }
+            println!(
+                "reduce_scatter_quantized PerLevel {p} ranks ({m}/node, groups of {g}) INT{bits}, {}: max error {worst:.4} (two-hop {worst2:.4}), bound {bound:.4}",
+                if tail { "heavy-tailed" } else { "uniform" }
+            );
+        }
+    }
+}
+
+/// A rank that asks for another scheme, or brings a NaN, fails the per-level call on every
+/// rank (named), before any piece moves; the next call is right.
+#[test]
+fn per_level_refusals_reach_every_rank() {
+    let out = Communicator::run_threads(8, cfg_groups(4, 2), |c| {
+        let me = c.rank();
+        let scheme = if me == 5 {
+            QuantScheme::TwoHop
+        } else {
+            QuantScheme::PerLevel
+        };
+        let mut o = vec![0f32; 40];
+        let differ = c
+            .reduce_scatter_quantized_with(&[1f32; 320], &mut o, Quant::INT8, false, scheme)
+            .unwrap_err();
+        let mut x = vec![1f32; 320];
+        if me == 2 {
+            x[100] = f32::NAN;
+        }
+        let nan = c
+            .reduce_scatter_quantized_with(&x, &mut o, Quant::INT8, false, QuantScheme::PerLevel)
+            .unwrap_err();
+        c.reduce_scatter_quantized_with(
+            &[1f32; 320],
+            &mut o,
+            Quant::INT8,
+            false,
+            QuantScheme::PerLevel,
+        )
+        .unwrap();
+        assert!(o.iter().all(|&v| v == 8.0), "{o:?}");
+        (differ.message().to_string(), nan.message().to_string())
+    })
+    .unwrap();
+    for (r, (differ, nan)) in out.iter().enumerate() {
+        assert!(differ.contains('5'), "rank {r}: {differ}");
+        assert!(
+            nan.contains('2') && nan.to_lowercase().contains("nan"),
+            "rank {r}: {nan}"
+        );
     }
 }

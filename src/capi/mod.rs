@@ -29,7 +29,7 @@ mod quantized;
 
 pub use quantized::{
     pcclAllGatherQuantized, pcclReduceScatterQuantized, PCCL_QUANT_ALLOW_NONFINITE,
-    PCCL_QUANT_AVERAGE, PCCL_QUANT_HALVING,
+    PCCL_QUANT_AVERAGE, PCCL_QUANT_HALVING, PCCL_QUANT_PER_LEVEL,
 };
 
 use crate::comm::request::Request;

@@ -26,6 +26,12 @@ pub const PCCL_QUANT_AVERAGE: u32 = 2;
 /// quantized all-to-alls (docs/QUANTIZED.md). Every rank must pass the same.
 pub const PCCL_QUANT_HALVING: u32 = 4;
 
+/// `flags` bit of [`pcclReduceScatterQuantized`]: one quantized all-to-all per level of the
+/// topology — inside the group (`PCCL_GROUP_SIZE`: a GPU pair, a NUMA node), among the
+/// node's groups, between nodes — instead of two (without groups it is the two-hop scheme).
+/// Host memory where the topology has groups. Not with [`PCCL_QUANT_HALVING`].
+pub const PCCL_QUANT_PER_LEVEL: u32 = 8;
+
 /// Which quantized collective.
 #[derive(Clone, Copy)]
 enum Which {
@@ -120,6 +126,10 @@ fn quantized(
             "unknown flags {:#x}",
             flags & !known
         )));
+    } else if flags & PCCL_QUANT_HALVING != 0 && flags & PCCL_QUANT_PER_LEVEL != 0 {
+        local = Some(Error::invalid(
+            "flags PCCL_QUANT_HALVING and PCCL_QUANT_PER_LEVEL name two schemes: pass one",
+        ));
     }
     let comm = &c.comm;
     let dt = dtype_of(datatype);
@@ -244,6 +254,8 @@ pub unsafe extern "C" fn pcclReduceScatterQuantized(
                 average: flags & PCCL_QUANT_AVERAGE != 0,
                 scheme: if flags & PCCL_QUANT_HALVING != 0 {
                     crate::QuantScheme::Halving
+                } else if flags & PCCL_QUANT_PER_LEVEL != 0 {
+                    crate::QuantScheme::PerLevel
                 } else {
                     crate::QuantScheme::TwoHop
                 },
@@ -256,7 +268,10 @@ pub unsafe extern "C" fn pcclReduceScatterQuantized(
                 bits,
                 block,
                 flags,
-                PCCL_QUANT_ALLOW_NONFINITE | PCCL_QUANT_AVERAGE | PCCL_QUANT_HALVING,
+                PCCL_QUANT_ALLOW_NONFINITE
+                    | PCCL_QUANT_AVERAGE
+                    | PCCL_QUANT_HALVING
+                    | PCCL_QUANT_PER_LEVEL,
             ),
             stream,
         )

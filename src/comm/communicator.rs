@@ -104,6 +104,9 @@ struct Inner {
     /// The node's and the network's sub-communicators of the two-hop quantized
     /// reduce-scatter (`quantized`), split once, on its first call.
     levels: Mutex<Option<(Communicator, Communicator)>>,
+    /// The per-level quantized reduce-scatter's sub-communicators, innermost level first
+    /// (split on first use).
+    per_level: Mutex<Option<Vec<Communicator>>>,
 }
 
 /// This rank's NIC view: discovery (cached per process) with the configured map and file.
@@ -224,6 +227,7 @@ impl Communicator {
                 abort_hooks: Mutex::new(Vec::new()),
                 device_error: Arc::new(Mutex::new(None)),
                 levels: Mutex::new(None),
+                per_level: Mutex::new(None),
             }),
         }
     }

@@ -150,6 +150,7 @@ PCCL_QUANT_AVERAGE = 2
 #: ``flags`` bit of ``pcclReduceScatterQuantized``: recursive halving at each level instead
 #: of the two quantized all-to-alls.
 PCCL_QUANT_HALVING = 4
+PCCL_QUANT_PER_LEVEL = 8
 
 _lock = threading.Lock()
 _lib = None
@@ -483,7 +484,7 @@ class Communicator:
     def reduce_scatter_quantized(self, send, recv, recvcount, dtype, bits, block,
                                  flags=0, stream=None) -> None:
         """``pcclReduceScatterQuantized`` (qgZ: quantized all-to-alls inside the node, then
-        between nodes; ``flags`` may add ``PCCL_QUANT_AVERAGE`` and ``PCCL_QUANT_HALVING``,
+        between nodes; ``flags`` may add ``PCCL_QUANT_AVERAGE`` and ``PCCL_QUANT_HALVING`` (or ``PCCL_QUANT_PER_LEVEL``),
         the latter host memory only). Memory and blocking as ``allgather_quantized``."""
         code = lib().pcclReduceScatterQuantized(send, recv, recvcount, dtype, bits, block,
                                                 flags, self.handle, stream)

@@ -118,19 +118,24 @@ def reduce_scatter_quantized(output, input, bits=8, block=2048, average=False,
     """Reduce-scatter (sum, or mean with ``average``) of ``input`` (``output.numel() x world``
     elements, block ``r`` for rank ``r``) into ``output`` with the data block-quantized on the
     wire: ``scheme="two-hop"`` (ZeRO++'s qgZ: an all-to-all of quantized pieces inside the
-    node, summed in float32 and requantized, then between nodes) or ``"halving"`` (recursive
-    halving inside the node and between nodes, every partial sum quantized: log2 steps per
-    level). Every element is within half a step of every quantized piece it passed through
+    node, summed in float32 and requantized, then between nodes), ``"per-level"`` (one such
+    all-to-all per level of the topology: inside the group — a GPU pair, a NUMA node,
+    ``PCCL_GROUP_SIZE`` — among the node's groups, between nodes; without groups the same as
+    two-hop) or ``"halving"`` (recursive halving inside the node and between nodes, every
+    partial sum quantized: log2 steps per level). Every element is within half a step of every quantized piece it passed through
     (docs/QUANTIZED.md). Dtypes, refusals and ``group`` as ``all_gather_quantized``; every
-    rank must pass the same scheme (``"halving"``: CPU tensors only). Synchronous."""
+    rank must pass the same scheme (``"halving"``, and ``"per-level"`` with groups: CPU
+    tensors only). Synchronous."""
     call = "reduce_scatter_quantized"
-    if scheme not in ("two-hop", "halving"):
-        raise ValueError(f"pccl: {call}: scheme must be 'two-hop' or 'halving', not {scheme!r}")
+    schemes = {"two-hop": 0, "halving": _lib.PCCL_QUANT_HALVING,
+               "per-level": _lib.PCCL_QUANT_PER_LEVEL}
+    if scheme not in schemes:
+        raise ValueError(f"pccl: {call}: scheme must be 'two-hop', 'per-level' or 'halving', "
+                         f"not {scheme!r}")
     be, comm, inp, out, stream = _quantized_args(call, output, input, group)
     n = output.numel()
     flags = (_lib.PCCL_QUANT_ALLOW_NONFINITE if allow_nonfinite else 0) | (
-        _lib.PCCL_QUANT_AVERAGE if average else 0) | (
-        _lib.PCCL_QUANT_HALVING if scheme == "halving" else 0)
+        _lib.PCCL_QUANT_AVERAGE if average else 0) | schemes[scheme]
     if input.numel() != n * be.size():
         _refuse(comm.reduce_scatter_quantized,
                 (n, _dtype(inp, call), int(bits), int(block), flags),

@@ -441,6 +441,9 @@ def quantized(ck: Checker):
         pccl.torch.reduce_scatter_quantized(out, inp, bits=bits, block=32, scheme="halving")
         ck.close(f"reduce_scatter_quantized {bits}-bit halving", out, sign[me * m:(me + 1) * m],
                  True)
+        pccl.torch.reduce_scatter_quantized(out, inp, bits=bits, block=32, scheme="per-level")
+        ck.close(f"reduce_scatter_quantized {bits}-bit per-level", out,
+                 sign[me * m:(me + 1) * m], True)
     if n == 1:
         return
     ck.checks += 1

@@ -99,8 +99,8 @@ pub fn split_per_algo(
     Ok(out)
 }
 
-/// The quantization and reduce-scatter scheme of a `q8` / `q4` / `q8h` / `q4h` entry of the
-/// list (`q8:ALGO`: with that algorithm).
+/// The quantization and reduce-scatter scheme of a `q8` / `q4` / `q8h` / `q4h` / `q8l` /
+/// `q4l` entry of the list (`q8:ALGO`: with that algorithm; `l`: one hop per level).
 fn quant_of(name: &str) -> Option<(Quant, QuantScheme)> {
     let int4 = Quant {
         bits: 4,
@@ -111,6 +111,8 @@ fn quant_of(name: &str) -> Option<(Quant, QuantScheme)> {
         "q4" => Some((int4, QuantScheme::TwoHop)),
         "q8h" => Some((Quant::INT8, QuantScheme::Halving)),
         "q4h" => Some((int4, QuantScheme::Halving)),
+        "q8l" => Some((Quant::INT8, QuantScheme::PerLevel)),
+        "q4l" => Some((int4, QuantScheme::PerLevel)),
         _ => None,
     }
 }
@@ -278,6 +280,9 @@ pub fn run_size<T: Element>(
                     (QuantScheme::TwoHop, false) => "a2a",
                     (QuantScheme::Halving, true) => "rs+halving",
                     (QuantScheme::Halving, false) => "halving",
+                    (QuantScheme::PerLevel, _) if t.has_groups() => "a2a-3hop",
+                    (QuantScheme::PerLevel, true) => "a2a-2hop",
+                    (QuantScheme::PerLevel, false) => "a2a",
                 };
                 format!("q{}:{how}", q.bits)
             }

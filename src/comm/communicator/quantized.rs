@@ -230,6 +230,9 @@ impl Communicator {
 
     /// [`Communicator::reduce_scatter_quantized`] with the scheme `scheme` (every rank must
     /// pass the same; a rank that does not fails the call on every rank, named).
+    /// [`QuantScheme::PerLevel`]: one quantized all-to-all per level of the topology (group,
+    /// node, network; routing proven in `crate::plan::two_hop`), error bound per element
+    /// `Σ_ranks s₁/2 + Σ_groups s₂/2 + Σ_nodes s₃/2`, one term per hop's quantized pieces.
     /// [`QuantScheme::Halving`]: recursive halving inside the node, then between nodes, every
     /// partial sum quantized on the wire; error bound per element `Σ_steps s/2`, `s` the step
     /// of each quantized partial sum it received (one per halving step, `log2 M + log2 N`,
@@ -260,7 +263,25 @@ impl Communicator {
         let topo = self.topology();
         let nodes = topo.nodes();
         let two_hops = crate::plan::two_hop::applies(nodes);
-        let mut sum = if two_hops {
+        let per_level = match (scheme, topo.levels()) {
+            (QuantScheme::PerLevel, Some(radices)) if p > 1 => Some(radices),
+            _ => None,
+        };
+        let mut sum = if let Some(radices) = per_level {
+            let order = crate::plan::two_hop::level_order(nodes, &radices);
+            let mut payload = alloc_f32(p * n, "this rank's input")?;
+            for (i, &r) in order.iter().enumerate() {
+                T::to_f32_slice(&input[r * n..(r + 1) * n], &mut payload[i * n..(i + 1) * n]);
+            }
+            self.with_per_level(&radices, |comms| {
+                for c in comms {
+                    let len = payload.len() / c.size();
+                    payload = quantized_hop(c, &payload, len, q)?;
+                }
+                Ok(())
+            })?;
+            payload
+        } else if two_hops {
             let payload = node_units(input, nodes, n)?;
             self.with_levels(|intra, inter| {
                 let partial = quantized_hop(intra, &payload, nodes.len() * n, q)?;
@@ -301,6 +322,42 @@ impl Communicator {
         }
         let (intra, inter) = l.as_ref().expect("split above");
         f(intra, inter)
+    }
+}
+
+impl Communicator {
+    /// Runs `f` on the sub-communicators of the per-level scheme, innermost level first
+    /// (`crate::plan::two_hop::hop_levels`): at level `l`, the ranks whose coordinates differ
+    /// only at `l`, ordered by it. Split on first use (every rank reaches this in the same
+    /// call, after the agreement).
+    fn with_per_level<R>(
+        &self,
+        radices: &[usize],
+        f: impl FnOnce(&[Communicator]) -> Result<R>,
+    ) -> Result<R> {
+        use crate::plan::two_hop::{coords, hop_levels};
+        let mut l = super::lock(&self.inner.per_level);
+        if l.is_none() {
+            let c = coords(self.topology().nodes(), radices, self.rank());
+            let mut comms = Vec::new();
+            for level in hop_levels(radices) {
+                // The colour: the other coordinates, as one mixed-radix number.
+                let colour = radices
+                    .iter()
+                    .zip(&c)
+                    .enumerate()
+                    .filter(|&(i, _)| i != level)
+                    .fold(0u64, |acc, (_, (&r, &d))| acc * r as u64 + d as u64);
+                let colour = u32::try_from(colour)
+                    .map_err(|_| Error::internal("a per-level colour overflows u32"))?;
+                let sub = self.split(Some(colour), c[level] as i32)?.ok_or_else(|| {
+                    Error::internal("a split with this rank's colour left it out")
+                })?;
+                comms.push(sub);
+            }
+            *l = Some(comms);
+        }
+        f(l.as_deref().unwrap_or(&[]))
     }
 }
 

@@ -218,6 +218,12 @@ impl Communicator {
                     "the halving scheme takes host memory; device buffers take the two-hop one",
                 ));
             }
+            if scheme == QuantScheme::PerLevel && self.topology().has_groups() {
+                return Err(Error::usage(
+                    "the per-level scheme with groups inside the node takes host memory; \
+                     device buffers take the two-hop one",
+                ));
+            }
             let eb = bytes_of::<T>(n, call)?;
             let ib = eb
                 .checked_mul(p)

@@ -20,6 +20,12 @@ pub enum QuantScheme {
     /// the wire (`log2 M + log2 N` messages per rank, about as many bytes); with one node,
     /// one rank per node or nodes of unequal size, recursive halving over every rank.
     Halving,
+    /// One quantized all-to-all per level of the topology, innermost first: inside the
+    /// group (a GPU pair, a NUMA node: `PCCL_GROUP_SIZE`), among the node's groups, then
+    /// between nodes — a third hop where the topology has groups, so the slower links inside
+    /// the node carry `1/g` of the data (one more requantization: its half step joins the
+    /// error bound). Without groups, exactly [`QuantScheme::TwoHop`].
+    PerLevel,
 }
 
 impl QuantScheme {
@@ -28,6 +34,7 @@ impl QuantScheme {
         match self {
             QuantScheme::TwoHop => 0,
             QuantScheme::Halving => 1,
+            QuantScheme::PerLevel => 2,
         }
     }
 }
