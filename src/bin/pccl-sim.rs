@@ -108,8 +108,9 @@ struct Args {
     #[arg(long, default_value_t = 2048)]
     qblock: usize,
     /// How --quantize's reduce-scatter moves its partial sums: `two-hop` (ZeRO++'s qgZ: two
-    /// quantized all-to-alls) or `halving` (full precision inside the node, quantized
-    /// recursive halving between nodes).
+    /// quantized all-to-alls), `per-level` (three: inside the preset's GPU pairs, among
+    /// the node's pairs, between nodes) or `halving` (quantized recursive halving inside the
+    /// node and between nodes).
     #[arg(long, default_value = "two-hop")]
     qscheme: String,
     /// Print the speedup table of the heatmap as Markdown too.
@@ -390,7 +391,10 @@ fn main() {
                     let how = match args.qscheme.as_str() {
                         "two-hop" => pccl::model::quantized::reduce_scatter_seconds,
                         "halving" => pccl::model::quantized::reduce_scatter_halving_seconds,
-                        o => fail(format!("--qscheme {o}: expected two-hop or halving")),
+                        "per-level" => pccl::model::quantized::reduce_scatter_per_level_seconds,
+                        o => fail(format!(
+                            "--qscheme {o}: expected two-hop, per-level or halving"
+                        )),
                     };
                     return how(&sim.prof, (topo.nodes().len(), m), n, 2, &q)
                         .unwrap_or_else(|e| fail(e));

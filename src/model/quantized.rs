@@ -116,6 +116,69 @@ pub fn reduce_scatter_seconds(
     Ok((t_header + t1 + t2 + k, k))
 }
 
+/// What the per-level quantized reduce-scatter ([`crate::QuantScheme::PerLevel`]) of `n`
+/// elements per rank costs on `n_nodes` nodes of `m` ranks in groups of the profile's
+/// `pair_size` (`g`), in seconds: (the whole call, of which the kernels). Three all-to-alls:
+/// inside the group on the pair links (pieces of `(m/g)·N·n` elements), among the node's
+/// groups (one rank per group, pieces of `N·n`; the `g` such all-to-alls of a node share its
+/// total bandwidth where the profile has one), between nodes as in the two-hop scheme. Without
+/// groups that divide the node, the two-hop cost ([`reduce_scatter_seconds`]).
+pub fn reduce_scatter_per_level_seconds(
+    prof: &Profile,
+    (n_nodes, m): (usize, usize),
+    n: usize,
+    elem_bytes: usize,
+    q: &Quant,
+) -> Result<(f64, f64)> {
+    let g = prof.intra.pair_size;
+    if g <= 1 || g >= m || m % g != 0 {
+        return reduce_scatter_seconds(prof, (n_nodes, m), n, elem_bytes, q);
+    }
+    let groups = m / g;
+    let a2a = Collective::AllToAll { direct: false };
+    let ring = Algorithm::Flat(LevelAlgo::Ring);
+    let t_header = header_seconds(prof, (n_nodes, m))?;
+    let rate = prof.copy_gbps * 1e9;
+    let p = n_nodes * m;
+    let kernels = |pieces: usize, len: usize| -> f64 {
+        let rec = q.record_bytes(len) as f64;
+        2.0 * pieces as f64 * ((len * 4) as f64 + rec) / rate
+    };
+    let input = (p * n * elem_bytes) as f64;
+    let convert = (input + (p * n * 4) as f64) / rate + ((n * 4 + n * elem_bytes) as f64) / rate;
+    let a2a_on = |topo: &Topology, prof: &Profile, len: usize| -> Result<f64> {
+        Ok(Cluster::new(topo, prof)
+            .simulate(
+                &Job::new(a2a, ring, q.record_bytes(len) as f64),
+                Engine::Auto,
+            )?
+            .seconds)
+    };
+    // Hop 1: a group of g ranks on its pair links.
+    let t1 = a2a_on(&Topology::uniform(g, g), prof, groups * n_nodes * n)?;
+    // Hop 2: one rank per group on the node's links, g of them at once.
+    let mut mid = prof.clone();
+    mid.intra.pair_size = 1;
+    if mid.intra.node_bandwidth_gbps > 0.0 {
+        mid.intra.node_bandwidth_gbps /= g as f64;
+    }
+    let t2 = a2a_on(&Topology::uniform(groups, groups), &mid, n_nodes * n)?;
+    // Hop 3: between nodes, each local index on its share of the node's NICs.
+    let t3 = if n_nodes > 1 {
+        let mut share = prof.clone();
+        share.inter.nic_bandwidth_gbps *= prof.inter.nics as f64 / m as f64;
+        share.inter.nics = 1;
+        a2a_on(&Topology::uniform(n_nodes, 1), &share, n)?
+    } else {
+        0.0
+    };
+    let mut k = kernels(g, groups * n_nodes * n) + kernels(groups, n_nodes * n) + convert;
+    if n_nodes > 1 {
+        k += kernels(n_nodes, n);
+    }
+    Ok((t_header + t1 + t2 + t3 + k, k))
+}
+
 /// What the quantized reduce-scatter by recursive halving ([`crate::QuantScheme::Halving`])
 /// of `n` elements per rank costs on `n_nodes` nodes of `m` ranks, in seconds: (the whole call,
 /// of which the kernels). Inside the node recursive halving over units of `N·n` elements,
@@ -169,6 +232,41 @@ mod tests {
     use super::*;
     use crate::model::presets;
     use crate::topology::Topology;
+
+    #[test]
+    fn per_level_pays_off_only_where_the_pair_links_beat_the_node_links() {
+        let q = Quant {
+            bits: 4,
+            ..Quant::INT8
+        };
+        let n = 1 << 20;
+        // No pairs: exactly the two-hop cost.
+        let perl = presets::named("perlmutter").unwrap();
+        let m = perl.ranks_per_node;
+        assert_eq!(
+            reduce_scatter_per_level_seconds(&perl, (16, m), n, 2, &q).unwrap(),
+            reduce_scatter_seconds(&perl, (16, m), n, 2, &q).unwrap()
+        );
+        // Node links 20× slower than the pair links: the third hop keeps most bytes on the
+        // pairs and wins; with node links as fast as the pairs it only adds a hop.
+        let mut slow = presets::named("frontier").unwrap();
+        slow.intra.pair_size = 2;
+        slow.intra.pair_bandwidth_gbps = 200.0;
+        slow.intra.bandwidth_gbps = 10.0;
+        let m = 8;
+        let two = reduce_scatter_seconds(&slow, (4, m), n, 2, &q).unwrap().0;
+        let per = reduce_scatter_per_level_seconds(&slow, (4, m), n, 2, &q)
+            .unwrap()
+            .0;
+        assert!(per < two * 0.8, "per-level {per} s vs two-hop {two} s");
+        let mut flat = slow.clone();
+        flat.intra.bandwidth_gbps = 200.0;
+        let two = reduce_scatter_seconds(&flat, (4, m), n, 2, &q).unwrap().0;
+        let per = reduce_scatter_per_level_seconds(&flat, (4, m), n, 2, &q)
+            .unwrap()
+            .0;
+        assert!(per > two, "per-level {per} s vs two-hop {two} s");
+    }
 
     #[test]
     fn quantizing_gains_at_most_the_wire_ratio_and_pays_its_kernels() {
