@@ -200,6 +200,40 @@ fn main() {
                 failures += 1;
             }
         }
+        // The survivors' agreement with every rank alive keeps them all, leaves nothing
+        // in the way of the next collective, and its communicator works.
+        match world_comm.survivors() {
+            Ok(alive) if alive == (0..p).collect::<Vec<_>>() => {}
+            other => {
+                eprintln!("FAIL survivors: {other:?}");
+                failures += 1;
+            }
+        }
+        let mut v = vec![1u64; 77];
+        if world_comm
+            .all_reduce_in_place(&mut v, ReduceOp::Sum)
+            .is_err()
+            || v.iter().any(|&x| x != p as u64)
+        {
+            eprintln!("FAIL all_reduce after the survivors' agreement");
+            failures += 1;
+        }
+        match world_comm.shrink_to_survivors() {
+            Ok(all) if all.size() == p => {
+                let mut v = vec![r as u32; 5];
+                let want: u32 = (0..p as u32).sum();
+                if all.all_reduce_in_place(&mut v, ReduceOp::Sum).is_err()
+                    || v.iter().any(|&x| x != want)
+                {
+                    eprintln!("FAIL all_reduce on the survivors' communicator");
+                    failures += 1;
+                }
+            }
+            other => {
+                eprintln!("FAIL shrink_to_survivors: {:?}", other.map(|c| c.size()));
+                failures += 1;
+            }
+        }
     }
     finalize();
     if failures > 0 {
