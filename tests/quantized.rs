@@ -245,16 +245,7 @@ fn reduce_scatter_quantized_holds_each_contribution_exactly_once() {
             let sign = |r: usize| if r % 2 == 0 { 1.0f32 } else { -1.0 };
             Communicator::run_threads(p, cfg(m, None), |c| {
                 let me = c.rank();
-                let input: Vec<f32> = (0..p * n)
-                    .map(|i| {
-                        let (dst, e) = (i / n, i % n);
-                        if owner(dst, e) == me {
-                            sign(me)
-                        } else {
-                            0.0
-                        }
-                    })
-                    .collect();
+                let input = owned_input(p, n, me, owner, sign);
                 let mut out = vec![9f32; n];
                 c.reduce_scatter_quantized_with(&input, &mut out, q, false, scheme)
                     .unwrap_or_else(|e| panic!("{p} ranks ({m}/node) {bits}-bit {scheme:?}: {e}"));
@@ -277,6 +268,28 @@ fn reduce_scatter_quantized_holds_each_contribution_exactly_once() {
             .unwrap();
         }
     }
+}
+
+/// A reduce-scatter input in which element `e` of block `dst` comes from one rank only,
+/// `owner(dst, e)`, as `sign(owner)` (zero on every other rank): exact at any quantization
+/// step, so the sum shows each contribution counted exactly once.
+fn owned_input(
+    p: usize,
+    n: usize,
+    me: usize,
+    owner: impl Fn(usize, usize) -> usize,
+    sign: impl Fn(usize) -> f32,
+) -> Vec<f32> {
+    (0..p * n)
+        .map(|i| {
+            let (dst, e) = (i / n, i % n);
+            if owner(dst, e) == me {
+                sign(me)
+            } else {
+                0.0
+            }
+        })
+        .collect()
 }
 
 /// The documented bound on random and heavy-tailed data, every dtype, both widths and both
@@ -463,16 +476,7 @@ fn per_level_reduce_scatter_holds_each_contribution_exactly_once() {
             Communicator::run_threads(p, cfg_groups(m, g), |c| {
                 assert_eq!(c.topology().has_groups(), grouped, "{p}x{m}/g{g}");
                 let me = c.rank();
-                let input: Vec<f32> = (0..p * n)
-                    .map(|i| {
-                        let (dst, e) = (i / n, i % n);
-                        if owner(dst, e) == me {
-                            sign(me)
-                        } else {
-                            0.0
-                        }
-                    })
-                    .collect();
+                let input = owned_input(p, n, me, owner, sign);
                 for round in 0..2 {
                     let mut out = vec![9f32; n];
                     c.reduce_scatter_quantized_with(&input, &mut out, q, false, QuantScheme::PerLevel)

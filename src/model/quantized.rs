@@ -41,6 +41,20 @@ fn header_seconds(prof: &Profile, (n_nodes, m): (usize, usize)) -> Result<f64> {
         .seconds)
 }
 
+/// The kernels of one quantized all-to-all hop: quantize every one of `pieces` pieces of
+/// `len` f32 values (f32 in, record out) and dequantize as many received ones.
+fn hop_kernels(prof: &Profile, q: &Quant, pieces: usize, len: usize) -> f64 {
+    let rec = q.record_bytes(len) as f64;
+    2.0 * pieces as f64 * ((len * 4) as f64 + rec) / (prof.copy_gbps * 1e9)
+}
+
+/// The conversions around a quantized reduce-scatter on `p` ranks of `n` elements of
+/// `elem_bytes` each: the input to f32, the f32 sum back to the output's type.
+fn convert_seconds(prof: &Profile, p: usize, n: usize, elem_bytes: usize) -> f64 {
+    let input = (p * n * elem_bytes) as f64;
+    ((input + (p * n * 4) as f64) + (n * 4 + n * elem_bytes) as f64) / (prof.copy_gbps * 1e9)
+}
+
 /// What the quantized all-gather of `n` elements of `elem_bytes` per rank costs, in seconds:
 /// (the whole call, of which the kernels).
 pub fn all_gather_seconds(
@@ -78,16 +92,9 @@ pub fn reduce_scatter_seconds(
     let a2a = Collective::AllToAll { direct: false };
     let ring = Algorithm::Flat(LevelAlgo::Ring);
     let t_header = header_seconds(prof, (n_nodes, m))?;
-    let rate = prof.copy_gbps * 1e9;
     let p = n_nodes * m;
-    // Each hop: quantize every piece (f32 in, record out), dequantize every received one.
-    let kernels = |pieces: usize, len: usize| -> f64 {
-        let rec = q.record_bytes(len) as f64;
-        let f = (len * 4) as f64;
-        2.0 * pieces as f64 * (f + rec) / rate
-    };
-    let input = (p * n * elem_bytes) as f64;
-    let convert = (input + (p * n * 4) as f64) / rate + ((n * 4 + n * elem_bytes) as f64) / rate;
+    let kernels = |pieces, len| hop_kernels(prof, q, pieces, len);
+    let convert = convert_seconds(prof, p, n, elem_bytes);
     if n_nodes == 1 || m == 1 {
         let topo = Topology::uniform(p, m);
         let t = Cluster::new(&topo, prof)
@@ -138,14 +145,8 @@ pub fn reduce_scatter_per_level_seconds(
     let a2a = Collective::AllToAll { direct: false };
     let ring = Algorithm::Flat(LevelAlgo::Ring);
     let t_header = header_seconds(prof, (n_nodes, m))?;
-    let rate = prof.copy_gbps * 1e9;
-    let p = n_nodes * m;
-    let kernels = |pieces: usize, len: usize| -> f64 {
-        let rec = q.record_bytes(len) as f64;
-        2.0 * pieces as f64 * ((len * 4) as f64 + rec) / rate
-    };
-    let input = (p * n * elem_bytes) as f64;
-    let convert = (input + (p * n * 4) as f64) / rate + ((n * 4 + n * elem_bytes) as f64) / rate;
+    let kernels = |pieces, len| hop_kernels(prof, q, pieces, len);
+    let convert = convert_seconds(prof, n_nodes * m, n, elem_bytes);
     let a2a_on = |topo: &Topology, prof: &Profile, len: usize| -> Result<f64> {
         Ok(Cluster::new(topo, prof)
             .simulate(

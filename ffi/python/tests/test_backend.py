@@ -1,49 +1,23 @@
 """torch.distributed backend "pccl" against gloo: worlds of 1..4 processes."""
 
-import json
 import os
-import time
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 import _dist_worker
+from _spawn import run_world
 
 TIMEOUT_S = int(os.environ.get("PCCL_TEST_TIMEOUT", "240"))
 
 
 def _run_world(world, tmp_path, quick=False):
     init = f"file://{tmp_path}/rendezvous"
-    outdir = str(tmp_path)
-    t0 = time.time()
-    err = None
-    ctx = mp.start_processes(_dist_worker.main, args=(world, init, outdir, quick),
-                             nprocs=world, join=False, start_method="spawn")
-    try:
-        while not ctx.join(timeout=5):
-            if time.time() - t0 > TIMEOUT_S:
-                for p in ctx.processes:
-                    if p.is_alive():
-                        p.kill()
-                err = TimeoutError(f"world {world} did not finish in {TIMEOUT_S}s (hang?)")
-                break
-    except Exception as e:  # noqa: BLE001
-        err = e
-    reports = []
-    for r in range(world):
-        p = os.path.join(outdir, f"rank{r}.json")
-        if os.path.exists(p):
-            with open(p) as f:
-                reports.append(json.load(f))
-        else:
-            reports.append({"checks": 0, "vs_gloo": 0, "failures": ["no report"],
-                            "n_failures": 1})
+    reports = run_world(_dist_worker.main, world, (world, init, str(tmp_path), quick),
+                        TIMEOUT_S, tmp_path, poll_s=5)
     checks = sum(r["checks"] for r in reports)
     vs_gloo = sum(r["vs_gloo"] for r in reports)
-    print(f"world {world}: {checks} checks ({vs_gloo} against gloo) in {time.time() - t0:.1f}s")
-    failures = [f"rank {i}: {m}" for i, r in enumerate(reports) for m in r["failures"]]
-    assert not failures and err is None, "\n".join(failures[:40]) + f"\n{err}"
+    print(f"world {world}: {vs_gloo} checks against gloo")
     assert checks > 0 and (world == 1 or vs_gloo > 0)
 
 

@@ -1,13 +1,11 @@
 """pccl's point-to-point, all-to-all and rooted ops against gloo (worlds of 2..4)."""
 
-import json
 import os
-import time
 
 import pytest
-import torch.multiprocessing as mp
 
 import _p2p_worker
+from _spawn import run_world
 
 TIMEOUT_S = int(os.environ.get("PCCL_TEST_TIMEOUT", "120"))
 
@@ -15,27 +13,7 @@ TIMEOUT_S = int(os.environ.get("PCCL_TEST_TIMEOUT", "120"))
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_p2p_alltoall_rooted(world, tmp_path):
     init = f"file://{tmp_path}/rendezvous"
-    t0 = time.time()
-    ctx = mp.start_processes(_p2p_worker.main, args=(world, init, str(tmp_path)),
-                             nprocs=world, join=False, start_method="spawn")
-    err = None
-    try:
-        while not ctx.join(timeout=2):
-            if time.time() - t0 > TIMEOUT_S:
-                for p in ctx.processes:
-                    if p.is_alive():
-                        p.kill()
-                err = TimeoutError(f"world {world} did not finish in {TIMEOUT_S}s (hang?)")
-                break
-    except Exception as e:  # noqa: BLE001
-        err = e
-    reports = []
-    for r in range(world):
-        p = os.path.join(tmp_path, f"rank{r}.json")
-        reports.append(json.load(open(p)) if os.path.exists(p)
-                       else {"checks": 0, "vs_gloo": 0, "failures": ["no report"]})
+    reports = run_world(_p2p_worker.main, world, (world, init, str(tmp_path)), TIMEOUT_S,
+                        tmp_path)
     checks = sum(r["checks"] for r in reports)
-    print(f"world {world}: {checks} checks in {time.time() - t0:.1f}s")
-    fails = [f"rank {i}: {m}" for i, r in enumerate(reports) for m in r["failures"]]
-    assert not fails and err is None, "\n".join(fails[:30]) + f"\n{err}"
     assert checks > 0 and sum(r["vs_gloo"] for r in reports) > 0

@@ -2,45 +2,31 @@
 reaching the communicator, a peer that dies, and FSDP2 / DeviceMesh / DTensor / functional
 collectives on the pccl backend. Run on the newest torch and on torch 2.11 (test-python.sh)."""
 
-import json
 import os
-import time
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 import _work_worker
+from _spawn import reports as read_reports
+from _spawn import run_ranks
 
 TIMEOUT_S = int(os.environ.get("PCCL_TEST_TIMEOUT", "180"))
 
 
 def _run(scenario, world, tmp_path, silent_ranks=()):
     init = f"file://{tmp_path}/rendezvous-{scenario}"
-    t0 = time.time()
-    ctx = mp.start_processes(_work_worker.main, args=(world, init, str(tmp_path), scenario),
-                             nprocs=world, join=False, start_method="spawn")
-    err = None
-    try:
-        while not ctx.join(timeout=2):
-            if time.time() - t0 > TIMEOUT_S:
-                for p in ctx.processes:
-                    if p.is_alive():
-                        p.kill()
-                err = f"world {world} {scenario}: no end in {TIMEOUT_S}s (hang?)"
-                break
-    except Exception as e:  # noqa: BLE001
-        err = str(e)
+    err, took = run_ranks(_work_worker.main, world, (world, init, str(tmp_path), scenario),
+                          TIMEOUT_S)
     reports, failures = [], []
     for r in range(world):
-        p = tmp_path / f"{scenario}-rank{r}.json"
-        if p.exists():
-            rep = json.loads(p.read_text())
-            reports.append(rep)
-            failures += [f"rank {r}: {m}" for m in rep["failures"]]
+        rep = read_reports(tmp_path, 1, name=f"{scenario}-rank{r}.json", missing=False)
+        if rep:
+            reports.append(rep[0])
+            failures += [f"rank {r}: {m}" for m in rep[0]["failures"]]
         elif r not in silent_ranks:
             failures.append(f"rank {r}: no report")
-    print(f"\n{scenario} world {world} ({time.time() - t0:.1f}s): "
+    print(f"\n{scenario} world {world} ({took:.1f}s): "
           f"{[{k: v for k, v in rep.items() if k != 'failures'} for rep in reports]}")
     assert not failures, "\n".join(failures)
     if err and not silent_ranks:
