@@ -189,3 +189,25 @@ fn on_tcp_a_peer_that_lost_its_links_is_agreed_out() {
         assert_eq!(o.as_ref().ok(), Some(&3), "rank {r}");
     }
 }
+
+#[test]
+fn a_rank_that_arrives_late_is_counted_out_and_does_not_settle_alone_on_everyone() {
+    // Rank 3 comes to the agreement 1.5 timeouts late. Over TCP the others' first-round
+    // messages already wait in its sockets, but they have counted it out and send it nothing
+    // more, so it must not settle on all four while they settle on three.
+    let timeout = 1.0;
+    let c = cfg(timeout, vec![]);
+    let out = on_tcp_ranks(4, 1 << 16, Duration::from_secs(30), false, &c, |comm| {
+        if comm.rank() == 3 {
+            std::thread::sleep(Duration::from_secs_f64(1.5 * timeout));
+        }
+        comm.survivors()
+    });
+    for (r, o) in out.iter().enumerate().take(3) {
+        assert_eq!(o.as_ref().ok(), Some(&vec![0, 1, 2]), "rank {r}: {o:?}");
+    }
+    let e = out[3]
+        .as_ref()
+        .expect_err("the late rank must not go on with everyone");
+    assert!(e.message().contains("not a majority"), "{e}");
+}

@@ -51,16 +51,17 @@ impl View {
     }
 }
 
-/// Rounds at most: each round that does not settle counts at least one more rank out.
+/// Rounds at most: a round that changes no view agrees, and between two such rounds at least
+/// one more rank is counted out.
 fn max_rounds(p: usize) -> usize {
-    p + 2
+    (2 * p + 4).min(0xffff)
 }
 
 /// The stamp of round `round` of agreement `nth`: control traffic whose sequence numbers lie
 /// half the space behind 0, so a leftover is stale for the next agreement's rounds and for
 /// the bootstraps of later sub-communicators (sequence number 0), never in their way.
 fn round_tag(nth: u32, round: usize) -> Tag {
-    let seq = 0x8000_0000 | ((nth & 0x7f_ffff) << 8) | (round as u32 & 0xff);
+    let seq = 0x8000_0000 | ((nth & 0x7fff) << 16) | (round as u32 & 0xffff);
     stamps::stamp(
         seq,
         stamps::CONTROL | (stamps::fingerprint(5, 0, 0, &[u64::from(nth)]) & !stamps::CONTROL),
@@ -92,6 +93,7 @@ impl Communicator {
             .extend(t.faults().dead_ranks().into_iter().map(|(r, _)| r));
         view.dead.extend(t.faults().confirmed_dead());
         let mut heard_from: Vec<usize> = Vec::new();
+        let mut agreed_before = false;
         for round in 0..max_rounds(p) {
             let tag = round_tag(nth, round);
             let peers: Vec<usize> = (0..p)
@@ -153,11 +155,16 @@ impl Communicator {
                      without rank {me}"
                 )));
             }
-            let settled = unheard.is_empty() && views.iter().all(|(_, v)| *v == view);
-            if settled {
+            // Settled: two rounds in a row in which every peer answered with this view. One
+            // is not enough: a rank that arrives late still finds the first round's messages
+            // (queued, or in its socket) after the others have counted it out; it never gets
+            // their next round, so it cannot settle on a list they do not share.
+            let agreed = unheard.is_empty() && views.iter().all(|(_, v)| *v == view);
+            if agreed && agreed_before {
                 heard_from = peers;
                 break;
             }
+            agreed_before = agreed;
             view.out.extend(unheard);
             for (_, v) in &views {
                 view.merge(v);
