@@ -126,6 +126,8 @@ pub struct Hub {
     /// The side of a partition each isolated world rank is on (fault injection `isolate`;
     /// the others are on side 0): messages between sides are lost.
     sides: Mutex<HashMap<usize, u32>>,
+    /// Whether any rank was ever isolated (the send path's only check otherwise).
+    partitioned: AtomicBool,
 }
 
 impl Hub {
@@ -187,6 +189,9 @@ impl Hub {
     /// Whether a message from world rank `a` reaches world rank `b` (same side of any
     /// partition).
     fn reachable(&self, a: usize, b: usize) -> bool {
+        if !self.partitioned.load(Ordering::Acquire) {
+            return true;
+        }
         let sides = lock(&self.sides);
         sides.get(&a).copied().unwrap_or(0) == sides.get(&b).copied().unwrap_or(0)
     }
@@ -696,6 +701,7 @@ impl Transport for ThreadTransport {
 
     fn isolate(&self, side: u32) -> Result<()> {
         lock(&self.hub.sides).insert(self.world[self.rank], side);
+        self.hub.partitioned.store(true, Ordering::Release);
         Ok(())
     }
 

@@ -72,9 +72,11 @@ impl Communicator {
     /// Agrees with the ranks this one can still reach on which ranks go on, and returns
     /// them (ranks of this communicator, ascending, this one included): the ranks that
     /// return `Ok` return the same list unless the network changed during the agreement
-    /// ([`Communicator::shrink_to_survivors`] checks it: a disagreement fails there). Call it on every rank that is still running
-    /// after a call failed (a dead peer, a timeout, a partition); ranks that cannot reach
-    /// each other, or that the others could not reach, are counted out.
+    /// ([`Communicator::shrink_to_survivors`] checks it: a disagreement fails there). Call it
+    /// on every rank that is still running after a call failed (a dead peer, a timeout, a
+    /// partition); ranks that cannot reach each other, or that the others could not reach,
+    /// are counted out. Not after [`Communicator::abort`] (on any rank): an aborted
+    /// communicator carries no more traffic.
     ///
     /// A rank returns an error instead when another rank counted it out, or when the ranks
     /// it agrees with are not a strict majority of the ranks not known to be dead (a
