@@ -292,6 +292,17 @@ fn owned_input(
         .collect()
 }
 
+/// Element `i` of rank `r`'s data for the error-bound tests: uniform in [-1, 1), or with
+/// `tail` every 97th element 1000× larger (heavy-tailed).
+fn sample(r: usize, i: usize, tail: bool) -> f32 {
+    let x = ((i * 2654435761 + r * 40503) % 10007) as f32 / 5003.5 - 1.0;
+    if tail && i % 97 == 0 {
+        x * 1e3
+    } else {
+        x
+    }
+}
+
 /// The documented bound on random and heavy-tailed data, every dtype, both widths and both
 /// schemes; prints the measured error against the exact f32 reduce-scatter.
 #[test]
@@ -312,14 +323,7 @@ fn reduce_scatter_quantized_stays_within_its_error_bound() {
                     allow_nonfinite: false,
                 };
                 let n = 300;
-                let data = |r: usize, i: usize| -> f32 {
-                    let x = ((i * 2654435761 + r * 40503) % 10007) as f32 / 5003.5 - 1.0;
-                    if tail && i % 97 == 0 {
-                        x * 1e3
-                    } else {
-                        x
-                    }
-                };
+                let data = |r: usize, i: usize| sample(r, i, tail);
                 let qmax = q.q_max();
                 let out = Communicator::run_threads(p, cfg(m, None), |c| {
                     let me = c.rank();
@@ -509,14 +513,7 @@ fn per_level_reduce_scatter_stays_within_its_error_bound() {
                 block: 64,
                 allow_nonfinite: false,
             };
-            let data = |r: usize, i: usize| -> f32 {
-                let x = ((i * 2654435761 + r * 40503) % 10007) as f32 / 5003.5 - 1.0;
-                if tail && i % 97 == 0 {
-                    x * 1e3
-                } else {
-                    x
-                }
-            };
+            let data = |r: usize, i: usize| sample(r, i, tail);
             let out = Communicator::run_threads(p, cfg_groups(m, g), |c| {
                 let input: Vec<f32> = (0..p * n).map(|i| data(c.rank(), i)).collect();
                 let mut per = vec![0f32; n];

@@ -2,15 +2,13 @@
 of 2 and 3 processes sharing one GPU. Skipped (saying why) where torch sees no CUDA device or
 libpccl was built without CUDA."""
 
-import json
 import os
-import time
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 import _cuda_worker
+from _spawn import failures, reports, run_ranks
 
 TIMEOUT_S = int(os.environ.get("PCCL_TEST_TIMEOUT", "300"))
 
@@ -38,29 +36,13 @@ def _run(world, mode, tmp_path):
         print(f"skipped: {why}")
         pytest.skip(why)
     init = f"file://{tmp_path}/rendezvous"
-    t0 = time.time()
-    ctx = mp.start_processes(_cuda_worker.main, args=(world, init, str(tmp_path), mode),
-                             nprocs=world, join=False, start_method="spawn")
-    err = None
-    while not ctx.join(timeout=5):
-        if time.time() - t0 > TIMEOUT_S:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            err = f"world {world} did not finish in {TIMEOUT_S}s"
-            break
-    failures, checks = [], 0
-    for r in range(world):
-        path = os.path.join(tmp_path, f"cuda{r}.json")
-        if not os.path.exists(path):
-            failures.append(f"rank {r}: no report")
-            continue
-        with open(path) as f:
-            rep = json.load(f)
-        checks += rep["checks"]
-        failures += [f"rank {r}: {m}" for m in rep["failures"]]
-    print(f"{mode} world {world}: {checks} checks in {time.time() - t0:.1f}s")
-    assert not failures and err is None, "\n".join(failures[:30]) + f"\n{err or ''}"
+    err, took = run_ranks(_cuda_worker.main, world, (world, init, str(tmp_path), mode),
+                          TIMEOUT_S, poll_s=5)
+    reps = reports(tmp_path, world, name="cuda{r}.json")
+    checks = sum(r["checks"] for r in reps)
+    print(f"{mode} world {world}: {checks} checks in {took:.1f}s")
+    fails = failures(reps)
+    assert not fails and err is None, "\n".join(fails[:30]) + f"\n{err or ''}"
     assert checks > 0
 
 

@@ -7,16 +7,14 @@ library take streams for CUDA streams unless the backend says otherwise, so a ba
 not route to HIP fails. Skipped (saying why) without a C compiler or with a libpccl built
 without ``--features rocm``."""
 
-import json
 import os
 import shutil
 import subprocess
-import time
 
 import pytest
-import torch.multiprocessing as mp
 
 import _rocm_worker
+from _spawn import failures, reports, run_ranks
 
 TIMEOUT_S = int(os.environ.get("PCCL_TEST_TIMEOUT", "120"))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -55,29 +53,16 @@ def _run(world, mode, tmp_path, monkeypatch):
     monkeypatch.setenv("PCCL_NCCL", "0")
     monkeypatch.delenv("PCCL_HIP_ARCH", raising=False)
     init = f"file://{tmp_path}/rendezvous"
-    t0 = time.time()
-    ctx = mp.start_processes(_rocm_worker.main, args=(world, init, str(tmp_path), mode),
-                             nprocs=world, join=False, start_method="spawn")
-    err = None
-    while not ctx.join(timeout=2):
-        if time.time() - t0 > TIMEOUT_S:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            err = f"world {world} did not finish in {TIMEOUT_S}s"
-            break
-    reports = []
-    for r in range(world):
-        path = os.path.join(tmp_path, f"rocm{r}.json")
-        assert os.path.exists(path), f"rank {r}: no report ({err})"
-        with open(path) as f:
-            reports.append(json.load(f))
-    print(f"{mode} world {world}: {sum(r['checks'] for r in reports)} checks, errors "
-          f"{[r['errors'] for r in reports]} in {time.time() - t0:.1f}s")
+    err, took = run_ranks(_rocm_worker.main, world, (world, init, str(tmp_path), mode),
+                          TIMEOUT_S)
+    reps = reports(tmp_path, world, name="rocm{r}.json", missing=False)
+    assert len(reps) == world, f"{world - len(reps)} rank(s) wrote no report ({err})"
+    print(f"{mode} world {world}: {sum(r['checks'] for r in reps)} checks, errors "
+          f"{[r['errors'] for r in reps]} in {took:.1f}s")
     assert err is None, err
-    failures = [f"rank {r}: {m}" for r, rep in enumerate(reports) for m in rep["failures"]]
-    assert not failures, "\n".join(failures)
-    return reports
+    fails = failures(reps)
+    assert not fails, "\n".join(fails)
+    return reps
 
 
 @pytest.mark.parametrize("world", [1, 2])
