@@ -8,16 +8,17 @@
 
 #![cfg(feature = "rocm")]
 
+mod common;
 #[path = "fake_rocm/harness.rs"]
 mod harness;
 
 use half::{bf16, f16};
-use harness::{is_child, with_fake_runtime};
+use harness::{fake_hook, is_child, with_fake_runtime};
 use pccl::config::Config;
 use pccl::device::hip::HipDevice;
 use pccl::quant::QuantFloat;
 use pccl::{Communicator, ErrorKind, Quant, QuantScheme, ThreadWorld};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Runs `body(rank, comm, device)` on 4 thread ranks in nodes of `m`, rank `r` on fake GPU
 /// `r`.
@@ -264,6 +265,96 @@ fn child_bad_rank() {
 }
 
 #[test]
+fn a_queued_device_all_gather_quantized_returns_at_once_and_equals_the_host_form() {
+    with_fake_runtime("child_queued", &[("FAKE_HIP_DEVICES", "4")]);
+}
+
+/// `enqueue_all_gather_quantized_on` with every device stalled: each rank's call returns
+/// without waiting for the device or a peer; released, the output equals the host form's bit
+/// for bit. Then a NaN on rank 2: the calls are queued alike, the agreement refuses on every
+/// rank, naming rank 2, before any record moves, and a later call returns that error.
+#[test]
+fn child_queued() {
+    if !is_child() {
+        return;
+    }
+    let n = 300;
+    let sync = std::sync::Barrier::new(4);
+    on_nodes(2, |r, c, dev| {
+        let q = Quant {
+            bits: 4,
+            block: 64,
+            allow_nonfinite: false,
+        };
+        let input = data::<bf16>(r, n);
+        let mut want = vec![bf16::from_f32(0.0); n * 4];
+        c.all_gather_quantized(&input, &mut want, q).unwrap();
+        let sb = dev.upload(&input).unwrap();
+        let ob = dev.upload(&vec![bf16::from_f32(-7.0); n * 4]).unwrap();
+        let call = |q: Quant| {
+            // SAFETY: both buffers live on `dev` until its stream has passed the call (the
+            // download below synchronises it; the failed call's stream is released by the
+            // abort).
+            unsafe {
+                c.enqueue_all_gather_quantized_on::<bf16, HipDevice>(
+                    dev,
+                    (sb.device_ptr(), ob.device_ptr()),
+                    (n, n * 4),
+                    q,
+                )
+            }
+        };
+        sync.wait();
+        if r == 0 {
+            fake_hook("fake_hip_stall_device_from_now", Some(-1));
+        }
+        sync.wait();
+        let t0 = Instant::now();
+        call(q).unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        let took = t0.elapsed();
+        assert!(
+            took < common::prompt(Duration::from_secs(1)),
+            "rank {r}: the queued call took {took:?} with the device stalled"
+        );
+        sync.wait();
+        if r == 0 {
+            fake_hook("fake_hip_release_stalls", None);
+        }
+        let got: Vec<bf16> = dev.download(&ob).unwrap();
+        assert_eq!(bits_of(&got), bits_of(&want), "rank {r}: queued all-gather");
+        // A NaN on rank 2's device.
+        let mut bad = input.clone();
+        if r == 2 {
+            bad[7] = bf16::from_f32(f32::NAN);
+        }
+        let sb2 = dev.upload(&bad).unwrap();
+        // SAFETY: as above; this call's stream stays held until the abort below.
+        unsafe {
+            c.enqueue_all_gather_quantized_on::<bf16, HipDevice>(
+                dev,
+                (sb2.device_ptr(), ob.device_ptr()),
+                (n, n * 4),
+                q,
+            )
+        }
+        .unwrap_or_else(|e| panic!("rank {r}: queued: {e}"));
+        let t1 = Instant::now();
+        let e = loop {
+            match call(q) {
+                Err(e) => break e,
+                Ok(()) if t1.elapsed() < Duration::from_secs(10) => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Ok(()) => panic!("rank {r}: no call failed after rank 2's NaN"),
+            }
+        };
+        assert!(e.message().contains("rank(s) 2 holds NaN"), "rank {r}: {e}");
+        c.abort();
+    });
+    println!("child-checked");
+}
+
+#[test]
 fn a_failing_kernel_ends_a_device_quantized_call_on_every_rank() {
     // The 4 ranks' first launches are the quantize kernels of the first call (one each);
     // rank order is not fixed, so some rank's decode fails after the exchange started.
@@ -322,9 +413,9 @@ fn the_c_abi_takes_device_memory_for_the_quantized_calls() {
 }
 
 /// `pcclAllGatherQuantized` / `pcclReduceScatterQuantized` with a HIP stream on 3 thread ranks
-/// give the host calls' results (stream NULL) bit for bit; a rank passing an integer dtype on
-/// its device fails the call on every rank (the others are told through the agreement), and
-/// the ranks stay in step.
+/// give the host calls' results (stream NULL) bit for bit (the all-gather queued on the
+/// stream); a rank passing an integer dtype on its device fails the call on every rank: on
+/// the others, whose all-gather was queued, as the communicator's asynchronous error.
 #[test]
 fn child_c_abi() {
     use pccl::capi::*;
@@ -399,17 +490,44 @@ fn child_c_abi() {
                 }
                 let got: Vec<bf16> = dev.download(&ob).unwrap();
                 assert_eq!(bits_of(&got[..n]), bits_of(&host[..n]), "rank {r}: RS");
-                // Rank 1 passes int32 on its device: every rank fails, none hangs.
+                // Rank 1 passes int32 on its device: it fails at once; the others' calls are
+                // queued on their streams (the all-gather is), where the agreement refuses
+                // the call naming rank 1 before any record moves: their communicator's
+                // asynchronous error, returned by their next call (NCCL's). None hangs.
                 let dt = if r == 1 { pcclInt32 } else { pcclBfloat16 };
                 // SAFETY: as above.
                 let rc = unsafe { pcclAllGatherQuantized(sp, op, n, dt, 8, 64, 0, comm, st) };
-                assert_ne!(rc, pcclSuccess, "rank {r}");
-                // Still in step.
-                // SAFETY: as above.
-                let rc =
-                    unsafe { pcclAllGatherQuantized(sp, op, n, pcclBfloat16, 8, 64, 0, comm, st) };
-                assert_eq!(rc, pcclSuccess, "rank {r}");
-                assert_eq!(pcclCommDestroy(comm), pcclSuccess);
+                if r == 1 {
+                    assert_ne!(rc, pcclSuccess, "rank {r}");
+                } else {
+                    assert_eq!(rc, pcclSuccess, "rank {r}: queued");
+                }
+                // The refusal is found on the progress threads after the calls returned:
+                // a later call returns it (rank 1 hears of it from the peers' abort).
+                let failed = (0..10).any(|_| {
+                    // SAFETY: as above.
+                    let rc = unsafe {
+                        pcclAllGatherQuantized(sp, op, n, pcclBfloat16, 8, 64, 0, comm, st)
+                    };
+                    if rc == pcclSuccess {
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    rc != pcclSuccess
+                });
+                assert!(failed, "rank {r}: a later call fails");
+                // SAFETY: `comm` is a live handle; the message is copied at once.
+                let msg = unsafe { std::ffi::CStr::from_ptr(pcclGetLastError(comm)) }
+                    .to_string_lossy()
+                    .into_owned();
+                assert!(msg.contains("rank(s) 1 passed unsound"), "rank {r}: {msg}");
+                let mut a = pcclSuccess;
+                // SAFETY: `a` is writable.
+                assert_eq!(unsafe { pcclCommGetAsyncError(comm, &mut a) }, pcclSuccess);
+                if r != 1 {
+                    assert_ne!(a, pcclSuccess, "rank {r}: the asynchronous error");
+                }
+                // The abort releases the held streams and frees the communicator.
+                assert_eq!(pcclCommAbort(comm), pcclSuccess);
             });
         }
     });

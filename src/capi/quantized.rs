@@ -188,10 +188,12 @@ fn quantized(
 /// rank before any data moves, unless `flags` has [`PCCL_QUANT_ALLOW_NONFINITE`]. Every rank
 /// must pass the same `bits`, `block`, `sendcount` and flags; one that does not fails the call
 /// on every rank, named. `stream` NULL: host memory; otherwise device memory of that stream's
-/// GPU (CUDA or HIP, as the communicator's runtime), ordered after the work queued on it and
-/// encoded/decoded by the device's kernels, bit-identical to the host's; the call returns when
-/// the result is in `recvbuff` (it blocks: every rank learns whether every rank's data is
-/// finite before any byte moves).
+/// GPU (CUDA or HIP, as the communicator's runtime), ordered on the stream as the other
+/// collectives are: queued (the call returns at once; the stream waits for the result;
+/// encoded and decoded on pinned host memory, bit-identical) where the communicator queues
+/// its device calls, a refusal found then (NaN, a disagreeing rank) being the communicator's
+/// asynchronous error (`pcclCommGetAsyncError`; every later call returns it; the stream stays
+/// held until `pcclCommAbort`); otherwise blocking, encoded by the device's kernels.
 ///
 /// # Safety
 /// `sendbuff` must be readable for `sendcount` elements and `recvbuff` writable for
@@ -229,8 +231,9 @@ pub unsafe extern "C" fn pcclAllGatherQuantized(
 /// node or one rank per node; with [`PCCL_QUANT_HALVING`] in `flags`, recursive halving at
 /// each level instead). `bits` 8 or 4, one `f32` scale per `block` elements (a power
 /// of two, 32 … 8192). Every element is within half a step of every quantized piece it passed
-/// through (docs/QUANTIZED.md). Datatypes, refusals and `stream` as
-/// [`pcclAllGatherQuantized`].
+/// through (docs/QUANTIZED.md). Datatypes and refusals as [`pcclAllGatherQuantized`];
+/// `stream` NULL: host memory, otherwise device memory of that stream's GPU, encoded by the
+/// device's kernels, the call blocking until the result is in `recvbuff`.
 ///
 /// # Safety
 /// `sendbuff` must be readable for `recvcount * nranks` elements and `recvbuff` writable for

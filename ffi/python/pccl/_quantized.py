@@ -98,9 +98,12 @@ def all_gather_quantized(output, input, bits=8, block=2048, allow_nonfinite=Fals
     current stream). NaN or infinity in any rank's input raises on every rank before any data
     moves, unless ``allow_nonfinite`` (those blocks then arrive as NaN). Every rank must pass
     the same ``bits``, ``block`` and sizes; one that does not makes the call raise on every
-    rank, naming it. Synchronous: returns when ``output`` holds the result (on a GPU after the
-    current stream's earlier work and the exchange). ``group``: a process group of the pccl
-    backend (default: the default group)."""
+    rank, naming it. On the CPU it returns when ``output`` holds the result. On a GPU it is
+    ordered on the current stream as torch's collectives are: queued (it returns at once; the
+    current stream waits for the result; a refusal found while it runs is the group's
+    asynchronous error, raised by its next call) where the communicator queues its device
+    calls, else blocking. ``group``: a process group of the pccl backend (default: the
+    default group)."""
     call = "all_gather_quantized"
     be, comm, inp, out, stream = _quantized_args(call, output, input, group)
     n = input.numel()
@@ -109,8 +112,25 @@ def all_gather_quantized(output, input, bits=8, block=2048, allow_nonfinite=Fals
         _refuse(comm.allgather_quantized, (n, _dtype(inp, call), int(bits), int(block), flags),
                 ValueError(f"pccl: {call}: output has {output.numel()} elements, expected "
                            f"{n} x {be.size()}"))
-    return _run(comm.allgather_quantized, (inp, out, output),
-                (n, _dtype(inp, call), int(bits), int(block), flags, stream))
+    args = (n, _dtype(inp, call), int(bits), int(block), flags)
+    if stream is None:
+        return _run(comm.allgather_quantized, (inp, out, output), args + (None,))
+    # Queued as the backend's collectives are (torch's stream semantics, _streams.issue): on
+    # PCCL's stream after the current one, which then waits for it; the tensors are kept
+    # alive for PCCL's stream (the library reads and writes them after this returns).
+    dev = inp.device
+
+    def launch(h):
+        with _streams.device_context(dev):
+            comm.allgather_quantized(_ptr(inp), _ptr(out), *args, h)
+
+    req = _streams.issue(comm, be._dev_streams, dev, call, launch,
+                         f"pccl:{call} ({n} elements)")
+    _streams.keep_alive([req], [inp, out])
+    _streams.wait_last([req])
+    if out is not output:
+        output.copy_(out)
+    return output
 
 
 def reduce_scatter_quantized(output, input, bits=8, block=2048, average=False,
@@ -125,7 +145,8 @@ def reduce_scatter_quantized(output, input, bits=8, block=2048, average=False,
     partial sum quantized: log2 steps per level). Every element is within half a step of every quantized piece it passed through
     (docs/QUANTIZED.md). Dtypes, refusals and ``group`` as ``all_gather_quantized``; every
     rank must pass the same scheme (``"halving"``, and ``"per-level"`` with groups: CPU
-    tensors only). Synchronous."""
+    tensors only). Synchronous (on a GPU too: it blocks the host until ``output`` holds the
+    result)."""
     call = "reduce_scatter_quantized"
     schemes = {"two-hop": 0, "halving": _lib.PCCL_QUANT_HALVING,
                "per-level": _lib.PCCL_QUANT_PER_LEVEL}
@@ -154,8 +175,8 @@ _QUANT_DEFAULT = {"allgather": None, "reducescatter": None, "block": 2048}
 
 def set_quantization(all_gather=None, reduce_scatter=None, block=2048, group=None):
     """Routes the group's ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` (SUM, AVG)
-    on float tensors (CPU, or GPU: there the calls block the host until their result is in
-    place) to the quantized forms: ``"int8"``, ``"int4"`` or None (off) for
+    on float tensors (CPU, or GPU: there the all-gather is ordered on the current stream, the
+    reduce-scatter blocks the host until its result is in place) to the quantized forms: ``"int8"``, ``"int4"`` or None (off) for
     each, one float32 scale per ``block`` elements. What FSDP / ZeRO-3 call then moves block-
     quantized weights (ZeRO++'s qwZ) and gradients (qgZ); the other collectives and dtypes are
     untouched. Every rank must set the same (a rank that differs fails those calls on every

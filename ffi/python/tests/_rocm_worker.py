@@ -264,13 +264,14 @@ def _rooted_checks(rank, world, streams, report):
     want = torch.cat([torch.arange(rank * n, (rank + 1) * n, dtype=torch.float32) + 1000 * r
                       for r in range(world)])
     check("all_to_all_single", out, want)
-    _quantized_checks(rank, world, check)
+    _quantized_checks(rank, world, cur, check)
     _p2p_and_uneven_checks(rank, world, cur, check)
 
 
-def _quantized_checks(rank, world, check):
-    """pccl.torch.all_gather_quantized / reduce_scatter_quantized on "device" tensors (the
-    fake's kernels of csrc/quant.cu, through the C ABI's stream argument). Integers in
+def _quantized_checks(rank, world, cur, check):
+    """pccl.torch.all_gather_quantized (queued on the current stream: synchronised before the
+    check) / reduce_scatter_quantized (blocking; the fake's kernels of csrc/quant.cu) on
+    "device" tensors, through the C ABI's stream argument. Integers in
     -127..127 with +-127 in every block of 32 encode exactly (scale 1), so the results are
     exact."""
     n = 64
@@ -282,6 +283,7 @@ def _quantized_checks(rank, world, check):
 
     out = torch.zeros(world * n)
     pt.all_gather_quantized(out, ints(rank, n), bits=8, block=32)
+    cur.synchronize()
     check("all_gather_quantized", out, torch.cat([ints(r, n) for r in range(world)]))
     got = torch.zeros(n)
     pt.reduce_scatter_quantized(got, ints(rank, world * n), bits=8, block=32)

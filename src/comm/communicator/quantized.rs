@@ -46,6 +46,39 @@ fn list(r: &[usize]) -> String {
         .join(", ")
 }
 
+/// This rank's shard encoded (`words` words), and room for every rank's record.
+fn encode_shard<T: QuantFloat>(
+    q: &Quant,
+    input: &[T],
+    p: usize,
+) -> Result<(Vec<u64>, Vec<u64>, usize)> {
+    let words = q.record_bytes(input.len()) / 8;
+    let mut mine = alloc_words(words, "this rank's quantized shard")?;
+    quant::quantize(q, input, bytemuck::cast_slice_mut(&mut mine))?;
+    let total = words
+        .checked_mul(p)
+        .ok_or_else(|| Error::invalid("the quantized records overflow the address space"))?;
+    let records = alloc_words(total, "the quantized records")?;
+    Ok((mine, records, words))
+}
+
+/// Every rank's record (`words` words each) decoded into its block of `n` elements.
+fn decode_all<T: QuantFloat>(
+    q: &Quant,
+    records: &[u64],
+    words: usize,
+    output: &mut [T],
+    n: usize,
+) -> Result<()> {
+    if n > 0 {
+        for (r, out) in output.chunks_mut(n).enumerate() {
+            let rec = &records[r * words..(r + 1) * words];
+            quant::dequantize(q, bytemuck::cast_slice(rec), out)?;
+        }
+    }
+    Ok(())
+}
+
 /// What a rank brings to a quantized call's agreement.
 pub(super) struct Mine<'a> {
     pub(super) call: &'a str,
@@ -59,6 +92,19 @@ pub(super) struct Mine<'a> {
 }
 
 impl<'a> Mine<'a> {
+    /// The header this rank sends in the agreement.
+    fn header(&self) -> [u64; FIELDS] {
+        let mut h = [0u64; FIELDS];
+        h[BITS] = u64::from(self.q.bits);
+        h[BLOCK] = self.q.block as u64;
+        h[COUNT] = self.count as u64;
+        h[FINITE] = u64::from(self.finite);
+        h[ALLOW] = u64::from(self.q.allow_nonfinite);
+        h[SOUND] = u64::from(self.unsound.is_none());
+        h[SCHEME] = self.scheme.code();
+        h
+    }
+
     /// This rank's part of `call` with `count` elements per rank: `q` checked, the buffer
     /// that holds every rank's block (`name`, `whole` elements) checked against `count × p`,
     /// the data that goes on the wire (`data`) checked for NaN and infinities.
@@ -99,74 +145,119 @@ impl<'a> Mine<'a> {
     }
 }
 
+/// The verdict every rank reaches from the same headers `all` (`p` ranks' [`Mine::header`]):
+/// an error naming the ranks (unsound arguments, a disagreement, NaN or infinity that may not
+/// be sent), or go.
+fn verdict(m: Mine<'_>, all: &[u64], p: usize) -> Result<()> {
+    let call = m.call;
+    // Every rank reads the same headers and so reaches the same verdict.
+    let unsound = ranks_where(all, p, |h| h[SOUND] == 0);
+    if !unsound.is_empty() {
+        let here = m.unsound.map_or(String::new(), |w| format!(" (here: {w})"));
+        return Err(Error::invalid(format!(
+            "{call}: rank(s) {} passed unsound arguments (bits 8 or 4, a power-of-two \
+             block of 32…8192, buffers of count and count × ranks elements){here}",
+            list(&unsound)
+        )));
+    }
+    let differ = ranks_where(all, p, |h| {
+        h[BITS] != all[BITS]
+            || h[BLOCK] != all[BLOCK]
+            || h[COUNT] != all[COUNT]
+            || h[ALLOW] != all[ALLOW]
+            || h[SCHEME] != all[SCHEME]
+    });
+    if !differ.is_empty() {
+        let show = |r: usize| {
+            let h = &all[r * FIELDS..(r + 1) * FIELDS];
+            format!(
+                "rank {r}: {} bits, block {}, count {}, nonfinite {}, scheme {}",
+                h[BITS],
+                h[BLOCK],
+                h[COUNT],
+                if h[ALLOW] == 1 { "allowed" } else { "refused" },
+                if h[SCHEME] == 1 { "halving" } else { "two-hop" }
+            )
+        };
+        return Err(Error::invalid(format!(
+            "{call}: the ranks disagree on the encoding or the count ({}; {}): every rank \
+             must pass the same bits, block, count, nonfinite choice and scheme",
+            show(0),
+            differ
+                .iter()
+                .map(|&r| show(r))
+                .collect::<Vec<_>>()
+                .join("; ")
+        )));
+    }
+    let nonfinite = ranks_where(all, p, |h| h[FINITE] == 0);
+    if !nonfinite.is_empty() && !m.q.allow_nonfinite {
+        return Err(Error::invalid(format!(
+            "{call}: the data of rank(s) {} holds NaN or infinity, which block \
+             quantization cannot encode; nothing was sent (pass allow_nonfinite to send \
+             those blocks as NaN)",
+            list(&nonfinite)
+        )));
+    }
+    Ok(())
+}
+
 impl Communicator {
     /// The header exchange of a quantized call: every rank learns every rank's encoding,
     /// count, finiteness and soundness, and all reach the same verdict (an error naming the
     /// ranks, or go) before any data moves.
     pub(super) fn agree_quantized(&self, m: Mine<'_>) -> Result<()> {
-        let p = self.size();
-        let mut header = [0u64; FIELDS];
-        header[BITS] = u64::from(m.q.bits);
-        header[BLOCK] = m.q.block as u64;
-        header[COUNT] = m.count as u64;
-        header[FINITE] = u64::from(m.finite);
-        header[ALLOW] = u64::from(m.q.allow_nonfinite);
-        header[SOUND] = u64::from(m.unsound.is_none());
-        header[SCHEME] = m.scheme.code();
-        let mut all = [0u64; FIELDS].repeat(p);
-        self.all_gather(&header, &mut all)?;
-        let call = m.call;
+        let mut all = [0u64; FIELDS].repeat(self.size());
+        self.all_gather(&m.header(), &mut all)?;
+        verdict(m, &all, self.size())
+    }
 
-        // Every rank reads the same headers and so reaches the same verdict.
-        let unsound = ranks_where(&all, p, |h| h[SOUND] == 0);
-        if !unsound.is_empty() {
-            let here = m.unsound.map_or(String::new(), |w| format!(" (here: {w})"));
-            return Err(Error::invalid(format!(
-                "{call}: rank(s) {} passed unsound arguments (bits 8 or 4, a power-of-two \
-                 block of 32…8192, buffers of count and count × ranks elements){here}",
-                list(&unsound)
-            )));
+    /// [`Communicator::all_gather_quantized`] as the collectives `seqs` (the header
+    /// exchange, then the records), taken when the call was queued: the host part of a
+    /// queued device call, run on the progress thread on pinned copies of the caller's
+    /// buffers (`comm::device_program`). `unsound`: this rank's arguments' problem found
+    /// when the call was queued (its agreement header says so). A refusal (NaN, a
+    /// disagreeing rank, unsound arguments) is the same error on every rank, found before the
+    /// records move.
+    pub(crate) fn all_gather_quantized_as<T: QuantFloat>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        q: Quant,
+        seqs: (u32, u32),
+        unsound: Option<String>,
+    ) -> Result<()> {
+        let (p, n) = (self.size(), input.len());
+        let call = "all_gather_quantized";
+        let mut m = Mine::of(call, q, (n, p), ("output", output.len()), input);
+        if unsound.is_some() {
+            m.unsound = unsound;
         }
-        let differ = ranks_where(&all, p, |h| {
-            h[BITS] != all[BITS]
-                || h[BLOCK] != all[BLOCK]
-                || h[COUNT] != all[COUNT]
-                || h[ALLOW] != all[ALLOW]
-                || h[SCHEME] != all[SCHEME]
-        });
-        if !differ.is_empty() {
-            let show = |r: usize| {
-                let h = &all[r * FIELDS..(r + 1) * FIELDS];
-                format!(
-                    "rank {r}: {} bits, block {}, count {}, nonfinite {}, scheme {}",
-                    h[BITS],
-                    h[BLOCK],
-                    h[COUNT],
-                    if h[ALLOW] == 1 { "allowed" } else { "refused" },
-                    if h[SCHEME] == 1 { "halving" } else { "two-hop" }
-                )
-            };
-            return Err(Error::invalid(format!(
-                "{call}: the ranks disagree on the encoding or the count ({}; {}): every rank \
-                 must pass the same bits, block, count, nonfinite choice and scheme",
-                show(0),
-                differ
-                    .iter()
-                    .map(|&r| show(r))
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            )));
-        }
-        let nonfinite = ranks_where(&all, p, |h| h[FINITE] == 0);
-        if !nonfinite.is_empty() && !m.q.allow_nonfinite {
-            return Err(Error::invalid(format!(
-                "{call}: the data of rank(s) {} holds NaN or infinity, which block \
-                 quantization cannot encode; nothing was sent (pass allow_nonfinite to send \
-                 those blocks as NaN)",
-                list(&nonfinite)
-            )));
-        }
-        Ok(())
+        let header = m.header();
+        let mut all = [0u64; FIELDS].repeat(p);
+        // SAFETY: `header` holds FIELDS words and `all` FIELDS × p, distinct buffers.
+        unsafe {
+            self.host_collective_as::<u64>(
+                crate::RawCollective::AllGather,
+                header.as_ptr(),
+                all.as_mut_ptr(),
+                FIELDS,
+                seqs.0,
+            )?
+        };
+        verdict(m, &all, p)?;
+        let (mine, mut records, words) = encode_shard(&q, input, p)?;
+        // SAFETY: `mine` holds `words` words and `records` `words × p`, distinct buffers.
+        unsafe {
+            self.host_collective_as::<u64>(
+                crate::RawCollective::AllGather,
+                mine.as_ptr(),
+                records.as_mut_ptr(),
+                words,
+                seqs.1,
+            )?
+        };
+        decode_all(&q, &records, words, output, n)
     }
 
     /// All-gathers `input` (this rank's shard) into `output` (`input.len() × size()`
@@ -189,21 +280,9 @@ impl Communicator {
         let n = input.len();
         let call = "all_gather_quantized";
         self.agree_quantized(Mine::of(call, q, (n, p), ("output", output.len()), input))?;
-        let words = q.record_bytes(n) / 8;
-        let mut mine = alloc_words(words, "this rank's quantized shard")?;
-        quant::quantize(&q, input, bytemuck::cast_slice_mut(&mut mine))?;
-        let total = words
-            .checked_mul(p)
-            .ok_or_else(|| Error::invalid("the quantized records overflow the address space"))?;
-        let mut records = alloc_words(total, "the quantized records")?;
+        let (mine, mut records, words) = encode_shard(&q, input, p)?;
         self.all_gather(&mine, &mut records)?;
-        if n > 0 {
-            for (r, out) in output.chunks_mut(n).enumerate() {
-                let rec = &records[r * words..(r + 1) * words];
-                quant::dequantize(&q, bytemuck::cast_slice(rec), out)?;
-            }
-        }
-        Ok(())
+        decode_all(&q, &records, words, output, n)
     }
 
     /// Reduce-scatter (sum, or average with `average`) with the data quantized on the wire

@@ -185,6 +185,86 @@ impl Communicator {
         self.device_quantized(dev, mine, prepare, exchange)
     }
 
+    /// [`Communicator::all_gather_quantized_on`] ordered on `dev`'s stream without blocking
+    /// the caller, as [`Communicator::enqueue_on`] orders a collective: on PCCL's stream of
+    /// the device, after the work queued on `dev`'s stream, which then waits (an event) for
+    /// its end. The shard is copied to pinned host memory and encoded, the ranks' headers
+    /// and records exchanged and decoded there by the host's kernels (bit-identical to the
+    /// device's), on the progress thread; the result is copied to `recv`. Nothing here waits
+    /// for the device or a peer. A refusal met while running (NaN or infinity in a rank's
+    /// shard, a rank that disagrees or passed an unsound buffer) is the same error on every
+    /// rank, found before any record moves, and is then this communicator's asynchronous
+    /// error (NCCL's): `recv` is not written, the stream stays held and every later device
+    /// call fails with it until the communicator is aborted. Where calls are not queued
+    /// (`PCCL_DEVICE_ASYNC=0`, ranks sharing a GPU, one rank) it is
+    /// [`Communicator::all_gather_quantized_on`].
+    ///
+    /// # Safety
+    /// As [`Communicator::all_gather_quantized_on`], until `dev`'s stream has passed the call.
+    pub unsafe fn enqueue_all_gather_quantized_on<T: QuantFloat, D: Device>(
+        &self,
+        dev: &D,
+        (send, recv): (u64, u64),
+        (count, recv_elems): (usize, usize),
+        q: Quant,
+    ) -> Result<()> {
+        let call = "all_gather_quantized";
+        let blocking = |comm: &Communicator| {
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                comm.all_gather_quantized_on::<T, D>(dev, (send, recv), (count, recv_elems), q)
+            }
+        };
+        if self.size() == 1 {
+            return blocking(self);
+        }
+        self.refuse_capture(dev, call)?;
+        let p = self.size();
+        let unsound = match q.validate() {
+            Err(e) => Some(e.message().to_string()),
+            Ok(()) if count.checked_mul(p) != Some(recv_elems) => {
+                Some(format!("output of {recv_elems} elements for {count} x {p}"))
+            }
+            Ok(()) => None,
+        };
+        let what = |seq: u32| format!("{call} #{seq} ({count} x {})", T::DTYPE);
+        let path = |_: Option<&crate::comm::nccl_level::NcclLevel<D>>| {
+            "host-staged, encoded on the host".to_string()
+        };
+        let build = |prog: &mut crate::comm::device_program::Program<'_, D>,
+                     _level: Option<&mut crate::comm::nccl_level::NcclLevel<D>>,
+                     _own: &D,
+                     seq: u32| {
+            // The records' exchange is a collective of its own, numbered now as the header
+            // exchange was, so that calls made meanwhile keep every rank's numbering.
+            let records = self.take_tag();
+            // SAFETY: forwarded from the caller: the buffers stay valid until the program's
+            // end; `recv` is written only when every rank's arguments were sound.
+            unsafe {
+                prog.all_gather_quantized::<T>(
+                    self.handle(),
+                    (seq, records),
+                    (send, recv),
+                    count,
+                    q,
+                    unsound.clone(),
+                )
+            }
+        };
+        let end = self.queue_program(
+            dev,
+            crate::comm::device_queue::Kind::Collective,
+            &what,
+            path,
+            build,
+            blocking,
+        )?;
+        if let Some(end) = end {
+            dev.wait_on(&end)?;
+        }
+        Ok(())
+    }
+
     /// [`Communicator::reduce_scatter_quantized`] (the two-hop scheme) on device memory of
     /// `dev`: `send` holds `send_elems` elements of `T` (which must be `count × size()`,
     /// checked as the all-gather checks its output), `recv` `count`. Partial sums in
