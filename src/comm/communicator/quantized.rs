@@ -219,6 +219,7 @@ impl Communicator {
     /// when the call was queued (its agreement header says so). A refusal (NaN, a
     /// disagreeing rank, unsound arguments) is the same error on every rank, found before the
     /// records move.
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
     pub(crate) fn all_gather_quantized_as<T: QuantFloat>(
         &self,
         input: &[T],
