@@ -945,9 +945,10 @@ pcclResult_t pcclAllGatherQuantized(const void *sendbuff,
  * node or one rank per node; with [`PCCL_QUANT_HALVING`] in `flags`, recursive halving at
  * each level instead). `bits` 8 or 4, one `f32` scale per `block` elements (a power
  * of two, 32 … 8192). Every element is within half a step of every quantized piece it passed
- * through (docs/QUANTIZED.md). Datatypes and refusals as [`pcclAllGatherQuantized`];
- * `stream` NULL: host memory, otherwise device memory of that stream's GPU, encoded by the
- * device's kernels, the call blocking until the result is in `recvbuff`.
+ * through (docs/QUANTIZED.md). Datatypes, refusals and `stream` as
+ * [`pcclAllGatherQuantized`] (queued on the stream, except with [`PCCL_QUANT_HALVING`],
+ * with [`PCCL_QUANT_PER_LEVEL`] where the topology has groups, and the communicator's first
+ * two-hop call, which splits its node's and network's communicators: those block).
  *
  * # Safety
  * `sendbuff` must be readable for `recvcount * nranks` elements and `recvbuff` writable for

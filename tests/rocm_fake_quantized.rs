@@ -264,6 +264,40 @@ fn child_bad_rank() {
     println!("child-checked");
 }
 
+/// The queued reduce-scatter against the host form, sum and average, twice each (in nodes
+/// of 2 the first call splits the node's and the network's communicators and blocks; the
+/// others are queued).
+fn queued_reduce_scatter(r: usize, c: &Communicator, dev: &HipDevice) {
+    let (n, p) = (160, c.size());
+    let q = Quant::INT8;
+    for average in [false, true] {
+        for round in 0..2 {
+            let input = data::<f16>(r + round, n * p);
+            let mut want = vec![f16::from_f32(0.0); n];
+            c.reduce_scatter_quantized(&input, &mut want, q, average)
+                .unwrap();
+            let sb = dev.upload(&input).unwrap();
+            let ob = dev.upload(&vec![f16::from_f32(-7.0); n]).unwrap();
+            // SAFETY: both buffers live on `dev` until the download below synchronised it.
+            unsafe {
+                c.enqueue_reduce_scatter_quantized_on::<f16, HipDevice>(
+                    dev,
+                    (sb.device_ptr(), ob.device_ptr()),
+                    (n, n * p),
+                    (q, average, QuantScheme::TwoHop),
+                )
+            }
+            .unwrap_or_else(|e| panic!("rank {r}: {e}"));
+            let got: Vec<f16> = dev.download(&ob).unwrap();
+            assert_eq!(
+                bits_of(&got),
+                bits_of(&want),
+                "rank {r}: queued reduce-scatter (average {average}, round {round})"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_queued_device_all_gather_quantized_returns_at_once_and_equals_the_host_form() {
     with_fake_runtime("child_queued", &[("FAKE_HIP_DEVICES", "4")]);
@@ -271,8 +305,9 @@ fn a_queued_device_all_gather_quantized_returns_at_once_and_equals_the_host_form
 
 /// `enqueue_all_gather_quantized_on` with every device stalled: each rank's call returns
 /// without waiting for the device or a peer; released, the output equals the host form's bit
-/// for bit. Then a NaN on rank 2: the calls are queued alike, the agreement refuses on every
-/// rank, naming rank 2, before any record moves, and a later call returns that error.
+/// for bit, and so does the queued reduce-scatter's (two hops in nodes of 2, one in a node of
+/// 4). Then a NaN on rank 2: the calls are queued alike, the agreement refuses on every rank,
+/// naming rank 2, before any record moves, and a later call returns that error.
 #[test]
 fn child_queued() {
     if !is_child() {
@@ -304,6 +339,14 @@ fn child_queued() {
                 )
             }
         };
+        // The reduce-scatter's host form first: it splits the node's and the network's
+        // communicators, so the device call below is queued too.
+        let rs_in = data::<bf16>(r + 1, n * 4);
+        let mut rs_want = vec![bf16::from_f32(0.0); n];
+        c.reduce_scatter_quantized(&rs_in, &mut rs_want, q, false)
+            .unwrap();
+        let rsb = dev.upload(&rs_in).unwrap();
+        let rob = dev.upload(&vec![bf16::from_f32(-7.0); n]).unwrap();
         sync.wait();
         if r == 0 {
             fake_hook("fake_hip_stall_device_from_now", Some(-1));
@@ -311,10 +354,20 @@ fn child_queued() {
         sync.wait();
         let t0 = Instant::now();
         call(q).unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        // SAFETY: both buffers live on `dev` until the download below synchronised it.
+        unsafe {
+            c.enqueue_reduce_scatter_quantized_on::<bf16, HipDevice>(
+                dev,
+                (rsb.device_ptr(), rob.device_ptr()),
+                (n, n * 4),
+                (q, false, QuantScheme::TwoHop),
+            )
+        }
+        .unwrap_or_else(|e| panic!("rank {r}: {e}"));
         let took = t0.elapsed();
         assert!(
             took < common::prompt(Duration::from_secs(1)),
-            "rank {r}: the queued call took {took:?} with the device stalled"
+            "rank {r}: the queued calls took {took:?} with the device stalled"
         );
         sync.wait();
         if r == 0 {
@@ -322,6 +375,13 @@ fn child_queued() {
         }
         let got: Vec<bf16> = dev.download(&ob).unwrap();
         assert_eq!(bits_of(&got), bits_of(&want), "rank {r}: queued all-gather");
+        let got: Vec<bf16> = dev.download(&rob).unwrap();
+        assert_eq!(
+            bits_of(&got),
+            bits_of(&rs_want),
+            "rank {r}: queued reduce-scatter"
+        );
+        queued_reduce_scatter(r, c, dev);
         // A NaN on rank 2's device.
         let mut bad = input.clone();
         if r == 2 {
@@ -351,6 +411,8 @@ fn child_queued() {
         assert!(e.message().contains("rank(s) 2 holds NaN"), "rank {r}: {e}");
         c.abort();
     });
+    // One node of 4: the reduce-scatter takes one hop, queued from the first call.
+    on_nodes(4, queued_reduce_scatter);
     println!("child-checked");
 }
 

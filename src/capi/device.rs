@@ -129,8 +129,8 @@ pub(super) enum DeviceCall<'a> {
     },
     /// `pcclSend` / `pcclRecv`, alone or a group's.
     P2p(&'a [P2pOp]),
-    /// `pcclAllGatherQuantized` (`rs` None: queued on the stream where the communicator queues
-    /// its device calls) or `pcclReduceScatterQuantized` (`rs`: average, scheme; blocking). `entered` is set once the call reaches the device collective (and
+    /// `pcclAllGatherQuantized` (`rs` None) or `pcclReduceScatterQuantized` (`rs`: average,
+    /// scheme), queued on the stream where the communicator queues its device calls. `entered` is set once the call reaches the device collective (and
     /// so its agreement): before that, the caller takes part in the agreement with the error.
     Quantized {
         dt: DType,
@@ -268,7 +268,7 @@ unsafe fn quantized_on<T: crate::quant::QuantFloat, D: crate::device::api::Devic
         match rs {
             None => comm.enqueue_all_gather_quantized_on::<T, D>(dev, bufs, sizes, q),
             Some((avg, scheme)) => {
-                comm.reduce_scatter_quantized_on::<T, D>(dev, bufs, sizes, (q, avg, scheme))
+                comm.enqueue_reduce_scatter_quantized_on::<T, D>(dev, bufs, sizes, (q, avg, scheme))
             }
         }
     }

@@ -486,6 +486,71 @@ impl<'a, D: Device> Program<'a, D> {
         unsafe { self.section(what, out_at + bytes * p, &d2h, &h2d, run, refuse) }
     }
 
+    /// Queues [`Communicator::reduce_scatter_quantized_with`] of `count` elements per rank
+    /// (device buffers `send`: `count × size()` elements, `recv`: `count`) as a host section,
+    /// as [`Program::all_gather_quantized`] does: the header exchange on `comm` as its
+    /// collective `header`, each hop's all-to-all on its communicator as the collective taken
+    /// with it ([`Communicator::queued_hops`]).
+    ///
+    /// # Safety
+    /// As [`Program::all_gather_quantized`], for `count × size()` elements at `send` and
+    /// `count` at `recv`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn reduce_scatter_quantized<T: QuantFloat>(
+        &mut self,
+        comm: Communicator,
+        (header, hops): (u32, Vec<(Communicator, u32)>),
+        (send, recv): (u64, u64),
+        count: usize,
+        how: (Quant, bool, crate::QuantScheme),
+        unsound: Option<String>,
+    ) -> Result<()> {
+        let p = comm.size();
+        let bytes = count
+            .checked_mul(std::mem::size_of::<T>())
+            .filter(|b| b.checked_mul(p + 1).is_some())
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "reduce_scatter_quantized of {count} elements overflows"
+                ))
+            })?;
+        let out_at = (bytes * p).next_multiple_of(8);
+        let what = format!(
+            "reduce_scatter_quantized #{header} ({count} x {})",
+            T::DTYPE
+        );
+        let refusers: Vec<(Communicator, u32)> = std::iter::once((comm.handle(), header))
+            .chain(hops.iter().map(|(c, s)| (c.handle(), *s)))
+            .collect();
+        let what2 = what.clone();
+        let refuse = Box::new(move |e: Error| {
+            for (c, seq) in &refusers {
+                c.refuse_seq(*seq, &what2, e.clone());
+            }
+        });
+        let run = Box::new(move |b: *mut u8| {
+            // SAFETY: the pinned buffer holds every rank's block at 0 and room for the
+            // result at `out_at` (sized below), not reused before the program's end.
+            let (input, output) = unsafe {
+                (
+                    std::slice::from_raw_parts(b as *const T, count * p),
+                    std::slice::from_raw_parts_mut(b.add(out_at) as *mut T, count),
+                )
+            };
+            comm.reduce_scatter_quantized_as::<T>(input, output, how, header, &hops, unsound)
+        });
+        let d2h: Vec<InCopy> = (bytes > 0)
+            .then_some((send, bytes * p, 0))
+            .into_iter()
+            .collect();
+        let h2d: Vec<OutCopy> = (bytes > 0)
+            .then_some((out_at, recv, bytes))
+            .into_iter()
+            .collect();
+        // SAFETY: forwarded from the caller.
+        unsafe { self.section(what, out_at + bytes, &d2h, &h2d, run, refuse) }
+    }
+
     /// Queues a batch of sends and receives between device buffers (the batch's operations
     /// name device addresses; its message numbers were taken at the call) as a host
     /// section: the sends' buffers copied to a pinned buffer, the batch run there by the

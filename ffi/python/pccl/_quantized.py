@@ -88,6 +88,30 @@ def _run(method, tensors, args):
     return output
 
 
+def _issue(be, comm, method, tensors, stream, call, args):
+    """``method(send, recv, *args, stream)``: on CPU tensors (``stream`` None) as
+    :func:`_run`; on a GPU queued as the backend's collectives are (torch's stream semantics,
+    ``_streams.issue``): on PCCL's stream after the current one, which then waits for it, the
+    tensors kept alive for PCCL's stream (the library may read and write them after this
+    returns)."""
+    inp, out, output = tensors
+    if stream is None:
+        return _run(method, tensors, args + (None,))
+    dev = inp.device
+
+    def launch(h):
+        with _streams.device_context(dev):
+            method(_ptr(inp), _ptr(out), *args, h)
+
+    req = _streams.issue(comm, be._dev_streams, dev, call, launch,
+                         f"pccl:{call} ({out.numel()} elements)")
+    _streams.keep_alive([req], [inp, out])
+    _streams.wait_last([req])
+    if out is not output:
+        output.copy_(out)
+    return output
+
+
 def all_gather_quantized(output, input, bits=8, block=2048, allow_nonfinite=False, group=None):
     """All-gathers ``input`` of every rank into ``output`` (``input.numel() x world`` elements,
     rank ``r``'s at block ``r``) with the data block-quantized on the wire (ZeRO++'s qwZ):
@@ -112,25 +136,8 @@ def all_gather_quantized(output, input, bits=8, block=2048, allow_nonfinite=Fals
         _refuse(comm.allgather_quantized, (n, _dtype(inp, call), int(bits), int(block), flags),
                 ValueError(f"pccl: {call}: output has {output.numel()} elements, expected "
                            f"{n} x {be.size()}"))
-    args = (n, _dtype(inp, call), int(bits), int(block), flags)
-    if stream is None:
-        return _run(comm.allgather_quantized, (inp, out, output), args + (None,))
-    # Queued as the backend's collectives are (torch's stream semantics, _streams.issue): on
-    # PCCL's stream after the current one, which then waits for it; the tensors are kept
-    # alive for PCCL's stream (the library reads and writes them after this returns).
-    dev = inp.device
-
-    def launch(h):
-        with _streams.device_context(dev):
-            comm.allgather_quantized(_ptr(inp), _ptr(out), *args, h)
-
-    req = _streams.issue(comm, be._dev_streams, dev, call, launch,
-                         f"pccl:{call} ({n} elements)")
-    _streams.keep_alive([req], [inp, out])
-    _streams.wait_last([req])
-    if out is not output:
-        output.copy_(out)
-    return output
+    return _issue(be, comm, comm.allgather_quantized, (inp, out, output), stream, call,
+                  (n, _dtype(inp, call), int(bits), int(block), flags))
 
 
 def reduce_scatter_quantized(output, input, bits=8, block=2048, average=False,
@@ -145,8 +152,9 @@ def reduce_scatter_quantized(output, input, bits=8, block=2048, average=False,
     partial sum quantized: log2 steps per level). Every element is within half a step of every quantized piece it passed through
     (docs/QUANTIZED.md). Dtypes, refusals and ``group`` as ``all_gather_quantized``; every
     rank must pass the same scheme (``"halving"``, and ``"per-level"`` with groups: CPU
-    tensors only). Synchronous (on a GPU too: it blocks the host until ``output`` holds the
-    result)."""
+    tensors only). On a GPU ordered on the current stream as ``all_gather_quantized`` (it
+    blocks instead for the first two-hop call of a group, which splits its node and network
+    groups)."""
     call = "reduce_scatter_quantized"
     schemes = {"two-hop": 0, "halving": _lib.PCCL_QUANT_HALVING,
                "per-level": _lib.PCCL_QUANT_PER_LEVEL}
@@ -162,8 +170,8 @@ def reduce_scatter_quantized(output, input, bits=8, block=2048, average=False,
                 (n, _dtype(inp, call), int(bits), int(block), flags),
                 ValueError(f"pccl: {call}: input has {input.numel()} elements, expected "
                            f"{n} x {be.size()}"))
-    return _run(comm.reduce_scatter_quantized, (inp, out, output),
-                (n, _dtype(inp, call), int(bits), int(block), flags, stream))
+    return _issue(be, comm, comm.reduce_scatter_quantized, (inp, out, output), stream, call,
+                  (n, _dtype(inp, call), int(bits), int(block), flags))
 
 
 _QUANT_BITS = {None: None, "none": None, "int8": 8, "int4": 4, 8: 8, 4: 4}
@@ -175,8 +183,7 @@ _QUANT_DEFAULT = {"allgather": None, "reducescatter": None, "block": 2048}
 
 def set_quantization(all_gather=None, reduce_scatter=None, block=2048, group=None):
     """Routes the group's ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` (SUM, AVG)
-    on float tensors (CPU, or GPU: there the all-gather is ordered on the current stream, the
-    reduce-scatter blocks the host until its result is in place) to the quantized forms: ``"int8"``, ``"int4"`` or None (off) for
+    on float tensors (CPU, or GPU: there ordered on the current stream) to the quantized forms: ``"int8"``, ``"int4"`` or None (off) for
     each, one float32 scale per ``block`` elements. What FSDP / ZeRO-3 call then moves block-
     quantized weights (ZeRO++'s qwZ) and gradients (qgZ); the other collectives and dtypes are
     untouched. Every rank must set the same (a rank that differs fails those calls on every

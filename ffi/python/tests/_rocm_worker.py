@@ -269,9 +269,9 @@ def _rooted_checks(rank, world, streams, report):
 
 
 def _quantized_checks(rank, world, cur, check):
-    """pccl.torch.all_gather_quantized (queued on the current stream: synchronised before the
-    check) / reduce_scatter_quantized (blocking; the fake's kernels of csrc/quant.cu) on
-    "device" tensors, through the C ABI's stream argument. Integers in
+    """pccl.torch.all_gather_quantized / reduce_scatter_quantized on "device" tensors, through
+    the C ABI's stream argument: queued on the current stream (synchronised before each
+    check), encoded on pinned host memory. Integers in
     -127..127 with +-127 in every block of 32 encode exactly (scale 1), so the results are
     exact."""
     n = 64
@@ -287,6 +287,7 @@ def _quantized_checks(rank, world, cur, check):
     check("all_gather_quantized", out, torch.cat([ints(r, n) for r in range(world)]))
     got = torch.zeros(n)
     pt.reduce_scatter_quantized(got, ints(rank, world * n), bits=8, block=32)
+    cur.synchronize()
     want = sum(ints(r, world * n) for r in range(world))[rank * n:(rank + 1) * n]
     check("reduce_scatter_quantized", got, want)
 

@@ -261,6 +261,84 @@ impl Communicator {
         decode_all(&q, &records, words, output, n)
     }
 
+    /// The communicators a queued [`Communicator::reduce_scatter_quantized`] of `scheme` runs
+    /// its hops on, each with the collective number it takes now, if they can be had without
+    /// a collective: this communicator for one hop; the node's and the network's for two,
+    /// once an earlier call has split them. None: the call must block (halving; the
+    /// per-level scheme where the topology has groups; the first two-hop call).
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
+    pub(crate) fn queued_hops(&self, scheme: QuantScheme) -> Option<Vec<(Communicator, u32)>> {
+        let topo = self.topology();
+        if scheme == QuantScheme::Halving
+            || (scheme == QuantScheme::PerLevel && topo.levels().is_some())
+        {
+            return None;
+        }
+        if !crate::plan::two_hop::applies(topo.nodes()) {
+            return Some(vec![(self.handle(), self.take_tag())]);
+        }
+        let l = super::lock(&self.inner.levels);
+        let (intra, inter) = l.as_ref()?;
+        Some(vec![
+            (intra.handle(), intra.take_tag()),
+            (inter.handle(), inter.take_tag()),
+        ])
+    }
+
+    /// [`Communicator::reduce_scatter_quantized_with`] as collectives numbered when the call
+    /// was queued: the header exchange `header` on this communicator, then one quantized
+    /// all-to-all per hop on `hops` ([`Communicator::queued_hops`]); the host part of a
+    /// queued device call, as [`Communicator::all_gather_quantized_as`].
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn reduce_scatter_quantized_as<T: QuantFloat>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        (q, average, scheme): (Quant, bool, QuantScheme),
+        header: u32,
+        hops: &[(Communicator, u32)],
+        unsound: Option<String>,
+    ) -> Result<()> {
+        let (p, n) = (self.size(), output.len());
+        let call = "reduce_scatter_quantized";
+        let mut m = Mine::of(call, q, (n, p), ("input", input.len()), input);
+        m.scheme = scheme;
+        if unsound.is_some() {
+            m.unsound = unsound;
+        }
+        let mine = m.header();
+        let mut all = [0u64; FIELDS].repeat(p);
+        // SAFETY: `mine` holds FIELDS words and `all` FIELDS × p, distinct buffers.
+        unsafe {
+            self.host_collective_as::<u64>(
+                crate::RawCollective::AllGather,
+                mine.as_ptr(),
+                all.as_mut_ptr(),
+                FIELDS,
+                header,
+            )?
+        };
+        verdict(m, &all, p)?;
+        let mut payload = if hops.len() == 2 {
+            node_units(input, self.topology().nodes(), n)?
+        } else {
+            let mut v = alloc_f32(p * n, "this rank's input")?;
+            T::to_f32_slice(input, &mut v);
+            v
+        };
+        for (c, seq) in hops {
+            let len = payload.len() / c.size();
+            payload = quantized_hop(c, &payload, len, q, Some(*seq))?;
+        }
+        if average {
+            let k = 1.0 / p as f32;
+            payload.iter_mut().for_each(|v| *v *= k);
+        }
+        T::from_f32_slice(&payload, output);
+        Ok(())
+    }
+
     /// All-gathers `input` (this rank's shard) into `output` (`input.len() × size()`
     /// elements, rank `r`'s shard at block `r`) with the data quantized on the wire: each
     /// element comes back within half its block's step (`max |x| / 127` for INT8, `/ 7` for
@@ -356,7 +434,7 @@ impl Communicator {
             self.with_per_level(&radices, |comms| {
                 for c in comms {
                     let len = payload.len() / c.size();
-                    payload = quantized_hop(c, &payload, len, q)?;
+                    payload = quantized_hop(c, &payload, len, q, None)?;
                 }
                 Ok(())
             })?;
@@ -364,14 +442,14 @@ impl Communicator {
         } else if two_hops {
             let payload = node_units(input, nodes, n)?;
             self.with_levels(|intra, inter| {
-                let partial = quantized_hop(intra, &payload, nodes.len() * n, q)?;
+                let partial = quantized_hop(intra, &payload, nodes.len() * n, q, None)?;
                 // Hop 2: to node k, the partial sum of its rank of this local index.
-                quantized_hop(inter, &partial, n, q)
+                quantized_hop(inter, &partial, n, q, None)
             })?
         } else {
             let mut payload = alloc_f32(p * n, "this rank's input")?;
             T::to_f32_slice(input, &mut payload);
-            quantized_hop(self, &payload, n, q)?
+            quantized_hop(self, &payload, n, q, None)?
         };
         if average {
             let k = 1.0 / p as f32;
@@ -476,7 +554,13 @@ pub(super) fn node_units<T: QuantFloat>(
 /// One quantized all-to-all on `comm`: `payload` holds `comm.size()` pieces of `len` f32
 /// values (piece `d` for member `d`); each is quantized, exchanged, dequantized and the
 /// pieces this rank receives are summed in f32.
-fn quantized_hop(comm: &Communicator, payload: &[f32], len: usize, q: Quant) -> Result<Vec<f32>> {
+fn quantized_hop(
+    comm: &Communicator,
+    payload: &[f32],
+    len: usize,
+    q: Quant,
+    seq: Option<u32>,
+) -> Result<Vec<f32>> {
     let s = comm.size();
     let words = q.record_bytes(len) / 8;
     let total = words
@@ -488,7 +572,19 @@ fn quantized_hop(comm: &Communicator, payload: &[f32], len: usize, q: Quant) -> 
         quant::quantize(&q, &payload[d * len..(d + 1) * len], rec)?;
     }
     let mut recv = alloc_words(total, "the quantized pieces received")?;
-    comm.all_to_all(&send, &mut recv)?;
+    match seq {
+        None => comm.all_to_all(&send, &mut recv)?,
+        // SAFETY: `send` and `recv` hold `words × s` words each, distinct buffers.
+        Some(seq) => unsafe {
+            comm.host_rooted_as::<u64>(
+                crate::RawRooted::AllToAll,
+                send.as_ptr(),
+                recv.as_mut_ptr(),
+                words,
+                seq,
+            )?
+        },
+    }
     let mut sum = alloc_f32(len, "a hop's sum")?;
     let mut piece = alloc_f32(len, "a received piece")?;
     for d in 0..s {

@@ -265,6 +265,94 @@ impl Communicator {
         Ok(())
     }
 
+    /// [`Communicator::reduce_scatter_quantized_on`] ordered on `dev`'s stream without
+    /// blocking the caller, as [`Communicator::enqueue_all_gather_quantized_on`] is: the
+    /// header exchange and each hop's all-to-all numbered at the call, run on pinned host
+    /// memory by the host's kernels (bit-identical). It blocks instead (it is
+    /// [`Communicator::reduce_scatter_quantized_on`]) where calls are not queued, for the
+    /// halving and per-level schemes, and for the first two-hop call of this communicator
+    /// (which splits the node's and the network's communicators, a collective of its own).
+    ///
+    /// # Safety
+    /// As [`Communicator::reduce_scatter_quantized_on`], until `dev`'s stream has passed the
+    /// call.
+    pub unsafe fn enqueue_reduce_scatter_quantized_on<T: QuantFloat, D: Device>(
+        &self,
+        dev: &D,
+        (send, recv): (u64, u64),
+        (count, send_elems): (usize, usize),
+        (q, average, scheme): (Quant, bool, QuantScheme),
+    ) -> Result<()> {
+        let call = "reduce_scatter_quantized";
+        let how = (q, average, scheme);
+        let blocking = |comm: &Communicator| {
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                comm.reduce_scatter_quantized_on::<T, D>(
+                    dev,
+                    (send, recv),
+                    (count, send_elems),
+                    how,
+                )
+            }
+        };
+        let hops_possible = scheme != QuantScheme::Halving
+            && !(scheme == QuantScheme::PerLevel && self.topology().levels().is_some());
+        if self.size() == 1 || !hops_possible {
+            return blocking(self);
+        }
+        if crate::plan::two_hop::applies(self.topology().nodes())
+            && super::lock(&self.inner.levels).is_none()
+        {
+            return blocking(self);
+        }
+        self.refuse_capture(dev, call)?;
+        let p = self.size();
+        let unsound = match q.validate() {
+            Err(e) => Some(e.message().to_string()),
+            Ok(()) if count.checked_mul(p) != Some(send_elems) => {
+                Some(format!("input of {send_elems} elements for {count} x {p}"))
+            }
+            Ok(()) => None,
+        };
+        let what = |seq: u32| format!("{call} #{seq} ({count} x {})", T::DTYPE);
+        let path = |_: Option<&crate::comm::nccl_level::NcclLevel<D>>| {
+            "host-staged, encoded on the host".to_string()
+        };
+        let build = |prog: &mut crate::comm::device_program::Program<'_, D>,
+                     _level: Option<&mut crate::comm::nccl_level::NcclLevel<D>>,
+                     _own: &D,
+                     seq: u32| {
+            let hops = self
+                .queued_hops(scheme)
+                .ok_or_else(|| Error::internal("the quantized reduce-scatter's hops went away"))?;
+            // SAFETY: forwarded from the caller: the buffers stay valid until the program's
+            // end; `recv` is written only when every rank's arguments were sound.
+            unsafe {
+                prog.reduce_scatter_quantized::<T>(
+                    self.handle(),
+                    (seq, hops),
+                    (send, recv),
+                    count,
+                    how,
+                    unsound.clone(),
+                )
+            }
+        };
+        let end = self.queue_program(
+            dev,
+            crate::comm::device_queue::Kind::Collective,
+            &what,
+            path,
+            build,
+            blocking,
+        )?;
+        if let Some(end) = end {
+            dev.wait_on(&end)?;
+        }
+        Ok(())
+    }
+
     /// [`Communicator::reduce_scatter_quantized`] (the two-hop scheme) on device memory of
     /// `dev`: `send` holds `send_elems` elements of `T` (which must be `count × size()`,
     /// checked as the all-gather checks its output), `recv` `count`. Partial sums in
