@@ -3,7 +3,7 @@
 //! ```text
 //! pccl-gpu-bench [kernels] [--size-mib 256] [--transpose-mib 64] [--iters 30] [--sweep]
 //! pccl-gpu-bench staged [--size-mib 256] [--ranks 2] [--iters 5] [--piece-mib 4] [--algo NAME]
-//! pccl-gpu-bench queue [--size-kib 4] [--ranks 2] [--iters 200] [--hip]
+//! pccl-gpu-bench queue [--size-kib 4] [--ranks 2] [--iters 200] [--hip] [--quantized]
 //! ```
 //! `kernels` (the default): copy ceiling, reductions and transposes ([`kernels`]); `staged`:
 //! the host-staged reduce-scatter and each of its stages ([`staged`]); `queue`: host time per
@@ -35,7 +35,8 @@ enum Cmd {
     Kernels(KernelArgs),
     /// The host-staged device reduce-scatter on thread-ranks sharing one GPU, and its stages.
     Staged(StagedArgs),
-    /// Host time per call of a device all-reduce queued on the stream vs a blocking one.
+    /// Host time per call of a device all-reduce (or quantized all-gather) queued on the
+    /// stream vs a blocking one.
     Queue(QueueArgs),
 }
 
@@ -54,6 +55,10 @@ pub struct QueueArgs {
     /// HIP devices (a build with --features rocm; PCCL_HIP_LIBRARY may name the fake runtime).
     #[arg(long)]
     pub hip: bool,
+    /// Time the INT8 quantized all-gather of `--size-kib` per rank (blocks of 256) instead:
+    /// queued (`enqueue_all_gather_quantized_on`) against blocking (`all_gather_quantized_on`).
+    #[arg(long)]
+    pub quantized: bool,
 }
 
 fn positive(s: &str) -> Result<usize, String> {

@@ -1,6 +1,8 @@
 //! `queue`: the host time of one device all-reduce call queued on the caller's stream
 //! (`Communicator::enqueue_on`, what the C ABI and torch do) against the blocking call
-//! (`collective_on`, what `PCCL_DEVICE_ASYNC=0` does), on thread-ranks each on GPU
+//! (`collective_on`, what `PCCL_DEVICE_ASYNC=0` does), or with `--quantized` of the INT8
+//! quantized all-gather (`enqueue_all_gather_quantized_on` against
+//! `all_gather_quantized_on`), on thread-ranks each on GPU
 //! `rank % GPUs`: CUDA, or HIP with `--hip` (the fake ROCm runtime included, whose streams run
 //! on threads: the queued call's host time is then the host cost of queueing a stream program).
 
@@ -23,13 +25,33 @@ fn stats(v: &mut [Duration]) -> (f64, f64) {
 /// One rank: host times of `iters` queued calls, then of `iters` blocking calls.
 fn rank_times<D: Device>(c: &Communicator, dev: &D, a: &QueueArgs) -> Result<Times> {
     let n = (a.size_kib * 1024 / 4).max(1);
-    let buf = dev.alloc_zeroed(n * 4)?;
+    let p = c.size();
+    let buf = dev.alloc_zeroed(n * 4 * (p + 1))?;
     let addr = dev.span_of(&buf).addr();
+    // The quantized all-gather's output follows its shard.
+    let out = addr + (n * 4) as u64;
     let sum = RawCollective::AllReduce(ReduceOp::Sum);
-    // SAFETY: `buf` holds n f32 of `dev` and lives until the stream is synchronised below.
-    let queued = || unsafe { c.enqueue_on::<f32, D>(dev, sum, addr, addr, n) };
+    let q = pccl::Quant {
+        block: 256,
+        ..pccl::Quant::INT8
+    };
+    // SAFETY: `buf` holds n × (p + 1) f32 of `dev` and lives until the stream is synchronised
+    // below.
+    let queued = || unsafe {
+        if a.quantized {
+            c.enqueue_all_gather_quantized_on::<f32, D>(dev, (addr, out), (n, n * p), q)
+        } else {
+            c.enqueue_on::<f32, D>(dev, sum, addr, addr, n)
+        }
+    };
     // SAFETY: as above; the call returns when done.
-    let blocking = || unsafe { c.collective_on::<f32, D>(dev, sum, addr, addr, n) };
+    let blocking = || unsafe {
+        if a.quantized {
+            c.all_gather_quantized_on::<f32, D>(dev, (addr, out), (n, n * p), q)
+        } else {
+            c.collective_on::<f32, D>(dev, sum, addr, addr, n)
+        }
+    };
     for _ in 0..3 {
         queued()?;
     }
@@ -84,16 +106,26 @@ fn bench<D: Device>(
     let (mut q, mut b, device) = rows.swap_remove(0);
     let (qm, qa) = stats(&mut q);
     let (bm, ba) = stats(&mut b);
+    let (what, qn, bn) = if a.quantized {
+        (
+            "INT8 quantized all-gather (blocks of 256)",
+            "queued (enqueue_all_gather_quantized_on)",
+            "blocking (all_gather_quantized_on)",
+        )
+    } else {
+        (
+            "all-reduce",
+            "queued (enqueue_on)",
+            "blocking (collective_on)",
+        )
+    };
     println!(
-        "# host time per {} KiB f32 all-reduce call, rank 0 of {} thread-ranks on {} {} GPU(s), {} calls",
+        "# host time per {} KiB f32 {what} call, rank 0 of {} thread-ranks on {} {} GPU(s), {} calls",
         a.size_kib, a.ranks, gpus, D::VENDOR, a.iters
     );
-    println!("{:<22} {:>12} {:>12}", "call", "median(us)", "mean(us)");
-    println!("{:<22} {:>12.1} {:>12.1}", "queued (enqueue_on)", qm, qa);
-    println!(
-        "{:<22} {:>12.1} {:>12.1}",
-        "blocking (collective_on)", bm, ba
-    );
+    println!("{:<40} {:>12} {:>12}", "call", "median(us)", "mean(us)");
+    println!("{:<40} {:>12.1} {:>12.1}", qn, qm, qa);
+    println!("{:<40} {:>12.1} {:>12.1}", bn, bm, ba);
     println!(
         "# queued calls until their stream drained: {:.1} us per call",
         device.as_secs_f64() * 1e6 / a.iters as f64
