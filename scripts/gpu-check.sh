@@ -23,6 +23,7 @@
 #                transpose, quantize/dequantize: the kernel figures of docs/BENCHMARKS-GPU.md)
 #   staged       pccl-gpu-bench staged --size-mib 256 --ranks 2 (the host-staged figures)
 #   collectives  cuda_collectives tests (staged, direct, NCCL level, enqueued, quantized)
+#   queue(-q)    pccl-gpu-bench queue [--quantized]: host time per queued call vs blocking
 #   bench-w1     pccl-bench -d cuda --ranks 1 -m 1K:256M --coll all: PCCL beside NCCL's own
 #                collective on the same buffers (PCCL/NCCL per size, 1 KiB latency)
 #   bench-staged pccl-bench -d cuda --ranks 2 (PCCL_NCCL=0), 1K:256M, results checked
@@ -347,6 +348,11 @@ step kernels       60 gpu "$BIN/pccl-gpu-bench" kernels "${bench_args[@]}"
 # shellcheck disable=SC2086
 step staged        60 gpu "$BIN/pccl-gpu-bench" staged ${DEVICE_BENCH_ARGS:---size-mib 256 --ranks 2 --iters 9 --piece-mib 4}
 step collectives   90 gpu "$BIN/cuda_collectives" --nocapture
+# Host time per queued call against a blocking one (2 thread-ranks on the one GPU, queueing
+# forced: ranks sharing a GPU block by default), an all-reduce and the quantized all-gather.
+step queue         20 gpu env PCCL_DEVICE_ASYNC=1 "$BIN/pccl-gpu-bench" queue --iters 200
+step queue-q       30 gpu env PCCL_DEVICE_ASYNC=1 "$BIN/pccl-gpu-bench" queue --quantized \
+    --size-kib 256 --iters 100
 step bench-w1      60 gpu bench bench-w1 --coll all --ranks 1 -m 1K:256M
 step bench-staged  75 gpu env PCCL_NCCL=0 bash -c 'bench bench-staged --coll all --ranks 2 -m 1K:256M'
 step bench-level   75 gpu env PCCL_RANKS_PER_NODE=1 PCCL_NCCL=1 \
@@ -395,6 +401,9 @@ counts="$(grep -c ' passed ' "$SUMMARY") passed, $(grep -c ' skipped (' "$SUMMAR
     echo
     echo "## pccl-gpu-bench staged (tail)"
     tail -n 15 "$LOG_DIR/staged.log"
+    echo
+    echo "## pccl-gpu-bench queue, queue --quantized (tails)"
+    tail -n 5 "$LOG_DIR/queue.log" "$LOG_DIR/queue-q.log" 2>/dev/null
     echo
     echo "## gpu-check: $([ $status = 0 ] && echo "no check failed" || echo SOME CHECKS FAILED) ($counts) in $((SECONDS - T0))s"
 } >>"$SUMMARY" 2>&1
