@@ -24,6 +24,8 @@ mod quantized;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 mod quantized_device;
 mod quantized_halving;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+mod quantized_queued;
 mod rooted;
 mod trust;
 mod tuning;

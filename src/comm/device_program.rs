@@ -39,7 +39,6 @@ use crate::device::api::{DevSpan, Device, GateReleaser, PinnedHost};
 use crate::device::nccl_abi::AsyncErrorProbe;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
-use crate::quant::{Quant, QuantFloat};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -175,10 +174,10 @@ impl<D: Device> PinnedPool<D> {
 }
 
 /// A device-to-host copy of a host section: source address, bytes, offset in the buffer.
-type InCopy = (u64, usize, usize);
+pub(crate) type InCopy = (u64, usize, usize);
 
 /// A host-to-device copy of a host section: offset in the buffer, destination, bytes.
-type OutCopy = (usize, u64, usize);
+pub(crate) type OutCopy = (usize, u64, usize);
 
 /// What [`Program::end`] hands back: the end event, and the job of the host part.
 type Ended<D> = (Arc<<D as Device>::Event>, Option<Box<dyn FnOnce() + Send>>);
@@ -423,134 +422,6 @@ impl<'a, D: Device> Program<'a, D> {
         unsafe { self.section(what, r_at + r_len, &d2h, &h2d, run, refuse) }
     }
 
-    /// Queues [`Communicator::all_gather_quantized`] of `count` elements of `T` per rank
-    /// (device buffers `send` and `recv`) as a host section on `comm` as its collectives
-    /// `seqs` (the header exchange, then the records), both taken at the call: the shard
-    /// copied to a pinned buffer, encoded, exchanged and decoded there by the host's kernels
-    /// (bit-identical to the device's), every rank's block copied to `recv`. `unsound`: this
-    /// rank's arguments' problem, found at the call; the agreement then fails the call on
-    /// every rank, naming it. A refusal (NaN, a disagreeing rank) is then the communicator's
-    /// asynchronous error: `recv` is not written and the stream stays held.
-    ///
-    /// # Safety
-    /// `send` must be device memory of the stream's device holding `count` elements of `T`
-    /// and, unless `unsound`, `recv` `count × size()`, until the program's end event
-    /// completed.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn all_gather_quantized<T: QuantFloat>(
-        &mut self,
-        comm: Communicator,
-        seqs: (u32, u32),
-        (send, recv): (u64, u64),
-        count: usize,
-        q: Quant,
-        unsound: Option<String>,
-    ) -> Result<()> {
-        let p = comm.size();
-        let bytes = count
-            .checked_mul(std::mem::size_of::<T>())
-            .filter(|b| b.checked_mul(p + 1).is_some())
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "all_gather_quantized of {count} elements overflows"
-                ))
-            })?;
-        let out_at = bytes.next_multiple_of(8);
-        let what = format!("all_gather_quantized #{} ({count} x {})", seqs.0, T::DTYPE);
-        let refuser = comm.handle();
-        let what2 = what.clone();
-        let refuse = Box::new(move |e: Error| {
-            refuser.refuse_seq(seqs.0, &what2, e.clone());
-            refuser.refuse_seq(seqs.1, &what2, e);
-        });
-        let run = Box::new(move |b: *mut u8| {
-            // SAFETY: the pinned buffer holds the shard at 0 and room for every rank's block
-            // at `out_at` (sized below), not reused before the program's end.
-            let (input, output) = unsafe {
-                (
-                    std::slice::from_raw_parts(b as *const T, count),
-                    std::slice::from_raw_parts_mut(b.add(out_at) as *mut T, count * p),
-                )
-            };
-            comm.all_gather_quantized_as::<T>(input, output, q, seqs, unsound)
-        });
-        let d2h: Vec<InCopy> = (bytes > 0)
-            .then_some((send, bytes, 0))
-            .into_iter()
-            .collect();
-        let h2d: Vec<OutCopy> = (bytes > 0)
-            .then_some((out_at, recv, bytes * p))
-            .into_iter()
-            .collect();
-        // SAFETY: forwarded from the caller.
-        unsafe { self.section(what, out_at + bytes * p, &d2h, &h2d, run, refuse) }
-    }
-
-    /// Queues [`Communicator::reduce_scatter_quantized_with`] of `count` elements per rank
-    /// (device buffers `send`: `count × size()` elements, `recv`: `count`) as a host section,
-    /// as [`Program::all_gather_quantized`] does: the header exchange on `comm` as its
-    /// collective `header`, each hop's all-to-all on its communicator as the collective taken
-    /// with it ([`Communicator::queued_hops`]).
-    ///
-    /// # Safety
-    /// As [`Program::all_gather_quantized`], for `count × size()` elements at `send` and
-    /// `count` at `recv`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn reduce_scatter_quantized<T: QuantFloat>(
-        &mut self,
-        comm: Communicator,
-        (header, hops): (u32, Vec<(Communicator, u32)>),
-        (send, recv): (u64, u64),
-        count: usize,
-        how: (Quant, bool, crate::QuantScheme),
-        unsound: Option<String>,
-    ) -> Result<()> {
-        let p = comm.size();
-        let bytes = count
-            .checked_mul(std::mem::size_of::<T>())
-            .filter(|b| b.checked_mul(p + 1).is_some())
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "reduce_scatter_quantized of {count} elements overflows"
-                ))
-            })?;
-        let out_at = (bytes * p).next_multiple_of(8);
-        let what = format!(
-            "reduce_scatter_quantized #{header} ({count} x {})",
-            T::DTYPE
-        );
-        let refusers: Vec<(Communicator, u32)> = std::iter::once((comm.handle(), header))
-            .chain(hops.iter().map(|(c, s)| (c.handle(), *s)))
-            .collect();
-        let what2 = what.clone();
-        let refuse = Box::new(move |e: Error| {
-            for (c, seq) in &refusers {
-                c.refuse_seq(*seq, &what2, e.clone());
-            }
-        });
-        let run = Box::new(move |b: *mut u8| {
-            // SAFETY: the pinned buffer holds every rank's block at 0 and room for the
-            // result at `out_at` (sized below), not reused before the program's end.
-            let (input, output) = unsafe {
-                (
-                    std::slice::from_raw_parts(b as *const T, count * p),
-                    std::slice::from_raw_parts_mut(b.add(out_at) as *mut T, count),
-                )
-            };
-            comm.reduce_scatter_quantized_as::<T>(input, output, how, header, &hops, unsound)
-        });
-        let d2h: Vec<InCopy> = (bytes > 0)
-            .then_some((send, bytes * p, 0))
-            .into_iter()
-            .collect();
-        let h2d: Vec<OutCopy> = (bytes > 0)
-            .then_some((out_at, recv, bytes))
-            .into_iter()
-            .collect();
-        // SAFETY: forwarded from the caller.
-        unsafe { self.section(what, out_at + bytes, &d2h, &h2d, run, refuse) }
-    }
-
     /// Queues a batch of sends and receives between device buffers (the batch's operations
     /// name device addresses; its message numbers were taken at the call) as a host
     /// section: the sends' buffers copied to a pinned buffer, the batch run there by the
@@ -622,7 +493,7 @@ impl<'a, D: Device> Program<'a, D> {
     /// # Safety
     /// The device ranges must be memory of the stream's device, valid until the program's
     /// end event completed; `run` may touch only the `total` bytes of the buffer.
-    unsafe fn section(
+    pub(crate) unsafe fn section(
         &mut self,
         what: String,
         total: usize,

@@ -1,0 +1,294 @@
+//! The quantized collectives on device memory queued on the caller's stream (NCCL's and
+//! torch's semantics): stream programs (`comm::device_program`) whose host section copies the
+//! caller's data to pinned host memory, runs the host form there with every collective
+//! numbered at the call (the agreement's header exchange, the records' all-gather, each
+//! reduce-scatter hop's all-to-all), and copies the result back. Nothing here waits for the
+//! device or a peer; a refusal met while running is the communicator's asynchronous error.
+//! The blocking forms, encoded by the device's kernels, are in `quantized_device`.
+
+use super::quantized_halving::QuantScheme;
+use super::Communicator;
+use crate::comm::device_program::{InCopy, OutCopy, Program};
+use crate::comm::device_queue::Kind;
+use crate::comm::nccl_level::NcclLevel;
+use crate::device::api::Device;
+use crate::error::{Error, Result};
+use crate::quant::{Quant, QuantFloat};
+
+impl<D: Device> Program<'_, D> {
+    /// Queues [`Communicator::all_gather_quantized`] of `count` elements of `T` per rank
+    /// (device buffers `send` and `recv`) as a host section on `comm` as its collectives
+    /// `seqs` (the header exchange, then the records), both taken at the call: the shard
+    /// copied to a pinned buffer, encoded, exchanged and decoded there by the host's kernels
+    /// (bit-identical to the device's), every rank's block copied to `recv`. `unsound`: this
+    /// rank's arguments' problem, found at the call; the agreement then fails the call on
+    /// every rank, naming it. A refusal (NaN, a disagreeing rank) is then the communicator's
+    /// asynchronous error: `recv` is not written and the stream stays held.
+    ///
+    /// # Safety
+    /// `send` must be device memory of the stream's device holding `count` elements of `T`
+    /// and, unless `unsound`, `recv` `count × size()`, until the program's end event
+    /// completed.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn all_gather_quantized<T: QuantFloat>(
+        &mut self,
+        comm: Communicator,
+        seqs: (u32, u32),
+        (send, recv): (u64, u64),
+        count: usize,
+        q: Quant,
+        unsound: Option<String>,
+    ) -> Result<()> {
+        let p = comm.size();
+        let bytes = count
+            .checked_mul(std::mem::size_of::<T>())
+            .filter(|b| b.checked_mul(p + 1).is_some())
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "all_gather_quantized of {count} elements overflows"
+                ))
+            })?;
+        let out_at = bytes.next_multiple_of(8);
+        let what = format!("all_gather_quantized #{} ({count} x {})", seqs.0, T::DTYPE);
+        let refuser = comm.handle();
+        let what2 = what.clone();
+        let refuse = Box::new(move |e: Error| {
+            refuser.refuse_seq(seqs.0, &what2, e.clone());
+            refuser.refuse_seq(seqs.1, &what2, e);
+        });
+        let run = Box::new(move |b: *mut u8| {
+            // SAFETY: the pinned buffer holds the shard at 0 and room for every rank's block
+            // at `out_at` (sized below), not reused before the program's end.
+            let (input, output) = unsafe {
+                (
+                    std::slice::from_raw_parts(b as *const T, count),
+                    std::slice::from_raw_parts_mut(b.add(out_at) as *mut T, count * p),
+                )
+            };
+            comm.all_gather_quantized_as::<T>(input, output, q, seqs, unsound)
+        });
+        let d2h: Vec<InCopy> = (bytes > 0)
+            .then_some((send, bytes, 0))
+            .into_iter()
+            .collect();
+        let h2d: Vec<OutCopy> = (bytes > 0)
+            .then_some((out_at, recv, bytes * p))
+            .into_iter()
+            .collect();
+        // SAFETY: forwarded from the caller.
+        unsafe { self.section(what, out_at + bytes * p, &d2h, &h2d, run, refuse) }
+    }
+
+    /// Queues [`Communicator::reduce_scatter_quantized_with`] of `count` elements per rank
+    /// (device buffers `send`: `count × size()` elements, `recv`: `count`) as a host section,
+    /// as [`Program::all_gather_quantized`] does: the header exchange on `comm` as its
+    /// collective `header`, each hop's all-to-all on its communicator as the collective taken
+    /// with it ([`Communicator::queued_hops`]).
+    ///
+    /// # Safety
+    /// As [`Program::all_gather_quantized`], for `count × size()` elements at `send` and
+    /// `count` at `recv`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn reduce_scatter_quantized<T: QuantFloat>(
+        &mut self,
+        comm: Communicator,
+        (header, hops): (u32, Vec<(Communicator, u32)>),
+        (send, recv): (u64, u64),
+        count: usize,
+        how: (Quant, bool, QuantScheme),
+        unsound: Option<String>,
+    ) -> Result<()> {
+        let p = comm.size();
+        let bytes = count
+            .checked_mul(std::mem::size_of::<T>())
+            .filter(|b| b.checked_mul(p + 1).is_some())
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "reduce_scatter_quantized of {count} elements overflows"
+                ))
+            })?;
+        let out_at = (bytes * p).next_multiple_of(8);
+        let what = format!(
+            "reduce_scatter_quantized #{header} ({count} x {})",
+            T::DTYPE
+        );
+        let refusers: Vec<(Communicator, u32)> = std::iter::once((comm.handle(), header))
+            .chain(hops.iter().map(|(c, s)| (c.handle(), *s)))
+            .collect();
+        let what2 = what.clone();
+        let refuse = Box::new(move |e: Error| {
+            for (c, seq) in &refusers {
+                c.refuse_seq(*seq, &what2, e.clone());
+            }
+        });
+        let run = Box::new(move |b: *mut u8| {
+            // SAFETY: the pinned buffer holds every rank's block at 0 and room for the
+            // result at `out_at` (sized below), not reused before the program's end.
+            let (input, output) = unsafe {
+                (
+                    std::slice::from_raw_parts(b as *const T, count * p),
+                    std::slice::from_raw_parts_mut(b.add(out_at) as *mut T, count),
+                )
+            };
+            comm.reduce_scatter_quantized_as::<T>(input, output, how, header, &hops, unsound)
+        });
+        let d2h: Vec<InCopy> = (bytes > 0)
+            .then_some((send, bytes * p, 0))
+            .into_iter()
+            .collect();
+        let h2d: Vec<OutCopy> = (bytes > 0)
+            .then_some((out_at, recv, bytes))
+            .into_iter()
+            .collect();
+        // SAFETY: forwarded from the caller.
+        unsafe { self.section(what, out_at + bytes, &d2h, &h2d, run, refuse) }
+    }
+}
+
+impl Communicator {
+    /// [`Communicator::all_gather_quantized_on`] ordered on `dev`'s stream without blocking
+    /// the caller, as [`Communicator::enqueue_on`] orders a collective: on PCCL's stream of
+    /// the device, after the work queued on `dev`'s stream, which then waits (an event) for
+    /// its end. The shard is copied to pinned host memory and encoded, the ranks' headers
+    /// and records exchanged and decoded there by the host's kernels (bit-identical to the
+    /// device's), on the progress thread; the result is copied to `recv`. Nothing here waits
+    /// for the device or a peer. A refusal met while running (NaN or infinity in a rank's
+    /// shard, a rank that disagrees or passed an unsound buffer) is the same error on every
+    /// rank, found before any record moves, and is then this communicator's asynchronous
+    /// error (NCCL's): `recv` is not written, the stream stays held and every later device
+    /// call fails with it until the communicator is aborted. Where calls are not queued
+    /// (`PCCL_DEVICE_ASYNC=0`, ranks sharing a GPU, one rank) it is
+    /// [`Communicator::all_gather_quantized_on`].
+    ///
+    /// # Safety
+    /// As [`Communicator::all_gather_quantized_on`], until `dev`'s stream has passed the call.
+    pub unsafe fn enqueue_all_gather_quantized_on<T: QuantFloat, D: Device>(
+        &self,
+        dev: &D,
+        (send, recv): (u64, u64),
+        (count, recv_elems): (usize, usize),
+        q: Quant,
+    ) -> Result<()> {
+        let call = "all_gather_quantized";
+        let blocking = |comm: &Communicator| {
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                comm.all_gather_quantized_on::<T, D>(dev, (send, recv), (count, recv_elems), q)
+            }
+        };
+        if self.size() == 1 {
+            return blocking(self);
+        }
+        self.refuse_capture(dev, call)?;
+        let p = self.size();
+        let unsound = match q.validate() {
+            Err(e) => Some(e.message().to_string()),
+            Ok(()) if count.checked_mul(p) != Some(recv_elems) => {
+                Some(format!("output of {recv_elems} elements for {count} x {p}"))
+            }
+            Ok(()) => None,
+        };
+        let what = |seq: u32| format!("{call} #{seq} ({count} x {})", T::DTYPE);
+        let path = |_: Option<&NcclLevel<D>>| "host-staged, encoded on the host".to_string();
+        let build =
+            |prog: &mut Program<'_, D>, _level: Option<&mut NcclLevel<D>>, _own: &D, seq: u32| {
+                // The records' exchange is a collective of its own, numbered now as the header
+                // exchange was, so that calls made meanwhile keep every rank's numbering.
+                let records = self.take_tag();
+                // SAFETY: forwarded from the caller: the buffers stay valid until the program's
+                // end; `recv` is written only when every rank's arguments were sound.
+                unsafe {
+                    prog.all_gather_quantized::<T>(
+                        self.handle(),
+                        (seq, records),
+                        (send, recv),
+                        count,
+                        q,
+                        unsound.clone(),
+                    )
+                }
+            };
+        let end = self.queue_program(dev, Kind::Collective, &what, path, build, blocking)?;
+        if let Some(end) = end {
+            dev.wait_on(&end)?;
+        }
+        Ok(())
+    }
+
+    /// [`Communicator::reduce_scatter_quantized_on`] ordered on `dev`'s stream without
+    /// blocking the caller, as [`Communicator::enqueue_all_gather_quantized_on`] is: the
+    /// header exchange and each hop's all-to-all numbered at the call, run on pinned host
+    /// memory by the host's kernels (bit-identical). It blocks instead (it is
+    /// [`Communicator::reduce_scatter_quantized_on`]) where calls are not queued, for the
+    /// halving and per-level schemes, and for the first two-hop call of this communicator
+    /// (which splits the node's and the network's communicators, a collective of its own).
+    ///
+    /// # Safety
+    /// As [`Communicator::reduce_scatter_quantized_on`], until `dev`'s stream has passed the
+    /// call.
+    pub unsafe fn enqueue_reduce_scatter_quantized_on<T: QuantFloat, D: Device>(
+        &self,
+        dev: &D,
+        (send, recv): (u64, u64),
+        (count, send_elems): (usize, usize),
+        (q, average, scheme): (Quant, bool, QuantScheme),
+    ) -> Result<()> {
+        let call = "reduce_scatter_quantized";
+        let how = (q, average, scheme);
+        let blocking = |comm: &Communicator| {
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                comm.reduce_scatter_quantized_on::<T, D>(
+                    dev,
+                    (send, recv),
+                    (count, send_elems),
+                    how,
+                )
+            }
+        };
+        let hops_possible = scheme != QuantScheme::Halving
+            && !(scheme == QuantScheme::PerLevel && self.topology().levels().is_some());
+        if self.size() == 1 || !hops_possible {
+            return blocking(self);
+        }
+        if crate::plan::two_hop::applies(self.topology().nodes())
+            && super::lock(&self.inner.levels).is_none()
+        {
+            return blocking(self);
+        }
+        self.refuse_capture(dev, call)?;
+        let p = self.size();
+        let unsound = match q.validate() {
+            Err(e) => Some(e.message().to_string()),
+            Ok(()) if count.checked_mul(p) != Some(send_elems) => {
+                Some(format!("input of {send_elems} elements for {count} x {p}"))
+            }
+            Ok(()) => None,
+        };
+        let what = |seq: u32| format!("{call} #{seq} ({count} x {})", T::DTYPE);
+        let path = |_: Option<&NcclLevel<D>>| "host-staged, encoded on the host".to_string();
+        let build =
+            |prog: &mut Program<'_, D>, _level: Option<&mut NcclLevel<D>>, _own: &D, seq: u32| {
+                let hops = self.queued_hops(scheme).ok_or_else(|| {
+                    Error::internal("the quantized reduce-scatter's hops went away")
+                })?;
+                // SAFETY: forwarded from the caller: the buffers stay valid until the program's
+                // end; `recv` is written only when every rank's arguments were sound.
+                unsafe {
+                    prog.reduce_scatter_quantized::<T>(
+                        self.handle(),
+                        (seq, hops),
+                        (send, recv),
+                        count,
+                        how,
+                        unsound.clone(),
+                    )
+                }
+            };
+        let end = self.queue_program(dev, Kind::Collective, &what, path, build, blocking)?;
+        if let Some(end) = end {
+            dev.wait_on(&end)?;
+        }
+        Ok(())
+    }
+}
