@@ -212,6 +212,26 @@ impl Communicator {
         verdict(m, &all, self.size())
     }
 
+    /// [`Communicator::agree_quantized`] as collective `seq`, numbered when the call was
+    /// queued (the host part of a queued device call).
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
+    fn agree_quantized_as(&self, m: Mine<'_>, seq: u32) -> Result<()> {
+        let p = self.size();
+        let header = m.header();
+        let mut all = [0u64; FIELDS].repeat(p);
+        // SAFETY: `header` holds FIELDS words and `all` FIELDS × p, distinct buffers.
+        unsafe {
+            self.host_collective_as::<u64>(
+                crate::RawCollective::AllGather,
+                header.as_ptr(),
+                all.as_mut_ptr(),
+                FIELDS,
+                seq,
+            )?
+        };
+        verdict(m, &all, p)
+    }
+
     /// [`Communicator::all_gather_quantized`] as the collectives `seqs` (the header
     /// exchange, then the records), taken when the call was queued: the host part of a
     /// queued device call, run on the progress thread on pinned copies of the caller's
@@ -234,19 +254,7 @@ impl Communicator {
         if unsound.is_some() {
             m.unsound = unsound;
         }
-        let header = m.header();
-        let mut all = [0u64; FIELDS].repeat(p);
-        // SAFETY: `header` holds FIELDS words and `all` FIELDS × p, distinct buffers.
-        unsafe {
-            self.host_collective_as::<u64>(
-                crate::RawCollective::AllGather,
-                header.as_ptr(),
-                all.as_mut_ptr(),
-                FIELDS,
-                seqs.0,
-            )?
-        };
-        verdict(m, &all, p)?;
+        self.agree_quantized_as(m, seqs.0)?;
         let (mine, mut records, words) = encode_shard(&q, input, p)?;
         // SAFETY: `mine` holds `words` words and `records` `words × p`, distinct buffers.
         unsafe {
@@ -307,19 +315,7 @@ impl Communicator {
         if unsound.is_some() {
             m.unsound = unsound;
         }
-        let mine = m.header();
-        let mut all = [0u64; FIELDS].repeat(p);
-        // SAFETY: `mine` holds FIELDS words and `all` FIELDS × p, distinct buffers.
-        unsafe {
-            self.host_collective_as::<u64>(
-                crate::RawCollective::AllGather,
-                mine.as_ptr(),
-                all.as_mut_ptr(),
-                FIELDS,
-                header,
-            )?
-        };
-        verdict(m, &all, p)?;
+        self.agree_quantized_as(m, header)?;
         let mut payload = if hops.len() == 2 {
             node_units(input, self.topology().nodes(), n)?
         } else {

@@ -6,12 +6,14 @@
 //! device or a peer; a refusal met while running is the communicator's asynchronous error.
 //! The blocking forms, encoded by the device's kernels, are in `quantized_device`.
 
+use super::quantized::Mine;
 use super::quantized_halving::QuantScheme;
 use super::Communicator;
 use crate::comm::device_program::{InCopy, OutCopy, Program};
 use crate::comm::device_queue::Kind;
 use crate::comm::nccl_level::NcclLevel;
 use crate::device::api::Device;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::quant::{Quant, QuantFloat};
 
@@ -29,54 +31,32 @@ impl<D: Device> Program<'_, D> {
     /// `send` must be device memory of the stream's device holding `count` elements of `T`
     /// and, unless `unsound`, `recv` `count × size()`, until the program's end event
     /// completed.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn all_gather_quantized<T: QuantFloat>(
         &mut self,
         comm: Communicator,
         seqs: (u32, u32),
         (send, recv): (u64, u64),
-        count: usize,
-        q: Quant,
+        (count, q): (usize, Quant),
         unsound: Option<String>,
     ) -> Result<()> {
         let p = comm.size();
-        let bytes = count
-            .checked_mul(std::mem::size_of::<T>())
-            .filter(|b| b.checked_mul(p + 1).is_some())
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "all_gather_quantized of {count} elements overflows"
-                ))
-            })?;
-        let out_at = bytes.next_multiple_of(8);
         let what = format!("all_gather_quantized #{} ({count} x {})", seqs.0, T::DTYPE);
-        let refuser = comm.handle();
-        let what2 = what.clone();
-        let refuse = Box::new(move |e: Error| {
-            refuser.refuse_seq(seqs.0, &what2, e.clone());
-            refuser.refuse_seq(seqs.1, &what2, e);
-        });
-        let run = Box::new(move |b: *mut u8| {
-            // SAFETY: the pinned buffer holds the shard at 0 and room for every rank's block
-            // at `out_at` (sized below), not reused before the program's end.
+        let refusers = vec![(comm.handle(), seqs.0), (comm.handle(), seqs.1)];
+        let run = move |input: *mut u8, output: *mut u8| {
+            // SAFETY: the pinned buffer holds the shard at `input` and room for every rank's
+            // block at `output` (sized by `quantized_section`), not reused before the end.
             let (input, output) = unsafe {
                 (
-                    std::slice::from_raw_parts(b as *const T, count),
-                    std::slice::from_raw_parts_mut(b.add(out_at) as *mut T, count * p),
+                    std::slice::from_raw_parts(input as *const T, count),
+                    std::slice::from_raw_parts_mut(output as *mut T, count * p),
                 )
             };
             comm.all_gather_quantized_as::<T>(input, output, q, seqs, unsound)
-        });
-        let d2h: Vec<InCopy> = (bytes > 0)
-            .then_some((send, bytes, 0))
-            .into_iter()
-            .collect();
-        let h2d: Vec<OutCopy> = (bytes > 0)
-            .then_some((out_at, recv, bytes * p))
-            .into_iter()
-            .collect();
+        };
         // SAFETY: forwarded from the caller.
-        unsafe { self.section(what, out_at + bytes * p, &d2h, &h2d, run, refuse) }
+        unsafe {
+            self.quantized_section::<T>(what, (send, count), (recv, count * p), refusers, run)
+        }
     }
 
     /// Queues [`Communicator::reduce_scatter_quantized_with`] of `count` elements per rank
@@ -88,26 +68,15 @@ impl<D: Device> Program<'_, D> {
     /// # Safety
     /// As [`Program::all_gather_quantized`], for `count × size()` elements at `send` and
     /// `count` at `recv`.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn reduce_scatter_quantized<T: QuantFloat>(
         &mut self,
         comm: Communicator,
         (header, hops): (u32, Vec<(Communicator, u32)>),
         (send, recv): (u64, u64),
-        count: usize,
-        how: (Quant, bool, QuantScheme),
+        (count, how): (usize, (Quant, bool, QuantScheme)),
         unsound: Option<String>,
     ) -> Result<()> {
         let p = comm.size();
-        let bytes = count
-            .checked_mul(std::mem::size_of::<T>())
-            .filter(|b| b.checked_mul(p + 1).is_some())
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "reduce_scatter_quantized of {count} elements overflows"
-                ))
-            })?;
-        let out_at = (bytes * p).next_multiple_of(8);
         let what = format!(
             "reduce_scatter_quantized #{header} ({count} x {})",
             T::DTYPE
@@ -115,6 +84,48 @@ impl<D: Device> Program<'_, D> {
         let refusers: Vec<(Communicator, u32)> = std::iter::once((comm.handle(), header))
             .chain(hops.iter().map(|(c, s)| (c.handle(), *s)))
             .collect();
+        let run = move |input: *mut u8, output: *mut u8| {
+            // SAFETY: the pinned buffer holds every rank's block at `input` and room for the
+            // result at `output` (sized by `quantized_section`), not reused before the end.
+            let (input, output) = unsafe {
+                (
+                    std::slice::from_raw_parts(input as *const T, count * p),
+                    std::slice::from_raw_parts_mut(output as *mut T, count),
+                )
+            };
+            comm.reduce_scatter_quantized_as::<T>(input, output, how, header, &hops, unsound)
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.quantized_section::<T>(what, (send, count * p), (recv, count), refusers, run)
+        }
+    }
+
+    /// The host section of a queued quantized call: `ins` elements of `T` at `send` copied to
+    /// a pinned buffer, `run(input, output)` on the progress thread with the pinned input and
+    /// room for `outs` elements after it, those copied to `recv`; every collective of
+    /// `refusers` refused when it will not run.
+    ///
+    /// # Safety
+    /// `send` and `recv` must be device memory of the stream's device holding `ins` and
+    /// `outs` elements of `T` until the program's end event completed (`recv` is written
+    /// only when `run` succeeded).
+    unsafe fn quantized_section<T: QuantFloat>(
+        &mut self,
+        what: String,
+        (send, ins): (u64, usize),
+        (recv, outs): (u64, usize),
+        refusers: Vec<(Communicator, u32)>,
+        run: impl FnOnce(*mut u8, *mut u8) -> Result<()> + Send + 'static,
+    ) -> Result<()> {
+        let bytes = |n: usize| n.checked_mul(std::mem::size_of::<T>());
+        let (Some(ib), Some(ob)) = (bytes(ins), bytes(outs)) else {
+            return Err(Error::invalid(format!("{what}: the buffers overflow")));
+        };
+        let out_at = ib.next_multiple_of(8);
+        let total = out_at
+            .checked_add(ob)
+            .ok_or_else(|| Error::invalid(format!("{what}: the buffers overflow")))?;
         let what2 = what.clone();
         let refuse = Box::new(move |e: Error| {
             for (c, seq) in &refusers {
@@ -122,26 +133,14 @@ impl<D: Device> Program<'_, D> {
             }
         });
         let run = Box::new(move |b: *mut u8| {
-            // SAFETY: the pinned buffer holds every rank's block at 0 and room for the
-            // result at `out_at` (sized below), not reused before the program's end.
-            let (input, output) = unsafe {
-                (
-                    std::slice::from_raw_parts(b as *const T, count * p),
-                    std::slice::from_raw_parts_mut(b.add(out_at) as *mut T, count),
-                )
-            };
-            comm.reduce_scatter_quantized_as::<T>(input, output, how, header, &hops, unsound)
+            // SAFETY: the pinned buffer holds `total >= out_at` bytes.
+            let out = unsafe { b.add(out_at) };
+            run(b, out)
         });
-        let d2h: Vec<InCopy> = (bytes > 0)
-            .then_some((send, bytes * p, 0))
-            .into_iter()
-            .collect();
-        let h2d: Vec<OutCopy> = (bytes > 0)
-            .then_some((out_at, recv, bytes))
-            .into_iter()
-            .collect();
+        let d2h: Vec<InCopy> = (ib > 0).then_some((send, ib, 0)).into_iter().collect();
+        let h2d: Vec<OutCopy> = (ob > 0).then_some((out_at, recv, ob)).into_iter().collect();
         // SAFETY: forwarded from the caller.
-        unsafe { self.section(what, out_at + bytes, &d2h, &h2d, run, refuse) }
+        unsafe { self.section(what, total, &d2h, &h2d, run, refuse) }
     }
 }
 
@@ -179,40 +178,25 @@ impl Communicator {
         if self.size() == 1 {
             return blocking(self);
         }
-        self.refuse_capture(dev, call)?;
         let p = self.size();
-        let unsound = match q.validate() {
-            Err(e) => Some(e.message().to_string()),
-            Ok(()) if count.checked_mul(p) != Some(recv_elems) => {
-                Some(format!("output of {recv_elems} elements for {count} x {p}"))
+        let unsound = Mine::checked(call, q, (count, p), ("output", recv_elems), true).unsound;
+        let build = |prog: &mut Program<'_, D>, seq: u32| {
+            // The records' exchange is a collective of its own, numbered now as the header
+            // exchange was, so that calls made meanwhile keep every rank's numbering.
+            let records = self.take_tag();
+            // SAFETY: forwarded from the caller: the buffers stay valid until the program's
+            // end; `recv` is written only when every rank's arguments were sound.
+            unsafe {
+                prog.all_gather_quantized::<T>(
+                    self.handle(),
+                    (seq, records),
+                    (send, recv),
+                    (count, q),
+                    unsound,
+                )
             }
-            Ok(()) => None,
         };
-        let what = |seq: u32| format!("{call} #{seq} ({count} x {})", T::DTYPE);
-        let path = |_: Option<&NcclLevel<D>>| "host-staged, encoded on the host".to_string();
-        let build =
-            |prog: &mut Program<'_, D>, _level: Option<&mut NcclLevel<D>>, _own: &D, seq: u32| {
-                // The records' exchange is a collective of its own, numbered now as the header
-                // exchange was, so that calls made meanwhile keep every rank's numbering.
-                let records = self.take_tag();
-                // SAFETY: forwarded from the caller: the buffers stay valid until the program's
-                // end; `recv` is written only when every rank's arguments were sound.
-                unsafe {
-                    prog.all_gather_quantized::<T>(
-                        self.handle(),
-                        (seq, records),
-                        (send, recv),
-                        count,
-                        q,
-                        unsound.clone(),
-                    )
-                }
-            };
-        let end = self.queue_program(dev, Kind::Collective, &what, path, build, blocking)?;
-        if let Some(end) = end {
-            dev.wait_on(&end)?;
-        }
-        Ok(())
+        self.queue_quantized(dev, (call, count, T::DTYPE), build, blocking)
     }
 
     /// [`Communicator::reduce_scatter_quantized_on`] ordered on `dev`'s stream without
@@ -256,35 +240,44 @@ impl Communicator {
         {
             return blocking(self);
         }
-        self.refuse_capture(dev, call)?;
         let p = self.size();
-        let unsound = match q.validate() {
-            Err(e) => Some(e.message().to_string()),
-            Ok(()) if count.checked_mul(p) != Some(send_elems) => {
-                Some(format!("input of {send_elems} elements for {count} x {p}"))
+        let mut mine = Mine::checked(call, q, (count, p), ("input", send_elems), true);
+        let build = |prog: &mut Program<'_, D>, seq: u32| {
+            let hops = self
+                .queued_hops(scheme)
+                .ok_or_else(|| Error::internal("the quantized reduce-scatter's hops went away"))?;
+            // SAFETY: forwarded from the caller: the buffers stay valid until the program's
+            // end; `recv` is written only when every rank's arguments were sound.
+            unsafe {
+                prog.reduce_scatter_quantized::<T>(
+                    self.handle(),
+                    (seq, hops),
+                    (send, recv),
+                    (count, how),
+                    mine.unsound.take(),
+                )
             }
-            Ok(()) => None,
         };
-        let what = |seq: u32| format!("{call} #{seq} ({count} x {})", T::DTYPE);
+        self.queue_quantized(dev, (call, count, T::DTYPE), build, blocking)
+    }
+
+    /// Queues the program of quantized call `call` (`count` elements of `dtype` per rank) on
+    /// PCCL's stream of `dev`'s device after `dev`'s stream, which then waits for its end:
+    /// `build` adds its host section given the call's (first) collective number; `blocking`
+    /// runs it instead where calls are not queued. A stream capturing a graph is refused on
+    /// every rank.
+    fn queue_quantized<D: Device>(
+        &self,
+        dev: &D,
+        (call, count, dtype): (&str, usize, DType),
+        build: impl FnOnce(&mut Program<'_, D>, u32) -> Result<()>,
+        blocking: impl FnOnce(&Communicator) -> Result<()>,
+    ) -> Result<()> {
+        self.refuse_capture(dev, call)?;
+        let what = |seq: u32| format!("{call} #{seq} ({count} x {dtype})");
         let path = |_: Option<&NcclLevel<D>>| "host-staged, encoded on the host".to_string();
         let build =
-            |prog: &mut Program<'_, D>, _level: Option<&mut NcclLevel<D>>, _own: &D, seq: u32| {
-                let hops = self.queued_hops(scheme).ok_or_else(|| {
-                    Error::internal("the quantized reduce-scatter's hops went away")
-                })?;
-                // SAFETY: forwarded from the caller: the buffers stay valid until the program's
-                // end; `recv` is written only when every rank's arguments were sound.
-                unsafe {
-                    prog.reduce_scatter_quantized::<T>(
-                        self.handle(),
-                        (seq, hops),
-                        (send, recv),
-                        count,
-                        how,
-                        unsound.clone(),
-                    )
-                }
-            };
+            |prog: &mut Program<'_, D>, _: Option<&mut NcclLevel<D>>, _: &D, seq| build(prog, seq);
         let end = self.queue_program(dev, Kind::Collective, &what, path, build, blocking)?;
         if let Some(end) = end {
             dev.wait_on(&end)?;
