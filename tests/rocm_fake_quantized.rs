@@ -417,6 +417,61 @@ fn child_queued() {
 }
 
 #[test]
+fn a_peer_that_leaves_fails_the_queued_quantized_calls_of_the_others() {
+    with_fake_runtime("child_queued_peer_leaves", &[("FAKE_HIP_DEVICES", "4")]);
+}
+
+/// Rank 3 destroys its communicator instead of joining a queued all-gather: the other
+/// ranks' calls were queued (they returned), their streams stay held, and a later call
+/// returns the error naming rank 3 within seconds, not after the timeout (30 s).
+#[test]
+fn child_queued_peer_leaves() {
+    if !is_child() {
+        return;
+    }
+    let n = 128;
+    on_nodes(2, |r, c, dev| {
+        let q = Quant::INT8;
+        let sb = dev.upload(&data::<f32>(r, n)).unwrap();
+        let ob = dev.upload(&vec![0f32; n * 4]).unwrap();
+        let call = || {
+            // SAFETY: both buffers live on `dev` until the abort below releases its stream.
+            unsafe {
+                c.enqueue_all_gather_quantized_on::<f32, HipDevice>(
+                    dev,
+                    (sb.device_ptr(), ob.device_ptr()),
+                    (n, n * 4),
+                    q,
+                )
+            }
+        };
+        call().unwrap_or_else(|e| panic!("rank {r}: the healthy call: {e}"));
+        let _: Vec<f32> = dev.download(&ob).unwrap();
+        if r == 3 {
+            return; // leaves: its communicator is destroyed when the body returns
+        }
+        let t0 = Instant::now();
+        let e = loop {
+            match call() {
+                Err(e) => break e,
+                Ok(()) if t0.elapsed() < Duration::from_secs(25) => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Ok(()) => panic!("rank {r}: no call failed after rank 3 left"),
+            }
+        };
+        let took = t0.elapsed();
+        assert!(e.message().contains("rank 3"), "rank {r}: {e}");
+        assert!(
+            took < common::prompt(Duration::from_secs(5)),
+            "rank {r}: {took:?} to fail: {e}"
+        );
+        c.abort();
+    });
+    println!("child-checked");
+}
+
+#[test]
 fn a_failing_kernel_ends_a_device_quantized_call_on_every_rank() {
     // The 4 ranks' first launches are the quantize kernels of the first call (one each);
     // rank order is not fixed, so some rank's decode fails after the exchange started.
