@@ -191,6 +191,41 @@ fn on_tcp_a_peer_that_lost_its_links_is_agreed_out() {
 }
 
 #[test]
+fn on_tcp_a_partition_leaves_the_majority_going_on_and_the_minority_stopped() {
+    // Ranks 3 and 4 of 5 isolated at their second collective: over TCP their sockets stay
+    // open and nothing crosses the cut (no closed connection proves a death), so only the
+    // agreement's silence decides.
+    // Over sockets, then with same-host pairs on shared-memory rings.
+    let timeout = 1.0;
+    let c = cfg(timeout, at_one(&[3, 4], FaultKind::Isolate));
+    for shm in [false, true] {
+        let out = on_tcp_ranks(5, 1 << 16, Duration::from_secs(30), shm, &c, partition_case);
+        for (r, (failed, size, took)) in out.iter().enumerate() {
+            let e = failed
+                .as_ref()
+                .expect("the partitioned call fails everywhere");
+            assert!(
+                matches!(e.kind(), ErrorKind::Timeout | ErrorKind::Remote),
+                "shm {shm} rank {r}: {e}"
+            );
+            assert!(
+                *took < prompt(Duration::from_secs_f64(3.0 * timeout)),
+                "shm {shm} rank {r}: the agreement took {took:?}"
+            );
+            if r >= 3 {
+                let e = size.as_ref().expect_err("the minority side must not go on");
+                assert!(
+                    e.message().contains("not a majority"),
+                    "shm {shm} rank {r}: {e}"
+                );
+            } else {
+                assert_eq!(size.as_ref().ok(), Some(&3), "shm {shm} rank {r}: {size:?}");
+            }
+        }
+    }
+}
+
+#[test]
 fn a_rank_that_arrives_late_is_counted_out_and_does_not_settle_alone_on_everyone() {
     // Rank 3 comes to the agreement 1.5 timeouts late. Over TCP the others' first-round
     // messages already wait in its sockets, but they have counted it out and send it nothing

@@ -11,7 +11,7 @@
 //! | `slow` | the rank sleeps 50 ms ([`SLOW_MS`]) before the collective | nothing but a slower call (the online tuner's trials must not keep an algorithm for it) |
 //! | `drop` | every link of the rank fails, as if its cable were cut; the process lives on | `Remote` naming it, by detection |
 //! | `corrupt` | the collective's messages leave with a damaged stamp | `Remote`: the receivers see a call that does not match theirs |
-//! | `isolate` | the rank's network goes silent (a partition): every message between it and the ranks outside its side is lost, nobody is told; the ranks isolated at the same collective form one side and still reach each other (thread-ranks only) | `Timeout` naming it, at the deadline; [`crate::Communicator::shrink_to_survivors`] lets the majority side go on |
+//! | `isolate` | the rank's network goes silent (a partition): every message between it and the ranks outside its side is lost, nobody is told; the ranks isolated at the same collective form one side and still reach each other (thread-ranks and TCP: there the sockets stay open, nothing more is read or written across the cut) | `Timeout` naming it, at the deadline; [`crate::Communicator::shrink_to_survivors`] lets the majority side go on |
 
 use crate::error::{Error, Result};
 

@@ -115,14 +115,15 @@ pub trait Transport: Send + Sync {
     }
 
     /// Fault injection (`PCCL_FAULT` kind `isolate`): a partition. From now on every message
-    /// between this rank and a rank not on `side` is lost without anybody being told; ranks
-    /// isolated on the same `side` still reach each other. Transports that cannot do it say
-    /// so (a real partition is made by the network: `scripts/cluster.sh partition`).
-    fn isolate(&self, side: u32) -> Result<()> {
-        let _ = side;
+    /// between this rank and a rank not on `side` (whose ranks are `members`, this one
+    /// included) is lost without anybody being told; ranks isolated on the same `side` still
+    /// reach each other. Transports that cannot do it say so (a real partition is made by the
+    /// network: `scripts/cluster.sh partition`).
+    fn isolate(&self, side: u32, members: &[usize]) -> Result<()> {
+        let _ = (side, members);
         Err(Error::usage(format!(
             "the {} transport cannot isolate a rank (fault injection kind `isolate`; \
-             thread-ranks only)",
+             thread-ranks and TCP only)",
             self.name()
         )))
     }

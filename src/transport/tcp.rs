@@ -487,6 +487,15 @@ impl Transport for TcpTransport {
         Ok(())
     }
 
+    fn isolate(&self, _side: u32, members: &[usize]) -> Result<()> {
+        for l in self.links.iter().flatten() {
+            if !members.contains(&l.peer) {
+                l.silence();
+            }
+        }
+        Ok(())
+    }
+
     unsafe fn isend(
         &self,
         peer: usize,

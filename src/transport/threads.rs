@@ -699,7 +699,7 @@ impl Transport for ThreadTransport {
         Ok(())
     }
 
-    fn isolate(&self, side: u32) -> Result<()> {
+    fn isolate(&self, side: u32, _members: &[usize]) -> Result<()> {
         lock(&self.hub.sides).insert(self.world[self.rank], side);
         self.hub.partitioned.store(true, Ordering::Release);
         Ok(())

@@ -236,7 +236,11 @@ impl Inner {
             Some(FaultKind::Isolate) => {
                 eprintln!("PCCL WARN rank {rank}: isolated at collective #{seq} (PCCL_FAULT)");
                 // The ranks isolated at the same collective share a side.
-                self.transport.isolate(seq.wrapping_add(1).max(1))?;
+                let members: Vec<usize> = (0..self.transport.size())
+                    .filter(|&r| fault::at(&self.cfg.faults, r, seq) == Some(FaultKind::Isolate))
+                    .collect();
+                self.transport
+                    .isolate(seq.wrapping_add(1).max(1), &members)?;
                 Ok(false)
             }
         }

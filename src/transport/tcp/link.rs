@@ -104,6 +104,10 @@ pub(super) struct Link {
     left: AtomicBool,
     /// The link is finished (the peer is gone, or this rank cut or closed it): writers stop.
     broken: AtomicBool,
+    /// Fault injection `isolate`: the peer is across a partition. Nothing more is written to
+    /// it or read from it (sends complete at once, lost; receives wait out their deadline),
+    /// and nobody is told: the socket stays open, as a real partition leaves it.
+    silenced: AtomicBool,
 }
 
 /// Whether a message stamped `got` must be dropped by a receive waiting for `want`: it
@@ -151,6 +155,7 @@ impl Link {
             writer: Mutex::new(None),
             left: AtomicBool::new(false),
             broken: AtomicBool::new(false),
+            silenced: AtomicBool::new(false),
         })
     }
 
@@ -177,6 +182,16 @@ impl Link {
     /// Marks the link finished (writers stop at their next step).
     pub(super) fn set_broken(&self) {
         self.broken.store(true, Ordering::Release);
+    }
+
+    /// Puts the peer across a partition (fault injection `isolate`; see the field).
+    pub(super) fn silence(&self) {
+        self.silenced.store(true, Ordering::Release);
+    }
+
+    /// Whether the peer is across a partition.
+    pub(super) fn silenced(&self) -> bool {
+        self.silenced.load(Ordering::Acquire)
     }
 
     /// The connection ended: a death unless the peer said goodbye first.
@@ -236,7 +251,7 @@ impl Link {
     /// carries data it goes through the writer's queue (behind what is queued already); on a
     /// shared-memory pair's socket, which carries nothing else, it is written at once.
     pub(super) fn send_control(&self, frame: Vec<u8>) {
-        if self.broken() {
+        if self.broken() || self.silenced() {
             return;
         }
         if self.ring_out.is_none() {
@@ -519,6 +534,14 @@ impl Link {
             }
             Ok(())
         };
+        if self.silenced() {
+            // Across a partition nothing arrives: the wait ends with the board or the
+            // deadline, as a real partition's does.
+            loop {
+                idle()?;
+                self.faults.nap(faults::POLL);
+            }
+        }
         if let Some(ring) = &self.ring_in {
             let _one = lock(&self.ring_rx);
             return self.recv_ring(ring, tag, len, deadline, target, &mut idle);

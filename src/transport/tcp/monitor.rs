@@ -27,6 +27,9 @@ pub(super) fn spawn(
 
 /// Whether the monitor should watch `l`'s socket now.
 fn watched(l: &Link) -> bool {
+    if l.silenced() {
+        return false; // across a partition: nothing is read from it
+    }
     match l.inbox.try_lock() {
         Ok(ib) => ib.pending.is_none() && !ib.is_closed(),
         Err(_) => false,

@@ -116,6 +116,10 @@ pub(super) unsafe fn post(
     len: usize,
 ) -> Result<Box<dyn SendOp>> {
     link.faults.check(tag, link.peer)?;
+    if link.silenced() {
+        // Across a partition (fault injection `isolate`): lost, silently.
+        return Ok(Box::new(Sent));
+    }
     if link.broken() || link.left() {
         return Err(link.closed_error(tag));
     }
@@ -265,6 +269,10 @@ pub(super) fn socket_writer(mut s: TcpStream, link: Arc<Link>, rx: Receiver<Job>
                     j.finish(Err("the connection is closed".into()));
                     continue;
                 }
+                if link.silenced() {
+                    j.finish(Ok(()));
+                    continue;
+                }
                 let r = write_data(&mut s, &link, &j);
                 if let Err(e) = &r {
                     j.finish(Err(e.to_string()));
@@ -315,6 +323,11 @@ fn write_data(s: &mut TcpStream, link: &Link, j: &SendJob) -> std::io::Result<()
         if link.broken() {
             return Err(closed());
         }
+        if link.silenced() {
+            // Across a partition from now on: the rest is lost (the peer reads no more).
+            j.finish(Ok(()));
+            return Ok(());
+        }
         if done < body_end && !padding && j.cancelled() {
             padding = true;
             trailer = TRAILER_ABANDONED.to_le_bytes();
@@ -364,7 +377,11 @@ pub(super) fn ring_writer(ring: Arc<Ring>, link: Arc<Link>, rx: Receiver<Job>) {
     while let Ok(job) = rx.recv() {
         let Job::Data(j) = job else { continue };
         if j.start() {
-            push(&ring, &link, &j);
+            if link.silenced() {
+                j.finish(Ok(()));
+            } else {
+                push(&ring, &link, &j);
+            }
         }
         // Every slot of the job is published (or it was dropped): posters may go direct.
         link.queued.fetch_sub(1, Ordering::AcqRel);
@@ -401,6 +418,11 @@ fn push(ring: &Ring, link: &Link, j: &SendJob) {
     };
     let mut off = 0;
     loop {
+        if link.silenced() {
+            // Across a partition from now on (fault injection `isolate`): the rest is lost.
+            j.finish(Ok(()));
+            return;
+        }
         match room(ring, link, || j.cancelled()) {
             None => return cut(),
             Some(false) => break,
