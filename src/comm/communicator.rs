@@ -21,6 +21,7 @@ mod calls;
 mod membership;
 mod p2p;
 mod quantized;
+mod quantized_agreement;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 mod quantized_device;
 mod quantized_halving;

@@ -5,27 +5,17 @@
 //! reduce-scatter: quantized all-to-alls, inside the node then between nodes, partial sums
 //! in `f32` in between (see [`Communicator::reduce_scatter_quantized`]).
 //!
-//! Before a byte of data moves, the ranks exchange one small header each (bit width, block,
-//! count, whether the data is finite, whether the call's arguments are sound): a rank that
+//! Before a byte of data moves, the ranks agree (`quantized_agreement`): a rank that
 //! disagrees, a bad argument or a NaN / infinity anywhere ends the call with the same error on
 //! every rank, naming the ranks, and no rank falls out of step.
 
+use super::quantized_agreement::Mine;
 use super::quantized_halving::QuantScheme;
 use super::Communicator;
 use crate::error::{Error, Result};
 use crate::quant::{self, Quant, QuantFloat};
 
-/// The header's fields, one `u64` each.
-const BITS: usize = 0;
-const BLOCK: usize = 1;
-const COUNT: usize = 2;
-const FINITE: usize = 3;
-const ALLOW: usize = 4;
-const SOUND: usize = 5;
-const SCHEME: usize = 6;
-const FIELDS: usize = 7;
-
-fn alloc_words(n: usize, what: &str) -> Result<Vec<u64>> {
+pub(super) fn alloc_words(n: usize, what: &str) -> Result<Vec<u64>> {
     let mut v = Vec::new();
     v.try_reserve_exact(n)
         .map_err(|_| Error::system(format!("cannot allocate {n} words for {what}")))?;
@@ -33,21 +23,8 @@ fn alloc_words(n: usize, what: &str) -> Result<Vec<u64>> {
     Ok(v)
 }
 
-fn ranks_where(all: &[u64], p: usize, f: impl Fn(&[u64]) -> bool) -> Vec<usize> {
-    (0..p)
-        .filter(|&r| f(&all[r * FIELDS..(r + 1) * FIELDS]))
-        .collect()
-}
-
-fn list(r: &[usize]) -> String {
-    r.iter()
-        .map(usize::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// This rank's shard encoded (`words` words), and room for every rank's record.
-fn encode_shard<T: QuantFloat>(
+pub(super) fn encode_shard<T: QuantFloat>(
     q: &Quant,
     input: &[T],
     p: usize,
@@ -63,7 +40,7 @@ fn encode_shard<T: QuantFloat>(
 }
 
 /// Every rank's record (`words` words each) decoded into its block of `n` elements.
-fn decode_all<T: QuantFloat>(
+pub(super) fn decode_all<T: QuantFloat>(
     q: &Quant,
     records: &[u64],
     words: usize,
@@ -79,262 +56,7 @@ fn decode_all<T: QuantFloat>(
     Ok(())
 }
 
-/// What a rank brings to a quantized call's agreement.
-pub(super) struct Mine<'a> {
-    pub(super) call: &'a str,
-    q: Quant,
-    count: usize,
-    finite: bool,
-    /// The arguments' problem on this rank (reported on every rank), if any.
-    pub(super) unsound: Option<String>,
-    /// The reduce-scatter's scheme (the all-gather's: the default).
-    pub(super) scheme: QuantScheme,
-}
-
-impl<'a> Mine<'a> {
-    /// The header this rank sends in the agreement.
-    fn header(&self) -> [u64; FIELDS] {
-        let mut h = [0u64; FIELDS];
-        h[BITS] = u64::from(self.q.bits);
-        h[BLOCK] = self.q.block as u64;
-        h[COUNT] = self.count as u64;
-        h[FINITE] = u64::from(self.finite);
-        h[ALLOW] = u64::from(self.q.allow_nonfinite);
-        h[SOUND] = u64::from(self.unsound.is_none());
-        h[SCHEME] = self.scheme.code();
-        h
-    }
-
-    /// This rank's part of `call` with `count` elements per rank: `q` checked, the buffer
-    /// that holds every rank's block (`name`, `whole` elements) checked against `count × p`,
-    /// the data that goes on the wire (`data`) checked for NaN and infinities.
-    fn of<T: QuantFloat>(
-        call: &'a str,
-        q: Quant,
-        (count, p): (usize, usize),
-        (name, whole): (&str, usize),
-        data: &[T],
-    ) -> Self {
-        Self::checked(call, q, (count, p), (name, whole), quant::all_finite(data))
-    }
-
-    /// [`Mine::of`] with the data's finiteness found by the caller (device data: from the
-    /// scales of its records).
-    pub(super) fn checked(
-        call: &'a str,
-        q: Quant,
-        (count, p): (usize, usize),
-        (name, whole): (&str, usize),
-        finite: bool,
-    ) -> Self {
-        let unsound = match q.validate() {
-            Err(e) => Some(e.message().to_string()),
-            Ok(()) if count.checked_mul(p) != Some(whole) => {
-                Some(format!("{name} of {whole} elements for {count} x {p}"))
-            }
-            Ok(()) => None,
-        };
-        Mine {
-            call,
-            q,
-            count,
-            finite,
-            unsound,
-            scheme: QuantScheme::default(),
-        }
-    }
-}
-
-/// The verdict every rank reaches from the same headers `all` (`p` ranks' [`Mine::header`]):
-/// an error naming the ranks (unsound arguments, a disagreement, NaN or infinity that may not
-/// be sent), or go.
-fn verdict(m: Mine<'_>, all: &[u64], p: usize) -> Result<()> {
-    let call = m.call;
-    // Every rank reads the same headers and so reaches the same verdict.
-    let unsound = ranks_where(all, p, |h| h[SOUND] == 0);
-    if !unsound.is_empty() {
-        let here = m.unsound.map_or(String::new(), |w| format!(" (here: {w})"));
-        return Err(Error::invalid(format!(
-            "{call}: rank(s) {} passed unsound arguments (bits 8 or 4, a power-of-two \
-             block of 32…8192, buffers of count and count × ranks elements){here}",
-            list(&unsound)
-        )));
-    }
-    let differ = ranks_where(all, p, |h| {
-        h[BITS] != all[BITS]
-            || h[BLOCK] != all[BLOCK]
-            || h[COUNT] != all[COUNT]
-            || h[ALLOW] != all[ALLOW]
-            || h[SCHEME] != all[SCHEME]
-    });
-    if !differ.is_empty() {
-        let show = |r: usize| {
-            let h = &all[r * FIELDS..(r + 1) * FIELDS];
-            format!(
-                "rank {r}: {} bits, block {}, count {}, nonfinite {}, scheme {}",
-                h[BITS],
-                h[BLOCK],
-                h[COUNT],
-                if h[ALLOW] == 1 { "allowed" } else { "refused" },
-                if h[SCHEME] == 1 { "halving" } else { "two-hop" }
-            )
-        };
-        return Err(Error::invalid(format!(
-            "{call}: the ranks disagree on the encoding or the count ({}; {}): every rank \
-             must pass the same bits, block, count, nonfinite choice and scheme",
-            show(0),
-            differ
-                .iter()
-                .map(|&r| show(r))
-                .collect::<Vec<_>>()
-                .join("; ")
-        )));
-    }
-    let nonfinite = ranks_where(all, p, |h| h[FINITE] == 0);
-    if !nonfinite.is_empty() && !m.q.allow_nonfinite {
-        return Err(Error::invalid(format!(
-            "{call}: the data of rank(s) {} holds NaN or infinity, which block \
-             quantization cannot encode; nothing was sent (pass allow_nonfinite to send \
-             those blocks as NaN)",
-            list(&nonfinite)
-        )));
-    }
-    Ok(())
-}
-
 impl Communicator {
-    /// The header exchange of a quantized call: every rank learns every rank's encoding,
-    /// count, finiteness and soundness, and all reach the same verdict (an error naming the
-    /// ranks, or go) before any data moves.
-    pub(super) fn agree_quantized(&self, m: Mine<'_>) -> Result<()> {
-        let mut all = [0u64; FIELDS].repeat(self.size());
-        self.all_gather(&m.header(), &mut all)?;
-        verdict(m, &all, self.size())
-    }
-
-    /// [`Communicator::agree_quantized`] as collective `seq`, numbered when the call was
-    /// queued (the host part of a queued device call).
-    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
-    fn agree_quantized_as(&self, m: Mine<'_>, seq: u32) -> Result<()> {
-        let p = self.size();
-        let header = m.header();
-        let mut all = [0u64; FIELDS].repeat(p);
-        // SAFETY: `header` holds FIELDS words and `all` FIELDS × p, distinct buffers.
-        unsafe {
-            self.host_collective_as::<u64>(
-                crate::RawCollective::AllGather,
-                header.as_ptr(),
-                all.as_mut_ptr(),
-                FIELDS,
-                seq,
-            )?
-        };
-        verdict(m, &all, p)
-    }
-
-    /// [`Communicator::all_gather_quantized`] as the collectives `seqs` (the header
-    /// exchange, then the records), taken when the call was queued: the host part of a
-    /// queued device call, run on the progress thread on pinned copies of the caller's
-    /// buffers (`comm::device_program`). `unsound`: this rank's arguments' problem found
-    /// when the call was queued (its agreement header says so). A refusal (NaN, a
-    /// disagreeing rank, unsound arguments) is the same error on every rank, found before the
-    /// records move.
-    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
-    pub(crate) fn all_gather_quantized_as<T: QuantFloat>(
-        &self,
-        input: &[T],
-        output: &mut [T],
-        q: Quant,
-        seqs: (u32, u32),
-        unsound: Option<String>,
-    ) -> Result<()> {
-        let (p, n) = (self.size(), input.len());
-        let call = "all_gather_quantized";
-        let mut m = Mine::of(call, q, (n, p), ("output", output.len()), input);
-        if unsound.is_some() {
-            m.unsound = unsound;
-        }
-        self.agree_quantized_as(m, seqs.0)?;
-        let (mine, mut records, words) = encode_shard(&q, input, p)?;
-        // SAFETY: `mine` holds `words` words and `records` `words × p`, distinct buffers.
-        unsafe {
-            self.host_collective_as::<u64>(
-                crate::RawCollective::AllGather,
-                mine.as_ptr(),
-                records.as_mut_ptr(),
-                words,
-                seqs.1,
-            )?
-        };
-        decode_all(&q, &records, words, output, n)
-    }
-
-    /// The communicators a queued [`Communicator::reduce_scatter_quantized`] of `scheme` runs
-    /// its hops on, each with the collective number it takes now, if they can be had without
-    /// a collective: this communicator for one hop; the node's and the network's for two,
-    /// once an earlier call has split them. None: the call must block (halving; the
-    /// per-level scheme where the topology has groups; the first two-hop call).
-    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
-    pub(crate) fn queued_hops(&self, scheme: QuantScheme) -> Option<Vec<(Communicator, u32)>> {
-        let topo = self.topology();
-        if scheme == QuantScheme::Halving
-            || (scheme == QuantScheme::PerLevel && topo.levels().is_some())
-        {
-            return None;
-        }
-        if !crate::plan::two_hop::applies(topo.nodes()) {
-            return Some(vec![(self.handle(), self.take_tag())]);
-        }
-        let l = super::lock(&self.inner.levels);
-        let (intra, inter) = l.as_ref()?;
-        Some(vec![
-            (intra.handle(), intra.take_tag()),
-            (inter.handle(), inter.take_tag()),
-        ])
-    }
-
-    /// [`Communicator::reduce_scatter_quantized_with`] as collectives numbered when the call
-    /// was queued: the header exchange `header` on this communicator, then one quantized
-    /// all-to-all per hop on `hops` ([`Communicator::queued_hops`]); the host part of a
-    /// queued device call, as [`Communicator::all_gather_quantized_as`].
-    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn reduce_scatter_quantized_as<T: QuantFloat>(
-        &self,
-        input: &[T],
-        output: &mut [T],
-        (q, average, scheme): (Quant, bool, QuantScheme),
-        header: u32,
-        hops: &[(Communicator, u32)],
-        unsound: Option<String>,
-    ) -> Result<()> {
-        let (p, n) = (self.size(), output.len());
-        let call = "reduce_scatter_quantized";
-        let mut m = Mine::of(call, q, (n, p), ("input", input.len()), input);
-        m.scheme = scheme;
-        if unsound.is_some() {
-            m.unsound = unsound;
-        }
-        self.agree_quantized_as(m, header)?;
-        let mut payload = if hops.len() == 2 {
-            node_units(input, self.topology().nodes(), n)?
-        } else {
-            let mut v = alloc_f32(p * n, "this rank's input")?;
-            T::to_f32_slice(input, &mut v);
-            v
-        };
-        for (c, seq) in hops {
-            let len = payload.len() / c.size();
-            payload = quantized_hop(c, &payload, len, q, Some(*seq))?;
-        }
-        if average {
-            let k = 1.0 / p as f32;
-            payload.iter_mut().for_each(|v| *v *= k);
-        }
-        T::from_f32_slice(&payload, output);
-        Ok(())
-    }
-
     /// All-gathers `input` (this rank's shard) into `output` (`input.len() × size()`
     /// elements, rank `r`'s shard at block `r`) with the data quantized on the wire: each
     /// element comes back within half its block's step (`max |x| / 127` for INT8, `/ 7` for
@@ -550,7 +272,7 @@ pub(super) fn node_units<T: QuantFloat>(
 /// One quantized all-to-all on `comm`: `payload` holds `comm.size()` pieces of `len` f32
 /// values (piece `d` for member `d`); each is quantized, exchanged, dequantized and the
 /// pieces this rank receives are summed in f32.
-fn quantized_hop(
+pub(super) fn quantized_hop(
     comm: &Communicator,
     payload: &[f32],
     len: usize,

@@ -8,7 +8,7 @@
 //! (NaN marks a block holding NaN or infinity) so that every rank knows, before any record
 //! moves, whether every rank's data can be encoded. Everything else stays on the device.
 
-use super::quantized::Mine;
+use super::quantized_agreement::Mine;
 use super::quantized_halving::QuantScheme;
 use super::Communicator;
 use crate::device::api::{DevSpan, Device};

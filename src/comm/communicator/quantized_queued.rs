@@ -4,9 +4,12 @@
 //! numbered at the call (the agreement's header exchange, the records' all-gather, each
 //! reduce-scatter hop's all-to-all), and copies the result back. Nothing here waits for the
 //! device or a peer; a refusal met while running is the communicator's asynchronous error.
-//! The blocking forms, encoded by the device's kernels, are in `quantized_device`.
+//! The blocking forms, encoded by the device's kernels, are in `quantized_device`; the host
+//! parts the sections run (`Communicator::all_gather_quantized_as`,
+//! `reduce_scatter_quantized_as`) are here, after them.
 
-use super::quantized::Mine;
+use super::quantized::{alloc_f32, decode_all, encode_shard, node_units, quantized_hop};
+use super::quantized_agreement::Mine;
 use super::quantized_halving::QuantScheme;
 use super::Communicator;
 use crate::comm::device_program::{InCopy, OutCopy, Program};
@@ -282,6 +285,109 @@ impl Communicator {
         if let Some(end) = end {
             dev.wait_on(&end)?;
         }
+        Ok(())
+    }
+
+    /// [`Communicator::all_gather_quantized`] as the collectives `seqs` (the header
+    /// exchange, then the records), taken when the call was queued: the host part of a
+    /// queued device call, run on the progress thread on pinned copies of the caller's
+    /// buffers (`comm::device_program`). `unsound`: this rank's arguments' problem found
+    /// when the call was queued (its agreement header says so). A refusal (NaN, a
+    /// disagreeing rank, unsound arguments) is the same error on every rank, found before the
+    /// records move.
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
+    pub(crate) fn all_gather_quantized_as<T: QuantFloat>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        q: Quant,
+        seqs: (u32, u32),
+        unsound: Option<String>,
+    ) -> Result<()> {
+        let (p, n) = (self.size(), input.len());
+        let call = "all_gather_quantized";
+        let mut m = Mine::of(call, q, (n, p), ("output", output.len()), input);
+        if unsound.is_some() {
+            m.unsound = unsound;
+        }
+        self.agree_quantized_as(m, seqs.0)?;
+        let (mine, mut records, words) = encode_shard(&q, input, p)?;
+        // SAFETY: `mine` holds `words` words and `records` `words × p`, distinct buffers.
+        unsafe {
+            self.host_collective_as::<u64>(
+                crate::RawCollective::AllGather,
+                mine.as_ptr(),
+                records.as_mut_ptr(),
+                words,
+                seqs.1,
+            )?
+        };
+        decode_all(&q, &records, words, output, n)
+    }
+
+    /// The communicators a queued [`Communicator::reduce_scatter_quantized`] of `scheme` runs
+    /// its hops on, each with the collective number it takes now, if they can be had without
+    /// a collective: this communicator for one hop; the node's and the network's for two,
+    /// once an earlier call has split them. None: the call must block (halving; the
+    /// per-level scheme where the topology has groups; the first two-hop call).
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
+    pub(crate) fn queued_hops(&self, scheme: QuantScheme) -> Option<Vec<(Communicator, u32)>> {
+        let topo = self.topology();
+        if scheme == QuantScheme::Halving
+            || (scheme == QuantScheme::PerLevel && topo.levels().is_some())
+        {
+            return None;
+        }
+        if !crate::plan::two_hop::applies(topo.nodes()) {
+            return Some(vec![(self.handle(), self.take_tag())]);
+        }
+        let l = super::lock(&self.inner.levels);
+        let (intra, inter) = l.as_ref()?;
+        Some(vec![
+            (intra.handle(), intra.take_tag()),
+            (inter.handle(), inter.take_tag()),
+        ])
+    }
+
+    /// [`Communicator::reduce_scatter_quantized_with`] as collectives numbered when the call
+    /// was queued: the header exchange `header` on this communicator, then one quantized
+    /// all-to-all per hop on `hops` ([`Communicator::queued_hops`]); the host part of a
+    /// queued device call, as [`Communicator::all_gather_quantized_as`].
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn reduce_scatter_quantized_as<T: QuantFloat>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        (q, average, scheme): (Quant, bool, QuantScheme),
+        header: u32,
+        hops: &[(Communicator, u32)],
+        unsound: Option<String>,
+    ) -> Result<()> {
+        let (p, n) = (self.size(), output.len());
+        let call = "reduce_scatter_quantized";
+        let mut m = Mine::of(call, q, (n, p), ("input", input.len()), input);
+        m.scheme = scheme;
+        if unsound.is_some() {
+            m.unsound = unsound;
+        }
+        self.agree_quantized_as(m, header)?;
+        let mut payload = if hops.len() == 2 {
+            node_units(input, self.topology().nodes(), n)?
+        } else {
+            let mut v = alloc_f32(p * n, "this rank's input")?;
+            T::to_f32_slice(input, &mut v);
+            v
+        };
+        for (c, seq) in hops {
+            let len = payload.len() / c.size();
+            payload = quantized_hop(c, &payload, len, q, Some(*seq))?;
+        }
+        if average {
+            let k = 1.0 / p as f32;
+            payload.iter_mut().for_each(|v| *v *= k);
+        }
+        T::from_f32_slice(&payload, output);
         Ok(())
     }
 }
