@@ -47,6 +47,38 @@ fn partition_case(comm: Communicator) -> Outcome {
     (failed, size, took)
 }
 
+/// Every rank's call failed, the agreement took under three timeouts, the ranks of `side`
+/// were refused (not a majority) and the others went on together (`what` names the case).
+fn check_partition(out: &[Outcome], side: &[usize], timeout: f64, what: &str) {
+    let p = out.len();
+    for (r, (failed, size, took)) in out.iter().enumerate() {
+        let e = failed
+            .as_ref()
+            .expect("the partitioned call fails everywhere");
+        assert!(
+            matches!(e.kind(), ErrorKind::Timeout | ErrorKind::Remote),
+            "{what} rank {r}: {e}"
+        );
+        assert!(
+            *took < prompt(Duration::from_secs_f64(3.0 * timeout)),
+            "{what} rank {r}: the agreement took {took:?}"
+        );
+        if side.contains(&r) {
+            let e = size.as_ref().expect_err("the minority side must not go on");
+            assert!(
+                e.message().contains("not a majority"),
+                "{what} rank {r}: {e}"
+            );
+        } else {
+            assert_eq!(
+                size.as_ref().ok(),
+                Some(&(p - side.len())),
+                "{what} rank {r}: {size:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn after_a_partition_the_majority_shrinks_and_goes_on_and_the_minority_stops() {
     let timeout = 1.0;
@@ -57,29 +89,7 @@ fn after_a_partition_the_majority_shrinks_and_goes_on_and_the_minority_stops() {
             partition_case,
         )
         .unwrap();
-        for (r, (failed, size, took)) in out.iter().enumerate() {
-            let e = failed
-                .as_ref()
-                .expect("the partitioned call fails everywhere");
-            assert!(
-                matches!(e.kind(), ErrorKind::Timeout | ErrorKind::Remote),
-                "p{p} rank {r}: {e}"
-            );
-            assert!(
-                *took < prompt(Duration::from_secs_f64(3.0 * timeout)),
-                "p{p} rank {r}: the agreement took {took:?}"
-            );
-            if side.contains(&r) {
-                let e = size.as_ref().expect_err("the minority side must not go on");
-                assert!(e.message().contains("not a majority"), "p{p} rank {r}: {e}");
-            } else {
-                assert_eq!(
-                    size.as_ref().ok(),
-                    Some(&(p - side.len())),
-                    "p{p} rank {r}: {size:?}"
-                );
-            }
-        }
+        check_partition(&out, &side, timeout, &format!("p{p}"));
     }
 }
 
@@ -194,34 +204,13 @@ fn on_tcp_a_peer_that_lost_its_links_is_agreed_out() {
 fn on_tcp_a_partition_leaves_the_majority_going_on_and_the_minority_stopped() {
     // Ranks 3 and 4 of 5 isolated at their second collective: over TCP their sockets stay
     // open and nothing crosses the cut (no closed connection proves a death), so only the
-    // agreement's silence decides.
-    // Over sockets, then with same-host pairs on shared-memory rings.
+    // agreement's silence decides. Over sockets, then with same-host pairs on shared-memory
+    // rings.
     let timeout = 1.0;
     let c = cfg(timeout, at_one(&[3, 4], FaultKind::Isolate));
     for shm in [false, true] {
         let out = on_tcp_ranks(5, 1 << 16, Duration::from_secs(30), shm, &c, partition_case);
-        for (r, (failed, size, took)) in out.iter().enumerate() {
-            let e = failed
-                .as_ref()
-                .expect("the partitioned call fails everywhere");
-            assert!(
-                matches!(e.kind(), ErrorKind::Timeout | ErrorKind::Remote),
-                "shm {shm} rank {r}: {e}"
-            );
-            assert!(
-                *took < prompt(Duration::from_secs_f64(3.0 * timeout)),
-                "shm {shm} rank {r}: the agreement took {took:?}"
-            );
-            if r >= 3 {
-                let e = size.as_ref().expect_err("the minority side must not go on");
-                assert!(
-                    e.message().contains("not a majority"),
-                    "shm {shm} rank {r}: {e}"
-                );
-            } else {
-                assert_eq!(size.as_ref().ok(), Some(&3), "shm {shm} rank {r}: {size:?}");
-            }
-        }
+        check_partition(&out, &[3, 4], timeout, &format!("shm {shm}"));
     }
 }
 
