@@ -295,7 +295,6 @@ impl Communicator {
     /// when the call was queued (its agreement header says so). A refusal (NaN, a
     /// disagreeing rank, unsound arguments) is the same error on every rank, found before the
     /// records move.
-    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
     pub(crate) fn all_gather_quantized_as<T: QuantFloat>(
         &self,
         input: &[T],
@@ -330,7 +329,6 @@ impl Communicator {
     /// a collective: this communicator for one hop; the node's and the network's for two,
     /// once an earlier call has split them. None: the call must block (halving; the
     /// per-level scheme where the topology has groups; the first two-hop call).
-    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
     pub(crate) fn queued_hops(&self, scheme: QuantScheme) -> Option<Vec<(Communicator, u32)>> {
         let topo = self.topology();
         if scheme == QuantScheme::Halving
@@ -353,8 +351,6 @@ impl Communicator {
     /// was queued: the header exchange `header` on this communicator, then one quantized
     /// all-to-all per hop on `hops` ([`Communicator::queued_hops`]); the host part of a
     /// queued device call, as [`Communicator::all_gather_quantized_as`].
-    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn reduce_scatter_quantized_as<T: QuantFloat>(
         &self,
         input: &[T],
