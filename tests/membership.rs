@@ -219,13 +219,19 @@ fn a_rank_that_arrives_late_is_counted_out_and_does_not_settle_alone_on_everyone
     // Rank 3 comes to the agreement 1.5 timeouts late. Over TCP the others' first-round
     // messages already wait in its sockets, but they have counted it out and send it nothing
     // more, so it must not settle on all four while they settle on three.
+    // Every rank stays until all have their answer: a rank that left (destroyed its
+    // communicator) is proven gone and leaves the quorum, which on a busy host let the late
+    // rank settle on itself alone (CI, 11-28).
     let timeout = 1.0;
     let c = cfg(timeout, vec![]);
+    let done = std::sync::Barrier::new(4);
     let out = on_tcp_ranks(4, 1 << 16, Duration::from_secs(30), false, &c, |comm| {
         if comm.rank() == 3 {
             std::thread::sleep(Duration::from_secs_f64(1.5 * timeout));
         }
-        comm.survivors()
+        let s = comm.survivors();
+        done.wait();
+        s
     });
     for (r, o) in out.iter().enumerate().take(3) {
         assert_eq!(o.as_ref().ok(), Some(&vec![0, 1, 2]), "rank {r}: {o:?}");
