@@ -26,7 +26,16 @@ fn on_nodes<R: Send>(
     m: usize,
     body: impl Fn(usize, &Communicator, &HipDevice) -> R + Sync,
 ) -> Vec<R> {
-    let p = 4;
+    on_world(4, (m, None), body)
+}
+
+/// Runs `body(rank, comm, device)` on `p` thread ranks in nodes of `m` (groups of `g` inside
+/// each where given), rank `r` on fake GPU `r`.
+fn on_world<R: Send>(
+    p: usize,
+    (m, g): (usize, Option<usize>),
+    body: impl Fn(usize, &Communicator, &HipDevice) -> R + Sync,
+) -> Vec<R> {
     let world = ThreadWorld::new(p);
     let body = &body;
     std::thread::scope(|s| {
@@ -36,6 +45,7 @@ fn on_nodes<R: Send>(
                 s.spawn(move || {
                     let cfg = Config {
                         ranks_per_node: Some(m),
+                        group_size: g,
                         timeout: Duration::from_secs(30),
                         ..Config::default()
                     };
@@ -159,7 +169,9 @@ fn a_bad_rank_fails_a_device_quantized_call_on_every_rank() {
 }
 
 /// A NaN on rank 2's device, then rank 1 with another block: every rank fails each call
-/// naming the rank, before any record moves; the communicator goes on working.
+/// naming the rank, before any record moves; the communicator goes on working. The halving
+/// scheme on device memory (the host form on host copies) equals the host form, and refuses a
+/// short input on every rank.
 #[test]
 fn child_bad_rank() {
     if !is_child() {
@@ -235,19 +247,33 @@ fn child_bad_rank() {
             e.message().contains("rank(s) 3 passed unsound"),
             "rank {r}: {e}"
         );
-        // The halving scheme is host memory only: refused alike on every rank.
-        let rs = dev.upload(&data::<f32>(r, n * 4)).unwrap();
-        // SAFETY: as above.
-        let e = unsafe {
-            c.reduce_scatter_quantized_on::<f32, HipDevice>(
-                dev,
-                (rs.device_ptr(), sb.device_ptr()),
-                (n, n * 4),
-                (q, false, QuantScheme::Halving),
-            )
-        }
-        .expect_err("halving on device");
-        assert!(e.message().contains("host memory"), "rank {r}: {e}");
+        // The halving scheme runs the host form on host copies of the buffers: equal to it.
+        // A short input on rank 1 there is refused on every rank, naming it.
+        let rs_data = data::<f32>(r, n * 4);
+        let rs = dev.upload(&rs_data).unwrap();
+        let rso = dev.upload(&vec![0f32; n]).unwrap();
+        let mut want = vec![0f32; n];
+        c.reduce_scatter_quantized_with(&rs_data, &mut want, q, false, QuantScheme::Halving)
+            .unwrap();
+        let halving = |elems: usize| {
+            // SAFETY: as above.
+            unsafe {
+                c.reduce_scatter_quantized_on::<f32, HipDevice>(
+                    dev,
+                    (rs.device_ptr(), rso.device_ptr()),
+                    (n, elems),
+                    (q, false, QuantScheme::Halving),
+                )
+            }
+        };
+        halving(n * 4).unwrap_or_else(|e| panic!("rank {r}: halving on device: {e}"));
+        let got: Vec<f32> = dev.download(&rso).unwrap();
+        assert_eq!(bits_of(&got), bits_of(&want), "rank {r}: halving on device");
+        let e = halving(if r == 1 { n * 4 - 1 } else { n * 4 }).expect_err("a short input");
+        assert!(
+            e.message().contains("rank(s) 1 passed unsound"),
+            "rank {r}: {e}"
+        );
         // Still in step.
         ag(q).expect_err("rank 2's NaN is still there");
         // SAFETY: as above.
@@ -264,49 +290,56 @@ fn child_bad_rank() {
     println!("child-checked");
 }
 
-/// The queued reduce-scatter against the host form, sum and average, twice each (in nodes
-/// of 2 the first call splits the node's and the network's communicators and blocks; the
-/// others are queued).
+/// The queued reduce-scatter against the host form, every scheme, sum and average, twice
+/// each (the host form's first call of a scheme splits its sub-communicators; the queued
+/// form never needs them).
 fn queued_reduce_scatter(r: usize, c: &Communicator, dev: &HipDevice) {
     let (n, p) = (160, c.size());
     let q = Quant::INT8;
-    for average in [false, true] {
-        for round in 0..2 {
-            let input = data::<f16>(r + round, n * p);
-            let mut want = vec![f16::from_f32(0.0); n];
-            c.reduce_scatter_quantized(&input, &mut want, q, average)
-                .unwrap();
-            let sb = dev.upload(&input).unwrap();
-            let ob = dev.upload(&vec![f16::from_f32(-7.0); n]).unwrap();
-            // SAFETY: both buffers live on `dev` until the download below synchronised it.
-            unsafe {
-                c.enqueue_reduce_scatter_quantized_on::<f16, HipDevice>(
-                    dev,
-                    (sb.device_ptr(), ob.device_ptr()),
-                    (n, n * p),
-                    (q, average, QuantScheme::TwoHop),
-                )
+    for scheme in [
+        QuantScheme::TwoHop,
+        QuantScheme::Halving,
+        QuantScheme::PerLevel,
+    ] {
+        for average in [false, true] {
+            for round in 0..2 {
+                let input = data::<f16>(r + round, n * p);
+                let mut want = vec![f16::from_f32(0.0); n];
+                c.reduce_scatter_quantized_with(&input, &mut want, q, average, scheme)
+                    .unwrap();
+                let sb = dev.upload(&input).unwrap();
+                let ob = dev.upload(&vec![f16::from_f32(-7.0); n]).unwrap();
+                // SAFETY: both buffers live on `dev` until the download below synchronised it.
+                unsafe {
+                    c.enqueue_reduce_scatter_quantized_on::<f16, HipDevice>(
+                        dev,
+                        (sb.device_ptr(), ob.device_ptr()),
+                        (n, n * p),
+                        (q, average, scheme),
+                    )
+                }
+                .unwrap_or_else(|e| panic!("rank {r}: {e}"));
+                let got: Vec<f16> = dev.download(&ob).unwrap();
+                assert_eq!(
+                    bits_of(&got),
+                    bits_of(&want),
+                    "rank {r}: queued reduce-scatter ({scheme:?}, average {average}, round \
+                     {round})"
+                );
             }
-            .unwrap_or_else(|e| panic!("rank {r}: {e}"));
-            let got: Vec<f16> = dev.download(&ob).unwrap();
-            assert_eq!(
-                bits_of(&got),
-                bits_of(&want),
-                "rank {r}: queued reduce-scatter (average {average}, round {round})"
-            );
         }
     }
 }
 
 #[test]
 fn a_queued_device_all_gather_quantized_returns_at_once_and_equals_the_host_form() {
-    with_fake_runtime("child_queued", &[("FAKE_HIP_DEVICES", "4")]);
+    with_fake_runtime("child_queued", &[("FAKE_HIP_DEVICES", "8")]);
 }
 
 /// `enqueue_all_gather_quantized_on` with every device stalled: each rank's call returns
 /// without waiting for the device or a peer; released, the output equals the host form's bit
-/// for bit, and so does the queued reduce-scatter's (two hops in nodes of 2, one in a node of
-/// 4). Then a NaN on rank 2: the calls are queued alike, the agreement refuses on every rank,
+/// for bit, and so does the queued reduce-scatter's — the communicator's first, so nothing was
+/// split for it (two hops in nodes of 2) — and every scheme's on every shape after. Then a NaN on rank 2: the calls are queued alike, the agreement refuses on every rank,
 /// naming rank 2, before any record moves, and a later call returns that error.
 #[test]
 fn child_queued() {
@@ -339,12 +372,8 @@ fn child_queued() {
                 )
             }
         };
-        // The reduce-scatter's host form first: it splits the node's and the network's
-        // communicators, so the device call below is queued too.
+        // The communicator's first reduce-scatter, queued: nothing split beforehand.
         let rs_in = data::<bf16>(r + 1, n * 4);
-        let mut rs_want = vec![bf16::from_f32(0.0); n];
-        c.reduce_scatter_quantized(&rs_in, &mut rs_want, q, false)
-            .unwrap();
         let rsb = dev.upload(&rs_in).unwrap();
         let rob = dev.upload(&vec![bf16::from_f32(-7.0); n]).unwrap();
         sync.wait();
@@ -376,6 +405,9 @@ fn child_queued() {
         let got: Vec<bf16> = dev.download(&ob).unwrap();
         assert_eq!(bits_of(&got), bits_of(&want), "rank {r}: queued all-gather");
         let got: Vec<bf16> = dev.download(&rob).unwrap();
+        let mut rs_want = vec![bf16::from_f32(0.0); n];
+        c.reduce_scatter_quantized(&rs_in, &mut rs_want, q, false)
+            .unwrap();
         assert_eq!(
             bits_of(&got),
             bits_of(&rs_want),
@@ -411,8 +443,11 @@ fn child_queued() {
         assert!(e.message().contains("rank(s) 2 holds NaN"), "rank {r}: {e}");
         c.abort();
     });
-    // One node of 4: the reduce-scatter takes one hop, queued from the first call.
+    // One node of 4: the reduce-scatter takes one hop (two per level in groups of 2); two
+    // nodes of 4 in groups of 2: three per level.
     on_nodes(4, queued_reduce_scatter);
+    on_world(4, (4, Some(2)), queued_reduce_scatter);
+    on_world(8, (4, Some(2)), queued_reduce_scatter);
     println!("child-checked");
 }
 
@@ -461,6 +496,88 @@ fn child_queued_peer_leaves() {
             }
         };
         let took = t0.elapsed();
+        assert!(e.message().contains("rank 3"), "rank {r}: {e}");
+        assert!(
+            took < common::prompt(Duration::from_secs(5)),
+            "rank {r}: {took:?} to fail: {e}"
+        );
+        c.abort();
+    });
+    println!("child-checked");
+}
+
+#[test]
+fn a_queued_quantized_reduce_scatter_with_a_disagreeing_or_leaving_peer_fails_every_rank() {
+    with_fake_runtime("child_queued_rs_misbehaves", &[("FAKE_HIP_DEVICES", "8")]);
+}
+
+/// Waits (bounded) until a call on `c` fails, returning the error and how long it took.
+fn next_failure(r: usize, call: impl Fn() -> pccl::Result<()>) -> (pccl::Error, Duration) {
+    let t0 = Instant::now();
+    loop {
+        match call() {
+            Err(e) => return (e, t0.elapsed()),
+            Ok(()) if t0.elapsed() < Duration::from_secs(25) => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Ok(()) => panic!("rank {r}: no call failed"),
+        }
+    }
+}
+
+/// Queued reduce-scatters whose hops address their members directly: (1) on 2 nodes of 4 in
+/// groups of 2, rank 5 passes the two-hop scheme where the others pass per level (2 hops
+/// against 3): every rank's call was queued, and a later call fails on every rank with the
+/// disagreement, naming rank 5's scheme — no rank runs a hop the others do not; (2) after the
+/// communicator's first queued reduce-scatter rank 3 leaves instead of joining the next: the
+/// others' calls fail within seconds naming rank 3.
+#[test]
+fn child_queued_rs_misbehaves() {
+    if !is_child() {
+        return;
+    }
+    let n = 96;
+    let q = Quant::INT8;
+    let rs = |c: &Communicator, dev: &HipDevice, sb: u64, ob: u64, scheme| {
+        // SAFETY: both buffers live on `dev` until the abort releases its stream.
+        unsafe {
+            c.enqueue_reduce_scatter_quantized_on::<f32, HipDevice>(
+                dev,
+                (sb, ob),
+                (n, n * c.size()),
+                (q, false, scheme),
+            )
+        }
+    };
+    on_world(8, (4, Some(2)), |r, c, dev| {
+        let sb = dev.upload(&data::<f32>(r, n * 8)).unwrap();
+        let ob = dev.upload(&vec![0f32; n]).unwrap();
+        let (sp, op) = (sb.device_ptr(), ob.device_ptr());
+        let scheme = if r == 5 {
+            QuantScheme::TwoHop
+        } else {
+            QuantScheme::PerLevel
+        };
+        rs(c, dev, sp, op, scheme).unwrap_or_else(|e| panic!("rank {r}: queued: {e}"));
+        let (e, _) = next_failure(r, || rs(c, dev, sp, op, QuantScheme::PerLevel));
+        assert!(
+            e.message().contains("disagree")
+                && e.message().contains("scheme per-level; rank 5: ")
+                && e.message().contains("scheme two-hop"),
+            "rank {r}: {e}"
+        );
+        c.abort();
+    });
+    on_nodes(2, |r, c, dev| {
+        let sb = dev.upload(&data::<f32>(r, n * 4)).unwrap();
+        let ob = dev.upload(&vec![0f32; n]).unwrap();
+        let (sp, op) = (sb.device_ptr(), ob.device_ptr());
+        rs(c, dev, sp, op, QuantScheme::TwoHop).unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        let _: Vec<f32> = dev.download(&ob).unwrap();
+        if r == 3 {
+            return; // leaves: its communicator is destroyed when the body returns
+        }
+        let (e, took) = next_failure(r, || rs(c, dev, sp, op, QuantScheme::TwoHop));
         assert!(e.message().contains("rank 3"), "rank {r}: {e}");
         assert!(
             took < common::prompt(Duration::from_secs(5)),

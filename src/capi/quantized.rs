@@ -29,7 +29,7 @@ pub const PCCL_QUANT_HALVING: u32 = 4;
 /// `flags` bit of [`pcclReduceScatterQuantized`]: one quantized all-to-all per level of the
 /// topology — inside the group (`PCCL_GROUP_SIZE`: a GPU pair, a NUMA node), among the
 /// node's groups, between nodes — instead of two (without groups it is the two-hop scheme).
-/// Host memory where the topology has groups. Not with [`PCCL_QUANT_HALVING`].
+/// Not with [`PCCL_QUANT_HALVING`].
 pub const PCCL_QUANT_PER_LEVEL: u32 = 8;
 
 /// Which quantized collective.
@@ -232,9 +232,8 @@ pub unsafe extern "C" fn pcclAllGatherQuantized(
 /// each level instead). `bits` 8 or 4, one `f32` scale per `block` elements (a power
 /// of two, 32 … 8192). Every element is within half a step of every quantized piece it passed
 /// through (docs/QUANTIZED.md). Datatypes, refusals and `stream` as
-/// [`pcclAllGatherQuantized`] (queued on the stream, except with [`PCCL_QUANT_HALVING`],
-/// with [`PCCL_QUANT_PER_LEVEL`] where the topology has groups, and the communicator's first
-/// two-hop call, which splits its node's and network's communicators: those block).
+/// [`pcclAllGatherQuantized`] (queued on the stream, every scheme; on device memory the
+/// halving scheme and the per-level one with groups are encoded on the host).
 ///
 /// # Safety
 /// `sendbuff` must be readable for `recvcount * nranks` elements and `recvbuff` writable for

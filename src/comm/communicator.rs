@@ -26,6 +26,8 @@ mod quantized_agreement;
 mod quantized_device;
 mod quantized_halving;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
+mod quantized_members;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
 mod quantized_queued;
 mod rooted;
 mod trust;

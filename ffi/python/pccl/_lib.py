@@ -484,8 +484,8 @@ class Communicator:
     def reduce_scatter_quantized(self, send, recv, recvcount, dtype, bits, block,
                                  flags=0, stream=None) -> None:
         """``pcclReduceScatterQuantized`` (qgZ: quantized all-to-alls inside the node, then
-        between nodes; ``flags`` may add ``PCCL_QUANT_AVERAGE`` and ``PCCL_QUANT_HALVING`` (or ``PCCL_QUANT_PER_LEVEL``),
-        the latter host memory only). Memory and blocking as ``allgather_quantized``."""
+        between nodes; ``flags`` may add ``PCCL_QUANT_AVERAGE`` and ``PCCL_QUANT_HALVING``
+        (or ``PCCL_QUANT_PER_LEVEL``)). Memory and blocking as ``allgather_quantized``."""
         code = lib().pcclReduceScatterQuantized(send, recv, recvcount, dtype, bits, block,
                                                 flags, self.handle, stream)
         check("pcclReduceScatterQuantized", code, self.handle)

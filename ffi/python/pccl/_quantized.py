@@ -151,10 +151,8 @@ def reduce_scatter_quantized(output, input, bits=8, block=2048, average=False,
     two-hop) or ``"halving"`` (recursive halving inside the node and between nodes, every
     partial sum quantized: log2 steps per level). Every element is within half a step of every quantized piece it passed through
     (docs/QUANTIZED.md). Dtypes, refusals and ``group`` as ``all_gather_quantized``; every
-    rank must pass the same scheme (``"halving"``, and ``"per-level"`` with groups: CPU
-    tensors only). On a GPU ordered on the current stream as ``all_gather_quantized`` (it
-    blocks instead for the first two-hop call of a group, which splits its node and network
-    groups)."""
+    rank must pass the same scheme. On a GPU ordered on the current stream as
+    ``all_gather_quantized``, every scheme."""
     call = "reduce_scatter_quantized"
     schemes = {"two-hop": 0, "halving": _lib.PCCL_QUANT_HALVING,
                "per-level": _lib.PCCL_QUANT_PER_LEVEL}

@@ -152,7 +152,7 @@ impl Communicator {
             self.with_per_level(&radices, |comms| {
                 for c in comms {
                     let len = payload.len() / c.size();
-                    payload = quantized_hop(c, &payload, len, q, None)?;
+                    payload = quantized_hop(c.size(), &payload, len, q, |s, r| c.all_to_all(s, r))?;
                 }
                 Ok(())
             })?;
@@ -160,14 +160,15 @@ impl Communicator {
         } else if two_hops {
             let payload = node_units(input, nodes, n)?;
             self.with_levels(|intra, inter| {
-                let partial = quantized_hop(intra, &payload, nodes.len() * n, q, None)?;
+                let (m, nn) = (intra.size(), inter.size());
+                let partial = quantized_hop(m, &payload, nn * n, q, |s, r| intra.all_to_all(s, r))?;
                 // Hop 2: to node k, the partial sum of its rank of this local index.
-                quantized_hop(inter, &partial, n, q, None)
+                quantized_hop(nn, &partial, n, q, |s, r| inter.all_to_all(s, r))
             })?
         } else {
             let mut payload = alloc_f32(p * n, "this rank's input")?;
             T::to_f32_slice(input, &mut payload);
-            quantized_hop(self, &payload, n, q, None)?
+            quantized_hop(p, &payload, n, q, |s, r| self.all_to_all(s, r))?
         };
         if average {
             let k = 1.0 / p as f32;
@@ -269,17 +270,17 @@ pub(super) fn node_units<T: QuantFloat>(
     Ok(payload)
 }
 
-/// One quantized all-to-all on `comm`: `payload` holds `comm.size()` pieces of `len` f32
-/// values (piece `d` for member `d`); each is quantized, exchanged, dequantized and the
-/// pieces this rank receives are summed in f32.
+/// One quantized all-to-all among `s` members: `payload` holds `s` pieces of `len` f32
+/// values (piece `d` for member `d`); each is quantized, `exchange(send, recv)` moves them
+/// (record `d` of `send` to member `d`, member `d`'s into record `d` of `recv`), and the
+/// pieces this rank receives are dequantized and summed in f32.
 pub(super) fn quantized_hop(
-    comm: &Communicator,
+    s: usize,
     payload: &[f32],
     len: usize,
     q: Quant,
-    seq: Option<u32>,
+    exchange: impl FnOnce(&[u64], &mut [u64]) -> Result<()>,
 ) -> Result<Vec<f32>> {
-    let s = comm.size();
     let words = q.record_bytes(len) / 8;
     let total = words
         .checked_mul(s)
@@ -290,19 +291,7 @@ pub(super) fn quantized_hop(
         quant::quantize(&q, &payload[d * len..(d + 1) * len], rec)?;
     }
     let mut recv = alloc_words(total, "the quantized pieces received")?;
-    match seq {
-        None => comm.all_to_all(&send, &mut recv)?,
-        // SAFETY: `send` and `recv` hold `words × s` words each, distinct buffers.
-        Some(seq) => unsafe {
-            comm.host_rooted_as::<u64>(
-                crate::RawRooted::AllToAll,
-                send.as_ptr(),
-                recv.as_mut_ptr(),
-                words,
-                seq,
-            )?
-        },
-    }
+    exchange(&send, &mut recv)?;
     let mut sum = alloc_f32(len, "a hop's sum")?;
     let mut piece = alloc_f32(len, "a received piece")?;
     for d in 0..s {

@@ -129,7 +129,11 @@ fn verdict(m: Mine<'_>, all: &[u64], p: usize) -> Result<()> {
                 h[BLOCK],
                 h[COUNT],
                 if h[ALLOW] == 1 { "allowed" } else { "refused" },
-                if h[SCHEME] == 1 { "halving" } else { "two-hop" }
+                match h[SCHEME] {
+                    1 => "halving",
+                    2 => "per-level",
+                    _ => "two-hop",
+                }
             )
         };
         return Err(Error::invalid(format!(

@@ -189,8 +189,9 @@ impl Communicator {
     /// `dev`: `send` holds `send_elems` elements of `T` (which must be `count × size()`,
     /// checked as the all-gather checks its output), `recv` `count`. Partial sums in
     /// `f32` on the device, added in the host form's order, so the result is the host's bit
-    /// for bit. [`QuantScheme::Halving`] is host memory only (refused on every rank). Blocks
-    /// the host as [`Communicator::all_gather_quantized_on`] does.
+    /// for bit. The halving scheme and the per-level scheme where the topology has groups
+    /// run the host form on host copies of the buffers (`reduce_scatter_quantized_staged`).
+    /// Blocks the host as [`Communicator::all_gather_quantized_on`] does.
     ///
     /// # Safety
     /// As [`Communicator::all_gather_quantized_on`].
@@ -203,6 +204,19 @@ impl Communicator {
     ) -> Result<()> {
         let (p, n, dt) = (self.size(), count, T::DTYPE);
         let call = "reduce_scatter_quantized";
+        if scheme == QuantScheme::Halving
+            || (scheme == QuantScheme::PerLevel && self.topology().has_groups())
+        {
+            // SAFETY: forwarded from the caller.
+            return unsafe {
+                self.reduce_scatter_quantized_staged::<T, D>(
+                    dev,
+                    (send, recv),
+                    (count, send_elems),
+                    (q, average, scheme),
+                )
+            };
+        }
         let nodes = self.topology().nodes().to_vec();
         let two_hops = crate::plan::two_hop::applies(&nodes);
         let (nn, m) = (nodes.len(), nodes.first().map_or(0, Vec::len));
@@ -213,17 +227,6 @@ impl Communicator {
         let (rb1, rb2) = (rb(len1), rb(n));
         let prepare = || -> Result<Prepared<D>> {
             q.validate()?;
-            if scheme == QuantScheme::Halving {
-                return Err(Error::usage(
-                    "the halving scheme takes host memory; device buffers take the two-hop one",
-                ));
-            }
-            if scheme == QuantScheme::PerLevel && self.topology().has_groups() {
-                return Err(Error::usage(
-                    "the per-level scheme with groups inside the node takes host memory; \
-                     device buffers take the two-hop one",
-                ));
-            }
             let eb = bytes_of::<T>(n, call)?;
             let ib = eb
                 .checked_mul(p)
@@ -316,6 +319,69 @@ impl Communicator {
             m
         };
         self.device_quantized(dev, mine, prepare, exchange)
+    }
+}
+
+impl Communicator {
+    /// [`Communicator::reduce_scatter_quantized_on`] by the host form on host copies of the
+    /// device buffers (the schemes the device's kernels do not route: halving, per level with
+    /// groups): the input copied down, [`Communicator::reduce_scatter_quantized_with`], the
+    /// result copied up. A rank whose buffers cannot be copied or held still takes part in
+    /// the agreement, so the call fails on every rank, naming it.
+    ///
+    /// # Safety
+    /// As [`Communicator::reduce_scatter_quantized_on`].
+    unsafe fn reduce_scatter_quantized_staged<T: QuantFloat, D: Device>(
+        &self,
+        dev: &D,
+        (send, recv): (u64, u64),
+        (count, send_elems): (usize, usize),
+        (q, average, scheme): (Quant, bool, QuantScheme),
+    ) -> Result<()> {
+        let call = "reduce_scatter_quantized";
+        let mut mine = Mine::checked(call, q, (count, self.size()), ("input", send_elems), true);
+        mine.scheme = scheme;
+        let staged = || -> Result<(Vec<T>, Vec<T>, DevSpan)> {
+            let (ib, ob) = (
+                bytes_of::<T>(send_elems, call)?,
+                bytes_of::<T>(count, call)?,
+            );
+            // SAFETY: the caller's buffers, of these lengths.
+            let (input, output) = unsafe {
+                (
+                    DevSpan::new(send, ib, dev.ordinal())?,
+                    DevSpan::new(recv, ob, dev.ordinal())?,
+                )
+            };
+            let zeros = |n: usize, what: &str| -> Result<Vec<T>> {
+                let mut v = Vec::new();
+                v.try_reserve_exact(n).map_err(|_| {
+                    Error::system(format!(
+                        "{call}: cannot hold {n} elements of {what} on the host"
+                    ))
+                })?;
+                v.resize(n, T::from_f32(0.0));
+                Ok(v)
+            };
+            let mut host_in = zeros(send_elems, "the input")?;
+            dev.synchronize()?;
+            // SAFETY: `host_in` holds `ib` bytes; the copy completes before the sync returns.
+            unsafe { dev.copy_dtoh(None, host_in.as_mut_ptr() as *mut u8, input)? };
+            dev.synchronize()?;
+            Ok((host_in, zeros(count, "the output")?, output))
+        };
+        let (input, mut output, out_span) = match mine.unsound.is_none().then(staged) {
+            Some(Ok(b)) => b,
+            Some(Err(e)) => {
+                mine.unsound = Some(e.message().to_string());
+                return self.agree_quantized(mine);
+            }
+            None => return self.agree_quantized(mine),
+        };
+        self.reduce_scatter_quantized_with(&input, &mut output, q, average, scheme)?;
+        // SAFETY: `output` holds the span's bytes until the sync below.
+        unsafe { dev.copy_htod(out_span, output.as_ptr() as *const u8)? };
+        dev.synchronize()
     }
 }
 

@@ -48,29 +48,50 @@ fn pack(data: &[f32], ids: &[usize], n: usize) -> Result<Vec<f32>> {
     Ok(v)
 }
 
+/// Moves one message each way between this member and others: `out` (member, bytes) sent and
+/// `inb` (member, room) received, both at once (partners exchange without deadlock); either
+/// may be absent. A blocking call passes its sub-communicator's group send and receive
+/// ([`pair_on`]), a queued one the members' messages on the parent's transport.
+pub(super) type Pair<'p> = dyn FnMut(Out<'_>, In<'_>) -> Result<()> + 'p;
+
+/// A [`Pair`]'s message out: the member and the bytes.
+pub(super) type Out<'b> = Option<(usize, &'b [u8])>;
+
+/// A [`Pair`]'s message in: the member and the room for exactly its bytes.
+pub(super) type In<'b> = Option<(usize, &'b mut [u8])>;
+
+/// [`Pair`] on `comm`: a group of one send and one receive.
+pub(super) fn pair_on(comm: &Communicator) -> impl FnMut(Out<'_>, In<'_>) -> Result<()> + '_ {
+    move |out, inb| {
+        let mut g = comm.group_start();
+        if let Some((to, b)) = out {
+            g.send(b, to);
+        }
+        if let Some((from, b)) = inb {
+            g.recv(b, from);
+        }
+        g.end()
+    }
+}
+
 /// Sends `vals` quantized to `to` and receives `from`'s quantized message of `len` floats,
-/// both at once (a group: partners exchange without deadlock); `to` or `from` may be absent.
+/// both at once through `pair`; `to` or `from` may be absent.
 fn exchange(
-    comm: &Communicator,
+    pair: &mut Pair<'_>,
     q: Quant,
     out: Option<(usize, &[f32])>,
     inb: Option<(usize, usize)>,
 ) -> Result<Option<Vec<f32>>> {
-    let words = |len: usize| q.record_bytes(len) / 8;
     let mut send = Vec::new();
     if let Some((_, vals)) = out {
-        send = vec![0u64; words(vals.len())];
+        send = vec![0u64; q.record_bytes(vals.len()) / 8];
         quant::quantize(&q, vals, bytemuck::cast_slice_mut(&mut send))?;
     }
-    let mut recv = vec![0u64; inb.map_or(0, |(_, len)| words(len))];
-    let mut g = comm.group_start();
-    if let Some((to, _)) = out {
-        g.send(&send, to);
-    }
-    if let Some((from, _)) = inb {
-        g.recv(&mut recv, from);
-    }
-    g.end()?;
+    let mut recv = vec![0u64; inb.map_or(0, |(_, len)| q.record_bytes(len) / 8)];
+    pair(
+        out.map(|(to, _)| (to, bytemuck::cast_slice(&send))),
+        inb.map(|(from, _)| (from, bytemuck::cast_slice_mut(&mut recv))),
+    )?;
     match inb {
         None => Ok(None),
         Some((_, len)) => {
@@ -93,37 +114,36 @@ fn add_blocks(data: &mut [f32], ids: &[usize], n: usize, vals: &[f32]) {
     }
 }
 
-/// Recursive halving on `comm` over `data` (one block of `n` floats per member, this
-/// member's contribution); returns the sum of every member's block `comm.rank()`. Every
-/// message is quantized with `q`, except the final block handed back to an extra member
-/// (exact: it adds no error).
+/// Recursive halving among `s` members, this one `me`, over `data` (one block of `n` floats
+/// per member, this member's contribution), messages moved by `pair`; returns the sum of
+/// every member's block `me`. Every message is quantized with `q`, except the final block
+/// handed back to an extra member (exact: it adds no error). Each ordered pair of members
+/// exchanges at most one message (the routing's partners differ at every step).
 pub(super) fn halving(
-    comm: &Communicator,
+    (s, me): (usize, usize),
     mut data: Vec<f32>,
     n: usize,
     q: Quant,
+    pair: &mut Pair<'_>,
 ) -> Result<Vec<f32>> {
-    let (s, me) = (comm.size(), comm.rank());
     match route(s, me) {
         Role::Extra { core } => {
-            exchange(comm, q, Some((core, &data)), None)?;
+            exchange(pair, q, Some((core, &data)), None)?;
             let mut mine = alloc_f32(n, "this rank's block")?;
-            let mut g = comm.group_start();
-            g.recv(&mut mine, core);
-            g.end()?;
+            pair(None, Some((core, bytemuck::cast_slice_mut(&mut mine))))?;
             Ok(mine)
         }
         Role::Core { extra, steps } => {
             if let Some(e) = extra {
                 let all: Vec<usize> = (0..s).collect();
-                if let Some(vals) = exchange(comm, q, None, Some((e, s * n)))? {
+                if let Some(vals) = exchange(pair, q, None, Some((e, s * n)))? {
                     add_blocks(&mut data, &all, n, &vals);
                 }
             }
             for x in &steps {
                 let out = pack(&data, &x.send, n)?;
                 let got = exchange(
-                    comm,
+                    pair,
                     q,
                     Some((x.partner, &out)),
                     Some((x.partner, x.recv.len() * n)),
@@ -133,10 +153,10 @@ pub(super) fn halving(
                 }
             }
             if let Some(e) = extra {
-                let theirs = data[e * n..(e + 1) * n].to_vec();
-                let mut g = comm.group_start();
-                g.send(&theirs, e);
-                g.end()?;
+                pair(
+                    Some((e, bytemuck::cast_slice(&data[e * n..(e + 1) * n]))),
+                    None,
+                )?;
             }
             Ok(data[me * n..(me + 1) * n].to_vec())
         }
@@ -158,13 +178,14 @@ impl Communicator {
         if !crate::plan::two_hop::applies(nodes) {
             let mut all = alloc_f32(input.len(), "this rank's input")?;
             T::to_f32_slice(input, &mut all);
-            return halving(self, all, n, q);
+            return halving((self.size(), self.rank()), all, n, q, &mut pair_on(self));
         }
         let payload = node_units(input, nodes, n)?;
         let nn = nodes.len();
         self.with_levels(|intra, inter| {
-            let partial = halving(intra, payload, nn * n, q)?;
-            halving(inter, partial, n, q)
+            let at = |c: &Communicator| (c.size(), c.rank());
+            let partial = halving(at(intra), payload, nn * n, q, &mut pair_on(intra))?;
+            halving(at(inter), partial, n, q, &mut pair_on(inter))
         })
     }
 }

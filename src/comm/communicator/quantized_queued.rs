@@ -8,9 +8,10 @@
 //! parts the sections run (`Communicator::all_gather_quantized_as`,
 //! `reduce_scatter_quantized_as`) are here, after them.
 
-use super::quantized::{alloc_f32, decode_all, encode_shard, node_units, quantized_hop};
+use super::quantized::{decode_all, encode_shard};
 use super::quantized_agreement::Mine;
 use super::quantized_halving::QuantScheme;
+use super::quantized_members::Hop;
 use super::Communicator;
 use crate::comm::device_program::{InCopy, OutCopy, Program};
 use crate::comm::device_queue::Kind;
@@ -65,8 +66,8 @@ impl<D: Device> Program<'_, D> {
     /// Queues [`Communicator::reduce_scatter_quantized_with`] of `count` elements per rank
     /// (device buffers `send`: `count × size()` elements, `recv`: `count`) as a host section,
     /// as [`Program::all_gather_quantized`] does: the header exchange on `comm` as its
-    /// collective `header`, each hop's all-to-all on its communicator as the collective taken
-    /// with it ([`Communicator::queued_hops`]).
+    /// collective `header`, then each hop among its members as the collective taken with it
+    /// ([`Communicator::queued_hops`]).
     ///
     /// # Safety
     /// As [`Program::all_gather_quantized`], for `count × size()` elements at `send` and
@@ -74,7 +75,7 @@ impl<D: Device> Program<'_, D> {
     pub(crate) unsafe fn reduce_scatter_quantized<T: QuantFloat>(
         &mut self,
         comm: Communicator,
-        (header, hops): (u32, Vec<(Communicator, u32)>),
+        (header, hops): (u32, Vec<Hop>),
         (send, recv): (u64, u64),
         (count, how): (usize, (Quant, bool, QuantScheme)),
         unsound: Option<String>,
@@ -84,8 +85,9 @@ impl<D: Device> Program<'_, D> {
             "reduce_scatter_quantized #{header} ({count} x {})",
             T::DTYPE
         );
-        let refusers: Vec<(Communicator, u32)> = std::iter::once((comm.handle(), header))
-            .chain(hops.iter().map(|(c, s)| (c.handle(), *s)))
+        let refusers: Vec<(Communicator, u32)> = std::iter::once(header)
+            .chain(hops.iter().map(|h| h.1))
+            .map(|seq| (comm.handle(), seq))
             .collect();
         let run = move |input: *mut u8, output: *mut u8| {
             // SAFETY: the pinned buffer holds every rank's block at `input` and room for the
@@ -204,11 +206,11 @@ impl Communicator {
 
     /// [`Communicator::reduce_scatter_quantized_on`] ordered on `dev`'s stream without
     /// blocking the caller, as [`Communicator::enqueue_all_gather_quantized_on`] is: the
-    /// header exchange and each hop's all-to-all numbered at the call, run on pinned host
-    /// memory by the host's kernels (bit-identical). It blocks instead (it is
-    /// [`Communicator::reduce_scatter_quantized_on`]) where calls are not queued, for the
-    /// halving and per-level schemes, and for the first two-hop call of this communicator
-    /// (which splits the node's and the network's communicators, a collective of its own).
+    /// header exchange and each hop numbered at the call, run on pinned host memory by the
+    /// host's kernels (bit-identical). Every scheme queues, the first call included: the
+    /// hops address their members on this communicator's transport (`quantized_members`)
+    /// instead of splitting sub-communicators. It blocks instead (it is
+    /// [`Communicator::reduce_scatter_quantized_on`]) only where calls are not queued.
     ///
     /// # Safety
     /// As [`Communicator::reduce_scatter_quantized_on`], until `dev`'s stream has passed the
@@ -233,22 +235,13 @@ impl Communicator {
                 )
             }
         };
-        let hops_possible = scheme != QuantScheme::Halving
-            && !(scheme == QuantScheme::PerLevel && self.topology().levels().is_some());
-        if self.size() == 1 || !hops_possible {
-            return blocking(self);
-        }
-        if crate::plan::two_hop::applies(self.topology().nodes())
-            && super::lock(&self.inner.levels).is_none()
-        {
+        if self.size() == 1 {
             return blocking(self);
         }
         let p = self.size();
         let mut mine = Mine::checked(call, q, (count, p), ("input", send_elems), true);
         let build = |prog: &mut Program<'_, D>, seq: u32| {
-            let hops = self
-                .queued_hops(scheme)
-                .ok_or_else(|| Error::internal("the quantized reduce-scatter's hops went away"))?;
+            let hops = self.queued_hops(scheme);
             // SAFETY: forwarded from the caller: the buffers stay valid until the program's
             // end; `recv` is written only when every rank's arguments were sound.
             unsafe {
@@ -324,40 +317,17 @@ impl Communicator {
         decode_all(&q, &records, words, output, n)
     }
 
-    /// The communicators a queued [`Communicator::reduce_scatter_quantized`] of `scheme` runs
-    /// its hops on, each with the collective number it takes now, if they can be had without
-    /// a collective: this communicator for one hop; the node's and the network's for two,
-    /// once an earlier call has split them. None: the call must block (halving; the
-    /// per-level scheme where the topology has groups; the first two-hop call).
-    pub(crate) fn queued_hops(&self, scheme: QuantScheme) -> Option<Vec<(Communicator, u32)>> {
-        let topo = self.topology();
-        if scheme == QuantScheme::Halving
-            || (scheme == QuantScheme::PerLevel && topo.levels().is_some())
-        {
-            return None;
-        }
-        if !crate::plan::two_hop::applies(topo.nodes()) {
-            return Some(vec![(self.handle(), self.take_tag())]);
-        }
-        let l = super::lock(&self.inner.levels);
-        let (intra, inter) = l.as_ref()?;
-        Some(vec![
-            (intra.handle(), intra.take_tag()),
-            (inter.handle(), inter.take_tag()),
-        ])
-    }
-
     /// [`Communicator::reduce_scatter_quantized_with`] as collectives numbered when the call
-    /// was queued: the header exchange `header` on this communicator, then one quantized
-    /// all-to-all per hop on `hops` ([`Communicator::queued_hops`]); the host part of a
-    /// queued device call, as [`Communicator::all_gather_quantized_as`].
+    /// was queued: the header exchange `header` on this communicator, then the scheme's hops
+    /// among their members ([`Communicator::queued_hops`]); the host part of a queued device
+    /// call, as [`Communicator::all_gather_quantized_as`].
     pub(crate) fn reduce_scatter_quantized_as<T: QuantFloat>(
         &self,
         input: &[T],
         output: &mut [T],
         (q, average, scheme): (Quant, bool, QuantScheme),
         header: u32,
-        hops: &[(Communicator, u32)],
+        hops: &[Hop],
         unsound: Option<String>,
     ) -> Result<()> {
         let (p, n) = (self.size(), output.len());
@@ -368,22 +338,12 @@ impl Communicator {
             m.unsound = unsound;
         }
         self.agree_quantized_as(m, header)?;
-        let mut payload = if hops.len() == 2 {
-            node_units(input, self.topology().nodes(), n)?
-        } else {
-            let mut v = alloc_f32(p * n, "this rank's input")?;
-            T::to_f32_slice(input, &mut v);
-            v
-        };
-        for (c, seq) in hops {
-            let len = payload.len() / c.size();
-            payload = quantized_hop(c, &payload, len, q, Some(*seq))?;
-        }
+        let mut sum = self.hops_sum(scheme, input, n, q, hops)?;
         if average {
             let k = 1.0 / p as f32;
-            payload.iter_mut().for_each(|v| *v *= k);
+            sum.iter_mut().for_each(|v| *v *= k);
         }
-        T::from_f32_slice(&payload, output);
+        T::from_f32_slice(&sum, output);
         Ok(())
     }
 }
