@@ -530,7 +530,9 @@ fn next_failure(r: usize, call: impl Fn() -> pccl::Result<()>) -> (pccl::Error, 
 /// against 3): every rank's call was queued, and a later call fails on every rank with the
 /// disagreement, naming rank 5's scheme — no rank runs a hop the others do not; (2) after the
 /// communicator's first queued reduce-scatter rank 3 leaves instead of joining the next: the
-/// others' calls fail within seconds naming rank 3.
+/// others' calls fail within seconds naming rank 3. Between them, a queued all-gather whose
+/// output is short on rank 1 (encoded on the host there, by the device elsewhere) fails on
+/// every rank, naming rank 1.
 #[test]
 fn child_queued_rs_misbehaves() {
     if !is_child() {
@@ -564,6 +566,41 @@ fn child_queued_rs_misbehaves() {
             e.message().contains("disagree")
                 && e.message().contains("scheme per-level; rank 5: ")
                 && e.message().contains("scheme two-hop"),
+            "rank {r}: {e}"
+        );
+        c.abort();
+    });
+    // A short buffer on one rank: that rank's call takes the host-encoded form (its arguments
+    // go to the agreement unsound), the others the device-encoded one; they meet in the
+    // agreement, which refuses on every rank, naming it.
+    on_nodes(2, |r, c, dev| {
+        let sb = dev.upload(&data::<f32>(r, n * 4)).unwrap();
+        let ob = dev.upload(&vec![0f32; n * 4]).unwrap();
+        let short = if r == 1 { n * 4 - 1 } else { n * 4 };
+        // SAFETY: both buffers live on `dev` until the abort releases its stream.
+        unsafe {
+            c.enqueue_all_gather_quantized_on::<f32, HipDevice>(
+                dev,
+                (sb.device_ptr(), ob.device_ptr()),
+                (n, short),
+                q,
+            )
+        }
+        .unwrap_or_else(|e| panic!("rank {r}: queued: {e}"));
+        let ag = || {
+            // SAFETY: as above.
+            unsafe {
+                c.enqueue_all_gather_quantized_on::<f32, HipDevice>(
+                    dev,
+                    (sb.device_ptr(), ob.device_ptr()),
+                    (n, n * 4),
+                    q,
+                )
+            }
+        };
+        let (e, _) = next_failure(r, ag);
+        assert!(
+            e.message().contains("rank(s) 1 passed unsound"),
             "rank {r}: {e}"
         );
         c.abort();

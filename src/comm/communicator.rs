@@ -24,6 +24,8 @@ mod quantized;
 mod quantized_agreement;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 mod quantized_device;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+mod quantized_encoded;
 mod quantized_halving;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 mod quantized_members;

@@ -103,33 +103,47 @@ impl GateTickets {
     }
 }
 
-/// A page-locked buffer of the pool and the end event of the last program that used it.
-struct PoolEntry<D: Device> {
-    mem: D::Pinned,
+/// A buffer of a pool and the end event of the last program that used it.
+struct PoolEntry<D: Device, M> {
+    mem: M,
     until: Option<Arc<D::Event>>,
     taken: bool,
 }
 
-/// Page-locked buffers of host sections, reused once the program that used one has ended.
-/// Sizes are rounded up to powers of two so that a new shape rarely allocates.
-pub(crate) struct PinnedPool<D: Device> {
-    entries: Vec<PoolEntry<D>>,
+/// Buffers of stream programs (`M`: page-locked host memory, or device memory), reused once
+/// the program that used one has ended. Sizes are rounded up to powers of two so that a new
+/// shape rarely allocates.
+pub(crate) struct Pool<D: Device, M> {
+    entries: Vec<PoolEntry<D, M>>,
 }
 
-impl<D: Device> Default for PinnedPool<D> {
+/// The page-locked buffers of host sections.
+pub(crate) type PinnedPool<D> = Pool<D, <D as Device>::Pinned>;
+
+/// The device scratch of programs that run kernels (one pool per device: a queue's).
+pub(crate) type DevicePool<D> = Pool<D, <D as Device>::Memory>;
+
+impl<D: Device, M> Default for Pool<D, M> {
     fn default() -> Self {
-        PinnedPool {
+        Pool {
             entries: Vec::new(),
         }
     }
 }
 
-impl<D: Device> PinnedPool<D> {
-    /// A free buffer of at least `bytes`: its index and address.
-    fn acquire(&mut self, dev: &D, bytes: usize) -> Result<(usize, *mut u8)> {
+impl<D: Device, M> Pool<D, M> {
+    /// A free buffer of at least `bytes` (`len`: a buffer's size; `alloc`: a new one of the
+    /// size given): its index and the buffer.
+    fn acquire(
+        &mut self,
+        dev: &D,
+        bytes: usize,
+        len: impl Fn(&M) -> usize,
+        alloc: impl FnOnce(usize) -> Result<M>,
+    ) -> Result<(usize, &mut M)> {
         let mut best: Option<(usize, usize)> = None;
         for (i, e) in self.entries.iter_mut().enumerate() {
-            if e.taken || e.mem.len() < bytes {
+            if e.taken || len(&e.mem) < bytes {
                 continue;
             }
             if let Some(until) = &e.until {
@@ -138,8 +152,8 @@ impl<D: Device> PinnedPool<D> {
                 }
                 e.until = None;
             }
-            if best.is_none_or(|(_, len)| len > e.mem.len()) {
-                best = Some((i, e.mem.len()));
+            if best.is_none_or(|(_, l)| l > len(&e.mem)) {
+                best = Some((i, len(&e.mem)));
             }
         }
         let i = match best {
@@ -150,7 +164,7 @@ impl<D: Device> PinnedPool<D> {
                     .checked_next_power_of_two()
                     .unwrap_or(bytes);
                 self.entries.push(PoolEntry {
-                    mem: dev.pinned(size)?,
+                    mem: alloc(size)?,
                     until: None,
                     taken: false,
                 });
@@ -159,7 +173,7 @@ impl<D: Device> PinnedPool<D> {
         };
         let e = &mut self.entries[i];
         e.taken = true;
-        Ok((i, e.mem.as_mut_ptr()))
+        Ok((i, &mut e.mem))
     }
 
     /// Marks the buffers a program took as busy until its `end` event.
@@ -208,9 +222,11 @@ pub(crate) struct Program<'a, D: Device> {
     gate: &'a mut D::Gate,
     tickets: &'a Arc<GateTickets>,
     pool: &'a mut PinnedPool<D>,
+    scratch: &'a mut DevicePool<D>,
     sections: Vec<HostSection<D>>,
     finish: Option<Finish<D>>,
     taken: Vec<usize>,
+    scratch_taken: Vec<usize>,
     /// Host sections queued (for `PCCL_DEBUG=INFO`).
     pub(crate) host_bytes: usize,
 }
@@ -228,7 +244,7 @@ impl<'a, D: Device> Program<'a, D> {
         own: &'a D,
         gate: &'a mut D::Gate,
         tickets: &'a Arc<GateTickets>,
-        pool: &'a mut PinnedPool<D>,
+        (pool, scratch): (&'a mut PinnedPool<D>, &'a mut DevicePool<D>),
         events: Arc<EventPool<D>>,
     ) -> Self {
         Program {
@@ -237,9 +253,11 @@ impl<'a, D: Device> Program<'a, D> {
             gate,
             tickets,
             pool,
+            scratch,
             sections: Vec::new(),
             finish: None,
             taken: Vec::new(),
+            scratch_taken: Vec::new(),
             host_bytes: 0,
         }
     }
@@ -503,7 +521,13 @@ impl<'a, D: Device> Program<'a, D> {
         refuse: Box<dyn FnOnce(Error) + Send>,
     ) -> Result<()> {
         let ord = self.own.ordinal();
-        let (slot, base) = self.pool.acquire(self.own, total.max(1))?;
+        let (slot, base) = self.pool.acquire(
+            self.own,
+            total.max(1),
+            |m| m.len(),
+            |size| self.own.pinned(size),
+        )?;
+        let base = base.as_mut_ptr();
         self.taken.push(slot);
         let own = self.own;
         for &(src, len, at) in d2h {
@@ -537,6 +561,27 @@ impl<'a, D: Device> Program<'a, D> {
             refuse,
         });
         Ok(())
+    }
+
+    /// Device memory of at least `bytes` on the stream's device (not zeroed), this program's
+    /// until its end event: scratch for kernels the program queues (`own()`'s stream).
+    pub(crate) fn device_scratch(&mut self, bytes: usize) -> Result<DevSpan> {
+        let own = self.own;
+        let (slot, mem) = self.scratch.acquire(
+            own,
+            bytes.max(1),
+            |m| own.span_of(m).len(),
+            |size| own.alloc_zeroed(size),
+        )?;
+        let span = own.span_of(mem).sub(0, bytes)?;
+        self.scratch_taken.push(slot);
+        Ok(span)
+    }
+
+    /// PCCL's handle of the stream's device: kernels and copies it queues run on the
+    /// program's stream.
+    pub(crate) fn own(&self) -> &D {
+        self.own
     }
 
     /// Ends the vendor-library steps: the stream then waits until the progress thread saw
@@ -576,6 +621,7 @@ impl<'a, D: Device> Program<'a, D> {
         let end = Arc::new(self.own.new_event()?);
         self.own.record(&end, None)?;
         self.pool.settle(&self.taken, &end);
+        self.scratch.settle(&self.scratch_taken, &end);
         if self.sections.is_empty() && self.finish.is_none() {
             return Ok((end, None));
         }

@@ -6,7 +6,7 @@
 
 use super::communicator::{Communicator, RawCollective};
 use super::device_events::EventPool;
-use super::device_program::{coll_name, GateTickets, PinnedPool, Program};
+use super::device_program::{coll_name, DevicePool, GateTickets, PinnedPool, Program};
 use super::device_run::DeviceCall;
 use super::nccl_level::NcclLevel;
 use crate::config::DebugLevel;
@@ -58,6 +58,8 @@ struct Queue<D: Device> {
     last_end: Option<Arc<D::Event>>,
     /// Free events of the device, reused from call to call.
     events: Arc<EventPool<D>>,
+    /// Device scratch of the programs that run kernels.
+    scratch: DevicePool<D>,
 }
 
 impl<D: Device> Drop for DeviceState<D> {
@@ -345,7 +347,13 @@ impl Communicator {
         dev.record(&ready, None)?;
         own.wait_on(&ready)?;
         q.events.give(ready);
-        let mut prog = Program::new(&*own, &mut q.gate, &q.tickets, pool, q.events.clone());
+        let mut prog = Program::new(
+            &*own,
+            &mut q.gate,
+            &q.tickets,
+            (pool, &mut q.scratch),
+            q.events.clone(),
+        );
         let timeout = self.timeout();
         let seq = match kind {
             Kind::Collective => self.take_tag(),
@@ -440,6 +448,7 @@ impl Communicator {
             tickets,
             last_end: None,
             events: Arc::default(),
+            scratch: DevicePool::default(),
         })
     }
 

@@ -3,7 +3,7 @@
 //! ```text
 //! pccl-gpu-bench [kernels] [--size-mib 256] [--transpose-mib 64] [--iters 30] [--sweep]
 //! pccl-gpu-bench staged [--size-mib 256] [--ranks 2] [--iters 5] [--piece-mib 4] [--algo NAME]
-//! pccl-gpu-bench queue [--size-kib 4] [--ranks 2] [--iters 200] [--hip] [--quantized]
+//! pccl-gpu-bench queue [--size-kib 4] [--ranks 2] [--iters 200] [--hip] [--quantized [--reduce-scatter]]
 //! ```
 //! `kernels` (the default): copy ceiling, reductions and transposes ([`kernels`]); `staged`:
 //! the host-staged reduce-scatter and each of its stages ([`staged`]); `queue`: host time per
@@ -59,6 +59,11 @@ pub struct QueueArgs {
     /// queued (`enqueue_all_gather_quantized_on`) against blocking (`all_gather_quantized_on`).
     #[arg(long)]
     pub quantized: bool,
+    /// With `--quantized`: the INT8 quantized reduce-scatter (two-hop scheme, the sum)
+    /// instead of the all-gather (`enqueue_reduce_scatter_quantized_on` against
+    /// `reduce_scatter_quantized_on`).
+    #[arg(long, requires = "quantized")]
+    pub reduce_scatter: bool,
 }
 
 fn positive(s: &str) -> Result<usize, String> {

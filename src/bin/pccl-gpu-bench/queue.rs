@@ -2,7 +2,8 @@
 //! (`Communicator::enqueue_on`, what the C ABI and torch do) against the blocking call
 //! (`collective_on`, what `PCCL_DEVICE_ASYNC=0` does), or with `--quantized` of the INT8
 //! quantized all-gather (`enqueue_all_gather_quantized_on` against
-//! `all_gather_quantized_on`), on thread-ranks each on GPU
+//! `all_gather_quantized_on`; with `--reduce-scatter` the quantized reduce-scatter's pair),
+//! on thread-ranks each on GPU
 //! `rank % GPUs`: CUDA, or HIP with `--hip` (the fake ROCm runtime included, whose streams run
 //! on threads: the queued call's host time is then the host cost of queueing a stream program).
 
@@ -28,8 +29,10 @@ fn rank_times<D: Device>(c: &Communicator, dev: &D, a: &QueueArgs) -> Result<Tim
     let p = c.size();
     let buf = dev.alloc_zeroed(n * 4 * (p + 1))?;
     let addr = dev.span_of(&buf).addr();
-    // The quantized all-gather's output follows its shard.
+    // The quantized all-gather's output follows its shard; the reduce-scatter's its input.
     let out = addr + (n * 4) as u64;
+    let rs_out = addr + (n * p * 4) as u64;
+    let rs = (pccl::QuantScheme::TwoHop, false);
     let sum = RawCollective::AllReduce(ReduceOp::Sum);
     let q = pccl::Quant {
         block: 256,
@@ -38,7 +41,10 @@ fn rank_times<D: Device>(c: &Communicator, dev: &D, a: &QueueArgs) -> Result<Tim
     // SAFETY: `buf` holds n × (p + 1) f32 of `dev` and lives until the stream is synchronised
     // below.
     let queued = || unsafe {
-        if a.quantized {
+        if a.reduce_scatter {
+            let how = (q, rs.1, rs.0);
+            c.enqueue_reduce_scatter_quantized_on::<f32, D>(dev, (addr, rs_out), (n, n * p), how)
+        } else if a.quantized {
             c.enqueue_all_gather_quantized_on::<f32, D>(dev, (addr, out), (n, n * p), q)
         } else {
             c.enqueue_on::<f32, D>(dev, sum, addr, addr, n)
@@ -46,7 +52,10 @@ fn rank_times<D: Device>(c: &Communicator, dev: &D, a: &QueueArgs) -> Result<Tim
     };
     // SAFETY: as above; the call returns when done.
     let blocking = || unsafe {
-        if a.quantized {
+        if a.reduce_scatter {
+            let how = (q, rs.1, rs.0);
+            c.reduce_scatter_quantized_on::<f32, D>(dev, (addr, rs_out), (n, n * p), how)
+        } else if a.quantized {
             c.all_gather_quantized_on::<f32, D>(dev, (addr, out), (n, n * p), q)
         } else {
             c.collective_on::<f32, D>(dev, sum, addr, addr, n)
@@ -106,7 +115,13 @@ fn bench<D: Device>(
     let (mut q, mut b, device) = rows.swap_remove(0);
     let (qm, qa) = stats(&mut q);
     let (bm, ba) = stats(&mut b);
-    let (what, qn, bn) = if a.quantized {
+    let (what, qn, bn) = if a.reduce_scatter {
+        (
+            "INT8 quantized reduce-scatter (blocks of 256)",
+            "queued (enqueue_reduce_scatter_q..._on)",
+            "blocking (reduce_scatter_quantized_on)",
+        )
+    } else if a.quantized {
         (
             "INT8 quantized all-gather (blocks of 256)",
             "queued (enqueue_all_gather_quantized_on)",

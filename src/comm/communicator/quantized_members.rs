@@ -132,6 +132,7 @@ impl Communicator {
                 halving((s, me), payload, len, q, &mut pair)?
             } else {
                 quantized_hop(s, &payload, len, q, |send, recv| {
+                    let recv = bytemuck::cast_slice_mut(recv);
                     self.all_to_all_among(hop, bytemuck::cast_slice(send), recv)
                 })?
             };
@@ -149,15 +150,19 @@ impl Communicator {
     }
 
     /// An all-to-all among `hop`'s members on this communicator's transport: `send` holds one
-    /// record per member (in member order, equal sizes), `recv` gets member `d`'s record for
-    /// this rank at record `d`. A failure is made known to every member.
-    fn all_to_all_among(&self, hop: &Hop, send: &[u8], recv: &mut [u64]) -> Result<()> {
+    /// record per member (in member order, equal sizes), `recv` (as long) gets member `d`'s
+    /// record for this rank at record `d`. A failure is made known to every member.
+    pub(super) fn all_to_all_among(&self, hop: &Hop, send: &[u8], recv: &mut [u8]) -> Result<()> {
         let members = &hop.0;
         let s = members.len();
         let me = self.rank();
         let at = members.iter().position(|&r| r == me).unwrap_or(0);
         let bytes = send.len() / s.max(1);
-        let recv: &mut [u8] = bytemuck::cast_slice_mut(recv);
+        if recv.len() != send.len() {
+            return Err(Error::internal(
+                "a hop's receive room differs from what it sends",
+            ));
+        }
         recv[at * bytes..(at + 1) * bytes].copy_from_slice(&send[at * bytes..(at + 1) * bytes]);
         let tr = self.inner_transport();
         let tag = self.hop_tag(hop, bytes);

@@ -189,8 +189,21 @@ impl Communicator {
             // The records' exchange is a collective of its own, numbered now as the header
             // exchange was, so that calls made meanwhile keep every rank's numbering.
             let records = self.take_tag();
+            if unsound.is_none() {
+                // SAFETY: forwarded from the caller: sound buffers, valid until the
+                // program's end.
+                return unsafe {
+                    prog.all_gather_quantized_encoded::<T>(
+                        self.handle(),
+                        (seq, records),
+                        (send, recv),
+                        (count, q),
+                    )
+                }
+                .map(|()| true);
+            }
             // SAFETY: forwarded from the caller: the buffers stay valid until the program's
-            // end; `recv` is written only when every rank's arguments were sound.
+            // end; `recv` is never written (this rank's arguments are unsound).
             unsafe {
                 prog.all_gather_quantized::<T>(
                     self.handle(),
@@ -200,6 +213,7 @@ impl Communicator {
                     unsound,
                 )
             }
+            .map(|()| false)
         };
         self.queue_quantized(dev, (call, count, T::DTYPE), build, blocking)
     }
@@ -240,8 +254,28 @@ impl Communicator {
         }
         let p = self.size();
         let mut mine = Mine::checked(call, q, (count, p), ("input", send_elems), true);
+        let topo = self.topology();
+        // The schemes the device's kernels route (their hops and pieces those of the blocking
+        // device form); the others are encoded on the host.
+        let encodable = scheme == QuantScheme::TwoHop
+            || (scheme == QuantScheme::PerLevel
+                && !topo.has_groups()
+                && crate::plan::two_hop::applies(topo.nodes()));
         let build = |prog: &mut Program<'_, D>, seq: u32| {
             let hops = self.queued_hops(scheme);
+            if encodable && mine.unsound.is_none() {
+                // SAFETY: forwarded from the caller: sound buffers, valid until the program's
+                // end.
+                return unsafe {
+                    prog.reduce_scatter_quantized_encoded::<T>(
+                        self.handle(),
+                        (seq, hops),
+                        (send, recv),
+                        (count, how),
+                    )
+                }
+                .map(|()| true);
+            }
             // SAFETY: forwarded from the caller: the buffers stay valid until the program's
             // end; `recv` is written only when every rank's arguments were sound.
             unsafe {
@@ -253,27 +287,34 @@ impl Communicator {
                     mine.unsound.take(),
                 )
             }
+            .map(|()| false)
         };
         self.queue_quantized(dev, (call, count, T::DTYPE), build, blocking)
     }
 
     /// Queues the program of quantized call `call` (`count` elements of `dtype` per rank) on
     /// PCCL's stream of `dev`'s device after `dev`'s stream, which then waits for its end:
-    /// `build` adds its host section given the call's (first) collective number; `blocking`
-    /// runs it instead where calls are not queued. A stream capturing a graph is refused on
+    /// `build` adds its kernels and host sections given the call's (first) collective number
+    /// and says whether the device encodes; `blocking` runs it instead where calls are not
+    /// queued. A stream capturing a graph is refused on
     /// every rank.
     fn queue_quantized<D: Device>(
         &self,
         dev: &D,
         (call, count, dtype): (&str, usize, DType),
-        build: impl FnOnce(&mut Program<'_, D>, u32) -> Result<()>,
+        build: impl FnOnce(&mut Program<'_, D>, u32) -> Result<bool>,
         blocking: impl FnOnce(&Communicator) -> Result<()>,
     ) -> Result<()> {
         self.refuse_capture(dev, call)?;
         let what = |seq: u32| format!("{call} #{seq} ({count} x {dtype})");
-        let path = |_: Option<&NcclLevel<D>>| "host-staged, encoded on the host".to_string();
-        let build =
-            |prog: &mut Program<'_, D>, _: Option<&mut NcclLevel<D>>, _: &D, seq| build(prog, seq);
+        let on_device = std::cell::Cell::new(false);
+        let path = |_: Option<&NcclLevel<D>>| {
+            let by = if on_device.get() { "device" } else { "host" };
+            format!("host-staged records, encoded by the {by}")
+        };
+        let build = |prog: &mut Program<'_, D>, _: Option<&mut NcclLevel<D>>, _: &D, seq| {
+            build(prog, seq).map(|d| on_device.set(d))
+        };
         let end = self.queue_program(dev, Kind::Collective, &what, path, build, blocking)?;
         if let Some(end) = end {
             dev.wait_on(&end)?;
