@@ -24,6 +24,7 @@
 #   staged       pccl-gpu-bench staged --size-mib 256 --ranks 2 (the host-staged figures)
 #   collectives  cuda_collectives tests (staged, direct, NCCL level, enqueued, quantized)
 #   queue(-q)    pccl-gpu-bench queue [--quantized]: host time per queued call vs blocking
+#   queue-qe     the queued quantized calls encoded by the device vs the host (PCCL_QUANT_ENCODE)
 #   bench-w1     pccl-bench -d cuda --ranks 1 -m 1K:256M --coll all: PCCL beside NCCL's own
 #                collective on the same buffers (PCCL/NCCL per size, 1 KiB latency)
 #   bench-staged pccl-bench -d cuda --ranks 2 (PCCL_NCCL=0), 1K:256M, results checked
@@ -331,6 +332,24 @@ torchrun_example() {
     echo "budget: ${BUDGET}s"
 } 2>&1 | tee "$LOG_DIR/env.log"
 
+# The queued quantized all-gather and reduce-scatter encoded by the device's kernels and
+# by the host (PCCL_QUANT_ENCODE), at 4 KiB and 16 MiB per rank: host time per call and the
+# queued calls' drain time (docs/QUANTIZED.md, "The queued forms").
+# shellcheck disable=SC2317
+queue_encodes() {
+    local e f s
+    for s in 4 16384; do
+        for f in "" --reduce-scatter; do
+            for e in device host; do
+                echo "== PCCL_QUANT_ENCODE=$e ${f:-(all-gather)} $s KiB"
+                # shellcheck disable=SC2086
+                PCCL_DEVICE_ASYNC=1 PCCL_QUANT_ENCODE=$e "$BIN/pccl-gpu-bench" queue \
+                    --quantized $f --size-kib "$s" --iters 50 || return 1
+            done
+        done
+    done
+}
+
 # Runs CMD for what it shows, not as a check: says whether it ran, and succeeds either way.
 # shellcheck disable=SC2317
 probe() {
@@ -341,7 +360,7 @@ probe() {
 }
 
 export BIN LOG_DIR
-export -f bench torchrun_example probe
+export -f bench torchrun_example probe queue_encodes
 
 step kernels-test  60 gpu "$BIN/cuda_kernels" --nocapture
 step kernels       60 gpu "$BIN/pccl-gpu-bench" kernels "${bench_args[@]}"
@@ -353,6 +372,7 @@ step collectives   90 gpu "$BIN/cuda_collectives" --nocapture
 step queue         20 gpu env PCCL_DEVICE_ASYNC=1 "$BIN/pccl-gpu-bench" queue --iters 200
 step queue-q       30 gpu env PCCL_DEVICE_ASYNC=1 "$BIN/pccl-gpu-bench" queue --quantized \
     --size-kib 256 --iters 100
+step queue-qe      60 gpu queue_encodes
 step bench-w1      60 gpu bench bench-w1 --coll all --ranks 1 -m 1K:256M
 step bench-staged  75 gpu env PCCL_NCCL=0 bash -c 'bench bench-staged --coll all --ranks 2 -m 1K:256M'
 step bench-level   75 gpu env PCCL_RANKS_PER_NODE=1 PCCL_NCCL=1 \
@@ -404,6 +424,9 @@ counts="$(grep -c ' passed ' "$SUMMARY") passed, $(grep -c ' skipped (' "$SUMMAR
     echo
     echo "## pccl-gpu-bench queue, queue --quantized (tails)"
     tail -n 5 "$LOG_DIR/queue.log" "$LOG_DIR/queue-q.log" 2>/dev/null
+    echo
+    echo "## queued quantized calls, encoded by the device vs the host"
+    grep -v '^call' "$LOG_DIR/queue-qe.log" 2>/dev/null
     echo
     echo "## gpu-check: $([ $status = 0 ] && echo "no check failed" || echo SOME CHECKS FAILED) ($counts) in $((SECONDS - T0))s"
 } >>"$SUMMARY" 2>&1

@@ -1,11 +1,13 @@
 //! The quantized collectives on device memory queued on the caller's stream (NCCL's and
-//! torch's semantics): stream programs (`comm::device_program`) whose host section copies the
-//! caller's data to pinned host memory, runs the host form there with every collective
-//! numbered at the call (the agreement's header exchange, the records' all-gather, each
-//! reduce-scatter hop's all-to-all), and copies the result back. Nothing here waits for the
-//! device or a peer; a refusal met while running is the communicator's asynchronous error.
-//! The blocking forms, encoded by the device's kernels, are in `quantized_device`; the host
-//! parts the sections run (`Communicator::all_gather_quantized_as`,
+//! torch's semantics): stream programs (`comm::device_program`) with every collective numbered
+//! at the call (the agreement's header exchange, the records' all-gather, each reduce-scatter
+//! hop's exchange). Where the arguments are sound and the device's kernels route the scheme,
+//! the kernels encode and decode on PCCL's stream and only the records cross to the host
+//! (`quantized_encoded`); otherwise (and with `PCCL_QUANT_ENCODE=host`) the host section here
+//! copies the caller's data to pinned host memory, runs the host form there and copies the
+//! result back. Nothing here waits for the device or a peer; a refusal met while running is
+//! the communicator's asynchronous error. The blocking forms are in `quantized_device`; the
+//! host parts the host-encoded sections run (`Communicator::all_gather_quantized_as`,
 //! `reduce_scatter_quantized_as`) are here, after them.
 
 use super::quantized::{decode_all, encode_shard};
@@ -20,6 +22,17 @@ use crate::device::api::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::quant::{Quant, QuantFloat};
+
+/// Whether this process's queued quantized calls encode on the host even where the device's
+/// kernels could (`PCCL_QUANT_ENCODE=host`; `device`, the default, lets them): to compare the
+/// two forms, or to keep the kernels out of the way. Read once. Ranks may differ: the forms
+/// take the same collective numbers and agreement.
+fn encode_on_host() -> bool {
+    static HOST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HOST.get_or_init(|| {
+        std::env::var("PCCL_QUANT_ENCODE").is_ok_and(|v| v.trim().eq_ignore_ascii_case("host"))
+    })
+}
 
 impl<D: Device> Program<'_, D> {
     /// Queues [`Communicator::all_gather_quantized`] of `count` elements of `T` per rank
@@ -153,9 +166,10 @@ impl Communicator {
     /// [`Communicator::all_gather_quantized_on`] ordered on `dev`'s stream without blocking
     /// the caller, as [`Communicator::enqueue_on`] orders a collective: on PCCL's stream of
     /// the device, after the work queued on `dev`'s stream, which then waits (an event) for
-    /// its end. The shard is copied to pinned host memory and encoded, the ranks' headers
-    /// and records exchanged and decoded there by the host's kernels (bit-identical to the
-    /// device's), on the progress thread; the result is copied to `recv`. Nothing here waits
+    /// its end. The shard is encoded by the device's kernels (or, with unsound arguments or
+    /// `PCCL_QUANT_ENCODE=host`, copied to pinned memory and encoded by the host's,
+    /// bit-identical), the ranks' headers and records exchanged on the progress thread, and
+    /// every record decoded into `recv`. Nothing here waits
     /// for the device or a peer. A refusal met while running (NaN or infinity in a rank's
     /// shard, a rank that disagrees or passed an unsound buffer) is the same error on every
     /// rank, found before any record moves, and is then this communicator's asynchronous
@@ -189,7 +203,7 @@ impl Communicator {
             // The records' exchange is a collective of its own, numbered now as the header
             // exchange was, so that calls made meanwhile keep every rank's numbering.
             let records = self.take_tag();
-            if unsound.is_none() {
+            if unsound.is_none() && !encode_on_host() {
                 // SAFETY: forwarded from the caller: sound buffers, valid until the
                 // program's end.
                 return unsafe {
@@ -220,8 +234,9 @@ impl Communicator {
 
     /// [`Communicator::reduce_scatter_quantized_on`] ordered on `dev`'s stream without
     /// blocking the caller, as [`Communicator::enqueue_all_gather_quantized_on`] is: the
-    /// header exchange and each hop numbered at the call, run on pinned host memory by the
-    /// host's kernels (bit-identical). Every scheme queues, the first call included: the
+    /// header exchange and each hop numbered at the call; encoded by the device's kernels for
+    /// the one-hop and two-hop schemes, by the host's (bit-identical) for the halving scheme
+    /// and the per-level one with groups. Every scheme queues, the first call included: the
     /// hops address their members on this communicator's transport (`quantized_members`)
     /// instead of splitting sub-communicators. It blocks instead (it is
     /// [`Communicator::reduce_scatter_quantized_on`]) only where calls are not queued.
@@ -263,7 +278,7 @@ impl Communicator {
                 && crate::plan::two_hop::applies(topo.nodes()));
         let build = |prog: &mut Program<'_, D>, seq: u32| {
             let hops = self.queued_hops(scheme);
-            if encodable && mine.unsound.is_none() {
+            if encodable && mine.unsound.is_none() && !encode_on_host() {
                 // SAFETY: forwarded from the caller: sound buffers, valid until the program's
                 // end.
                 return unsafe {
