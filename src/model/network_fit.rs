@@ -18,6 +18,11 @@
 //!   values whose predictions of the world's all-gathers are closest (relative least
 //!   squares over a grid), the latency being the pair's time less the overhead (a pair's
 //!   lone message pays both once: `t = α + max(o, s/β)`);
+//! * the bandwidth a node's intra-node messages share (`intra.node_bandwidth_gbps`), from
+//!   every node's large all-gather inside the node run at once, where the pairs' links do
+//!   not already explain its time: the model's own prediction of it brought to the
+//!   measurement (on one machine emulating the cluster, the nodes' copies share its memory
+//!   and cores, and the hierarchy's intra-node phases took 4–5× what the pair's link gives);
 //! * with them, the wake-up latency each message pays in the busy world, where ranks
 //!   outnumber the cores and wait to be scheduled ([`super::profile::Oversub::per_message_us`];
 //!   beside MPI's busy-polling progress under `mpiexec`, the flat ring's 1 KiB all-gather
@@ -49,6 +54,10 @@ pub struct NetworkTimings {
     pub intra_pair: Vec<(usize, f64)>,
     /// The whole world's small all-gathers: (algorithm, bytes, seconds of the slowest rank).
     pub world: Vec<(Algorithm, usize, f64)>,
+    /// Every node's ring all-gather inside the node, all nodes at once: (bytes per rank,
+    /// seconds of the slowest rank). Where several nodes share a machine their copies share
+    /// its memory and cores: the node's share of them bounds what its intra-node phases move.
+    pub intra_all: Option<(usize, f64)>,
 }
 
 /// Bandwidth (bytes/s, from the slope of the three largest sizes less the all-gather's local
@@ -213,8 +222,41 @@ pub fn fit(base: &Profile, m: &NetworkTimings) -> Result<(Profile, f64)> {
             r.max(1.0 / r)
         })
         .fold(1.0, f64::max);
+    let mut out = out;
+    if let Some(bus) = node_bus(&out, m) {
+        out.intra.node_bandwidth_gbps = bus / 1e9;
+    }
     out.validate()?;
     Ok((out, worst))
+}
+
+/// The bandwidth (bytes/s) a node's intra-node messages share, from `m.intra_all`, under
+/// `prof`: None where there is no such timing or the links alone explain it. A node's ring
+/// all-gather of `s` bytes per rank moves `M (M − 1) s` bytes; the model's prediction with
+/// the bus set to that over the measured time is brought to the measurement by scaling (the
+/// call is bandwidth-bound at the sizes measured).
+fn node_bus(prof: &Profile, m: &NetworkTimings) -> Option<f64> {
+    let (s, t) = m
+        .intra_all
+        .filter(|&(s, t)| s > 0 && t > 0.0 && t.is_finite())?;
+    let mm = m.ranks_per_node;
+    let node = Topology::uniform(mm, mm);
+    let ring = Algorithm::Flat(crate::plan::LevelAlgo::Ring);
+    let links_only = predict(prof, &node, ring, s);
+    if !(links_only.is_finite() && links_only < 0.95 * t) {
+        return None;
+    }
+    let mut bus = (mm * (mm - 1) * s) as f64 / t;
+    for _ in 0..3 {
+        let mut q = prof.clone();
+        q.intra.node_bandwidth_gbps = bus / 1e9;
+        let pred = predict(&q, &node, ring, s);
+        if !(pred.is_finite() && pred > 0.0) {
+            return None;
+        }
+        bus *= pred / t;
+    }
+    Some(bus)
 }
 
 #[cfg(test)]
@@ -249,6 +291,7 @@ mod tests {
             inter_pair: Vec::new(),
             intra_pair: Vec::new(),
             world: Vec::new(),
+            intra_all: None,
         };
         // The pairs on a 2-node world of one rank per node, and a 1-node world of two (the
         // other nodes idle: as the pair measurement runs).
@@ -273,7 +316,27 @@ mod tests {
             let a: Algorithm = a.parse().unwrap();
             m.world.push((a, 1024, predict(p, &topo, a, 1024)));
         }
+        let node = Topology::uniform(4, 4);
+        let s = 4 << 20;
+        m.intra_all = Some((s, predict(p, &node, Algorithm::Flat(LevelAlgo::Ring), s)));
         m
+    }
+
+    #[test]
+    fn the_bus_a_node_shares_is_found_where_it_binds_and_left_out_where_it_does_not() {
+        let mut t = truth();
+        t.intra.node_bandwidth_gbps = 3.0; // 4 links of 2 GB/s would move 8
+        let (got, _) = fit(&Profile::default(), &timings_of(&t)).unwrap();
+        let bus = got.intra.node_bandwidth_gbps;
+        assert!(
+            (bus / 3.0 - 1.0).abs() < 0.1,
+            "node bus {bus} GB/s, given 3"
+        );
+        let (got, _) = fit(&Profile::default(), &timings_of(&truth())).unwrap();
+        assert_eq!(
+            got.intra.node_bandwidth_gbps, 0.0,
+            "no bus where the links explain it"
+        );
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! * the 2-rank all-gather (ring) between rank 0 and the first rank of node 1, and between
 //!   ranks 0 and 1 of node 0, at 1 KiB … 4 MiB;
 //! * the whole world's 1 KiB all-gather with the flat ring, the hierarchical ring and flat
-//!   recursive doubling (the slowest rank's time).
+//!   recursive doubling (the slowest rank's time);
+//! * every node's 4 MiB ring all-gather inside the node, all nodes at once (the bandwidth a
+//!   node's intra-node messages share where its ranks' copies share a machine).
 //!
 //! The host's own terms (copies, reductions) come from `--base` (a `pccl-tune` profile of one
 //! node, threads), else PCCL's defaults. Nodes that share one machine (network namespaces)
@@ -89,6 +91,24 @@ fn pair(world: &Communicator, members: [usize; 2], quick: bool) -> pccl::Result<
     Ok(out)
 }
 
+/// Bytes per rank of every node's all-gather inside the node, all at once.
+const INTRA_ALL_BYTES: usize = 4 << 20;
+
+/// Every node's ring all-gather of [`INTRA_ALL_BYTES`] per rank inside the node, all nodes
+/// at once: the slowest rank's time.
+fn intra_all(world: &Communicator, quick: bool) -> pccl::Result<f64> {
+    let (node, _) = world.topology().position(world.rank());
+    let ring = cfg_with(Some(Algorithm::Flat(pccl::LevelAlgo::Ring)))?;
+    let sub = world
+        .split_with_config(Some(node as u32), world.rank() as i32, ring)?
+        .expect("every rank passed a color");
+    world.barrier()?;
+    let mine = [slowest(&sub, INTRA_ALL_BYTES, quick)?];
+    let mut worst = [0f64];
+    world.all_reduce(&mine, &mut worst, ReduceOp::Max)?;
+    Ok(worst[0])
+}
+
 /// How many nodes of the world run on this machine (same kernel boot id as node 0).
 fn nodes_per_host(world: &Communicator) -> pccl::Result<usize> {
     let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
@@ -136,6 +156,7 @@ pub fn run(
             .expect("every rank passed a color");
         runs.push((algo, WORLD_BYTES, slowest(&comm, WORLD_BYTES, a.quick)?));
     }
+    let all_nodes = intra_all(world, a.quick)?;
     let per_host = nodes_per_host(world)?;
     if world.rank() != 0 {
         return Ok(None);
@@ -153,6 +174,7 @@ pub fn run(
         inter_pair: inter,
         intra_pair: intra,
         world: runs,
+        intra_all: Some((INTRA_ALL_BYTES, all_nodes)),
     };
     let base = match a.base {
         Some(f) => Profile::load(std::path::Path::new(f))?,
@@ -169,7 +191,9 @@ pub fn run(
     prof.source = format!(
         "pccl-tune --transport {} on {nodes} nodes x {m} ranks ({nics} NICs per node; {per_host} \
          nodes per host of {} cores); host terms from {}. Measured: pair between nodes: {}; \
-         pair in a node: {}; the world's {} B all-gathers: {}; fitted within {worst:.2}x",
+         pair in a node: {}; the world's {} B all-gathers: {}; every node's {} B all-gather \
+         inside it at once: {:.1} ms (a node's messages share {:.2} GB/s; 0: no limit); \
+         fitted within {worst:.2}x",
         a.transport,
         timings.cores,
         a.base.unwrap_or("PCCL's defaults"),
@@ -181,7 +205,10 @@ pub fn run(
             .iter()
             .map(|(al, _, t)| format!("{al} {:.1} us", t * 1e6))
             .collect::<Vec<_>>()
-            .join(", ")
+            .join(", "),
+        INTRA_ALL_BYTES,
+        all_nodes * 1e3,
+        prof.intra.node_bandwidth_gbps
     );
     prof.measured = None;
     Ok(Some((prof, worst, timings)))
