@@ -31,6 +31,10 @@ pub const CONTROL: u32 = 1 << 31;
 /// Marks a refusal whose cause was a timeout, so the peers report a timeout too.
 pub const TIMED_OUT: &str = "[timeout] ";
 
+/// How long a receive that met a later collective's message waits for the board to say why
+/// ([`Faults::explain`]).
+pub const EXPLAIN: Duration = Duration::from_millis(500);
+
 /// How often a blocked wait looks at the board (bounds how late a failure is noticed).
 pub const POLL: Duration = Duration::from_millis(20);
 
@@ -384,6 +388,26 @@ impl Faults {
             .iter()
             .map(|(s, _, _)| *s)
             .collect()
+    }
+
+    /// A message of a later collective (`got`) came from `peer` where one of `want` was
+    /// expected: the peer is done with `want`'s collective without sending this rank its
+    /// message, so the collective failed somewhere and the notice saying so is on its way
+    /// (a refusing rank tells the others one by one, and the peer may have heard first):
+    /// waits up to [`EXPLAIN`] (or `deadline`) for this board to say why, returning that
+    /// error, so the error names the cause rather than the symptom. Same-collective
+    /// mismatches are their own cause: Ok at once.
+    pub fn explain(&self, want: Tag, got: Tag, peer: usize, deadline: Instant) -> Result<()> {
+        self.check(want, peer)?;
+        if seq_of(got) == seq_of(want) {
+            return Ok(());
+        }
+        let until = deadline.min(Instant::now() + EXPLAIN);
+        while Instant::now() < until {
+            self.nap(POLL);
+            self.check(want, peer)?;
+        }
+        Ok(())
     }
 
     /// Sleeps until the board changes or `dur` passes (a waiter's idle step when it has no

@@ -506,8 +506,12 @@ impl ThreadTransport {
                         // The board usually explains it (the peer gave up this collective).
                         self.faults.check(tag, peer)?;
                         if faults::seq_of(head.tag) != faults::seq_of(tag) {
-                            // A later collective's message stays for the call it belongs to.
-                            return Err(faults::mismatch(self.rank, peer, tag, head.tag));
+                            // A later collective's message stays for the call it belongs to;
+                            // the refusal that explains it may still be on its way.
+                            let got = head.tag;
+                            drop(q);
+                            self.faults.explain(tag, got, peer, deadline)?;
+                            return Err(faults::mismatch(self.rank, peer, tag, got));
                         }
                     }
                     let Some(env) = q.pop_front() else { continue };

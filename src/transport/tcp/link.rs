@@ -24,9 +24,6 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// the connection counts as broken.
 const CONTROL_PATIENCE: Duration = Duration::from_secs(1);
 
-/// How long a receive that met a later collective's message waits for the board to say why.
-const EXPLAIN: Duration = Duration::from_millis(500);
-
 /// Why a read of the inbound stream stopped.
 pub(super) enum Stop {
     /// The wait's own reason (the board, the deadline, "not now" for the monitor).
@@ -560,7 +557,7 @@ impl Link {
             if h.tag != tag || h.len != len as u64 {
                 ib.pending = Some(h);
                 drop(ib);
-                self.explain(tag, h.tag, deadline)?;
+                self.faults.explain(tag, h.tag, self.peer, deadline)?;
                 return Err(self.wrong_message(tag, len, h.tag, h.len));
             }
             let trailer = self
@@ -571,24 +568,6 @@ impl Link {
             }
             return Ok(());
         }
-    }
-
-    /// A message of a later collective (`got`) came where one of `want` was expected: the
-    /// peer is done with `want`'s collective without sending this rank its message, so the
-    /// collective failed somewhere and the notice saying so is on its way (from another
-    /// peer, read by the monitor): give the board a moment to explain, so the error names
-    /// the cause rather than the symptom. Same-collective mismatches are their own cause.
-    fn explain(&self, want: Tag, got: Tag, deadline: Instant) -> Result<()> {
-        self.faults.check(want, self.peer)?;
-        if faults::seq_of(got) == faults::seq_of(want) {
-            return Ok(());
-        }
-        let until = deadline.min(Instant::now() + EXPLAIN);
-        while Instant::now() < until {
-            self.faults.nap(faults::POLL);
-            self.faults.check(want, self.peer)?;
-        }
-        Ok(())
     }
 
     fn abandoned(&self, tag: Tag) -> Error {
@@ -636,7 +615,7 @@ impl Link {
                     continue;
                 }
                 if h.tag != tag || h.len != len as u64 {
-                    self.explain(tag, h.tag, deadline)?;
+                    self.faults.explain(tag, h.tag, self.peer, deadline)?;
                     return Err(self.wrong_message(tag, len, h.tag, h.len));
                 }
                 started = true;
