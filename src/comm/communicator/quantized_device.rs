@@ -43,12 +43,12 @@ unsafe fn encode_pieces<D: Device>(
     recs: DevSpan,
     (pieces, len): (usize, usize),
 ) -> Result<bool> {
-    let (rb, eb) = (q.record_bytes(len), len * dtype.size());
+    // SAFETY: forwarded from the caller.
+    unsafe { quantize_pieces(dev, (dtype, q), src, recs, (pieces, len))? };
+    let rb = q.record_bytes(len);
     let sb = 4 * q.blocks(len);
     let mut scales = vec![0u8; sb * pieces];
     for d in 0..pieces {
-        // SAFETY: forwarded from the caller; the spans are cut inside theirs.
-        unsafe { dev.quantize(dtype, q, src.sub(d * eb, eb)?, recs.sub(d * rb, rb)?)? };
         // SAFETY: `scales` holds `sb` bytes at `d * sb` and outlives the synchronisation
         // below.
         unsafe { dev.copy_dtoh(None, scales[d * sb..].as_mut_ptr(), recs.sub(d * rb, sb)?)? };
@@ -57,6 +57,94 @@ unsafe fn encode_pieces<D: Device>(
     Ok(scales
         .chunks_exact(4)
         .all(|s| !f32::from_le_bytes([s[0], s[1], s[2], s[3]]).is_nan()))
+}
+
+/// Queues the encoding of `pieces` consecutive pieces of `len` elements of `dtype` at `src`
+/// into as many records at `recs` (each [`Quant::record_bytes`]`(len)`), on `dev`'s stream.
+///
+/// # Safety
+/// The spans must be device memory of `dev` valid for the pieces and records.
+pub(super) unsafe fn quantize_pieces<D: Device>(
+    dev: &D,
+    (dtype, q): (DType, &Quant),
+    src: DevSpan,
+    recs: DevSpan,
+    (pieces, len): (usize, usize),
+) -> Result<()> {
+    let (rb, eb) = (q.record_bytes(len), len * dtype.size());
+    for d in (0..pieces).filter(|_| len > 0) {
+        // SAFETY: forwarded from the caller; the spans are cut inside theirs.
+        unsafe { dev.quantize(dtype, q, src.sub(d * eb, eb)?, recs.sub(d * rb, rb)?)? };
+    }
+    Ok(())
+}
+
+/// How [`decode_pieces`] writes what it decodes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Decode {
+    /// Record `d` into block `d`, as elements of the type given.
+    Blocks(DType),
+    /// Every record added, in member order, into `f32` sums that hold zeros already.
+    AddToZeros,
+    /// Every record summed in member order into `f32` sums, the first written, not added.
+    Sum,
+}
+
+/// Queues the decoding of `pieces` records of `len` elements at `recs` into `dst` as `how`
+/// says, on `dev`'s stream (sums in the host form's order: its result bit for bit).
+///
+/// # Safety
+/// The spans must be device memory of `dev` valid for the records and what `how` writes.
+pub(super) unsafe fn decode_pieces<D: Device>(
+    dev: &D,
+    q: &Quant,
+    recs: DevSpan,
+    dst: DevSpan,
+    (pieces, len): (usize, usize),
+    how: Decode,
+) -> Result<()> {
+    let rb = q.record_bytes(len);
+    for d in (0..pieces).filter(|_| len > 0) {
+        let rec = recs.sub(d * rb, rb)?;
+        // SAFETY: forwarded from the caller; the spans are cut inside theirs.
+        unsafe {
+            match how {
+                Decode::Blocks(dt) => {
+                    let eb = len * dt.size();
+                    dev.dequantize(dt, q, rec, dst.sub(d * eb, eb)?, false)?
+                }
+                Decode::AddToZeros => dev.dequantize(DType::F32, q, rec, dst, true)?,
+                Decode::Sum => dev.dequantize(DType::F32, q, rec, dst, d > 0)?,
+            }
+        };
+    }
+    Ok(())
+}
+
+/// Queues the copies that arrange `input` (block `r` for rank `r`, `eb` bytes each) into
+/// `units` in the order the two-hop scheme's first hop sends it: unit `j` holds the blocks
+/// of the ranks of local index `j` on every node, in node order (the host form's
+/// arrangement, `crate::plan::two_hop::hop1_piece`).
+///
+/// # Safety
+/// The spans must be device memory of `dev` holding every rank's block.
+pub(super) unsafe fn arrange_units<D: Device>(
+    dev: &D,
+    nodes: &[Vec<usize>],
+    (input, units): (DevSpan, DevSpan),
+    eb: usize,
+) -> Result<()> {
+    let nn = nodes.len();
+    for j in 0..nodes.first().map_or(0, Vec::len) {
+        for (k, r) in crate::plan::two_hop::hop1_piece(nodes, j)
+            .into_iter()
+            .enumerate()
+        {
+            // SAFETY: block `r` of the input into slot (j, k) of the units.
+            unsafe { dev.copy_dtod(units.sub((j * nn + k) * eb, eb)?, input.sub(r * eb, eb)?)? };
+        }
+    }
+    Ok(())
 }
 
 /// What a rank prepared before the agreement: its scratch, and whether its data encodes.
@@ -166,20 +254,8 @@ impl Communicator {
                     rb / 8,
                 )?
             };
-            let eb = n * dt.size();
-            for r in 0..p {
-                // SAFETY: record `r` of ours into block `r` of the caller's output.
-                unsafe {
-                    dev.dequantize(
-                        dt,
-                        &q,
-                        records.sub(r * rb, rb)?,
-                        output.sub(r * eb, eb)?,
-                        false,
-                    )?
-                };
-            }
-            Ok(())
+            // SAFETY: our records into the caller's output, a block per rank.
+            unsafe { decode_pieces(dev, &q, records, output, (p, n), Decode::Blocks(dt)) }
         };
         let mine = |finite| Mine::checked(call, q, (n, p), ("output", recv_elems), finite);
         self.device_quantized(dev, mine, prepare, exchange)
@@ -249,20 +325,8 @@ impl Communicator {
             // index j on every node, in node order (as the host form arranges them).
             let units = if two_hops {
                 let units = take(ib)?;
-                for j in 0..m {
-                    for (k, r) in crate::plan::two_hop::hop1_piece(&nodes, j)
-                        .into_iter()
-                        .enumerate()
-                    {
-                        // SAFETY: block `r` of the input into slot (j, k) of our scratch.
-                        unsafe {
-                            dev.copy_dtod(
-                                units.sub((j * nn + k) * eb, eb)?,
-                                input.sub(r * eb, eb)?,
-                            )?
-                        };
-                    }
-                }
+                // SAFETY: the caller's input into our scratch of the same size.
+                unsafe { arrange_units(dev, &nodes, (input, units), eb)? };
                 units
             } else {
                 input
@@ -405,9 +469,7 @@ fn device_hop<D: Device>(
             recv.addr(),
             rb / 8,
         )?;
-        for d in 0..s {
-            dev.dequantize(DType::F32, q, recv.sub(d * rb, rb)?, acc, true)?;
-        }
+        decode_pieces(dev, q, recv, acc, (s, len), Decode::AddToZeros)?;
     }
     Ok(())
 }

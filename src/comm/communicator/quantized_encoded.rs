@@ -10,6 +10,7 @@
 //! the same collective numbers and the same agreement, so ranks on either form meet.
 
 use super::quantized_agreement::Mine;
+use super::quantized_device::{arrange_units, decode_pieces, quantize_pieces, Decode};
 use super::quantized_halving::QuantScheme;
 use super::quantized_members::Hop;
 use super::Communicator;
@@ -83,10 +84,8 @@ impl<D: Device> Program<'_, D> {
         };
         let mine = self.device_scratch(rb)?;
         let records = self.device_scratch(all)?;
-        if n > 0 {
-            // SAFETY: the caller's shard into our scratch, on the program's stream.
-            unsafe { self.own().quantize(dt, &q, input, mine)? };
-        }
+        // SAFETY: the caller's shard into our scratch, on the program's stream.
+        unsafe { quantize_pieces(self.own(), (dt, &q), input, mine, (1, n))? };
         let what = format!("all_gather_quantized #{} ({count} x {dt})", seqs.0);
         let refusers = vec![(comm.handle(), seqs.0), (comm.handle(), seqs.1)];
         let run = move |mine: &[u8], recs: &mut [u8]| {
@@ -109,19 +108,8 @@ impl<D: Device> Program<'_, D> {
         unsafe {
             self.encoded_section(what, ((mine, rb), (records, all)), refusers, Box::new(run))?
         };
-        for r in (0..p).filter(|_| n > 0) {
-            // SAFETY: record `r` of our scratch into block `r` of the caller's output.
-            unsafe {
-                self.own().dequantize(
-                    dt,
-                    &q,
-                    records.sub(r * rb, rb)?,
-                    output.sub(r * eb, eb)?,
-                    false,
-                )?
-            };
-        }
-        Ok(())
+        // SAFETY: our records into the caller's output, a block per rank.
+        unsafe { decode_pieces(self.own(), &q, records, output, (p, n), Decode::Blocks(dt)) }
     }
 
     /// Queues [`Communicator::reduce_scatter_quantized_with`] of `count` elements per rank
@@ -151,24 +139,11 @@ impl<D: Device> Program<'_, D> {
         // SAFETY: the caller's buffers, of these lengths.
         let (input, output) =
             unsafe { (DevSpan::new(send, ib, ord)?, DevSpan::new(recv, eb, ord)?) };
-        let nodes = comm.topology().nodes().to_vec();
-        // The first hop's pieces in the host form's order (unit j: the blocks of the ranks of
-        // local index j on every node, in node order).
+        // The first hop's pieces in the host form's order.
         let mut payload = if hops.len() == 2 {
             let units = self.device_scratch(ib)?;
-            let nn = nodes.len();
-            for j in 0..nodes.first().map_or(0, Vec::len) {
-                for (k, r) in crate::plan::two_hop::hop1_piece(&nodes, j)
-                    .into_iter()
-                    .enumerate()
-                {
-                    // SAFETY: block `r` of the caller's input into slot (j, k) of our scratch.
-                    unsafe {
-                        self.own()
-                            .copy_dtod(units.sub((j * nn + k) * eb, eb)?, input.sub(r * eb, eb)?)?
-                    };
-                }
-            }
+            // SAFETY: the caller's input into our scratch of the same size.
+            unsafe { arrange_units(self.own(), comm.topology().nodes(), (input, units), eb)? };
             (units, dt)
         } else {
             (input, dt)
@@ -183,15 +158,8 @@ impl<D: Device> Program<'_, D> {
             let total = times(rb, s, "the quantized pieces")?;
             let sent = self.device_scratch(total)?;
             let got = self.device_scratch(total)?;
-            let pe = len * sdt.size();
-            for d in (0..s).filter(|_| len > 0) {
-                // SAFETY: piece `d` of the payload (the caller's input or our sums) into
-                // record `d` of our scratch.
-                unsafe {
-                    self.own()
-                        .quantize(sdt, &q, src.sub(d * pe, pe)?, sent.sub(d * rb, rb)?)?
-                };
-            }
+            // SAFETY: the payload's pieces (the caller's input or our sums) into our records.
+            unsafe { quantize_pieces(self.own(), (sdt, &q), src, sent, (s, len))? };
             let mut refusers = vec![(comm.handle(), hop.1)];
             if i == 0 {
                 refusers.insert(0, (comm.handle(), header));
@@ -216,13 +184,8 @@ impl<D: Device> Program<'_, D> {
                 )?
             };
             let acc = self.device_scratch(times(len, 4, "a hop's sums")?)?;
-            for d in (0..s).filter(|_| len > 0) {
-                // SAFETY: record `d` of our scratch decoded into (or added to) our sums.
-                unsafe {
-                    self.own()
-                        .dequantize(DType::F32, &q, got.sub(d * rb, rb)?, acc, d > 0)?
-                };
-            }
+            // SAFETY: our records summed into our sums.
+            unsafe { decode_pieces(self.own(), &q, got, acc, (s, len), Decode::Sum)? };
             payload = (acc, DType::F32);
         }
         if n > 0 {
