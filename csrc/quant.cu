@@ -5,6 +5,10 @@
 //   pccl_quantize_<dtype>_<bits>(const T* x, u8* rec, u64 n, u32 block, u64 rec_bytes)
 //   pccl_dequantize_<dtype>_<bits>(const u8* rec, T* out, u64 n, u32 block)
 //   pccl_dequantize_add_<bits>(const u8* rec, float* acc, u64 n, u32 block)
+//   pccl_dequantize_many_<dtype>_<bits>(const u8* recs, T* out, u64 n, u32 block, u64 stride,
+//                                       u32 count)
+//   pccl_dequantize_sum_<bits>(const u8* recs, float* acc, u64 n, u32 block, u64 stride,
+//                              u32 count, u32 add_first)
 //   pccl_from_f32_<dtype>(const float* src, T* dst, u64 n, float mul)
 //
 // dtype is f32, f64, f16 or bf16; bits 8 or 4. A record (src/quant/mod.rs) holds ceil(n/block)
@@ -18,7 +22,11 @@
 //
 // Quantize: one thread block per quantization block (grid-stride over the blocks), its threads
 // sharing the block's maximum through shared memory, each element read once (below).
-// Dequantize: element-wise, grid-stride.
+// Dequantize: element-wise, grid-stride. The batched forms take `count` records of `n`
+// elements each, `stride` bytes apart (one launch where a call has a record per rank):
+// `many` decodes record d into out[d * n ..], `sum` adds them to acc in record order (the
+// first stored, or added when add_first), so each element sees the same f32 additions in the
+// same order as `count` launches of the single forms.
 
 #define PCCL_QUANT_MAX_THREADS 1024
 
@@ -207,6 +215,33 @@ __device__ __forceinline__ void dequantize_add_body(const u8* rec, float* acc, u
     }
 }
 
+template <typename T, int BITS>
+__device__ __forceinline__ void dequantize_many_body(const u8* recs, T* out, u64 n, u32 block,
+                                                     u64 stride, u32 count) {
+    const u64 nb = (n + block - 1) / block;
+    const u64 total = n * (u64)count;
+    const u64 nthreads = (u64)gridDim.x * blockDim.x;
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += nthreads) {
+        const u64 d = e / n, i = e - d * n;
+        out[e] = q_store<T>(q_decode<BITS>(recs + d * stride, nb, i, block));
+    }
+}
+
+template <int BITS>
+__device__ __forceinline__ void dequantize_sum_body(const u8* recs, float* acc, u64 n, u32 block,
+                                                    u64 stride, u32 count, u32 add_first) {
+    const u64 nb = (n + block - 1) / block;
+    const u64 nthreads = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += nthreads) {
+        const float first = q_decode<BITS>(recs, nb, i, block);
+        float a = add_first ? __fadd_rn(acc[i], first) : first;
+        for (u32 d = 1; d < count; d++) {
+            a = __fadd_rn(a, q_decode<BITS>(recs + (u64)d * stride, nb, i, block));
+        }
+        acc[i] = a;
+    }
+}
+
 template <typename T> __device__ __forceinline__ void from_f32_body(const float* src, T* dst, u64 n, float mul) {
     const u64 nthreads = (u64)gridDim.x * blockDim.x;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += nthreads) {
@@ -221,6 +256,10 @@ template <typename T> __device__ __forceinline__ void from_f32_body(const float*
     }                                                                                                 \
     extern "C" __global__ void pccl_dequantize_##NAME##_##BITS(const u8* rec, T* out, u64 n, u32 block) { \
         dequantize_body<T, BITS>(rec, out, n, block);                                                 \
+    }                                                                                                 \
+    extern "C" __global__ void pccl_dequantize_many_##NAME##_##BITS(const u8* recs, T* out, u64 n,   \
+                                                                    u32 block, u64 stride, u32 count) { \
+        dequantize_many_body<T, BITS>(recs, out, n, block, stride, count);                            \
     }
 
 #define PCCL_QUANT_BOTH(T, NAME) \
@@ -240,4 +279,12 @@ extern "C" __global__ void pccl_dequantize_add_8(const u8* rec, float* acc, u64 
 }
 extern "C" __global__ void pccl_dequantize_add_4(const u8* rec, float* acc, u64 n, u32 block) {
     dequantize_add_body<4>(rec, acc, n, block);
+}
+extern "C" __global__ void pccl_dequantize_sum_8(const u8* recs, float* acc, u64 n, u32 block,
+                                                 u64 stride, u32 count, u32 add_first) {
+    dequantize_sum_body<8>(recs, acc, n, block, stride, count, add_first);
+}
+extern "C" __global__ void pccl_dequantize_sum_4(const u8* recs, float* acc, u64 n, u32 block,
+                                                 u64 stride, u32 count, u32 add_first) {
+    dequantize_sum_body<4>(recs, acc, n, block, stride, count, add_first);
 }

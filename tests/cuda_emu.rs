@@ -26,6 +26,20 @@ type Quantize = unsafe extern "C" fn(
 ) -> i32;
 type Dequantize =
     unsafe extern "C" fn(*const c_char, i32, *const c_void, *mut c_void, u64, u32, u32, u32) -> i32;
+type DequantizeMany = unsafe extern "C" fn(
+    *const c_char,
+    i32,
+    *const c_void,
+    *mut c_void,
+    u64,
+    u32,
+    u64,
+    u32,
+    u32,
+    u32,
+) -> i32;
+type DequantizeSum =
+    unsafe extern "C" fn(i32, *const c_void, *mut f32, u64, u32, u64, u32, u32, u32, u32) -> i32;
 type FromF32 =
     unsafe extern "C" fn(*const c_char, *const f32, *mut c_void, u64, f32, u32, u32) -> i32;
 
@@ -188,6 +202,7 @@ fn check<T: QuantFloat>(lib: &libloading::Library) {
             }
         }
     }
+    cases += check_batched::<T>(lib);
     // The conversion of the sums (the average's multiply and one rounding).
     let src: Vec<f32> = (0..1000).map(|i| (i as f32 - 500.0) * 1.37e-3).collect();
     let mut out = vec![T::from_f32(0.0); src.len()];
@@ -207,6 +222,114 @@ fn check<T: QuantFloat>(lib: &libloading::Library) {
     let want: Vec<T> = src.iter().map(|v| T::from_f32(v * 0.25)).collect();
     assert_eq!(super_bits(&out), super_bits(&want), "{}: convert", T::DTYPE);
     println!("{}: {cases} cases identical to the host kernels", T::DTYPE);
+}
+
+/// The batched decodes (one launch for the records of every rank): `count` records end to
+/// end decode into `count` blocks exactly as the host decodes each, and sum into f32 in
+/// record order exactly as the host adds them (the first stored, or added to what the sums
+/// held) — the same bits as one launch per record. Returns the cases checked.
+fn check_batched<T: QuantFloat>(lib: &libloading::Library) -> usize {
+    // SAFETY: the emulator's exported functions, with the signatures above.
+    let (many, sum) = unsafe {
+        (
+            *lib.get::<DequantizeMany>(b"emu_dequantize_many").unwrap(),
+            *lib.get::<DequantizeSum>(b"emu_dequantize_sum").unwrap(),
+        )
+    };
+    let dt = CString::new(T::DTYPE.name()).unwrap();
+    let mut cases = 0;
+    for (bits_, block, n) in [
+        (8u32, 32usize, 257usize),
+        (4, 32, 31),
+        (4, 128, 2600),
+        (8, 2048, 2600),
+    ] {
+        for count in [1usize, 3] {
+            let q = Quant {
+                bits: bits_,
+                block,
+                allow_nonfinite: false,
+            };
+            let rb = q.record_bytes(n);
+            let mut recs = vec![0u8; rb * count];
+            let mut decoded: Vec<Vec<T>> = Vec::new();
+            let mut decoded_f32: Vec<Vec<f32>> = Vec::new();
+            for (d, rec) in recs.chunks_mut(rb).enumerate() {
+                quant::quantize(&q, &data::<T>(n, n + 17 * d, false), rec).unwrap();
+                let mut back = vec![T::from_f32(0.0); n];
+                quant::dequantize(&q, rec, &mut back).unwrap();
+                decoded.push(back);
+                let mut back32 = vec![0f32; n];
+                quant::dequantize(&q, rec, &mut back32).unwrap();
+                decoded_f32.push(back32);
+            }
+            for (grid, threads) in [(1u32, 32u32), (3, 64)] {
+                let tag = format!(
+                    "{} int{bits_} block {block} n {n} x {count} grid {grid}x{threads}",
+                    T::DTYPE
+                );
+                let mut out = vec![T::from_f32(-9.0); n * count];
+                // SAFETY: `recs` holds `count` records `rb` apart, `out` count × n elements.
+                let rc = unsafe {
+                    many(
+                        dt.as_ptr(),
+                        bits_ as i32,
+                        recs.as_ptr().cast(),
+                        out.as_mut_ptr().cast(),
+                        n as u64,
+                        block as u32,
+                        rb as u64,
+                        count as u32,
+                        grid,
+                        threads,
+                    )
+                };
+                assert_eq!(rc, 0, "{tag}");
+                assert_eq!(
+                    super_bits(&out),
+                    super_bits(&decoded.concat()),
+                    "{tag}: batched"
+                );
+                for add_first in [false, true] {
+                    let start: Vec<f32> = (0..n).map(|i| i as f32 * 0.37 - 5.0).collect();
+                    let mut host = if add_first {
+                        start.clone()
+                    } else {
+                        decoded_f32[0].clone()
+                    };
+                    for piece in decoded_f32.iter().skip(usize::from(!add_first)) {
+                        for (h, x) in host.iter_mut().zip(piece) {
+                            *h += *x;
+                        }
+                    }
+                    let mut acc = start;
+                    // SAFETY: as above, `acc` n f32.
+                    let rc = unsafe {
+                        sum(
+                            bits_ as i32,
+                            recs.as_ptr().cast(),
+                            acc.as_mut_ptr(),
+                            n as u64,
+                            block as u32,
+                            rb as u64,
+                            count as u32,
+                            u32::from(add_first),
+                            grid,
+                            threads,
+                        )
+                    };
+                    assert_eq!(rc, 0, "{tag}");
+                    assert_eq!(
+                        bits(&acc),
+                        bits(&host),
+                        "{tag}: summed (add_first {add_first})"
+                    );
+                }
+                cases += 1;
+            }
+        }
+    }
+    cases
 }
 
 /// Bit patterns of the values as stored (NaN payloads included: the host's and the kernels'

@@ -93,6 +93,38 @@ fn after_a_partition_the_majority_shrinks_and_goes_on_and_the_minority_stops() {
     }
 }
 
+/// The isolated rank arrives late, after its peers' first messages of the partitioned call
+/// were already queued for it: with whole-vector recursive doubling those are all it needs
+/// (its partner's vector, then the far pair's sum), yet they are lost with the partition
+/// like the ones sent after it, so it fails as the others do instead of finishing alone.
+/// (Seen once in CI, 2026-11-28: the late rank's call succeeded.)
+#[test]
+fn a_rank_isolated_late_loses_what_was_queued_for_it_too() {
+    let timeout = 1.0;
+    let side = vec![1];
+    let config = Config {
+        algo: Some(pccl::Algorithm::VectorRd),
+        ..cfg(timeout, at_one(&side, FaultKind::Isolate))
+    };
+    let out = Communicator::run_threads(4, config, |comm| {
+        run_checked(&comm, 2, 100).expect("the collective before the fault");
+        if comm.rank() == 1 {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let failed = run_checked(&comm, 2, 1000).err();
+        let t0 = Instant::now();
+        let sub = comm.shrink_to_survivors();
+        let took = t0.elapsed();
+        let size = sub.map(|s| {
+            run_checked(&s, 2, 333).expect("all-reduce among the survivors");
+            s.size()
+        });
+        (failed, size, took)
+    })
+    .unwrap();
+    check_partition(&out, &side, timeout, "late");
+}
+
 #[test]
 fn an_even_split_stops_both_sides() {
     let out = Communicator::run_threads(

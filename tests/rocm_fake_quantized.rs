@@ -13,7 +13,7 @@ mod common;
 mod harness;
 
 use half::{bf16, f16};
-use harness::{fake_hook, is_child, with_fake_runtime};
+use harness::{fake_batch_launches, fake_hook, is_child, with_fake_runtime};
 use pccl::config::Config;
 use pccl::device::hip::HipDevice;
 use pccl::quant::QuantFloat;
@@ -160,6 +160,29 @@ fn child_device_equals_host() {
         });
         println!("nodes of {m}: equal");
     }
+    // The all-gather decodes every rank's record in one launch: 4 per call in all (one on
+    // each rank's device), not 16.
+    let before = fake_batch_launches();
+    on_nodes(2, |r, c, dev| {
+        let n = 100;
+        let sb = dev.upload(&data::<f32>(r, n)).unwrap();
+        let ob = dev.upload(&vec![0f32; n * 4]).unwrap();
+        // SAFETY: both buffers live on `dev` until the call returns (it blocks).
+        unsafe {
+            c.all_gather_quantized_on::<f32, HipDevice>(
+                dev,
+                (sb.device_ptr(), ob.device_ptr()),
+                (n, n * 4),
+                Quant::INT8,
+            )
+        }
+        .unwrap();
+    });
+    assert_eq!(
+        fake_batch_launches() - before,
+        4,
+        "batched decodes of one all-gather"
+    );
     println!("child-checked");
 }
 

@@ -9,6 +9,19 @@ use crate::error::{Error, Result};
 use crate::quant::Quant;
 use std::ffi::c_void;
 
+/// What [`Device::dequantize_batch`] does with the records it decodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Batch {
+    /// Each record into its own block of the destination, as its element type.
+    Store,
+    /// Every record added to the float32 sums of the destination in record order; the first
+    /// one added to what the sums hold when `add_first`, else stored (a sum's first term).
+    Sum {
+        /// Whether the destination already holds sums the first record adds to.
+        add_first: bool,
+    },
+}
+
 /// A range of device memory: address, length in bytes, and the ordinal of its device.
 /// Made through [`DevSpan::new`] (which checks it) or cut from one with [`DevSpan::sub`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -244,6 +257,22 @@ pub trait Device: Send + Sync + Sized + 'static {
         rec: DevSpan,
         dst: DevSpan,
         accumulate: bool,
+    ) -> Result<()>;
+    /// Decodes `count` records of the same element count, laid end to end in `recs` (each
+    /// [`Quant::record_bytes`] long; `batch` is the count and what to do with them), in one
+    /// launch: with [`Batch::Store`] record `d` into
+    /// block `d` of `dst` (elements of `dtype`), with [`Batch::Sum`] into the float32 sums
+    /// of `dst`, in record order. Bit-identical to `count` calls of [`Device::dequantize`].
+    ///
+    /// # Safety
+    /// As [`Device::quantize`].
+    unsafe fn dequantize_batch(
+        &self,
+        dtype: DType,
+        q: &Quant,
+        recs: DevSpan,
+        dst: DevSpan,
+        batch: (usize, Batch),
     ) -> Result<()>;
     /// `dst = src × mul` rounded to `dtype`, `src` float32 (equal element counts).
     ///

@@ -6,7 +6,7 @@
 
 use super::launch::check_aligned;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
-use crate::device::api::{check_device, DevSpan};
+use crate::device::api::{check_device, Batch, DevSpan};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::quant::Quant;
@@ -21,11 +21,14 @@ pub(crate) fn kernel_names() -> Vec<String> {
         for bits in [8, 4] {
             v.push(format!("pccl_quantize_{}_{bits}", d.name()));
             v.push(format!("pccl_dequantize_{}_{bits}", d.name()));
+            v.push(format!("pccl_dequantize_many_{}_{bits}", d.name()));
         }
         v.push(format!("pccl_from_f32_{}", d.name()));
     }
-    v.push("pccl_dequantize_add_8".into());
-    v.push("pccl_dequantize_add_4".into());
+    for bits in [8, 4] {
+        v.push(format!("pccl_dequantize_add_{bits}"));
+        v.push(format!("pccl_dequantize_sum_{bits}"));
+    }
     v
 }
 
@@ -113,6 +116,115 @@ pub(crate) fn check_quant(
         rec_bytes: rec_len as u64,
         blocks: q.blocks(n) as u64,
     })
+}
+
+/// A checked batched dequantize: its kernel, elements per record, the records' stride and
+/// count, and the elements the launch covers (`n × count` stored, `n` summed).
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct BatchLaunch {
+    /// The kernel's name.
+    pub kernel: String,
+    /// Elements per record.
+    pub n: u64,
+    /// Elements per scale.
+    pub block: u32,
+    /// Bytes from one record to the next ([`Quant::record_bytes`] of `n`).
+    pub stride: u64,
+    /// Records.
+    pub count: u32,
+    /// Output elements: the threads' work items.
+    pub work: u64,
+    /// [`Batch::Sum`]'s `add_first` as the kernel takes it.
+    pub add_first: u32,
+}
+
+/// Checks a batched dequantize of `count` records at `(recs, recs_len)` into the elements of
+/// `dtype` at `(elems, elem_bytes)`: [`check_quant`]'s rules for each record, which must all
+/// hold the same number of elements, end to end; at least one record; `f32` sums for
+/// [`Batch::Sum`].
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+pub(crate) fn check_batch(
+    (dtype, q): (DType, &Quant),
+    (count, how): (usize, Batch),
+    (elems, elem_bytes): (u64, usize),
+    (recs, recs_len): (u64, usize),
+) -> Result<BatchLaunch> {
+    let count32 = u32::try_from(count)
+        .ok()
+        .filter(|&c| c > 0)
+        .ok_or_else(|| Error::internal(format!("a batched dequantize of {count} records")))?;
+    let per_elems = match how {
+        Batch::Store if elem_bytes % count != 0 => {
+            return Err(Error::internal(format!(
+                "{elem_bytes} bytes of output do not split into {count} equal blocks"
+            )))
+        }
+        Batch::Store => elem_bytes / count,
+        Batch::Sum { .. } => elem_bytes,
+    };
+    if recs_len % count != 0 {
+        return Err(Error::internal(format!(
+            "{recs_len} bytes of records do not split into {count} equal records"
+        )));
+    }
+    let decode = match how {
+        Batch::Store => Decode::Store,
+        Batch::Sum { .. } => Decode::Accumulate,
+    };
+    // The first record and its block stand for all (equal lengths, one alignment).
+    let one = check_quant(
+        dtype,
+        q,
+        Some(decode),
+        (elems, per_elems),
+        (recs, recs_len / count),
+    )?;
+    let (e_end, r_end) = (elems + elem_bytes as u64, recs + recs_len as u64);
+    if elem_bytes > 0 && elems < r_end && recs < e_end {
+        return Err(Error::internal(
+            "quantization records overlap the data they decode into",
+        ));
+    }
+    let (kernel, work, add_first) = match how {
+        Batch::Store => (
+            format!("pccl_dequantize_many_{}_{}", dtype.name(), q.bits),
+            one.n * u64::from(count32),
+            0,
+        ),
+        Batch::Sum { add_first } => (
+            format!("pccl_dequantize_sum_{}", q.bits),
+            one.n,
+            u32::from(add_first),
+        ),
+    };
+    Ok(BatchLaunch {
+        kernel,
+        n: one.n,
+        block: one.block,
+        stride: one.rec_bytes,
+        count: count32,
+        work,
+        add_first,
+    })
+}
+
+/// [`check_batch`] on spans of the device `ordinal` of a `vendor` handle.
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+pub(crate) fn check_batch_spans(
+    (vendor, ordinal): (&str, usize),
+    (dtype, q): (DType, &Quant),
+    (count, how): (usize, Batch),
+    elems: DevSpan,
+    recs: DevSpan,
+) -> Result<BatchLaunch> {
+    check_device(vendor, ordinal, &[elems, recs])?;
+    check_batch(
+        (dtype, q),
+        (count, how),
+        (elems.addr(), elems.len()),
+        (recs.addr(), recs.len()),
+    )
 }
 
 /// [`check_quant`] on spans of the device `ordinal` of a `vendor` handle: `elems` (the data)
@@ -206,7 +318,52 @@ mod tests {
         );
         assert!(check_from_f32(DType::F16, (0x1000, 40), (0x2000, 22)).is_err());
         let names = kernel_names();
-        assert_eq!(names.len(), 4 * 5 + 2);
+        assert_eq!(names.len(), 4 * 7 + 4);
         assert!(names.iter().all(|n| n.starts_with("pccl_")));
+    }
+
+    #[cfg(any(feature = "cuda", feature = "rocm"))]
+    #[test]
+    fn batched_dequantize_launches_are_checked() {
+        let q = Quant {
+            bits: 8,
+            block: 64,
+            allow_nonfinite: false,
+        };
+        let rb = q.record_bytes(100);
+        let l = check_batch(
+            (DType::BF16, &q),
+            (3, Batch::Store),
+            (0x10000, 3 * 200),
+            (0x20000, 3 * rb),
+        )
+        .unwrap();
+        assert_eq!(l.kernel, "pccl_dequantize_many_bf16_8");
+        assert_eq!((l.n, l.stride, l.count, l.work), (100, rb as u64, 3, 300));
+        let sum = Batch::Sum { add_first: true };
+        let l = check_batch(
+            (DType::F32, &q),
+            (4, sum),
+            (0x10000, 400),
+            (0x20000, 4 * rb),
+        )
+        .unwrap();
+        assert_eq!(l.kernel, "pccl_dequantize_sum_8");
+        assert_eq!((l.n, l.count, l.work, l.add_first), (100, 4, 100, 1));
+        // No records, unequal splits, a record of the wrong length, sums in bf16, overlap.
+        let e = (0x10000, 400);
+        assert!(check_batch((DType::F32, &q), (0, sum), e, (0x20000, 0)).is_err());
+        assert!(check_batch((DType::F32, &q), (3, sum), e, (0x20000, 4 * rb)).is_err());
+        assert!(check_batch((DType::F32, &q), (4, sum), e, (0x20000, 4 * rb + 32)).is_err());
+        let bf = (0x10000, 200);
+        assert!(check_batch((DType::BF16, &q), (4, sum), bf, (0x20000, 4 * rb)).is_err());
+        assert!(check_batch(
+            (DType::F32, &q),
+            (3, Batch::Store),
+            (0x10000, 7),
+            (0x20000, 3 * rb)
+        )
+        .is_err());
+        assert!(check_batch((DType::F32, &q), (4, sum), e, (0x10100, 4 * rb)).is_err());
     }
 }

@@ -524,6 +524,35 @@ mod tests {
     }
 
     #[test]
+    fn a_later_collectives_message_waits_for_the_refusal_that_explains_it() {
+        let f = std::sync::Arc::new(Faults::default());
+        let far = Instant::now() + Duration::from_secs(30);
+        // Same collective, other call: its own cause, no wait.
+        let t0 = Instant::now();
+        assert!(f.explain(stamp(3, 1), stamp(3, 2), 1, far).is_ok());
+        assert!(t0.elapsed() < POLL);
+        // Collective #4's message where #3's was expected; the refusal of #3 by rank 2
+        // arrives 100 ms later: the error names it.
+        let g = std::sync::Arc::clone(&f);
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            g.refuse(3, 2, "short buffer");
+        });
+        let e = f.explain(stamp(3, 1), stamp(4, 1), 1, far).unwrap_err();
+        late.join().unwrap();
+        assert!(e.message().contains("rank 2 refused collective #3"), "{e}");
+        // Nothing arrives: Ok after EXPLAIN (the caller reports the mismatch), or sooner at
+        // the collective's deadline.
+        let t0 = Instant::now();
+        assert!(f.explain(stamp(5, 1), stamp(6, 1), 1, far).is_ok());
+        assert!(t0.elapsed() >= EXPLAIN && t0.elapsed() < EXPLAIN * 4);
+        let t0 = Instant::now();
+        let soon = Instant::now() + Duration::from_millis(50);
+        assert!(f.explain(stamp(5, 1), stamp(6, 1), 1, soon).is_ok());
+        assert!(t0.elapsed() < EXPLAIN);
+    }
+
+    #[test]
     fn board_reports_refusals_deaths_and_aborts() {
         let f = Faults::default();
         assert!(f.check(stamp(1, 5), 2).is_ok());

@@ -431,6 +431,20 @@ impl ThreadTransport {
         }
         let mut q = lock(&ch.queue);
         loop {
+            if !self.hub.reachable(src, self.world[self.rank]) {
+                // A partition (fault injection): what the other side queued here before it
+                // is lost as well, as if still in flight, so the injected partition takes the
+                // whole collective whatever the ranks' timing (a rank isolated late could
+                // otherwise finish on messages delivered before it was cut off). Their senders
+                // see them delivered, as those of the messages lost on the way ([`Lost`]).
+                while let Some(old) = q.pop_front() {
+                    let mut st = lock(&old.state.state);
+                    if *st == POSTED {
+                        *st = DONE;
+                        old.state.cv.notify_all();
+                    }
+                }
+            }
             if faults::is_control(tag) {
                 // The transport's own traffic (the survivors' agreement) passes whatever a
                 // failed collective or a point-to-point send left queued; earlier control

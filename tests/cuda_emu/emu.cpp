@@ -94,6 +94,27 @@ extern "C" int emu_dequantize(const char* dt, int bits, const void* rec, void* o
     }))
 }
 
+// The batched decodes: `count` records `stride` bytes apart, into `count` blocks of `out`.
+extern "C" int emu_dequantize_many(const char* dt, int bits, const void* recs, void* out, uint64_t n,
+                                   uint32_t block, uint64_t stride, uint32_t count, unsigned grid,
+                                   unsigned threads) {
+    DISPATCH(dt, launch(grid, threads, [=] {
+        if (bits == 8) dequantize_many_body<T, 8>((const u8*)recs, (T*)out, n, block, stride, count);
+        else dequantize_many_body<T, 4>((const u8*)recs, (T*)out, n, block, stride, count);
+    }))
+}
+
+// ... or summed in record order into f32 sums (the first stored unless add_first).
+extern "C" int emu_dequantize_sum(int bits, const void* recs, float* acc, uint64_t n, uint32_t block,
+                                  uint64_t stride, uint32_t count, uint32_t add_first, unsigned grid,
+                                  unsigned threads) {
+    launch(grid, threads, [=] {
+        if (bits == 8) pccl_dequantize_sum_8((const u8*)recs, acc, n, block, stride, count, add_first);
+        else pccl_dequantize_sum_4((const u8*)recs, acc, n, block, stride, count, add_first);
+    });
+    return 0;
+}
+
 extern "C" int emu_from_f32(const char* dt, const float* src, void* dst, uint64_t n, float mul, unsigned grid,
                             unsigned threads) {
     DISPATCH(dt, launch(grid, threads, [=] { from_f32_body<T>(src, (T*)dst, n, mul); }))

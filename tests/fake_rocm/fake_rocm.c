@@ -500,9 +500,29 @@ static int dequantize(const char* dt, int bits, const unsigned char* rec, void* 
     return 0;
 }
 
+/* The batched decodes: `count` records `stride` bytes apart, record d into out[d * n ..]
+ * (dt a dtype), or (dt "sum") added in record order to f32 sums, the first stored unless
+ * add_first: as `count` single decodes in that order. */
+static int dequantize_batch(const char* dt, int bits, const unsigned char* recs, void* out,
+                            uint64_t n, uint64_t block, uint64_t stride, uint32_t count,
+                            uint32_t add_first) {
+    if (strcmp(dt, "sum")) {
+        size_t es = !strcmp(dt, "f32") ? 4 : !strcmp(dt, "f64") ? 8 : 2;
+        for (uint32_t d = 0; d < count; d++)
+            dequantize(dt, bits, recs + d * stride, (char*)out + d * n * es, n, block);
+        return 0;
+    }
+    for (uint32_t d = 0; d < count; d++) {
+        if (d == 0 && !add_first) dequantize("f32", bits, recs, out, n, block);
+        else dequantize("add", bits, recs + d * stride, out, n, block);
+    }
+    return 0;
+}
+
 /* A kernel launch, its arguments read when it is queued (as HIP copies them). */
 typedef struct {
-    int kind; /* 'r' reduce, 'd' divide, 't' transpose, 'q' quantize, 'u' dequantize, 'c' from f32 */
+    int kind; /* 'r' reduce, 'd' divide, 't' transpose, 'q' quantize, 'u' dequantize,
+                 'm' batched dequantize, 'c' from f32 */
     char dt[8], op;
     void* d;
     const void *a, *b;
@@ -510,6 +530,7 @@ typedef struct {
     size_t blk;
     unsigned char divisor[8];
     int bits;
+    uint32_t count, add_first;
 } Launch;
 static int known_dtype(const char* dt) {
     static const char* all[] = {"i8", "u8", "i32", "u32", "i64", "u64", "f16", "bf16", "f32", "f64"};
@@ -522,6 +543,8 @@ static int launch_run(void* p) {
     if (l->kind == 'd') return divide(l->dt, l->d, l->n, l->divisor);
     if (l->kind == 'q') return quantize(l->dt, l->bits, l->a, l->d, l->n, l->blk, l->M);
     if (l->kind == 'u') return dequantize(l->dt, l->bits, l->a, l->d, l->n, l->blk);
+    if (l->kind == 'm')
+        return dequantize_batch(l->dt, l->bits, l->a, l->d, l->n, l->blk, l->M, l->count, l->add_first);
     if (l->kind == 'c') {
         float mul; memcpy(&mul, l->divisor, 4);
         for (uint64_t i = 0; i < l->n; i++) qstore(l->dt, l->d, i, ((const float*)l->a)[i] * mul);
@@ -536,6 +559,9 @@ static int launch_run(void* p) {
 /* Test hooks (called through dlsym by tests/rocm_fake.rs): from now on every kernel launch
  * fails; from now on rank r's RCCL collectives fail (as FAKE_RCCL_FAIL_RANK). */
 static int fail_launches, fail_rank = -1;
+/* Batched decodes launched so far (tests/rocm_fake_quantized.rs: one per call, not per rank). */
+static long batch_launches;
+long fake_hip_batch_launches(void) { return __atomic_load_n(&batch_launches, __ATOMIC_SEQ_CST); }
 void fake_hip_fail_launches_from_now(void) { __atomic_store_n(&fail_launches, 1, __ATOMIC_SEQ_CST); }
 void fake_rccl_fail_rank_from_now(int r) { __atomic_store_n(&fail_rank, r, __ATOMIC_SEQ_CST); }
 
@@ -564,6 +590,28 @@ E hipModuleLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
         l.kind = 'd';
         l.d = *(void**)a[0]; l.n = *(uint64_t*)a[1];
         memcpy(l.divisor, a[3], strcmp(l.dt, "f64") ? 4 : 8);
+    } else if (!strncmp(k, "pccl_dequantize_many_", 21) || !strncmp(k, "pccl_dequantize_sum_", 20)) {
+        int sum = k[16] == 's';
+        const char* rest = k + (sum ? 20 : 21);
+        if (sum) {
+            strcpy(l.dt, "sum");
+            l.bits = atoi(rest);
+        } else {
+            const char* us = strrchr(rest, '_');
+            if (!us || us - rest >= 8 || us == rest) return 98;
+            memcpy(l.dt, rest, us - rest);
+            l.bits = atoi(us + 1);
+            if (strcmp(l.dt, "f16") && strcmp(l.dt, "bf16") && strcmp(l.dt, "f32") && strcmp(l.dt, "f64"))
+                return 98;
+        }
+        if (l.bits != 8 && l.bits != 4) return 98;
+        l.kind = 'm';
+        /* (recs, out, n, block, stride, count[, add_first]) */
+        l.a = *(void**)a[0]; l.d = *(void**)a[1]; l.n = *(uint64_t*)a[2]; l.blk = *(uint32_t*)a[3];
+        l.M = *(uint64_t*)a[4]; l.count = *(uint32_t*)a[5];
+        l.add_first = sum ? *(uint32_t*)a[6] : 0;
+        if (l.blk < 32 || (l.blk & (l.blk - 1)) || l.count == 0) return 1;
+        __atomic_add_fetch(&batch_launches, 1, __ATOMIC_SEQ_CST);
     } else if (!strncmp(k, "pccl_quantize_", 14) || !strncmp(k, "pccl_dequantize_", 16)) {
         int enc = k[5] == 'q';
         const char* rest = k + (enc ? 14 : 16);

@@ -163,6 +163,21 @@ pub fn fake_hook(name: &str, arg: Option<i32>) {
     }
 }
 
+/// Batched decodes (`pccl_dequantize_many_*`, `pccl_dequantize_sum_*`) the fake runtime has
+/// launched so far (every thread's).
+pub fn fake_batch_launches() -> i64 {
+    let path = std::env::var("PCCL_HIP_LIBRARY").expect("the child runs on the fake runtime");
+    // SAFETY: as in `fake_hook`; the hook is `long fake_hip_batch_launches(void)`.
+    unsafe {
+        let lib = libloading::Library::new(&path).unwrap();
+        let n = lib
+            .get::<unsafe extern "C" fn() -> std::ffi::c_long>(b"fake_hip_batch_launches")
+            .unwrap()();
+        std::mem::forget(lib);
+        n as i64
+    }
+}
+
 /// Events the fake runtime has made so far (every thread's).
 pub fn fake_events_created() -> i64 {
     let path = std::env::var("PCCL_HIP_LIBRARY").expect("the child runs on the fake runtime");

@@ -11,7 +11,7 @@
 use super::quantized_agreement::Mine;
 use super::quantized_halving::QuantScheme;
 use super::Communicator;
-use crate::device::api::{DevSpan, Device};
+use crate::device::api::{Batch, DevSpan, Device};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::quant::{Quant, QuantFloat};
@@ -103,22 +103,18 @@ pub(super) unsafe fn decode_pieces<D: Device>(
     (pieces, len): (usize, usize),
     how: Decode,
 ) -> Result<()> {
-    let rb = q.record_bytes(len);
-    for d in (0..pieces).filter(|_| len > 0) {
-        let rec = recs.sub(d * rb, rb)?;
-        // SAFETY: forwarded from the caller; the spans are cut inside theirs.
-        unsafe {
-            match how {
-                Decode::Blocks(dt) => {
-                    let eb = len * dt.size();
-                    dev.dequantize(dt, q, rec, dst.sub(d * eb, eb)?, false)?
-                }
-                Decode::AddToZeros => dev.dequantize(DType::F32, q, rec, dst, true)?,
-                Decode::Sum => dev.dequantize(DType::F32, q, rec, dst, d > 0)?,
-            }
-        };
+    if pieces == 0 || len == 0 {
+        return Ok(());
     }
-    Ok(())
+    // One launch for every record (an all-gather has one per rank).
+    let recs = recs.sub(0, pieces * q.record_bytes(len))?;
+    let (dtype, dst, batch) = match how {
+        Decode::Blocks(dt) => (dt, dst.sub(0, pieces * len * dt.size())?, Batch::Store),
+        Decode::AddToZeros => (DType::F32, dst, Batch::Sum { add_first: true }),
+        Decode::Sum => (DType::F32, dst, Batch::Sum { add_first: false }),
+    };
+    // SAFETY: forwarded from the caller; the spans are cut inside theirs.
+    unsafe { dev.dequantize_batch(dtype, q, recs, dst, (pieces, batch)) }
 }
 
 /// Queues the copies that arrange `input` (block `r` for rank `r`, `eb` bytes each) into

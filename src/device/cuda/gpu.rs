@@ -2,7 +2,7 @@
 //! kernels on [`DevSpan`]s.
 
 use super::{CudaDevice, PinnedBuffer, StreamGate};
-use crate::device::api::{check_device, DevSpan, Device, GateReleaser, PinnedHost};
+use crate::device::api::{check_device, Batch, DevSpan, Device, GateReleaser, PinnedHost};
 use crate::device::nccl_abi::{self, NcclApi};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
@@ -203,6 +203,17 @@ impl Device for CudaDevice {
         accumulate: bool,
     ) -> Result<()> {
         self.quant_spans(dtype, q, Some(accumulate), dst, rec)
+    }
+
+    unsafe fn dequantize_batch(
+        &self,
+        dtype: DType,
+        q: &Quant,
+        recs: DevSpan,
+        dst: DevSpan,
+        (count, how): (usize, Batch),
+    ) -> Result<()> {
+        self.batch_spans((dtype, q), (count, how), dst, recs)
     }
 
     unsafe fn convert_f32(&self, dtype: DType, src: DevSpan, dst: DevSpan, mul: f32) -> Result<()> {

@@ -3,7 +3,7 @@
 //! spans checked (their device, lengths, alignment) by [`crate::device::quant_launch`].
 
 use super::CudaDevice;
-use crate::device::api::{DevSpan, Device};
+use crate::device::api::{Batch, DevSpan, Device};
 use crate::device::quant_launch;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -53,6 +53,45 @@ impl CudaDevice {
         // rec_bytes)` and `pccl_dequantize[_add]_...(const u8* rec, T* out, u64 n, u32 block)`
         // take exactly these arguments; the buffers hold `n` aligned elements and the
         // record's `rec_bytes` bytes (checked above), kept valid by the caller.
+        unsafe { b.launch(cfg) }
+            .map_err(|e| Error::system(format!("CUDA launch of {} failed: {e}", l.kernel)))?;
+        Ok(())
+    }
+
+    /// Decodes `count` records end to end in `recs` into `elems` in one launch, queued on
+    /// this handle's stream: [`Device::dequantize_batch`].
+    ///
+    /// # Safety
+    /// As [`CudaDevice::quant_spans`].
+    pub(crate) unsafe fn batch_spans(
+        &self,
+        (dtype, q): (DType, &Quant),
+        (count, how): (usize, Batch),
+        elems: DevSpan,
+        recs: DevSpan,
+    ) -> Result<()> {
+        let at = (Self::VENDOR, self.ordinal());
+        let l = quant_launch::check_batch_spans(at, (dtype, q), (count, how), elems, recs)?;
+        let (elems, recs) = (elems.addr(), recs.addr());
+        if l.work == 0 {
+            return Ok(());
+        }
+        let f = self.shared.kernels.get(&l.kernel)?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&recs)
+            .arg(&elems)
+            .arg(&l.n)
+            .arg(&l.block)
+            .arg(&l.stride)
+            .arg(&l.count);
+        if let Batch::Sum { .. } = how {
+            b.arg(&l.add_first);
+        }
+        let cfg = self.config(0, l.work.div_ceil(u64::from(self.shape.threads)));
+        // SAFETY: `pccl_dequantize_many_<dt>_<bits>(const u8* recs, T* out, u64 n, u32
+        // block, u64 stride, u32 count)` and `pccl_dequantize_sum_<bits>(..., u32 add_first)`
+        // take exactly these arguments; the records and the output were checked above
+        // (lengths, alignment, no overlap) and are kept valid by the caller.
         unsafe { b.launch(cfg) }
             .map_err(|e| Error::system(format!("CUDA launch of {} failed: {e}", l.kernel)))?;
         Ok(())

@@ -2,7 +2,7 @@
 //! kernels on [`DevSpan`]s.
 
 use super::*;
-use crate::device::api::{check_device, DevSpan, Device, GateReleaser, PinnedHost};
+use crate::device::api::{check_device, Batch, DevSpan, Device, GateReleaser, PinnedHost};
 use crate::device::nccl_abi::{self, NcclApi};
 use crate::quant::Quant;
 
@@ -388,6 +388,17 @@ impl Device for HipDevice {
         accumulate: bool,
     ) -> Result<()> {
         self.quant_spans(dtype, q, Some(accumulate), dst, rec)
+    }
+
+    unsafe fn dequantize_batch(
+        &self,
+        dtype: DType,
+        q: &Quant,
+        recs: DevSpan,
+        dst: DevSpan,
+        (count, how): (usize, Batch),
+    ) -> Result<()> {
+        self.batch_spans((dtype, q), (count, how), dst, recs)
     }
 
     unsafe fn convert_f32(&self, dtype: DType, src: DevSpan, dst: DevSpan, mul: f32) -> Result<()> {

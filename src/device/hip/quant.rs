@@ -3,7 +3,7 @@
 //! spans checked (their device, lengths, alignment) by [`crate::device::quant_launch`].
 
 use super::HipDevice;
-use crate::device::api::{DevSpan, Device};
+use crate::device::api::{Batch, DevSpan, Device};
 use crate::device::quant_launch;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -65,6 +65,48 @@ impl HipDevice {
                 unsafe { self.launch(&l.kernel, grid, 0, &mut args) }
             }
         }
+    }
+
+    /// Decodes `count` records end to end in `recs` into `elems` in one launch, queued on
+    /// this handle's stream: [`Device::dequantize_batch`].
+    ///
+    /// # Safety
+    /// As [`HipDevice::quant_spans`].
+    pub(crate) unsafe fn batch_spans(
+        &self,
+        (dtype, q): (DType, &Quant),
+        (count, how): (usize, Batch),
+        elems: DevSpan,
+        recs: DevSpan,
+    ) -> Result<()> {
+        let at = (Self::VENDOR, self.ordinal());
+        let l = quant_launch::check_batch_spans(at, (dtype, q), (count, how), elems, recs)?;
+        if l.work == 0 {
+            return Ok(());
+        }
+        let (mut r, mut e, mut n, mut block) = (recs.addr(), elems.addr(), l.n, l.block);
+        let (mut stride, mut count, mut add_first) = (l.stride, l.count, l.add_first);
+        let grid = self.shape.grid_blocks(
+            l.work.div_ceil(u64::from(self.shape.threads)),
+            self.shared.compute_units,
+        );
+        let mut args: [*mut c_void; 7] = [
+            (&mut r as *mut u64).cast(),
+            (&mut e as *mut u64).cast(),
+            (&mut n as *mut u64).cast(),
+            (&mut block as *mut u32).cast(),
+            (&mut stride as *mut u64).cast(),
+            (&mut count as *mut u32).cast(),
+            (&mut add_first as *mut u32).cast(),
+        ];
+        let used = match how {
+            Batch::Store => 6,
+            Batch::Sum { .. } => 7,
+        };
+        // SAFETY: `pccl_dequantize_many_<dt>_<bits>(const u8* recs, T* out, u64 n, u32
+        // block, u64 stride, u32 count)` takes the first six, `pccl_dequantize_sum_<bits>`
+        // all seven; the buffers were checked above and are kept valid by the caller.
+        unsafe { self.launch(&l.kernel, grid, 0, &mut args[..used]) }
     }
 
     /// `dst = src × mul` rounded to `dtype` (`src` float32 sums), queued on the stream:

@@ -447,6 +447,9 @@ pub fn recv(
     let check = |i: usize, c: &super::sys::Comp| -> Result<()> {
         let plen = plen_of(i);
         if c.tag != tag {
+            // A later collective's piece: the peer gave this one up, and the refusal saying
+            // why may still be on its way (as on the TCP and thread transports).
+            sh.ctl.faults().explain(tag, c.tag, peer, deadline)?;
             return Err(faults::mismatch(sh.rank, peer, tag, c.tag));
         }
         if c.err == super::sys::FI_ETRUNC {
