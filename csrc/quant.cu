@@ -221,9 +221,18 @@ __device__ __forceinline__ void dequantize_many_body(const u8* recs, T* out, u64
     const u64 nb = (n + block - 1) / block;
     const u64 total = n * (u64)count;
     const u64 nthreads = (u64)gridDim.x * blockDim.x;
-    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += nthreads) {
-        const u64 d = e / n, i = e - d * n;
+    // Element e is element i of record d; both step without a division per element.
+    const u64 dq = nthreads / n, dr = nthreads - dq * n;
+    u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64 d = e / n, i = e - d * n;
+    for (; e < total; e += nthreads) {
         out[e] = q_store<T>(q_decode<BITS>(recs + d * stride, nb, i, block));
+        d += dq;
+        i += dr;
+        if (i >= n) {
+            i -= n;
+            d++;
+        }
     }
 }
 

@@ -238,13 +238,16 @@ fn check_batched<T: QuantFloat>(lib: &libloading::Library) -> usize {
     };
     let dt = CString::new(T::DTYPE.name()).unwrap();
     let mut cases = 0;
+    // n = 40 × 5 records on 3 × 64 threads: a thread's elements cross records (several
+    // records per grid stride).
     for (bits_, block, n) in [
         (8u32, 32usize, 257usize),
         (4, 32, 31),
+        (8, 32, 40),
         (4, 128, 2600),
         (8, 2048, 2600),
     ] {
-        for count in [1usize, 3] {
+        for count in [1usize, 3, 5] {
             let q = Quant {
                 bits: bits_,
                 block,

@@ -34,7 +34,15 @@ type Outcome = (Option<Error>, Result<usize, Error>, Duration);
 /// Every rank runs a clean all-reduce, a second one that the faults break, then shrinks to
 /// the survivors and (where that works) runs checked collectives on the result.
 fn partition_case(comm: Communicator) -> Outcome {
+    partition_case_late(comm, None)
+}
+
+/// [`partition_case`], rank `late` (if any) starting the broken call 300 ms after the others.
+fn partition_case_late(comm: Communicator, late: Option<usize>) -> Outcome {
     run_checked(&comm, 2, 100).expect("the collective before the fault");
+    if late == Some(comm.rank()) {
+        std::thread::sleep(Duration::from_millis(300));
+    }
     let failed = run_checked(&comm, 2, 1000).err();
     let t0 = Instant::now();
     let sub = comm.shrink_to_survivors();
@@ -106,22 +114,8 @@ fn a_rank_isolated_late_loses_what_was_queued_for_it_too() {
         algo: Some(pccl::Algorithm::VectorRd),
         ..cfg(timeout, at_one(&side, FaultKind::Isolate))
     };
-    let out = Communicator::run_threads(4, config, |comm| {
-        run_checked(&comm, 2, 100).expect("the collective before the fault");
-        if comm.rank() == 1 {
-            std::thread::sleep(Duration::from_millis(300));
-        }
-        let failed = run_checked(&comm, 2, 1000).err();
-        let t0 = Instant::now();
-        let sub = comm.shrink_to_survivors();
-        let took = t0.elapsed();
-        let size = sub.map(|s| {
-            run_checked(&s, 2, 333).expect("all-reduce among the survivors");
-            s.size()
-        });
-        (failed, size, took)
-    })
-    .unwrap();
+    let out =
+        Communicator::run_threads(4, config, |comm| partition_case_late(comm, Some(1))).unwrap();
     check_partition(&out, &side, timeout, "late");
 }
 

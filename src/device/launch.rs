@@ -378,7 +378,7 @@ mod tests {
     #[test]
     fn kernel_name_set() {
         let names = kernel_names();
-        assert_eq!(names.len(), 10 * 4 + 4 + 22 + 10);
+        assert_eq!(names.len(), 10 * 4 + 4 + 32 + 10);
         assert_eq!(
             reduce_kernel(ReduceOp::Avg, DType::BF16),
             "pccl_reduce_bf16_sum"

@@ -163,31 +163,27 @@ pub fn fake_hook(name: &str, arg: Option<i32>) {
     }
 }
 
-/// Batched decodes (`pccl_dequantize_many_*`, `pccl_dequantize_sum_*`) the fake runtime has
-/// launched so far (every thread's).
-pub fn fake_batch_launches() -> i64 {
+/// The fake runtime's counter `name` (a `long name(void)` hook), every thread's so far.
+fn fake_counter(name: &[u8]) -> i64 {
     let path = std::env::var("PCCL_HIP_LIBRARY").expect("the child runs on the fake runtime");
-    // SAFETY: as in `fake_hook`; the hook is `long fake_hip_batch_launches(void)`.
+    // SAFETY: as in `fake_hook`; the counters are `long name(void)`.
     unsafe {
         let lib = libloading::Library::new(&path).unwrap();
         let n = lib
-            .get::<unsafe extern "C" fn() -> std::ffi::c_long>(b"fake_hip_batch_launches")
+            .get::<unsafe extern "C" fn() -> std::ffi::c_long>(name)
             .unwrap()();
         std::mem::forget(lib);
         n as i64
     }
 }
 
+/// Batched decodes (`pccl_dequantize_many_*`, `pccl_dequantize_sum_*`) the fake runtime has
+/// launched so far (every thread's).
+pub fn fake_batch_launches() -> i64 {
+    fake_counter(b"fake_hip_batch_launches")
+}
+
 /// Events the fake runtime has made so far (every thread's).
 pub fn fake_events_created() -> i64 {
-    let path = std::env::var("PCCL_HIP_LIBRARY").expect("the child runs on the fake runtime");
-    // SAFETY: as in `fake_hook`; the hook is `long fake_hip_events_created(void)`.
-    unsafe {
-        let lib = libloading::Library::new(&path).unwrap();
-        let n = lib
-            .get::<unsafe extern "C" fn() -> std::ffi::c_long>(b"fake_hip_events_created")
-            .unwrap()();
-        std::mem::forget(lib);
-        n as i64
-    }
+    fake_counter(b"fake_hip_events_created")
 }
