@@ -33,8 +33,11 @@ features="${PCCL_TEST_FEATURES:-mpi,rocm}"
 export CARGO_TERM_COLOR=never
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 lib="$target_dir/release/libpccl.so"
-if [ "${PCCL_TEST_PREBUILT:-0}" = 1 ] && [ -f "$lib" ]; then
-  echo "== libpccl.so from the cargo test build (features $features)"
+# `cargo test` leaves the library it built in deps/ (cargo copies it up to release/ only for
+# a `cargo build`); test_library_loads checks its features either way.
+if [ "${PCCL_TEST_PREBUILT:-0}" = 1 ] && [ -f "$target_dir/release/deps/libpccl.so" ]; then
+  lib="$target_dir/release/deps/libpccl.so"
+  echo "== $lib from the cargo test build (features $features)"
 else
   echo "== cargo build --release --features $features"
   cargo build --release --features "$features"
