@@ -324,7 +324,10 @@ impl Link {
                 match self.read(s, closed, &mut [IoSliceMut::new(buf)])? {
                     Some(k) => {
                         ib.skip -= k as u64;
-                        if pace.due() {
+                        // Only while bytes are still owed: a reader (the monitor) that
+                        // stopped with the socket drained but input in hand would not be
+                        // woken by poll(2) again.
+                        if ib.skip > 0 && pace.due() {
                             idle()?
                         }
                     }
@@ -343,7 +346,9 @@ impl Link {
                 match self.read(s, closed, &mut [IoSliceMut::new(&mut head[*got..])])? {
                     Some(k) => {
                         ib.got += k;
-                        if pace.due() {
+                        // A whole header is handled at once (see above): left in `head`,
+                        // a notice would wait for the next receive from this peer.
+                        if ib.got < HEADER && pace.due() {
                             idle()?
                         }
                     }
