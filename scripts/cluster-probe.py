@@ -15,7 +15,6 @@ and the NIC floor at 200 Mbit/s (3*SIZE bytes through each NIC).
 
 See docs/CLUSTER.md, "The recursive-doubling excess, explained".
 """
-# raw TCP probe: pattern ring or rd among 4 nodes (1 process per node), N bytes per step
 import socket, sys, time, threading, os
 me=int(sys.argv[1]); n=4; size=int(sys.argv[2]); pat=sys.argv[3]; reps=int(sys.argv[4])
 addr=lambda i: "10.77.0.%d"%(i+1)
