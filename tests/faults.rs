@@ -440,8 +440,13 @@ fn kill_drop_and_corrupt_fail_every_survivor_within_a_second_naming_the_rank() {
                 for (p, m, victim) in [(4, 2, 1), (3, 1, 2), (6, 3, 0)] {
                     let out = fault_case(p, m, algo, which, victim, kind, 30.0);
                     let failed = out.iter().flatten().count();
+                    // A broadcast's victim that only receives may take its message before it
+                    // cuts its links: then every survivor's call is right and succeeds, and
+                    // noticing is the detection `fault_case` asserts on each survivor.
+                    let only_receives =
+                        kind == FaultKind::Drop && *name == "broadcast" && victim != p - 1;
                     assert!(
-                        failed > 0 || kind == FaultKind::Corrupt,
+                        failed > 0 || kind == FaultKind::Corrupt || only_receives,
                         "{kind:?} {name} p{p}: nobody noticed"
                     );
                     for (r, o) in out.iter().enumerate() {
