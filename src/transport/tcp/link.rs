@@ -58,6 +58,9 @@ pub(super) struct Inbox {
     pub(super) pending: Option<Header>,
     /// Bytes of an interrupted or dropped frame still to discard before the next header.
     pub(super) skip: u64,
+    /// The monitor is reading: reads take only what is there and never wait a socket step,
+    /// since the receive that wants this inbox would wait for the monitor that long.
+    pub(super) peek: bool,
     /// EOF or a broken stream was seen: nothing more will arrive.
     closed: bool,
     /// Staging for receives into a sink and for discarded bytes (u64 words keep every dtype
@@ -140,6 +143,7 @@ impl Link {
                 got: 0,
                 pending: None,
                 skip: 0,
+                peek: false,
                 closed: false,
                 scratch: Vec::new(),
             }),
@@ -304,6 +308,7 @@ impl Link {
         idle: &mut dyn FnMut() -> Result<()>,
     ) -> std::result::Result<Header, Stop> {
         let mut pace = Pace::new();
+        let wait = !ib.peek;
         loop {
             if let Some(h) = ib.pending.take() {
                 return Ok(h);
@@ -321,7 +326,7 @@ impl Link {
                     s, scratch, closed, ..
                 } = &mut *ib;
                 let buf = &mut bytemuck::cast_slice_mut::<u64, u8>(scratch)[..n];
-                match self.read(s, closed, &mut [IoSliceMut::new(buf)])? {
+                match self.read_if(wait, s, closed, &mut [IoSliceMut::new(buf)])? {
                     Some(k) => {
                         ib.skip -= k as u64;
                         // Only while bytes are still owed: a reader (the monitor) that
@@ -343,7 +348,7 @@ impl Link {
                     closed,
                     ..
                 } = &mut *ib;
-                match self.read(s, closed, &mut [IoSliceMut::new(&mut head[*got..])])? {
+                match self.read_if(wait, s, closed, &mut [IoSliceMut::new(&mut head[*got..])])? {
                     Some(k) => {
                         ib.got += k;
                         // A whole header is handled at once (see above): left in `head`,
@@ -398,6 +403,32 @@ impl Link {
 
     /// One read step from `s`: `Some(bytes)` or `None` when nothing came; EOF and errors
     /// set `closed` (and record the peer's death unless it said goodbye).
+    /// [`Self::read`], or nothing at once when `wait` is false and no byte is there.
+    fn read_if(
+        &self,
+        wait: bool,
+        s: &mut TcpStream,
+        closed: &mut bool,
+        bufs: &mut [IoSliceMut<'_>],
+    ) -> std::result::Result<Option<usize>, Stop> {
+        if !wait && !self.readable() {
+            return Ok(None);
+        }
+        self.read(s, closed, bufs)
+    }
+
+    /// Whether the socket has bytes to read now.
+    fn readable(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd record for the duration of the call; the descriptor
+        // belongs to the socket this link keeps open.
+        unsafe { libc::poll(&mut p, 1, 0) > 0 }
+    }
+
     fn read(
         &self,
         s: &mut TcpStream,

@@ -45,9 +45,13 @@ fn pump(l: &Link) {
         return;
     }
     let mut not_now = || Err(Error::internal("nothing more to read now"));
+    // Reads never wait: a receive (or a notice's handling) that wants this inbox next must
+    // not wait for the monitor to sit out a socket step on a drained socket.
+    ib.peek = true;
     if let Ok(h) = l.next(&mut ib, &mut not_now) {
         ib.pending = Some(h);
     }
+    ib.peek = false;
 }
 
 fn run(links: &[Arc<Link>], stop: &AtomicBool) {
