@@ -401,8 +401,6 @@ impl Link {
         Stop::Closed
     }
 
-    /// One read step from `s`: `Some(bytes)` or `None` when nothing came; EOF and errors
-    /// set `closed` (and record the peer's death unless it said goodbye).
     /// [`Self::read`], or nothing at once when `wait` is false and no byte is there.
     fn read_if(
         &self,
@@ -429,6 +427,8 @@ impl Link {
         unsafe { libc::poll(&mut p, 1, 0) > 0 }
     }
 
+    /// One read step from `s`: `Some(bytes)` or `None` when nothing came; EOF and errors
+    /// set `closed` (and record the peer's death unless it said goodbye).
     fn read(
         &self,
         s: &mut TcpStream,
