@@ -32,7 +32,7 @@ pub struct ExecOptions {
 }
 
 /// The bits fault injection flips in a damaged stamp (inside the call fingerprint's hash).
-const DAMAGE: Tag = 0x2a5a_5000;
+const DAMAGE: Tag = 0x0a5a_5000;
 
 /// Calls `f(src_elems, piece)` for every part of `pieces` (message offset, length, payload)
 /// that overlaps the message elements `[e0, e0 + src.len())`.
@@ -122,6 +122,16 @@ fn run_phase<T: Element>(
     let mut sends: Vec<Box<dyn SendOp>> = Vec::new();
     let mut first_err: Option<Error> = None;
 
+    // The receives' "ready" go ahead of this rank's own sends (rendezvous transports).
+    for step in &phase.steps {
+        if let Step::Recv { peer, dst } | Step::RecvReduce { peer, dst, .. } = step {
+            let n: usize = segments(dst, |sp| mem.elems(sp))
+                .iter()
+                .map(|s| s.len)
+                .sum();
+            tr.expect(*peer, opt.tag, n * es);
+        }
+    }
     for step in &phase.steps {
         if let Step::Send { peer, src } = step {
             let segs = segments(src, |sp| mem.elems(sp));

@@ -286,6 +286,24 @@ impl Algorithm {
         }
     }
 
+    /// Whether its plans on `nodes` nodes exchange with several peers across the network in
+    /// turn: recursive doubling or halving at the network level over three nodes or more
+    /// (two nodes make one exchange). A receive of such a plan may meet its next partner's
+    /// message while the current one still arrives; both then share the receiver's link and
+    /// the late rank falls further behind (docs/CLUSTER.md: 1.3-2.5x the NIC floor). The
+    /// stamp carries the answer ([`crate::transport::faults::RENDEZVOUS`]), and a transport
+    /// with a rendezvous holds those plans' large messages until their receiver is ready.
+    pub fn rendezvous(self, nodes: usize) -> bool {
+        let network = match self {
+            Algorithm::Flat(l)
+            | Algorithm::Hier { inter: l, .. }
+            | Algorithm::Deep { inter: l, .. }
+            | Algorithm::Overlap { inter: l, .. } => l,
+            Algorithm::VectorRd => LevelAlgo::Rd,
+        };
+        network == LevelAlgo::Rd && nodes >= 3
+    }
+
     /// Pieces per block of the plans it builds (1 but for [`Algorithm::Overlap`] and an
     /// overlapped [`Algorithm::Deep`]).
     pub fn pieces(self) -> usize {

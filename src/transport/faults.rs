@@ -96,13 +96,25 @@ pub const P2P: u32 = 1 << 30;
 pub fn is_p2p(tag: Tag) -> bool {
     call_of(tag) & (P2P | CONTROL) == P2P
 }
+
+/// Fingerprint bit of a collective whose plan exchanges with several peers across the
+/// network in turn (recursive doubling or halving over three or more nodes,
+/// [`crate::plan::Algorithm::rendezvous`]). A transport may hold such a collective's large
+/// messages until their receiver is ready for them: both ends read the choice from the
+/// stamp, so they always agree on it. Set apart from the hash, so with checks off too.
+pub const RENDEZVOUS: u32 = 1 << 29;
+
+/// Whether a stamp is a collective's with [`RENDEZVOUS`] set.
+pub fn is_rendezvous(tag: Tag) -> bool {
+    call_of(tag) & (RENDEZVOUS | P2P | CONTROL) == RENDEZVOUS
+}
 const DTYPES: [&str; 10] = [
     "i8", "u8", "i32", "u32", "i64", "u64", "f16", "bf16", "f32", "f64",
 ];
 const OPS: [&str; 5] = ["sum", "prod", "min", "max", "avg"];
 
 /// Builds a call fingerprint: `kind` indexes the collective names above, `dtype` and `op`
-/// are indices + 1 (0 = none), `detail` is hashed into the next 18 bits.
+/// are indices + 1 (0 = none), `detail` is hashed into the next 17 bits.
 pub fn fingerprint(kind: u32, dtype: u32, op: u32, detail: &[u64]) -> u32 {
     // A multiply-xorshift mix per word: a few nanoseconds per call on the hot path.
     let mut h: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -110,8 +122,8 @@ pub fn fingerprint(kind: u32, dtype: u32, op: u32, detail: &[u64]) -> u32 {
         h = (h ^ d).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         h ^= h >> 31;
     }
-    // 18 bits: bit 30 is [`P2P`], bit 31 [`CONTROL`].
-    let hash = ((h ^ (h >> 29)) as u32) & 0x3_ffff;
+    // 17 bits: bit 29 is [`RENDEZVOUS`], bit 30 [`P2P`], bit 31 [`CONTROL`].
+    let hash = ((h ^ (h >> 29)) as u32) & 0x1_ffff;
     (kind & 0xf) | ((dtype & 0xf) << 4) | ((op & 0xf) << 8) | (hash << 12)
 }
 

@@ -183,6 +183,13 @@ pub trait Transport: Send + Sync {
         unsafe { self.isend(peer, tag, ptr, len) }
     }
 
+    /// Says ahead that a receive of `len` bytes stamped `tag` from `peer` follows in this
+    /// phase (a transport with rendezvous tells the peer it may send). A hint: nothing
+    /// changes for a transport without one.
+    fn expect(&self, peer: usize, tag: Tag, len: usize) {
+        let _ = (peer, tag, len);
+    }
+
     /// [`Transport::recv`] with the message handed to `sink` in pieces of `piece` bytes
     /// (`None`: the creation-time size); see [`Transport::isend_pieces`].
     fn recv_pieces(

@@ -298,6 +298,7 @@ impl TcpTransport {
             monitor: None,
             writers: Vec::new(),
         };
+        let bell = Arc::new(monitor::Bell::new()?);
         // From here on, a failure drops `t`, which stops every thread started so far.
         for (peer, ((s, ring_in), ring_out)) in
             streams.into_iter().zip(inbound).zip(outbound).enumerate()
@@ -306,7 +307,15 @@ impl TcpTransport {
                 t.links.push(None);
                 continue;
             };
-            let link = Arc::new(Link::new(rank, peer, faults.clone(), s, ring_in, ring_out)?);
+            let link = Arc::new(Link::new(
+                rank,
+                peer,
+                faults.clone(),
+                s,
+                ring_in,
+                ring_out,
+                bell.clone(),
+            )?);
             let (tx, rx) = channel();
             let l = link.clone();
             let out = match &link.ring_out {
@@ -325,7 +334,7 @@ impl TcpTransport {
             t.links.push(Some(link));
         }
         let links = t.links.iter().flatten().cloned().collect();
-        t.monitor = Some(monitor::spawn(links, t.stop.clone())?);
+        t.monitor = Some(monitor::spawn(links, bell, t.stop.clone())?);
         Ok(t)
     }
 
@@ -517,6 +526,12 @@ impl Transport for TcpTransport {
     ) -> Result<()> {
         self.link(peer)?
             .recv(tag, len, deadline, Target::Sink(sink, self.chunk))
+    }
+
+    fn expect(&self, peer: usize, tag: Tag, len: usize) {
+        if let Ok(l) = self.link(peer) {
+            l.expect(tag, len);
+        }
     }
 
     fn recv_into(&self, peer: usize, tag: Tag, dst: &mut [u8], deadline: Instant) -> Result<()> {

@@ -176,8 +176,13 @@ impl Inner {
     /// The stamp of collective `seq` running `call` with `plan`: its number and a
     /// fingerprint of the call (collective, dtype, op, counts, root, algorithm).
     pub(super) fn stamp_of<T: Element>(&self, plan: &Plan, call: &Call<T>, seq: u32) -> Tag {
+        let rendezvous = if plan.algorithm.rendezvous(self.topo.nodes().len()) {
+            stamps::RENDEZVOUS
+        } else {
+            0
+        };
         if !self.cfg.checks {
-            return stamp(seq, 0);
+            return stamp(seq, rendezvous);
         }
         let op = call.op as u32 + 1;
         let (kind, op, root) = match call.coll {
@@ -201,7 +206,7 @@ impl Inner {
             (call.input.1 as u64, call.output.1 as u64)
         };
         let detail = [a, b, root, algo, plan.nranks as u64];
-        stamp(seq, stamps::fingerprint(kind, dtype, op, &detail))
+        stamp(seq, stamps::fingerprint(kind, dtype, op, &detail) | rendezvous)
     }
 
     /// Injects the fault `PCCL_FAULT` asks of this rank at collective `seq`, if any; returns

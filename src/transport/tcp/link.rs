@@ -8,6 +8,7 @@ use super::writer::Job;
 use crate::error::{Error, Result};
 use crate::transport::faults::{self, Faults, Tag};
 use crate::transport::shm::{Patience, Ring, ABANDONED, NAP};
+use std::collections::VecDeque;
 use std::io::IoSliceMut;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
@@ -54,13 +55,23 @@ pub(super) struct Inbox {
     /// A partly read header and how many of its bytes arrived.
     head: [u8; HEADER],
     got: usize,
-    /// A data frame whose header was read but whose message nobody took yet.
+    /// A data frame whose header was read but whose message nobody took yet (a large one:
+    /// its payload stays in the socket until its receive reads it).
     pub(super) pending: Option<Header>,
+    /// Small data frames read whole ahead of their receive, oldest first, and the one being
+    /// read (it follows them in the stream). Reading them out of the way lets the control
+    /// frames behind them through: a peer's "ready" must never wait behind a message that
+    /// this rank will only receive later (see [`wire::RENDEZVOUS`]).
+    early: VecDeque<Early>,
+    filling: Option<Early>,
+    /// Payload bytes held in `early` and `filling`.
+    early_bytes: usize,
     /// Bytes of an interrupted or dropped frame still to discard before the next header.
     pub(super) skip: u64,
-    /// The monitor is reading: reads take only what is there and never wait a socket step,
-    /// since the receive that wants this inbox would wait for the monitor that long.
-    pub(super) peek: bool,
+    /// The monitor is reading ahead: reads take only what is there, never wait a step
+    /// (the monitor holding the inbox through a socket step would hold up the receive
+    /// that wants it).
+    peek: bool,
     /// EOF or a broken stream was seen: nothing more will arrive.
     closed: bool,
     /// Staging for receives into a sink and for discarded bytes (u64 words keep every dtype
@@ -68,10 +79,86 @@ pub(super) struct Inbox {
     scratch: Vec<u64>,
 }
 
+/// A small data frame read (or being read) whole ahead of its receive.
+struct Early {
+    head: Header,
+    /// Payload then trailer, in u64 words so that every dtype is aligned.
+    words: Vec<u64>,
+    /// Bytes of payload and trailer read so far.
+    got: usize,
+}
+
+impl Early {
+    fn new(head: Header) -> Self {
+        let n = head.len as usize + TRAILER;
+        Early {
+            head,
+            words: vec![0; n.div_ceil(8)],
+            got: 0,
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice::<u64, u8>(&self.words)[..self.head.len as usize + TRAILER]
+    }
+
+    fn payload(&self) -> &[u8] {
+        &self.bytes()[..self.head.len as usize]
+    }
+
+    fn trailer(&self) -> u64 {
+        let t = &self.bytes()[self.head.len as usize..];
+        u64::from_le_bytes(t.try_into().unwrap_or([0; TRAILER]))
+    }
+
+    fn complete(&self) -> bool {
+        self.got == self.head.len as usize + TRAILER
+    }
+}
+
+/// The most payload bytes of small frames one link reads ahead of their receives; past it,
+/// a frame's header waits as `pending` (and what follows it in the socket).
+const EARLY_CAP: usize = 16 << 20;
+
 impl Inbox {
     /// Whether nothing more will arrive (EOF or a broken stream was seen).
     pub(super) fn is_closed(&self) -> bool {
         self.closed
+    }
+}
+
+/// What a held rendezvous message may do ([`Link::take_ready`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Readiness {
+    /// Its receive is under way: it leaves.
+    Go,
+    /// The receiver waits for a different message: it leaves, to fail there.
+    Mismatch,
+    /// Nothing said yet: it stays.
+    Wait,
+}
+
+/// Rings the monitor's bell when dropped, if the monitor skipped the link meanwhile.
+struct WakeMonitor<'a>(&'a Link);
+
+impl Drop for WakeMonitor<'_> {
+    fn drop(&mut self) {
+        if self.0.skipped.swap(false, Ordering::AcqRel) {
+            self.0.bell.ring();
+        }
+    }
+}
+
+/// Hands a message read ahead (`payload`, exactly the receive's length) to its target.
+fn deliver(target: Target<'_>, payload: &[u8]) {
+    match target {
+        Target::Into(dst) => dst.copy_from_slice(payload),
+        Target::Sink(sink, chunk) => {
+            let chunk = chunk.max(4096);
+            for (i, piece) in payload.chunks(chunk).enumerate() {
+                sink(i * chunk, piece);
+            }
+        }
     }
 }
 
@@ -100,6 +187,15 @@ pub(super) struct Link {
     pub(super) queued: AtomicUsize,
     /// The queue of this peer's writer thread (taken when the transport closes).
     pub(super) writer: Mutex<Option<Sender<Job>>>,
+    /// The monitor left this socket to a receive (one held it, or its next frame was
+    /// announced): the receive rings `bell` when it lets go.
+    pub(super) skipped: AtomicBool,
+    bell: Arc<super::monitor::Bell>,
+    /// The peer's "ready" frames not yet used: the stamp and length of each message it
+    /// waits for, oldest first (see [`wire::RENDEZVOUS`]).
+    ready: Mutex<VecDeque<(Tag, u64)>>,
+    /// Receives whose "ready" went ahead ([`Link::expect`]): their receive sends none.
+    announced: Mutex<Vec<(Tag, usize)>>,
     /// The peer said goodbye: its connection may close, normally.
     left: AtomicBool,
     /// The link is finished (the peer is gone, or this rank cut or closed it): writers stop.
@@ -126,6 +222,7 @@ impl Link {
         s: TcpStream,
         ring_in: Option<Ring>,
         ring_out: Option<Ring>,
+        bell: Arc<super::monitor::Bell>,
     ) -> Result<Self> {
         let opt = |e: std::io::Error| Error::system(format!("socket option for rank {peer}: {e}"));
         s.set_nodelay(true).map_err(opt)?;
@@ -142,6 +239,9 @@ impl Link {
                 head: [0; HEADER],
                 got: 0,
                 pending: None,
+                early: VecDeque::new(),
+                filling: None,
+                early_bytes: 0,
                 skip: 0,
                 peek: false,
                 closed: false,
@@ -154,6 +254,10 @@ impl Link {
             ring_tx: Mutex::new(()),
             queued: AtomicUsize::new(0),
             writer: Mutex::new(None),
+            skipped: AtomicBool::new(false),
+            bell,
+            ready: Mutex::new(VecDeque::new()),
+            announced: Mutex::new(Vec::new()),
             left: AtomicBool::new(false),
             broken: AtomicBool::new(false),
             silenced: AtomicBool::new(false),
@@ -224,7 +328,70 @@ impl Link {
             }
             Kind::Aborted => self.faults.revoked(self.peer, &why),
             Kind::Goodbye => self.left.store(true, Ordering::Release),
+            Kind::Ready => {
+                let len = payload
+                    .try_into()
+                    .map(u64::from_le_bytes)
+                    .unwrap_or(u64::MAX);
+                let mut r = lock(&self.ready);
+                // Those of earlier collectives (given up) are of no use any more.
+                r.retain(|&(t, _)| !faults::is_stale(t, h.tag));
+                r.push_back((h.tag, len));
+                drop(r);
+                // Wakes the writer if it waits for this very frame.
+                if let Some(tx) = lock(&self.writer).as_ref() {
+                    let _ = tx.send(Job::Wake);
+                }
+            }
             Kind::Data => {}
+        }
+    }
+
+    /// Sends the "ready" of a receive that follows in this phase ahead of it (before this
+    /// rank's own sends of the phase, which would delay it in the stream).
+    pub(super) fn expect(&self, tag: Tag, len: usize) {
+        if self.ring_in.is_some() || !wire::rendezvous(tag, len) || self.silenced() {
+            return;
+        }
+        let mut a = lock(&self.announced);
+        a.retain(|&(t, _)| !faults::is_stale(t, tag));
+        a.push((tag, len));
+        drop(a);
+        self.send_control(wire::ready(tag, len));
+    }
+
+    fn take_announced(&self, tag: Tag, len: usize) -> bool {
+        let mut a = lock(&self.announced);
+        a.retain(|&(t, _)| !faults::is_stale(t, tag));
+        match a.iter().position(|&e| e == (tag, len)) {
+            Some(i) => {
+                a.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether a held message of `len` bytes stamped `tag` may leave: the peer's "ready"
+    /// for it came (taken), or the peer said it waits for a different message, which it
+    /// can only be told by this one arriving (sent eagerly, it fails there as a mismatch).
+    pub(super) fn take_ready(&self, tag: Tag, len: usize) -> Readiness {
+        let mut r = lock(&self.ready);
+        r.retain(|&(t, _)| !faults::is_stale(t, tag));
+        if let Some(i) = r.iter().position(|&(t, l)| t == tag && l == len as u64) {
+            r.remove(i);
+            return Readiness::Go;
+        }
+        // The same stamp with another length is another piece of the same collective
+        // (waited for), unless the receive wants a small message (which has no rendezvous).
+        let other = |&(t, l): &(Tag, u64)| {
+            (t != tag && faults::is_p2p(t) == faults::is_p2p(tag))
+                || (t == tag && l < wire::RENDEZVOUS as u64)
+        };
+        if r.iter().any(other) {
+            Readiness::Mismatch
+        } else {
+            Readiness::Wait
         }
     }
 
@@ -395,6 +562,85 @@ impl Link {
         }
     }
 
+    /// Reads the rest of the small frame being read ahead (`ib.filling`); once whole it
+    /// joins `ib.early`. Interrupted by `idle`, it stays where it got to.
+    fn fill(
+        &self,
+        ib: &mut Inbox,
+        idle: &mut dyn FnMut() -> Result<()>,
+    ) -> std::result::Result<(), Stop> {
+        let mut pace = Pace::new();
+        let wait = !ib.peek;
+        let Inbox {
+            s,
+            closed,
+            filling,
+            early,
+            ..
+        } = ib;
+        let Some(e) = filling.as_mut() else {
+            return Ok(());
+        };
+        while !e.complete() {
+            let n = e.head.len as usize + TRAILER;
+            let buf = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut e.words)[e.got..n];
+            match self.read_if(wait, s, closed, &mut [IoSliceMut::new(buf)])? {
+                Some(k) => {
+                    e.got += k;
+                    if !e.complete() && pace.due() {
+                        idle()?
+                    }
+                }
+                None => idle()?,
+            }
+        }
+        early.extend(filling.take());
+        Ok(())
+    }
+
+    /// Whether the socket has bytes to read now.
+    fn readable(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd record for the duration of the call; the descriptor
+        // belongs to the socket this link keeps open.
+        unsafe { libc::poll(&mut p, 1, 0) > 0 }
+    }
+
+    /// What the monitor does with a socket that has bytes and no reader: handles control
+    /// frames and reads small data frames whole into `early` until nothing more is there,
+    /// and stops at a large frame's header (kept as `pending`, its payload left in the
+    /// socket for its receive, which is under way: a large frame follows this rank's
+    /// "ready").
+    pub(super) fn read_ahead(&self, ib: &mut Inbox) {
+        ib.peek = true;
+        self.read_ahead_now(ib);
+        ib.peek = false;
+    }
+
+    fn read_ahead_now(&self, ib: &mut Inbox) {
+        let mut not_now = || Err(Error::internal("nothing more to read now"));
+        // Never waits for bytes: a read would hold the inbox (and the receive that wants it)
+        // for a whole socket step.
+        while ib.pending.is_none() && self.readable() {
+            if self.fill(ib, &mut not_now).is_err() {
+                return;
+            }
+            let Ok(h) = self.next(ib, &mut not_now) else {
+                return;
+            };
+            if h.len < wire::RENDEZVOUS as u64 && ib.early_bytes + h.len as usize <= EARLY_CAP {
+                ib.early_bytes += h.len as usize;
+                ib.filling = Some(Early::new(h));
+            } else {
+                ib.pending = Some(h);
+            }
+        }
+    }
+
     fn broken_stream(&self, ib: &mut Inbox, what: &str) -> Stop {
         ib.closed = true;
         self.on_failure(what);
@@ -415,18 +661,6 @@ impl Link {
         self.read(s, closed, bufs)
     }
 
-    /// Whether the socket has bytes to read now.
-    fn readable(&self) -> bool {
-        let mut p = libc::pollfd {
-            fd: self.fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd record for the duration of the call; the descriptor
-        // belongs to the socket this link keeps open.
-        unsafe { libc::poll(&mut p, 1, 0) > 0 }
-    }
-
     /// One read step from `s`: `Some(bytes)` or `None` when nothing came; EOF and errors
     /// set `closed` (and record the peer's death unless it said goodbye).
     fn read(
@@ -436,7 +670,20 @@ impl Link {
         bufs: &mut [IoSliceMut<'_>],
     ) -> std::result::Result<Option<usize>, Stop> {
         match wire::read_some(s, bufs) {
-            Ok(Got::Bytes(n)) => Ok(Some(n)),
+            Ok(Got::Bytes(n)) => {
+                let one: libc::c_int = 1;
+                // SAFETY: sets an int socket option from a valid local on our socket.
+                unsafe {
+                    libc::setsockopt(
+                        self.fd,
+                        libc::IPPROTO_TCP,
+                        libc::TCP_QUICKACK,
+                        (&one as *const libc::c_int).cast(),
+                        std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                    )
+                };
+                Ok(Some(n))
+            }
             Ok(Got::Idle) => Ok(None),
             Ok(Got::Eof) => {
                 *closed = true;
@@ -555,8 +802,20 @@ impl Link {
         deadline: Instant,
         target: Target<'_>,
     ) -> Result<()> {
+        let since = Instant::now();
+        // A receive without rendezvous that waits long tells the peer what it waits for
+        // anyway: a peer holding a large message for it (ranks that disagree about the
+        // length) lets it go, so the disagreement fails here at once, not at the deadline.
+        let mut said = wire::rendezvous(tag, len)
+            || faults::is_p2p(tag)
+            || faults::is_control(tag)
+            || self.ring_in.is_some();
         let mut idle = || -> Result<()> {
             self.faults.check(tag, self.peer)?;
+            if !said && since.elapsed() >= faults::POLL {
+                said = true;
+                self.send_control(wire::ready(tag, len));
+            }
             if Instant::now() >= deadline {
                 return Err(faults::timed_out(
                     self.rank,
@@ -579,12 +838,43 @@ impl Link {
             let _one = lock(&self.ring_rx);
             return self.recv_ring(ring, tag, len, deadline, target, &mut idle);
         }
+        if wire::rendezvous(tag, len) && !self.take_announced(tag, len) {
+            // The sender holds a large message until this receive is under way.
+            self.send_control(wire::ready(tag, len));
+        }
+        // Declared before the inbox guard, so it runs after the guard is dropped.
+        let _wake = WakeMonitor(self);
         let mut ib = lock(&self.inbox);
         let stop = |s: Stop| match s {
             Stop::Fail(e) => e,
             Stop::Closed => self.closed_error(tag),
         };
         loop {
+            // Frames read ahead come first: they are next in the stream.
+            if let Some(e) = ib.early.pop_front() {
+                ib.early_bytes -= e.head.len as usize;
+                if superseded(e.head.tag, tag) {
+                    continue;
+                }
+                if e.head.tag != tag || e.head.len != len as u64 {
+                    let (got, got_len) = (e.head.tag, e.head.len);
+                    ib.early_bytes += e.head.len as usize;
+                    ib.early.push_front(e);
+                    drop(ib);
+                    self.faults.explain(tag, got, self.peer, deadline)?;
+                    return Err(self.wrong_message(tag, len, got, got_len));
+                }
+                if e.trailer() != TRAILER_OK {
+                    return Err(self.abandoned(tag));
+                }
+                deliver(target, e.payload());
+                self.read_ahead(&mut ib);
+                return Ok(());
+            }
+            if ib.filling.is_some() {
+                self.fill(&mut ib, &mut idle).map_err(stop)?;
+                continue;
+            }
             let h = self.next(&mut ib, &mut idle).map_err(stop)?;
             if superseded(h.tag, tag) {
                 ib.skip = h.len + TRAILER as u64;
@@ -602,6 +892,9 @@ impl Link {
             if trailer != TRAILER_OK {
                 return Err(self.abandoned(tag));
             }
+            // What follows the message (often the peer's "ready" for this rank's next
+            // send) is handled now rather than by the monitor after a wake-up.
+            self.read_ahead(&mut ib);
             return Ok(());
         }
     }

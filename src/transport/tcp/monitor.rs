@@ -11,27 +11,87 @@
 use super::link::Link;
 use crate::error::Error;
 use crate::transport::faults::POLL;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+/// Wakes the monitor out of its poll(2) (a pipe it always watches): a receive that held a
+/// socket the monitor skipped rings it when it lets go, so the monitor watches that socket
+/// again at once instead of after its poll step (a peer's "ready" may be waiting there).
+pub(super) struct Bell {
+    rd: OwnedFd,
+    wr: OwnedFd,
+}
+
+impl Bell {
+    /// A new bell (a non-blocking pipe).
+    pub(super) fn new() -> crate::error::Result<Self> {
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+        let r = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) };
+        if r != 0 {
+            return Err(Error::system(format!(
+                "cannot create the monitor's pipe: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        // SAFETY: pipe2 succeeded: both descriptors are fresh and owned by nobody else.
+        let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        Ok(Bell { rd, wr })
+    }
+
+    /// Wakes the monitor (a full pipe already holds a wake-up: the error is ignored).
+    pub(super) fn ring(&self) {
+        let b = 1u8;
+        // SAFETY: writes one byte from a valid local to a descriptor this bell owns.
+        let _ = unsafe { libc::write(self.wr.as_raw_fd(), (&b as *const u8).cast(), 1) };
+    }
+
+    fn drain(&self) {
+        let mut buf = [0u8; 64];
+        loop {
+            // SAFETY: reads into a valid local buffer of its length from a descriptor this
+            // bell owns (non-blocking: ends when the pipe is empty).
+            let n = unsafe { libc::read(self.rd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                break;
+            }
+        }
+    }
+}
 
 /// Starts the monitor of `links`; it ends when `stop` is set.
 pub(super) fn spawn(
     links: Vec<Arc<Link>>,
+    bell: Arc<Bell>,
     stop: Arc<AtomicBool>,
 ) -> crate::error::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("pccl-tcp-monitor".into())
-        .spawn(move || run(&links, &stop))
+        .spawn(move || run(&links, &bell, &stop))
         .map_err(|e| Error::system(format!("cannot start the monitor thread: {e}")))
 }
 
-/// Whether the monitor should watch `l`'s socket now.
+/// Whether the monitor should watch `l`'s socket now. A socket left to a receive (one
+/// holds it, or its next frame is announced) is marked `skipped`: that receive rings the
+/// bell when it lets go, so whatever arrives behind its message is seen at once.
 fn watched(l: &Link) -> bool {
     if l.silenced() {
         return false; // across a partition: nothing is read from it
     }
-    match l.inbox.try_lock() {
-        Ok(ib) => ib.pending.is_none() && !ib.is_closed(),
+    let mut ib = l.inbox.try_lock();
+    if ib.is_err() {
+        l.skipped.store(true, Ordering::Release);
+        // The receive may have let go between the two steps without seeing the mark.
+        ib = l.inbox.try_lock();
+    }
+    match ib {
+        Ok(ib) if ib.is_closed() => false,
+        Ok(ib) if ib.pending.is_some() => {
+            l.skipped.store(true, Ordering::Release);
+            false
+        }
+        Ok(_) => true,
         Err(_) => false,
     }
 }
@@ -41,26 +101,21 @@ fn pump(l: &Link) {
     let Ok(mut ib) = l.inbox.try_lock() else {
         return;
     };
-    if ib.pending.is_some() {
-        return;
-    }
-    let mut not_now = || Err(Error::internal("nothing more to read now"));
-    // Reads never wait: a receive (or a notice's handling) that wants this inbox next must
-    // not wait for the monitor to sit out a socket step on a drained socket.
-    ib.peek = true;
-    if let Ok(h) = l.next(&mut ib, &mut not_now) {
-        ib.pending = Some(h);
-    }
-    ib.peek = false;
+    l.read_ahead(&mut ib);
 }
 
-fn run(links: &[Arc<Link>], stop: &AtomicBool) {
-    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(links.len());
+fn run(links: &[Arc<Link>], bell: &Bell, stop: &AtomicBool) {
+    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(links.len() + 1);
     let mut which: Vec<&Link> = Vec::with_capacity(links.len());
     let step = POLL.as_millis() as libc::c_int;
     while !stop.load(Ordering::Acquire) {
         fds.clear();
         which.clear();
+        fds.push(libc::pollfd {
+            fd: bell.rd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
         for l in links.iter().filter(|l| watched(l)) {
             fds.push(libc::pollfd {
                 fd: l.fd,
@@ -69,17 +124,17 @@ fn run(links: &[Arc<Link>], stop: &AtomicBool) {
             });
             which.push(l);
         }
-        if fds.is_empty() {
-            std::thread::sleep(POLL);
-            continue;
-        }
         // SAFETY: `fds` is a valid array of `fds.len()` pollfd records for the duration of
-        // the call, and every descriptor in it belongs to a socket its link keeps open.
+        // the call, and every descriptor in it belongs to a socket its link keeps open (or
+        // to the bell, which outlives this thread).
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, step) };
         if n <= 0 {
             continue;
         }
-        for (f, l) in fds.iter().zip(&which) {
+        if fds[0].revents != 0 {
+            bell.drain();
+        }
+        for (f, l) in fds[1..].iter().zip(&which) {
             if f.revents != 0 {
                 pump(l);
             }

@@ -10,6 +10,7 @@
 //! Sockets run with short timeouts ([`IO_STEP`]), so every read and write returns at least
 //! that often and the caller can look at the failure board in between ([`Got::Idle`]).
 
+use crate::transport::faults;
 use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
@@ -24,6 +25,42 @@ pub const TRAILER_OK: u64 = 0x4b4f_4c43_4350_0001;
 pub const TRAILER_ABANDONED: u64 = 0x4241_4c43_4350_0002;
 /// The longest control payload a receiver accepts (a notice's reason).
 pub const MAX_CONTROL: u64 = 64 * 1024;
+/// Messages of at least this many bytes of a collective whose stamp asks for it
+/// ([`faults::RENDEZVOUS`]: recursive doubling or halving over three nodes or more) wait for
+/// the receiver's [`Kind::Ready`] before they leave (rendezvous); all others go at once
+/// (eager: a blocking `send` never waits for its receive; a ring or a single exchange has
+/// nothing to gain and would pay a round trip per message, and on two nodes BBR turned the
+/// idle gap into 35 ms stalls, docs/CLUSTER.md).
+/// A constant, not a setting: both ends decide from the stamp and the length alone
+/// ([`rendezvous`]), so they never disagree about a message that matches. One that does
+/// not match (ranks that disagree) is let go as soon as the receiver says what it waits
+/// for instead, and fails there as an eager one does.
+///
+/// Why: a sender that pushes a large message to a peer still busy receiving from someone
+/// else shares that peer's link with the message it is waiting for, and slows the rank that
+/// is late already. Recursive doubling meets this whenever its pairwise exchanges drift
+/// apart (measured on the emulated cluster, docs/CLUSTER.md: 1.3–2.4x its NIC floor without,
+/// about 1.05x with). The price is at most one one-way latency per large message, when the
+/// receiver was not waiting yet anyway.
+pub const RENDEZVOUS: usize = 64 * 1024;
+/// Whether a message of `len` bytes stamped `tag` waits for its receiver ([`RENDEZVOUS`]).
+pub fn rendezvous(tag: u64, len: usize) -> bool {
+    len >= RENDEZVOUS && faults::is_rendezvous(tag)
+}
+
+/// The frame by which a receive says it waits for a message of `len` bytes stamped `tag`.
+pub fn ready(tag: u64, len: usize) -> Vec<u8> {
+    let mut v = Header {
+        kind: Kind::Ready,
+        tag,
+        len: 8,
+    }
+    .encode()
+    .to_vec();
+    v.extend_from_slice(&(len as u64).to_le_bytes());
+    v
+}
+
 /// The socket timeout of every read and write: how often a blocked one looks up.
 pub const IO_STEP: Duration = Duration::from_millis(10);
 
@@ -40,6 +77,9 @@ pub enum Kind {
     Aborted,
     /// The sender destroyed its communicator: its connection closes next, normally.
     Goodbye,
+    /// The sender waits for a message (stamp `tag`, its length in the payload) from this
+    /// peer: a rendezvous message that matches may leave (see [`RENDEZVOUS`]).
+    Ready,
 }
 
 impl Kind {
@@ -49,6 +89,7 @@ impl Kind {
             Kind::Refused => 2,
             Kind::Aborted => 3,
             Kind::Goodbye => 4,
+            Kind::Ready => 5,
         }
     }
 
@@ -58,6 +99,7 @@ impl Kind {
             2 => Kind::Refused,
             3 => Kind::Aborted,
             4 => Kind::Goodbye,
+            5 => Kind::Ready,
             _ => return None,
         })
     }

@@ -10,16 +10,17 @@
 //! queued is simply dropped. So no send outlives its collective's deadline by more than one
 //! write step, and none holds the caller's memory after its wait returned.
 
-use super::link::{lock, Link};
+use super::link::{lock, Link, Readiness};
 use super::wire::{self, Got, Header, Kind, HEADER, TRAILER, TRAILER_ABANDONED, TRAILER_OK};
 use crate::error::{Error, Result};
 use crate::transport::faults::{self, Tag};
 use crate::transport::shm::{Patience, Ring, SlotHead, ABANDONED, NAP, SLOT_BYTES};
 use crate::transport::SendOp;
+use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
@@ -73,6 +74,11 @@ impl SendJob {
         false
     }
 
+    /// Whether the job is still queued (not given up while the writer held it back).
+    fn queued(&self) -> bool {
+        matches!(*lock(&self.phase), Phase::Queued)
+    }
+
     /// The caller's memory is no longer needed: report `r` unless the job was released.
     fn finish(&self, r: std::result::Result<(), String>) {
         let mut p = lock(&self.phase);
@@ -100,8 +106,10 @@ impl SendJob {
 pub(super) enum Job {
     /// Write a message.
     Data(Arc<SendJob>),
-    /// Write a control frame (notice, goodbye).
+    /// Write a control frame (notice, goodbye, ready).
     Control(Vec<u8>),
+    /// Look again: the peer's "ready" came (for a writer holding a large message).
+    Wake,
 }
 
 /// Queues a send of `len` bytes at `ptr` on `link`'s writer.
@@ -256,12 +264,31 @@ impl SendOp for TcpSend {
     }
 }
 
-/// The writer thread of a peer reached by socket: messages and control frames in order.
+/// The writer thread of a peer reached by socket: messages and control frames in order,
+/// except that control frames overtake a large message held until the peer is ready for it
+/// (see [`wire::RENDEZVOUS`]; the "ready" of this rank's own receive from that peer must get
+/// through while the peer holds its message for this rank's "ready" in turn).
 pub(super) fn socket_writer(mut s: TcpStream, link: Arc<Link>, rx: Receiver<Job>) {
-    while let Ok(job) = rx.recv() {
+    let mut held: VecDeque<Job> = VecDeque::new();
+    loop {
+        let job = match held.pop_front() {
+            Some(j) => j,
+            None => match rx.recv() {
+                Ok(j) => j,
+                Err(_) => break,
+            },
+        };
         let r = match job {
+            Job::Wake => Ok(()),
             Job::Control(frame) => write_control(&mut s, &link, &frame),
             Job::Data(j) => {
+                if wire::rendezvous(j.tag, j.len) {
+                    if let Err(e) = await_ready(&mut s, &link, &j, &rx, &mut held) {
+                        if !link.broken() {
+                            link.on_failure(&format!("sending to it failed: {e}"));
+                        }
+                    }
+                }
                 if !j.start() {
                     continue;
                 }
@@ -271,6 +298,16 @@ pub(super) fn socket_writer(mut s: TcpStream, link: Arc<Link>, rx: Receiver<Job>
                 }
                 if link.silenced() {
                     j.finish(Ok(()));
+                    continue;
+                }
+                // Control frames queued meanwhile go first: a "ready" of this rank's own
+                // receive from the peer would otherwise wait behind the whole message, and
+                // the peer's message to this rank with it (the two directions in turn).
+                if let Err(e) = write_controls(&mut s, &link, &rx, &mut held) {
+                    j.finish(Err(e.to_string()));
+                    if !link.broken() {
+                        link.on_failure(&format!("sending to it failed: {e}"));
+                    }
                     continue;
                 }
                 let r = write_data(&mut s, &link, &j);
@@ -286,6 +323,56 @@ pub(super) fn socket_writer(mut s: TcpStream, link: Arc<Link>, rx: Receiver<Job>
             }
         }
     }
+}
+
+/// Writes the control frames already queued, keeping the messages among them in `held`
+/// (in order).
+fn write_controls(
+    s: &mut TcpStream,
+    link: &Link,
+    rx: &Receiver<Job>,
+    held: &mut VecDeque<Job>,
+) -> std::io::Result<()> {
+    while let Ok(job) = rx.try_recv() {
+        match job {
+            Job::Control(frame) => write_control(s, link, &frame)?,
+            Job::Wake => {}
+            d @ Job::Data(_) => held.push_back(d),
+        }
+    }
+    Ok(())
+}
+
+/// Holds large message `j` until the peer said it is ready for it (or waits for another
+/// message: see [`Link::take_ready`]), writing the control frames queued meanwhile and
+/// keeping the messages queued behind it in `held` (in order). Returns early, leaving the
+/// caller to see why, once the job is given up, the link is finished or silenced, or the
+/// transport closed; an error is a failed control write.
+fn await_ready(
+    s: &mut TcpStream,
+    link: &Link,
+    j: &SendJob,
+    rx: &Receiver<Job>,
+    held: &mut VecDeque<Job>,
+) -> std::io::Result<()> {
+    while link.take_ready(j.tag, j.len) == Readiness::Wait {
+        if !j.queued() || link.broken() || link.silenced() {
+            return Ok(());
+        }
+        match rx.recv_timeout(faults::POLL) {
+            Ok(Job::Control(frame)) => write_control(s, link, &frame)?,
+            Ok(Job::Wake) | Err(RecvTimeoutError::Timeout) => {}
+            Ok(d @ Job::Data(_)) => held.push_back(d),
+            Err(RecvTimeoutError::Disconnected) => {
+                // The transport closed under a send nobody waits for any more.
+                if j.start() {
+                    j.finish(Err("the transport was closed".into()));
+                }
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
 }
 
 fn closed() -> std::io::Error {
