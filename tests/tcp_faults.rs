@@ -52,6 +52,8 @@ struct Scenario {
     m: usize,
     /// Pieces of the overlapped hierarchy `hier-rd-pipeK` it runs (0: the tuner's choice).
     pieces: usize,
+    /// Runs flat recursive doubling (with `m = 1`: the TCP rendezvous for large messages).
+    rd: bool,
 }
 
 impl Scenario {
@@ -71,8 +73,15 @@ impl Scenario {
             Coll::SmallAllReduce => "ar-small",
         };
         format!(
-            "{},{},{},{},{kind},{coll},{},{},{}",
-            self.p, self.shm as u8, self.victim, self.at, self.timeout_s, self.m, self.pieces
+            "{},{},{},{},{kind},{coll},{},{},{},{}",
+            self.p,
+            self.shm as u8,
+            self.victim,
+            self.at,
+            self.timeout_s,
+            self.m,
+            self.pieces,
+            self.rd as u8
         )
     }
 
@@ -94,6 +103,7 @@ impl Scenario {
             timeout_s: f[6].parse().unwrap(),
             m: f[7].parse().unwrap(),
             pieces: f[8].parse().unwrap(),
+            rd: f[9] == "1",
         }
     }
 }
@@ -158,11 +168,15 @@ fn play(sc: Scenario, rank: usize, id: &UniqueId) {
     let cfg = Config {
         timeout: Duration::from_secs(sc.timeout_s),
         ranks_per_node: Some(sc.m),
-        algo: (sc.pieces > 0).then_some(Algorithm::Overlap {
-            inter: LevelAlgo::Rd,
-            intra: LevelAlgo::Ring,
-            pieces: sc.pieces,
-        }),
+        algo: if sc.rd {
+            Some(Algorithm::Flat(LevelAlgo::Rd))
+        } else {
+            (sc.pieces > 0).then_some(Algorithm::Overlap {
+                inter: LevelAlgo::Rd,
+                intra: LevelAlgo::Ring,
+                pieces: sc.pieces,
+            })
+        },
         faults: vec![Fault {
             rank: sc.victim,
             seq: sc.at,
@@ -367,7 +381,54 @@ fn sc(p: usize, shm: bool, victim: usize, at: u32, kind: FaultKind, coll: Coll) 
         timeout_s: 30,
         m: p,
         pieces: 0,
+        rd: false,
     }
+}
+
+/// [`sc`] running flat recursive doubling over sockets on pretend nodes of one rank: its
+/// messages of 64 KiB and more wait for their receiver's "ready" (the TCP rendezvous).
+fn sc_rendezvous(p: usize, victim: usize, at: u32, kind: FaultKind, coll: Coll) -> Scenario {
+    Scenario {
+        m: 1,
+        rd: true,
+        ..sc(p, false, victim, at, kind, coll)
+    }
+}
+
+/// A rank killed, cut off or sending damaged stamps while the others hold messages for its
+/// "ready" or wait for its held ones: every survivor fails promptly naming it, and goes on.
+#[test]
+fn kill_during_a_rendezvous_fails_fast_and_shrinks() {
+    scenario(
+        "kill_during_a_rendezvous_fails_fast_and_shrinks",
+        sc_rendezvous(4, 2, 2, FaultKind::Kill, Coll::AllGather),
+    );
+}
+
+#[test]
+fn dropped_links_during_a_rendezvous_fail_fast() {
+    scenario(
+        "dropped_links_during_a_rendezvous_fail_fast",
+        sc_rendezvous(4, 1, 1, FaultKind::Drop, Coll::ReduceScatter),
+    );
+}
+
+#[test]
+fn corrupt_messages_in_a_rendezvous_fail_fast_and_the_next_works() {
+    scenario(
+        "corrupt_messages_in_a_rendezvous_fail_fast_and_the_next_works",
+        sc_rendezvous(4, 3, 1, FaultKind::Corrupt, Coll::AllReduce),
+    );
+}
+
+#[test]
+fn a_stalled_rank_in_a_rendezvous_times_out_at_the_deadline() {
+    let mut s = sc_rendezvous(3, 0, 1, FaultKind::Stall, Coll::AllGather);
+    s.timeout_s = 2;
+    scenario(
+        "a_stalled_rank_in_a_rendezvous_times_out_at_the_deadline",
+        s,
+    );
 }
 
 /// [`sc`] running `hier-rd-pipe{pieces}` on pretend nodes of 2 ranks.

@@ -253,3 +253,68 @@ fn small_collectives_time_out_on_a_silent_peer_over_shared_memory() {
         }
     }
 }
+
+/// Plans that exchange with several peers across nodes in turn (recursive doubling or
+/// halving over three pretend nodes or more) hold their messages of 64 KiB and more until the
+/// receiver is ready for them (the TCP rendezvous, `wire::RENDEZVOUS`): exact over sockets
+/// at counts on both sides of the threshold, with a different rank late to every call.
+#[test]
+fn rendezvous_plans_are_exact_over_sockets_with_a_late_rank() {
+    let hier = Algorithm::Hier {
+        inter: LevelAlgo::Rd,
+        intra: LevelAlgo::Ring,
+    };
+    for (p, m, algo) in [
+        (4, 1, Algorithm::Flat(LevelAlgo::Rd)),
+        (3, 1, Algorithm::Flat(LevelAlgo::Rd)),
+        (6, 2, hier),
+        (4, 1, Algorithm::VectorRd),
+    ] {
+        let res = on_tcp_with(p, cfg(m, algo), false, |comm| -> Result<(), String> {
+            for (i, n) in [7usize, 20_000, 70_001, 300_001].into_iter().enumerate() {
+                if comm.rank() == i % p {
+                    std::thread::sleep(Duration::from_millis(30));
+                }
+                exact_all_on(&comm, &[n])?;
+            }
+            Ok(())
+        });
+        for (r, x) in res.into_iter().enumerate() {
+            x.unwrap_or_else(|e| panic!("P={p} M={m} {algo}, rank {r}: {e}"));
+        }
+    }
+}
+
+/// A rank that disagrees on a rendezvous plan's message (its count differs, so its stamps
+/// and lengths do): every rank fails that call promptly, whether the disagreeing messages
+/// are held too (both large) or not (one side small: its receive says what it waits for,
+/// and the peer lets its held message go to fail there), and the next call is exact.
+#[test]
+fn ranks_that_disagree_in_a_rendezvous_fail_fast_and_the_next_call_works() {
+    for other in [100_008usize, 1_000] {
+        let res = on_tcp_with(
+            4,
+            cfg(1, Algorithm::Flat(LevelAlgo::Rd)),
+            false,
+            |comm| -> Result<Duration, String> {
+                let n = if comm.rank() == 3 { other } else { 100_000 };
+                let mut out = vec![0f32; n * 4];
+                let t0 = std::time::Instant::now();
+                let e = comm.all_gather(&vec![1f32; n], &mut out);
+                let took = t0.elapsed();
+                if e.is_ok() {
+                    return Err(format!("the disagreeing all-gather ({n}) succeeded"));
+                }
+                exact_all_on(&comm, &[70_001])?;
+                Ok(took)
+            },
+        );
+        for (r, x) in res.into_iter().enumerate() {
+            let took = x.unwrap_or_else(|e| panic!("rank 3 at {other}, rank {r}: {e}"));
+            assert!(
+                took < Duration::from_secs(3),
+                "rank 3 at {other}, rank {r}: {took:?} to fail (timeout 30 s)"
+            );
+        }
+    }
+}

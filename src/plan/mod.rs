@@ -899,3 +899,48 @@ impl<'a> Partials<'a> {
         &self.work[u]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Algorithm, LevelAlgo};
+
+    #[test]
+    fn only_recursive_doubling_across_three_nodes_or_more_asks_for_a_rendezvous() {
+        let (ring, rd) = (LevelAlgo::Ring, LevelAlgo::Rd);
+        let hier = |inter, intra| Algorithm::Hier { inter, intra };
+        let overlap = |inter, intra| Algorithm::Overlap {
+            inter,
+            intra,
+            pieces: 4,
+        };
+        let deep = |inter, mid, inner| Algorithm::Deep {
+            inter,
+            mid,
+            inner,
+            pieces: 1,
+        };
+        for a in [
+            Algorithm::Flat(rd),
+            Algorithm::VectorRd,
+            hier(rd, ring),
+            hier(rd, rd),
+            overlap(rd, ring),
+            deep(rd, ring, ring),
+        ] {
+            assert!(
+                a.rendezvous(3) && a.rendezvous(4) && a.rendezvous(64),
+                "{a}"
+            );
+            // One node, or two (a single exchange across the network): nothing to gain.
+            assert!(!a.rendezvous(1) && !a.rendezvous(2), "{a}");
+        }
+        for a in [
+            Algorithm::Flat(ring),
+            hier(ring, rd),
+            overlap(ring, rd),
+            deep(ring, rd, rd),
+        ] {
+            assert!(!a.rendezvous(8), "{a}: a ring receives from one peer only");
+        }
+    }
+}

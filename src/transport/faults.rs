@@ -536,6 +536,22 @@ mod tests {
     }
 
     #[test]
+    fn only_a_stamp_that_asks_for_it_has_a_rendezvous() {
+        // The hash never sets the flag bits: a plain call is never taken for one.
+        for d in 0..10_000u64 {
+            let f = fingerprint(1, 9, 0, &[d, d * 7]);
+            assert_eq!(f & (RENDEZVOUS | P2P | CONTROL), 0, "detail {d}");
+            assert!(!is_rendezvous(stamp(3, f)));
+            assert!(is_rendezvous(stamp(3, f | RENDEZVOUS)));
+        }
+        // Point-to-point and control traffic never waits for a receiver.
+        let f = fingerprint(KIND_P2P, 0, 0, &[1]) | RENDEZVOUS;
+        assert!(!is_rendezvous(stamp(1, f | P2P)));
+        assert!(!is_rendezvous(stamp(1, f | CONTROL)));
+        assert!(is_p2p(stamp(1, f | P2P)), "the flag leaves the class alone");
+    }
+
+    #[test]
     fn a_later_collectives_message_waits_for_the_refusal_that_explains_it() {
         let f = std::sync::Arc::new(Faults::default());
         let far = Instant::now() + Duration::from_secs(30);

@@ -206,7 +206,10 @@ impl Inner {
             (call.input.1 as u64, call.output.1 as u64)
         };
         let detail = [a, b, root, algo, plan.nranks as u64];
-        stamp(seq, stamps::fingerprint(kind, dtype, op, &detail) | rendezvous)
+        stamp(
+            seq,
+            stamps::fingerprint(kind, dtype, op, &detail) | rendezvous,
+        )
     }
 
     /// Injects the fault `PCCL_FAULT` asks of this rank at collective `seq`, if any; returns
