@@ -122,8 +122,10 @@ fn run_phase<T: Element>(
     let mut sends: Vec<Box<dyn SendOp>> = Vec::new();
     let mut first_err: Option<Error> = None;
 
-    // The receives' "ready" go ahead of this rank's own sends (rendezvous transports).
-    for step in &phase.steps {
+    // The receives' "ready" go ahead of this rank's own sends (rendezvous transports; only
+    // stamps that ask for one, so other plans pay nothing here).
+    let rendezvous = crate::transport::faults::is_rendezvous(opt.tag);
+    for step in phase.steps.iter().filter(|_| rendezvous) {
         if let Step::Recv { peer, dst } | Step::RecvReduce { peer, dst, .. } = step {
             let n: usize = segments(dst, |sp| mem.elems(sp))
                 .iter()
