@@ -243,7 +243,7 @@ fn uneven_all_to_all_with_disagreeing_counts_fails_on_every_rank() {
 fn a_root_mismatch_fails_on_every_rank() {
     for p in 2..=6usize {
         let mut short = cfg(1);
-        short.timeout = Duration::from_secs(5);
+        short.timeout = Duration::from_secs(2);
         let res = Communicator::run_threads(p, short, |c| {
             let root = if c.rank() == p - 1 { 1 } else { 0 };
             let mut out = vec![0i32; 4];

@@ -25,6 +25,8 @@ FSDP's parameter all-gathers and gradient reduce-scatters to PCCL's block-quanti
 (ZeRO++'s qwZ and qgZ; ``pccl.torch.set_quantization``); the summary then reports the bytes
 those calls meant to move and moved per step, and ``--compare-quantized`` trains again
 unquantized (same seed, same backend) and reports the loss curves' difference.
+``--compare-hpz node|pair`` (pccl) trains again with that hpZ group (same seed, same launch)
+and reports the bytes each run moved between and inside the nodes.
 """
 
 from __future__ import annotations
@@ -331,9 +333,14 @@ def main(argv=None):
     ap.add_argument("--compare-quantized", action="store_true",
                     help="after the quantized run, train again unquantized (same seed) and "
                          "report the loss curves' difference")
+    ap.add_argument("--compare-hpz", choices=["node", "pair"], default=None,
+                    help="pccl: after the run, train again with this hpZ group (same seed) "
+                         "and report both runs' bytes between and inside the nodes")
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
+    if args.compare_hpz and (args.hpz or args.backend != "pccl"):
+        raise SystemExit("train_fsdp: --compare-hpz needs --backend pccl and no --hpz")
 
     torch.set_num_threads(args.threads)
     device = pick_device(args.device)
@@ -376,6 +383,19 @@ def main(argv=None):
                   f"{w['wire_bytes_per_step']:.0f} vs {wu['wire_bytes_per_step']:.0f} "
                   f"({wu['wire_bytes_per_step'] / w['wire_bytes_per_step']:.2f}x fewer)",
                   flush=True)
+    if args.compare_hpz:
+        h = argparse.Namespace(**{**vars(args), "hpz": args.compare_hpz})
+        summary["hpz_run"] = train(h, dist.group.WORLD, args.backend, device, rank, world,
+                                   timer, not args.quiet)
+        if rank == 0:
+            w, wh = summary["wire"], summary["hpz_run"]["wire"]
+            print(f"compare-hpz {args.compare_hpz}: bytes per step between nodes "
+                  f"{wh['inter_node_wire_bytes_per_step']:.0f} (plain "
+                  f"{w['inter_node_wire_bytes_per_step']:.0f}), inside them "
+                  f"{wh['intra_node_wire_bytes_per_step']:.0f} (plain "
+                  f"{w['intra_node_wire_bytes_per_step']:.0f}); last loss "
+                  f"{summary['hpz_run']['last_loss']:.6f} (plain {summary['last_loss']:.6f})",
+                  flush=True)
     if args.compare:
         ref, ref_dev = reference_backend(device, world)
         group = dist.new_group(list(range(world)), backend=ref)
@@ -392,7 +412,8 @@ def main(argv=None):
                   f"{summary['reference']['mean_step_s'] * 1e3:.1f} ms", flush=True)
     if rank == 0:
         print("SUMMARY " + json.dumps({k: v for k, v in summary.items()
-                                       if k not in ("losses", "reference", "unquantized")}),
+                                       if k not in ("losses", "reference", "unquantized",
+                                                    "hpz_run")}),
               flush=True)
         if args.json_out:
             with open(args.json_out, "w") as f:

@@ -2,8 +2,9 @@
 hpZ on the same shape; INT8 weights and INT4 gradients against the unquantized run.
 
 A small model (2 layers, 64-token sequences): what is checked is agreement and the loss
-falling, and a launch of 4 ranks costs more than the steps, so the pccl and gloo runs share
-one launch (``--compare``: gloo trains the same seed again on a group of its own)."""
+falling, and a launch of 4 ranks costs more than the steps, so the pccl, hpZ and gloo runs
+share one launch (``--compare-hpz node``: pccl trains the same seed again with hpZ;
+``--compare``: gloo trains it again on a group of its own)."""
 
 import json
 import os
@@ -46,8 +47,8 @@ def _train(backend, tmp_path, extra=()):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("train")
-    s = _train("pccl", tmp, ("--compare",))
-    return {"pccl": s, "gloo": s["reference"]}
+    s = _train("pccl", tmp, ("--compare", "--compare-hpz", "node"))
+    return {"pccl": s, "gloo": s["reference"], "hpz": s["hpz_run"]}
 
 
 def test_losses_agree_with_gloo(runs):
@@ -94,12 +95,13 @@ def test_quantized_weights_and_grads_train_like_the_unquantized_run(tmp_path):
     assert s["losses"][-1] < s["losses"][0] - 2.0
 
 
-def test_hpz_keeps_the_backward_all_gathers_inside_the_node(runs, tmp_path):
+def test_hpz_keeps_the_backward_all_gathers_inside_the_node(runs):
     """hpZ (--hpz node: FSDP2 reshards each block onto the node's ranks after forward): the
     same losses as the plain run, and fewer bytes between the (pretend) nodes per step, the
     difference now inside them."""
-    h = _train("pccl", tmp_path, ("--hpz", "node"))
+    h = runs["hpz"]
     plain, w = runs["pccl"]["wire"], h["wire"]
+    assert w["hpz"] == "node" and plain["hpz"] is None, (w, plain)
     print(f"\nhpZ: inter-node bytes per step {w['inter_node_wire_bytes_per_step']:.0f} "
           f"(plain {plain['inter_node_wire_bytes_per_step']:.0f}), intra-node "
           f"{w['intra_node_wire_bytes_per_step']:.0f}")
