@@ -484,42 +484,67 @@ class _AsyncAllreduceOpts:
         self.asyncOp = True
 
 
-def main(rank, world, init, outdir, quick):
+def _world(ck, rank, world, init, quick):
+    """One whole run on a fresh default group: the checks of every family."""
+    dist.init_process_group("pccl", init_method=init, rank=rank, world_size=world)
+    ranks = list(range(world))
+    gloo = dist.new_group(ranks, backend="gloo")
+    sizes = [0, 1, 7, 1000] if not quick else [0, 5]
+    suite(ck, dist.group.WORLD, gloo, ranks, "world", sizes)
+    misc(ck, dist.group.WORLD, gloo, ranks, "world")
+    c_error(ck)
+    fast_path(ck)
+    quantized(ck)
+    # A sub-group: every rank but 0 (or just rank 0 when alone); pccl and gloo.
+    sub = ranks[1:] if world > 1 else ranks
+    spg = dist.new_group(sub, backend="pccl")
+    sgl = dist.new_group(sub, backend="gloo")
+    if rank in sub:
+        suite(ck, spg, sgl, sub, "sub", [0, 3, 1000] if not quick else [3])
+        misc(ck, spg, sgl, sub, "sub")
+    # Overlapping sub-groups (rank 1 is in both), created in the same order everywhere.
+    if world >= 3:
+        ga = dist.new_group([0, 1], backend="pccl")
+        gb = dist.new_group([1, 2], backend="pccl")
+        for grp, members in ((ga, [0, 1]), (gb, [1, 2])):
+            if rank in members:
+                t = torch.tensor([rank + 1], dtype=torch.int64)
+                dist.all_reduce(t, group=grp)
+                ck.close(f"overlapping group {members}", t,
+                         torch.tensor([sum(m + 1 for m in members)]), True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(rank, world, init, outdir, quick, phases=None):
+    """Runs the checks once (report ``rank{r}.json``), or once per phase of ``phases``
+    (``[(name, {variable: value or None})]``, report ``{name}-rank{r}.json``) one after
+    another in this process: each phase sets its variables (None removes one) and builds a
+    new default group, so several configurations share one start of the ranks (a start of
+    torch costs more than a configuration's checks). A failed phase does not stop the next."""
     torch.set_num_threads(1)
-    ck = Checker(rank)
-    try:
-        dist.init_process_group("pccl", init_method=init, rank=rank, world_size=world)
-        ranks = list(range(world))
-        gloo = dist.new_group(ranks, backend="gloo")
-        sizes = [0, 1, 7, 1000] if not quick else [0, 5]
-        suite(ck, dist.group.WORLD, gloo, ranks, "world", sizes)
-        misc(ck, dist.group.WORLD, gloo, ranks, "world")
-        c_error(ck)
-        fast_path(ck)
-        quantized(ck)
-        # A sub-group: every rank but 0 (or just rank 0 when alone); pccl and gloo.
-        sub = ranks[1:] if world > 1 else ranks
-        spg = dist.new_group(sub, backend="pccl")
-        sgl = dist.new_group(sub, backend="gloo")
-        if rank in sub:
-            suite(ck, spg, sgl, sub, "sub", [0, 3, 1000] if not quick else [3])
-            misc(ck, spg, sgl, sub, "sub")
-        # Overlapping sub-groups (rank 1 is in both), created in the same order everywhere.
-        if world >= 3:
-            ga = dist.new_group([0, 1], backend="pccl")
-            gb = dist.new_group([1, 2], backend="pccl")
-            for grp, members in ((ga, [0, 1]), (gb, [1, 2])):
-                if rank in members:
-                    t = torch.tensor([rank + 1], dtype=torch.int64)
-                    dist.all_reduce(t, group=grp)
-                    ck.close(f"overlapping group {members}", t,
-                             torch.tensor([sum(m + 1 for m in members)]), True)
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001
-        ck.failures.append("exception: " + traceback.format_exc())
-    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
-        json.dump({"checks": ck.checks, "vs_gloo": ck.vs_gloo, "failures": ck.failures[:50],
-                   "n_failures": len(ck.failures)}, f)
-    if ck.failures:
+    failed = False
+    for name, env in phases or [(None, {})]:
+        ck = Checker(rank)
+        try:
+            for k, v in env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            _world(ck, rank, world, f"{init}-{name}" if name else init, quick)
+        except BaseException:  # noqa: BLE001
+            ck.failures.append("exception: " + traceback.format_exc())
+            if dist.is_initialized():
+                # A phase that failed half-way leaves its group: the next phase needs a new one.
+                try:
+                    dist.destroy_process_group()
+                except BaseException:  # noqa: BLE001
+                    pass
+        report = f"{name}-rank{rank}.json" if name else f"rank{rank}.json"
+        with open(os.path.join(outdir, report), "w") as f:
+            json.dump({"checks": ck.checks, "vs_gloo": ck.vs_gloo, "failures": ck.failures[:50],
+                       "n_failures": len(ck.failures)}, f)
+        failed = failed or bool(ck.failures)
+    if failed:
         raise SystemExit(1)

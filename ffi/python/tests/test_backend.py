@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import _dist_worker
-from _spawn import run_world
+from _spawn import failures, reports, run_ranks, run_world
 
 TIMEOUT_S = int(os.environ.get("PCCL_TEST_TIMEOUT", "240"))
 
@@ -21,24 +21,63 @@ def _run_world(world, tmp_path, quick=False):
     assert checks > 0 and (world == 1 or vs_gloo > 0)
 
 
+# Worlds of 3 and 4 run each configuration one after another in one start of the ranks
+# (_dist_worker's phases): the plain world; pretend nodes of 2 ranks (the hierarchical
+# algorithms; 3 ranks = unequal nodes 2 + 1); and with 4, PCCL_TUNE_ONLINE's trials (the
+# first calls of each size try the model's close candidates, and the agreement waits for
+# torch's queued work) — every result still matches gloo.
+PHASES = {
+    3: [("plain", {"PCCL_RANKS_PER_NODE": None, "PCCL_TUNE_ONLINE": None}),
+        ("two_nodes", {"PCCL_RANKS_PER_NODE": "2"})],
+    4: [("plain", {"PCCL_RANKS_PER_NODE": None, "PCCL_TUNE_ONLINE": None}),
+        ("two_nodes", {"PCCL_RANKS_PER_NODE": "2"}),
+        ("online", {"PCCL_RANKS_PER_NODE": "2", "PCCL_TUNE_ONLINE": "2"})],
+}
+
+
+@pytest.fixture(scope="module")
+def shared_world(tmp_path_factory):
+    """``get(world)``: that world's phases, run once for the module: (error, seconds, folder)."""
+    done = {}
+
+    def get(world):
+        if world not in done:
+            tmp = tmp_path_factory.mktemp(f"world{world}")
+            phases = PHASES[world]
+            done[world] = run_ranks(_dist_worker.main, world,
+                                    (world, f"file://{tmp}/rendezvous", str(tmp), False,
+                                     phases), TIMEOUT_S * len(phases), poll_s=5) + (tmp,)
+        return done[world]
+
+    return get
+
+
+def _phase(shared_world, world, name):
+    err, took, tmp = shared_world(world)
+    reps = reports(tmp, world, name=f"{name}-rank{{r}}.json")
+    vs_gloo = sum(r["vs_gloo"] for r in reps)
+    print(f"world {world} {name}: {vs_gloo} checks against gloo (the world's phases "
+          f"{took:.1f}s)")
+    fails = failures(reps)
+    assert not fails and err is None, "\n".join(fails[:40]) + f"\n{err}"
+    assert vs_gloo > 0
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_collectives_match_gloo(world, tmp_path):
-    _run_world(world, tmp_path)
+def test_collectives_match_gloo(world, tmp_path, shared_world):
+    if world in PHASES:
+        _phase(shared_world, world, "plain")
+    else:
+        _run_world(world, tmp_path)
 
 
 @pytest.mark.parametrize("world", [3, 4])
-def test_collectives_match_gloo_two_nodes(world, tmp_path, monkeypatch):
-    # Pretend nodes of 2 ranks (the hierarchical algorithms; 3 ranks = unequal nodes 2 + 1).
-    monkeypatch.setenv("PCCL_RANKS_PER_NODE", "2")
-    _run_world(world, tmp_path)
+def test_collectives_match_gloo_two_nodes(world, shared_world):
+    _phase(shared_world, world, "two_nodes")
 
 
-def test_collectives_match_gloo_with_online_trials(tmp_path, monkeypatch):
-    # PCCL_TUNE_ONLINE: the first calls of each size try the model's close candidates (and
-    # the agreement waits for torch's queued work); every result still matches gloo.
-    monkeypatch.setenv("PCCL_RANKS_PER_NODE", "2")
-    monkeypatch.setenv("PCCL_TUNE_ONLINE", "2")
-    _run_world(4, tmp_path)
+def test_collectives_match_gloo_with_online_trials(shared_world):
+    _phase(shared_world, 4, "online")
 
 
 def test_import_registers_backend():
