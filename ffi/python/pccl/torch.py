@@ -83,6 +83,9 @@ _DONE = _Done()
 # Groups created with the same (group id, ranks) get distinct keys: every member of a group
 # creates the same sequence of such groups, so a count per (group id, ranks) agrees across them
 # (a single per-process count would not: ranks outside a group do not create it).
+# What rank 0 publishes in place of a group's unique id when it could not create one (a
+# unique id is 128 bytes of binary and never starts with this).
+_BOOTSTRAP_FAILED = b"pccl-bootstrap-failed:"
 _group_counts: dict = {}
 _group_counts_lock = threading.Lock()
 
@@ -185,11 +188,24 @@ class PcclBackend(P2PMixin, _BASE):
             _group_counts[(group_id, ranks)] = n + 1
         key = f"pccl/unique_id/{group_id}/{n}"
         if rank == 0:
-            uid = _lib.get_unique_id(timeout_s)
+            try:
+                uid = _lib.get_unique_id(timeout_s)
+            except _lib.PcclError as e:
+                # Every other rank waits for this key: give them rank 0's error instead of
+                # leaving them to wait out the store's timeout (30 minutes by default).
+                store.set(key, _BOOTSTRAP_FAILED + f"{e.code}:{e.detail}".encode())
+                raise
             store.set(key, uid)
         else:
             store.wait([key])
             uid = bytes(store.get(key))
+            if uid.startswith(_BOOTSTRAP_FAILED):
+                why = uid[len(_BOOTSTRAP_FAILED):].decode(errors="replace")
+                code, _, msg = why.partition(":")
+                raise _lib.PcclError(
+                    "pcclGetUniqueId", int(code) if code.isdigit() else -1,
+                    f"rank 0 of the group could not create its unique id, so rank {rank} "
+                    f"cannot join: {msg}")
         return _lib.Communicator.init_rank(size, uid, rank, timeout_s)
 
     # ---- timeouts, sequence numbers, names, abort ---------------------------------------

@@ -548,3 +548,19 @@ def main(rank, world, init, outdir, quick, phases=None):
         failed = failed or bool(ck.failures)
     if failed:
         raise SystemExit(1)
+
+
+def bad_env_main(rank, world, init, outdir):
+    """Joins a pccl default group with an invalid ``PCCL_RANKS_PER_NODE`` (set by the test):
+    reports how long ``init_process_group`` took to fail and its message."""
+    import time
+
+    t0 = time.time()
+    err = None
+    try:
+        dist.init_process_group("pccl", init_method=init, rank=rank, world_size=world)
+        dist.destroy_process_group()
+    except Exception as e:  # noqa: BLE001
+        err = str(e)
+    with open(os.path.join(outdir, f"bad-env-rank{rank}.json"), "w") as f:
+        json.dump({"error": err, "after_s": time.time() - t0}, f)
