@@ -360,11 +360,14 @@ def main(argv=None):
     summary["comm_calls"] = timer.calls
     if (args.quantize_weights or args.quantize_grads) and args.backend != "pccl":
         raise SystemExit("train_fsdp: --quantize-* need --backend pccl")
+
+    def again(**changes):
+        """The run again on the same group and backend, same seed, with ``changes``."""
+        return train(argparse.Namespace(**{**vars(args), **changes}), dist.group.WORLD,
+                     args.backend, device, rank, world, timer, not args.quiet)
+
     if args.compare_quantized and args.backend == "pccl":
-        plain = argparse.Namespace(**{**vars(args), "quantize_weights": None,
-                                      "quantize_grads": None})
-        summary["unquantized"] = train(plain, dist.group.WORLD, args.backend, device, rank,
-                                       world, timer, not args.quiet)
+        summary["unquantized"] = again(quantize_weights=None, quantize_grads=None)
         lu = summary["unquantized"]["losses"]
         summary["quantized_last_rel_diff"] = (abs(summary["last_loss"] - lu[-1]) / abs(lu[-1])
                                               if lu else None)
@@ -384,9 +387,7 @@ def main(argv=None):
                   f"({wu['wire_bytes_per_step'] / w['wire_bytes_per_step']:.2f}x fewer)",
                   flush=True)
     if args.compare_hpz:
-        h = argparse.Namespace(**{**vars(args), "hpz": args.compare_hpz})
-        summary["hpz_run"] = train(h, dist.group.WORLD, args.backend, device, rank, world,
-                                   timer, not args.quiet)
+        summary["hpz_run"] = again(hpz=args.compare_hpz)
         if rank == 0:
             w, wh = summary["wire"], summary["hpz_run"]["wire"]
             print(f"compare-hpz {args.compare_hpz}: bytes per step between nodes "
