@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 /// Where the documented id layout keeps the secret.
 const SECRET_AT: usize = 6;
 /// Frame kinds and body sizes of the bootstrap (see `transport::rendezvous` and `mesh`).
-const RDV_KIND: &[u8; 8] = b"PCCLRDV1";
+const RDV_KIND: &[u8; 8] = b"PCCLRDV2";
 const MESH_KIND: &[u8; 8] = b"PCCLMSH1";
-const ADDR_MAX: usize = 64;
+const TEXT_MAX: usize = 160;
 
 const ENV_RANK: &str = "PCCL_BOOT_TEST_RANK";
 const ENV_ID: &str = "PCCL_BOOT_TEST_ID";
@@ -56,18 +56,25 @@ fn addr_of(id: &UniqueId) -> SocketAddr {
         .unwrap()
 }
 
-/// A rendezvous hello: `secret ++ kind ++ rank ++ nranks ++ node ++ len ++ addr[64]`.
-fn rdv_hello(secret: &[u8], rank: u64, nranks: u64, node: u64, addr: &str) -> Vec<u8> {
+/// A rendezvous hello: `secret ++ kind ++ rank ++ nranks ++ node ++ what ++ len ++ text[160]`
+/// (what 0: a report whose text is the rank's address; 1: a withdrawal and its reason).
+fn rdv_frame(secret: &[u8], rank: u64, nranks: u64, node: u64, what: u8, text: &str) -> Vec<u8> {
     let mut f = secret.to_vec();
     f.extend_from_slice(RDV_KIND);
     f.extend_from_slice(&rank.to_le_bytes());
     f.extend_from_slice(&nranks.to_le_bytes());
     f.extend_from_slice(&node.to_le_bytes());
-    f.push(addr.len() as u8);
-    let mut a = [0u8; ADDR_MAX];
-    a[..addr.len()].copy_from_slice(addr.as_bytes());
+    f.push(what);
+    f.push(text.len() as u8);
+    let mut a = [0u8; TEXT_MAX];
+    a[..text.len()].copy_from_slice(text.as_bytes());
     f.extend_from_slice(&a);
     f
+}
+
+/// A rank's report: it listens at `addr`.
+fn rdv_hello(secret: &[u8], rank: u64, nranks: u64, node: u64, addr: &str) -> Vec<u8> {
+    rdv_frame(secret, rank, nranks, node, 0, addr)
 }
 
 fn dial(addr: SocketAddr) -> Option<TcpStream> {
@@ -495,5 +502,146 @@ fn ring_files_are_private_and_do_not_reveal_the_secret() {
             );
         }
     });
+    drop(fake);
+}
+
+const ENV_INIT_RANK: &str = "PCCL_BOOT_TEST_INIT_RANK";
+const INIT_TEST: &str = "a_rank_that_cannot_join_fails_every_rank_at_once_naming_it";
+
+/// One rank of the 4-process job through the C ABI: prints `rc=<code> <message>` of
+/// `pcclCommInitRank`.
+fn init_rank_child(rank: i32, id_hex: &str) {
+    let bytes = unhex(id_hex);
+    let mut uid = pccl::capi::pcclUniqueId { internal: [0; 128] };
+    for (o, b) in uid.internal.iter_mut().zip(bytes) {
+        *o = b as std::os::raw::c_char;
+    }
+    let mut comm: pccl::capi::pcclComm_t = std::ptr::null_mut();
+    // SAFETY: `comm` is a valid, writable local; the id was made by pcclGetUniqueId.
+    let rc = unsafe { pccl::capi::pcclCommInitRank(&mut comm, 4, uid, rank) };
+    // SAFETY: NULL asks for this thread's last error; the string is copied at once.
+    let msg =
+        unsafe { std::ffi::CStr::from_ptr(pccl::capi::pcclGetLastError(std::ptr::null_mut())) }
+            .to_string_lossy()
+            .into_owned();
+    println!("INIT rc={rc} {msg}");
+    if !comm.is_null() {
+        pccl::capi::pcclCommDestroy(comm);
+    }
+}
+
+/// NCCL waits forever (torch: 30 minutes) when one rank cannot join. Here rank 2's
+/// `PCCL_RANKS_PER_NODE` is not a number: its `pcclCommInitRank` fails, withdraws from the
+/// rendezvous, and the three others' `pcclCommInitRank` return a remote error naming rank 2
+/// and its reason within seconds, whatever their own `PCCL_TIMEOUT` (60 s here).
+#[test]
+fn a_rank_that_cannot_join_fails_every_rank_at_once_naming_it() {
+    if let (Ok(rank), Ok(id)) = (std::env::var(ENV_INIT_RANK), std::env::var(ENV_ID)) {
+        init_rank_child(rank.parse().expect("rank"), &id);
+        return;
+    }
+    let id = UniqueId::new(Duration::from_secs(60)).expect("rendezvous");
+    let start = Instant::now();
+    let children: Vec<(usize, std::process::Child)> = (0..4)
+        .map(|r| {
+            let mut c = Command::new(std::env::current_exe().expect("test executable"));
+            c.args(["--exact", INIT_TEST, "--nocapture", "--test-threads=1"])
+                .env(ENV_INIT_RANK, r.to_string())
+                .env(ENV_ID, hex(&id.to_bytes()))
+                .env("PCCL_TIMEOUT", "60")
+                .env("PCCL_SHM_DISABLE", "1")
+                .env_remove("PCCL_RANKS_PER_NODE")
+                .stdout(std::process::Stdio::piped());
+            if r == 2 {
+                c.env("PCCL_RANKS_PER_NODE", "abc");
+            }
+            (r, c.spawn().expect("spawn a rank"))
+        })
+        .collect();
+    for (r, mut c) in children {
+        // A hang would be a wait of 60 s: kill at 20 and report it.
+        let until = start + Duration::from_secs(20);
+        while c.try_wait().expect("wait").is_none() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        let out = c.wait_with_output().expect("rank output");
+        let out = String::from_utf8_lossy(&out.stdout);
+        // libtest prints the test's name on the same line first.
+        let line = out
+            .lines()
+            .find_map(|l| l.find("INIT rc=").map(|at| &l[at..]))
+            .unwrap_or_else(|| panic!("rank {r} did not finish within 20 s: {out}"));
+        eprintln!("rank {r}: {line}");
+        if r == 2 {
+            assert!(
+                line.starts_with(&format!("INIT rc={} ", pccl::capi::pcclInvalidArgument))
+                    && line.contains("PCCL_RANKS_PER_NODE"),
+                "rank 2 fails on its own variable: {line}"
+            );
+        } else {
+            assert!(
+                line.starts_with(&format!("INIT rc={} ", pccl::capi::pcclRemoteError))
+                    && line.contains("rank 2 cannot join")
+                    && line.contains("PCCL_RANKS_PER_NODE"),
+                "rank {r} names rank 2 and its reason: {line}"
+            );
+        }
+    }
+    let took = start.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "took {took:?}: someone waited"
+    );
+}
+
+/// A rank that reported to the rendezvous and then died (here a hand-made rank 2 whose
+/// listener is closed) is found by the others' mesh, not waited out: rank 1 is refused when it
+/// dials it, the failure spreads as the ranks that gave up close their listeners, and rank 3
+/// finds its lower ranks gone by probing, all within seconds of a 60 s timeout.
+#[test]
+fn a_rank_that_dies_after_the_rendezvous_is_found_not_waited_out() {
+    let id = UniqueId::new(Duration::from_secs(60)).unwrap();
+    let dead = TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_addr = dead.local_addr().unwrap().to_string();
+    drop(dead);
+    let mut fake = dial(addr_of(&id)).expect("rendezvous");
+    fake.write_all(&rdv_hello(&secret_of(&id), 2, 4, 7, &dead_addr))
+        .unwrap();
+    let start = Instant::now();
+    let timeout = Duration::from_secs(60);
+    let errs: Vec<_> = std::thread::scope(|s| {
+        let h: Vec<_> = [0usize, 1, 3]
+            .into_iter()
+            .map(|r| {
+                let id = &id;
+                s.spawn(move || TcpTransport::connect_with(id, 4, r, 1 << 20, timeout, false))
+            })
+            .collect();
+        h.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap()
+                    .err()
+                    .expect("rank 2 is dead: no rank may join")
+            })
+            .collect()
+    });
+    let took = start.elapsed();
+    // Rank 1 dials rank 2 first and is refused; rank 0 may find rank 2 or, if rank 1 gave
+    // up first, rank 1 gone; rank 3 finds a lower rank gone by probing.
+    for (r, e) in [0, 1, 3].into_iter().zip(&errs) {
+        eprintln!("rank {r}: {e}");
+        assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
+        let m = e.message();
+        assert!(m.contains("gave up joining"), "rank {r}: {m}");
+        if r == 1 {
+            assert!(m.contains("rank 2 refused"), "rank {r}: {m}");
+        }
+    }
+    assert!(
+        took < Duration::from_secs(10),
+        "took {took:?}: someone waited"
+    );
     drop(fake);
 }

@@ -746,9 +746,11 @@ pub unsafe extern "C" fn pcclCommInitRank(
             })?;
         let bytes = unique_id.internal.map(|c| c as u8);
         let id = crate::transport::tcp::UniqueId::from_bytes(&bytes)?;
-        let cfg = crate::config::Config::from_env()?;
-        // PCCL_TRANSPORT: tcp (auto) or ofi.
-        let kind = crate::transport::select::from_env()?;
+        // PCCL_TRANSPORT: tcp (auto) or ofi. A bad variable here withdraws this rank, so the
+        // others fail at once naming it (as `join` does for its own failures).
+        let (cfg, kind) = crate::config::Config::from_env()
+            .and_then(|cfg| Ok((cfg, crate::transport::select::from_env()?)))
+            .inspect_err(|e| id.withdraw(r, n, e.message()))?;
         let t = crate::transport::select::join(kind, &id, n, r, cfg.chunk_bytes, cfg.timeout)?;
         let h = Communicator::with_config(t, cfg).and_then(handles::add_comm)?;
         // SAFETY: as above.

@@ -6,6 +6,14 @@
 //! thread for the whole mesh phase, so lower ranks are let in while this rank dials, and a
 //! stranger on the listener never delays them. The acceptor answers only once this rank's
 //! shared-memory rings exist (the caller creates them before calling [`mesh`]).
+//!
+//! A peer that dies or gives up during the mesh is found, not waited out: its listener exists
+//! from before the rendezvous until its own mesh is complete, and its mesh cannot complete
+//! before it has dialled every higher rank. So a refused dial ends the dialler's mesh at once,
+//! and the acceptor probes the lower ranks it still waits for (a bare connection, closed at
+//! once, every [`PROBE_EVERY`]): one that refuses has ended without dialling, and the mesh
+//! fails naming it. Ranks that fail close their own listeners, so the failure spreads to
+//! every rank within a few probes.
 
 use super::gate::{closed, frame, Gate};
 use super::secret::Secret;
@@ -22,6 +30,10 @@ const KIND: [u8; 8] = *b"PCCLMSH1";
 const BODY: usize = 16;
 /// The acceptor's answer.
 const ACK: u64 = 0x5043_434c_4d53_4841;
+/// How often the acceptor probes the lower ranks it still waits for.
+const PROBE_EVERY: Duration = Duration::from_millis(250);
+/// Lower ranks probed per round (in turn), so a large job's start is not a flood of probes.
+const PROBES_PER_ROUND: usize = 8;
 
 /// Connects every pair once and returns the stream to each peer (`None` at `rank`). Each
 /// stream's read timeout is set to what is left until `deadline`.
@@ -41,7 +53,7 @@ pub(crate) fn mesh(
                 std::thread::Builder::new()
                     .name("pccl-mesh-accept".into())
                     .spawn_scoped(sc, move || {
-                        accept_lower(listener, rank, secret, timeout, deadline, stop)
+                        accept_lower(listener, addrs, rank, secret, timeout, deadline, stop)
                     })
                     .map_err(|e| {
                         Error::system(format!("rank {rank}: cannot start the mesh thread: {e}"))
@@ -90,7 +102,16 @@ fn dial_higher(
         let hello = frame(secret, &KIND, &body);
         let what = format!("rank {rank} connecting to rank {j} at {addr}");
         loop {
-            let mut s = connect_retry(*addr, deadline).map_err(|e| io_err(&what, e))?;
+            let mut s = connect_retry(*addr, deadline).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::ConnectionRefused {
+                    Error::remote(format!(
+                        "{what}: rank {j} refused the connection, so it ended or gave up \
+                         joining (its own error says why)"
+                    ))
+                } else {
+                    io_err(&what, e)
+                }
+            })?;
             let left = deadline
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(10));
@@ -127,6 +148,7 @@ fn dial_higher(
 /// Lets in every rank below `rank` (and nobody else); returns their streams in rank order.
 fn accept_lower(
     listener: &TcpListener,
+    addrs: &[SocketAddr],
     rank: usize,
     secret: &Secret,
     timeout: Duration,
@@ -136,9 +158,27 @@ fn accept_lower(
     let mut gate = Gate::new(listener, secret, &KIND, BODY, timeout)?;
     let mut streams: Vec<Option<TcpStream>> = (0..rank).map(|_| None).collect();
     let mut need = rank;
+    let mut next_probe = Instant::now() + PROBE_EVERY;
+    let mut turn = 0;
     while need > 0 {
         if stop.load(Ordering::Relaxed) {
             return Ok(streams);
+        }
+        if Instant::now() >= next_probe {
+            let missing: Vec<usize> = (0..rank).filter(|&j| streams[j].is_none()).collect();
+            for k in 0..PROBES_PER_ROUND.min(missing.len()) {
+                let j = missing[(turn + k) % missing.len()];
+                if refuses(addrs[j]) {
+                    return Err(Error::remote(format!(
+                        "rank {rank}: rank {j} ended or gave up joining before it connected to \
+                         this rank (its listener at {} refuses connections; its own error says \
+                         why)",
+                        addrs[j]
+                    )));
+                }
+            }
+            turn += PROBES_PER_ROUND;
+            next_probe = Instant::now() + PROBE_EVERY;
         }
         if Instant::now() >= deadline {
             let missing: Vec<String> = (0..rank)
@@ -179,4 +219,13 @@ fn accept_lower(
         gate.pause();
     }
     Ok(streams)
+}
+
+/// Whether `addr` refuses a connection (its listener is gone). A connection that opens is
+/// closed at once: the peer's gate drops it like any stranger's. A timeout is no answer.
+fn refuses(addr: SocketAddr) -> bool {
+    matches!(
+        TcpStream::connect_timeout(&addr, Duration::from_millis(200)),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused
+    )
 }

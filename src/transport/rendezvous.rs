@@ -14,12 +14,20 @@
 //! well-formed report fixes the job's size; a rank that claims another size, a rank number
 //! outside the job or one already taken is refused (an error returned to that rank only), and
 //! the others carry on.
+//!
+//! A rank that holds the id but cannot join (a bad variable, no address to listen on) says so
+//! with [`withdraw`]: the rendezvous answers every rank that reported, and every rank that
+//! reports later, with that rank's number and reason, so the whole job fails at once naming it
+//! instead of waiting out `PCCL_TIMEOUT` (which a torch group sets to 30 minutes). A rendezvous
+//! that refuses the connection has ended (it listens before the id exists), so a rank fails at
+//! once there too instead of dialling until its deadline.
 
 use super::gate::{closed, frame, Gate};
 use super::secret::{Secret, SECRET_BYTES};
 use super::tcp::{connect_retry, io_err, listen};
 use crate::error::{Error, Result};
 use std::collections::btree_map::{BTreeMap, Entry};
+use std::collections::BTreeSet;
 use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -43,15 +51,25 @@ const ID_ADDR: usize = ID_SECRET + SECRET_BYTES;
 const ID_SUM: usize = UNIQUE_ID_BYTES - 8;
 
 /// Kind of the frame a rank sends the rendezvous.
-const HELLO_KIND: [u8; 8] = *b"PCCLRDV1";
-/// Body of that frame: rank, nranks, node key (u64 each), address length (u8), address.
-const HELLO_BODY: usize = 3 * 8 + 1 + MAX_ADDR;
+const HELLO_KIND: [u8; 8] = *b"PCCLRDV2";
+/// Longest text a hello carries: the rank's address (a report) or why it cannot join (a
+/// withdrawal; longer reasons are cut).
+const MAX_TEXT: usize = 160;
+/// Body of that frame: rank, nranks, node key (u64 each), what it asks (u8: [`REPORT`] or
+/// [`WITHDRAW`]), text length (u8), text.
+const HELLO_BODY: usize = 3 * 8 + 2 + MAX_TEXT;
+/// A hello that reports the rank's address.
+const REPORT: u8 = 0;
+/// A hello that says the rank cannot join.
+const WITHDRAW: u8 = 1;
 
-/// Answers of the rendezvous (first word of its reply; the second is its job size or 0).
+/// Answers of the rendezvous (first word of its reply; the second is its job size, or the
+/// rank that withdrew for [`WITHDRAWN`], which a length byte and that rank's reason follow).
 const JOINED: u64 = 1;
 const WRONG_SIZE: u64 = 2;
 const RANK_TAKEN: u64 = 3;
 const BAD_REPORT: u64 = 4;
+const WITHDRAWN: u64 = 5;
 
 /// What ranks share to find each other: the rendezvous address and the job's secret.
 ///
@@ -156,6 +174,16 @@ impl UniqueId {
         })
     }
 
+    /// Tells this job's rendezvous that `rank` of `nranks` cannot join, and why, so the ranks
+    /// that joined (and those that join later) fail at once with an error naming it instead
+    /// of waiting out their timeout. Call it on a rank that holds the id but fails before or
+    /// while joining; [`super::select::join`], `pcclCommInitRank` and the launched path do.
+    /// Best effort, at most about two seconds, and safe after any failure: a rank that
+    /// already joined, or a job that already started, is left alone.
+    pub fn withdraw(&self, rank: usize, nranks: usize, why: &str) {
+        withdraw(self, rank, nranks, why);
+    }
+
     /// The job's secret.
     pub(crate) fn secret(&self) -> &Secret {
         &self.secret
@@ -170,6 +198,33 @@ struct Report {
     addr: String,
 }
 
+/// What an authenticated hello asks.
+enum Hello {
+    /// The rank joins, listening at its address.
+    Report(Report),
+    /// The rank cannot join, for the reason given.
+    Withdraw {
+        rank: usize,
+        nranks: usize,
+        why: String,
+    },
+}
+
+impl Hello {
+    fn rank(&self) -> usize {
+        match self {
+            Hello::Report(r) => r.rank,
+            Hello::Withdraw { rank, .. } => *rank,
+        }
+    }
+    fn nranks(&self) -> usize {
+        match self {
+            Hello::Report(r) => r.nranks,
+            Hello::Withdraw { nranks, .. } => *nranks,
+        }
+    }
+}
+
 fn word(b: &[u8], i: usize) -> u64 {
     let mut w = [0u8; 8];
     w.copy_from_slice(&b[8 * i..8 * i + 8]);
@@ -177,23 +232,52 @@ fn word(b: &[u8], i: usize) -> u64 {
 }
 
 /// Parses (and checks) the body of an authenticated hello.
-fn parse_report(b: &[u8]) -> Option<Report> {
+fn parse_hello(b: &[u8]) -> Option<Hello> {
     if b.len() != HELLO_BODY {
         return None;
     }
     let (rank, nranks, node) = (word(b, 0), word(b, 1), word(b, 2));
-    let n = usize::from(b[24]);
-    if nranks == 0 || nranks > MAX_RANKS as u64 || rank >= nranks || n > MAX_ADDR {
+    let n = usize::from(b[25]);
+    if nranks == 0 || nranks > MAX_RANKS as u64 || rank >= nranks || n > MAX_TEXT {
         return None;
     }
-    let addr = std::str::from_utf8(&b[25..25 + n]).ok()?;
-    addr.parse::<SocketAddr>().ok()?;
-    Some(Report {
-        rank: rank as usize,
-        nranks: nranks as usize,
-        node,
-        addr: addr.to_string(),
-    })
+    let (rank, nranks) = (rank as usize, nranks as usize);
+    let text = &b[26..26 + n];
+    match b[24] {
+        REPORT if n <= MAX_ADDR => {
+            let addr = std::str::from_utf8(text).ok()?;
+            addr.parse::<SocketAddr>().ok()?;
+            Some(Hello::Report(Report {
+                rank,
+                nranks,
+                node,
+                addr: addr.to_string(),
+            }))
+        }
+        WITHDRAW => Some(Hello::Withdraw {
+            rank,
+            nranks,
+            why: String::from_utf8_lossy(text).into_owned(),
+        }),
+        _ => None,
+    }
+}
+
+/// A hello body: `rank` of `nranks` on `node` asks `what`, with `text` (cut to [`MAX_TEXT`]
+/// bytes at a character boundary).
+fn hello_body(rank: usize, nranks: usize, node: u64, what: u8, text: &str) -> [u8; HELLO_BODY] {
+    let mut end = text.len().min(MAX_TEXT);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut body = [0u8; HELLO_BODY];
+    body[..8].copy_from_slice(&(rank as u64).to_le_bytes());
+    body[8..16].copy_from_slice(&(nranks as u64).to_le_bytes());
+    body[16..24].copy_from_slice(&node.to_le_bytes());
+    body[24] = what;
+    body[25] = end as u8;
+    body[26..26 + end].copy_from_slice(&text.as_bytes()[..end]);
+    body
 }
 
 /// Answers `s` with `status` and `value` (a refusal: the rank reads it and gives up).
@@ -205,16 +289,46 @@ fn answer(mut s: TcpStream, status: u64, value: u64) {
     let _ = s.write_all(&b).and_then(|_| s.flush());
 }
 
+/// Tells a rank that `gone` withdrew from the job, and why (at most [`MAX_TEXT`] bytes).
+fn tell_withdrawn(mut s: TcpStream, gone: usize, why: &str) {
+    let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
+    let why = &why.as_bytes()[..why.len().min(MAX_TEXT)];
+    let mut b = Vec::with_capacity(17 + why.len());
+    b.extend_from_slice(&WITHDRAWN.to_le_bytes());
+    b.extend_from_slice(&(gone as u64).to_le_bytes());
+    b.push(why.len() as u8);
+    b.extend_from_slice(why);
+    let _ = s.write_all(&b).and_then(|_| s.flush());
+}
+
 /// Serves the rendezvous: collects every rank's report, then answers each with the table of
-/// everyone's node key and address.
+/// everyone's node key and address. Once a rank withdraws, every rank that reported and every
+/// rank that reports later (until all are accounted for, or the deadline) is told which rank
+/// withdrew and why.
 fn serve(listener: &TcpListener, secret: &Secret, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     let mut gate = Gate::new(listener, secret, &HELLO_KIND, HELLO_BODY, timeout)?;
     let mut size: Option<usize> = None;
     // Grows with the reports that arrive, not with the size they claim.
     let mut joined: BTreeMap<usize, (TcpStream, Report)> = BTreeMap::new();
+    // The first rank that withdrew and its reason; then every rank told so or withdrawn.
+    let mut gone: Option<(usize, String)> = None;
+    let mut done: BTreeSet<usize> = BTreeSet::new();
     while size != Some(joined.len()) {
+        if let (Some((g, why)), Some(n)) = (&gone, size) {
+            if done.len() >= n {
+                return Err(Error::remote(format!(
+                    "rank {g} withdrew from the job ({why}); every rank was told"
+                )));
+            }
+        }
         if Instant::now() >= deadline {
+            if let Some((g, why)) = &gone {
+                return Err(Error::remote(format!(
+                    "rank {g} withdrew from the job ({why}); {} ranks never reported to be told",
+                    size.unwrap_or(0).saturating_sub(done.len())
+                )));
+            }
             let missing: Vec<String> = (0..size.unwrap_or(0))
                 .filter(|r| !joined.contains_key(r))
                 .take(8)
@@ -230,19 +344,43 @@ fn serve(listener: &TcpListener, secret: &Secret, timeout: Duration) -> Result<(
             )));
         }
         for (s, body) in gate.poll() {
-            let Some(r) = parse_report(&body) else {
+            let Some(h) = parse_hello(&body) else {
                 answer(s, BAD_REPORT, size.unwrap_or(0) as u64);
                 continue;
             };
-            let n = *size.get_or_insert(r.nranks);
-            if r.nranks != n {
+            let n = *size.get_or_insert(h.nranks());
+            if h.nranks() != n {
                 answer(s, WRONG_SIZE, n as u64);
                 continue;
             }
-            match joined.entry(r.rank) {
-                Entry::Occupied(_) => answer(s, RANK_TAKEN, n as u64),
-                Entry::Vacant(v) => {
-                    v.insert((s, r));
+            let rank = h.rank();
+            match h {
+                Hello::Report(r) => match &gone {
+                    Some((g, why)) => {
+                        tell_withdrawn(s, *g, why);
+                        done.insert(rank);
+                    }
+                    None => match joined.entry(rank) {
+                        Entry::Occupied(_) => answer(s, RANK_TAKEN, n as u64),
+                        Entry::Vacant(v) => {
+                            v.insert((s, r));
+                        }
+                    },
+                },
+                // A second process claiming a rank that reported stays a refusal of that
+                // process alone: the job goes on.
+                Hello::Withdraw { .. } if joined.contains_key(&rank) || done.contains(&rank) => {
+                    answer(s, RANK_TAKEN, n as u64)
+                }
+                Hello::Withdraw { why, .. } => {
+                    done.insert(rank);
+                    if gone.is_none() {
+                        for (r, (st, _)) in std::mem::take(&mut joined) {
+                            tell_withdrawn(st, rank, &why);
+                            done.insert(r);
+                        }
+                        gone = Some((rank, why));
+                    }
                 }
             }
         }
@@ -291,17 +429,21 @@ pub(crate) fn join(
              PCCL_SOCKET_ADDR to a shorter one)"
         )));
     }
-    let mut body = [0u8; HELLO_BODY];
-    body[..8].copy_from_slice(&(rank as u64).to_le_bytes());
-    body[8..16].copy_from_slice(&(nranks as u64).to_le_bytes());
-    body[16..24].copy_from_slice(&node.to_le_bytes());
-    body[24] = me_s.len() as u8;
-    body[25..25 + me_s.len()].copy_from_slice(me_s.as_bytes());
+    let body = hello_body(rank, nranks, node, REPORT, &me_s);
     let hello = frame(&id.secret, &HELLO_KIND, &body);
     let what = format!("rank {rank} at the rendezvous {}", id.addr);
     loop {
-        let mut s = connect_retry(id.addr, deadline)
-            .map_err(|e| io_err(&format!("{what}: cannot connect"), e))?;
+        let mut s = connect_retry(id.addr, deadline).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::ConnectionRefused {
+                Error::remote(format!(
+                    "{what}: the rendezvous refused the connection, so it has ended: the \
+                     process that created the unique id (rank 0) exited or failed, the \
+                     rendezvous timed out, or this id's job already started"
+                ))
+            } else {
+                io_err(&format!("{what}: cannot connect"), e)
+            }
+        })?;
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(10));
@@ -336,6 +478,7 @@ pub(crate) fn join(
                 "{what}: this rank says the job has {nranks} ranks but the rendezvous's job has \
                  {value}: every rank must pass the same nranks"
             ))),
+            WITHDRAWN => Err(withdrawn(s, value, &what)),
             RANK_TAKEN => Err(Error::invalid(format!(
                 "{what}: rank {rank} already joined this job: every rank must pass a \
                  different rank number"
@@ -348,6 +491,49 @@ pub(crate) fn join(
                 "{what}: the rendezvous answered {other}, which is not a PCCL answer"
             ))),
         };
+    }
+}
+
+/// The error of a rank told that rank `gone` withdrew: the reason follows the answer.
+fn withdrawn(mut s: TcpStream, gone: u64, what: &str) -> Error {
+    let mut n = [0u8; 1];
+    let mut why = [0u8; MAX_TEXT];
+    let why = match s.read_exact(&mut n) {
+        Ok(()) => {
+            let why = &mut why[..usize::from(n[0]).min(MAX_TEXT)];
+            match s.read_exact(why) {
+                Ok(()) => String::from_utf8_lossy(why).into_owned(),
+                Err(_) => "its reason was cut off".into(),
+            }
+        }
+        Err(_) => "no reason given".into(),
+    };
+    Error::remote(format!(
+        "{what}: rank {gone} cannot join the job and withdrew, so no rank can: {why}"
+    ))
+}
+
+/// Tells the rendezvous of `id` that `rank` of `nranks` cannot join, and why (its error,
+/// cut to 160 bytes), so the ranks that reported, and those that report later, fail at once
+/// naming it. Best effort and quick: one connection of at most a second, nothing read back.
+/// The rendezvous ignores a rank that already reported (a second process claiming its number)
+/// and a count that is not the job's, and refuses at once when it has ended (every rank
+/// reported, or its deadline passed), so calling this after any failure to join is safe.
+fn withdraw(id: &UniqueId, rank: usize, nranks: usize, why: &str) {
+    if nranks == 0 || nranks > MAX_RANKS || rank >= nranks {
+        return;
+    }
+    let body = hello_body(rank, nranks, 0, WITHDRAW, why);
+    let hello = frame(&id.secret, &HELLO_KIND, &body);
+    if let Ok(mut s) = TcpStream::connect_timeout(&id.addr, Duration::from_secs(1)) {
+        let _ = s
+            .set_write_timeout(Some(Duration::from_secs(1)))
+            .and_then(|_| s.write_all(&hello))
+            .and_then(|_| s.flush());
+        // Wait (briefly) for the rendezvous to read the frame and close, so the frame is not
+        // lost to a reset should this process exit at once.
+        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+        let _ = s.read(&mut [0u8; 16]);
     }
 }
 
@@ -379,11 +565,13 @@ mod tests {
 
     #[test]
     fn reports_outside_the_caps_are_refused() {
-        let mut b = [0u8; HELLO_BODY];
-        let addr = b"127.0.0.1:5";
-        b[24] = addr.len() as u8;
-        b[25..25 + addr.len()].copy_from_slice(addr);
-        for (rank, nranks, ok) in [
+        let ok = |rank: u64, nranks: u64| {
+            let mut b = hello_body(0, 1, 0, REPORT, "127.0.0.1:5");
+            b[..8].copy_from_slice(&rank.to_le_bytes());
+            b[8..16].copy_from_slice(&nranks.to_le_bytes());
+            parse_hello(&b).is_some()
+        };
+        for (rank, nranks, want) in [
             (0u64, 1u64, true),
             (0, 0, false),
             (1, 1, false),
@@ -391,13 +579,106 @@ mod tests {
             (0, MAX_RANKS as u64, true),
             (0, MAX_RANKS as u64 + 1, false),
         ] {
-            b[..8].copy_from_slice(&rank.to_le_bytes());
-            b[8..16].copy_from_slice(&nranks.to_le_bytes());
-            assert_eq!(parse_report(&b).is_some(), ok, "rank {rank} of {nranks}");
+            assert_eq!(ok(rank, nranks), want, "rank {rank} of {nranks}");
         }
-        b[..16].fill(0);
-        b[8] = 1;
-        b[24] = MAX_ADDR as u8 + 1;
-        assert!(parse_report(&b).is_none());
+        let mut b = hello_body(0, 1, 0, REPORT, "127.0.0.1:5");
+        b[25] = MAX_ADDR as u8 + 1;
+        assert!(parse_hello(&b).is_none(), "an address longer than the cap");
+        b[25] = MAX_TEXT as u8 + 1;
+        b[24] = WITHDRAW;
+        assert!(parse_hello(&b).is_none(), "a reason longer than the cap");
+        b[24] = 7;
+        b[25] = 0;
+        assert!(parse_hello(&b).is_none(), "an unknown request");
+    }
+
+    #[test]
+    fn a_withdrawal_reason_is_cut_at_a_character_boundary() {
+        let why = "é".repeat(MAX_TEXT);
+        let Some(Hello::Withdraw { rank, nranks, why }) =
+            parse_hello(&hello_body(2, 4, 0, WITHDRAW, &why))
+        else {
+            panic!("not a withdrawal");
+        };
+        assert_eq!((rank, nranks), (2, 4));
+        assert_eq!(why, "é".repeat(MAX_TEXT / 2));
+    }
+
+    /// A joining thread: the table it received, or its error.
+    type Joiner = std::thread::JoinHandle<Result<Vec<(SocketAddr, u64)>>>;
+
+    /// Ranks of `n` joining `id` from threads (their mesh addresses are never dialled here).
+    fn joiners(id: &UniqueId, ranks: &[usize], n: usize) -> Vec<Joiner> {
+        ranks
+            .iter()
+            .map(|&r| {
+                let id = id.clone();
+                std::thread::spawn(move || {
+                    let me: SocketAddr = format!("127.0.0.1:{}", 40000 + r).parse().unwrap();
+                    join(&id, r, n, me, 7, Instant::now() + Duration::from_secs(30))
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_rank_that_withdraws_fails_every_rank_at_once_naming_it() {
+        let id = UniqueId::new(Duration::from_secs(30)).unwrap();
+        let t0 = Instant::now();
+        let early = joiners(&id, &[0, 1], 4);
+        std::thread::sleep(Duration::from_millis(200));
+        id.withdraw(2, 4, "PCCL_RANKS_PER_NODE=abc: not a number");
+        // Rank 3 reports after the withdrawal and is told as well.
+        let late = joiners(&id, &[3], 4);
+        for (h, r) in early.into_iter().chain(late).zip([0, 1, 3]) {
+            let e = h
+                .join()
+                .unwrap()
+                .expect_err("a rank withdrew: no rank may join");
+            assert_eq!(e.kind(), crate::error::ErrorKind::Remote, "rank {r}: {e}");
+            let m = e.to_string();
+            assert!(
+                m.contains("rank 2 cannot join") && m.contains("PCCL_RANKS_PER_NODE=abc"),
+                "rank {r}: {m}"
+            );
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "took {:?}",
+            t0.elapsed()
+        );
+        // Every rank was told, so the rendezvous has ended: a late dial is refused at once.
+        std::thread::sleep(Duration::from_millis(100));
+        let t1 = Instant::now();
+        let e = join(
+            &id,
+            1,
+            4,
+            "127.0.0.1:1".parse().unwrap(),
+            7,
+            Instant::now() + Duration::from_secs(30),
+        )
+        .expect_err("the rendezvous has ended");
+        assert!(e.to_string().contains("refused"), "{e}");
+        assert!(
+            t1.elapsed() < Duration::from_secs(2),
+            "took {:?}",
+            t1.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_withdrawal_claiming_a_rank_that_reported_leaves_the_job_alone() {
+        let id = UniqueId::new(Duration::from_secs(30)).unwrap();
+        let first = joiners(&id, &[0], 2);
+        std::thread::sleep(Duration::from_millis(200));
+        id.withdraw(0, 2, "a second process that thinks it is rank 0");
+        id.withdraw(1, 3, "a process of another job size");
+        let table = joiners(&id, &[1], 2)
+            .into_iter()
+            .chain(first)
+            .map(|h| h.join().unwrap().expect("the job goes on"))
+            .collect::<Vec<_>>();
+        assert!(table.iter().all(|t| t.len() == 2));
     }
 }

@@ -42,8 +42,24 @@ pub fn from_env() -> Result<Kind> {
 }
 
 /// The transport of `rank` of `nranks` in the unique-id job `id`: TCP for `auto`/`tcp`,
-/// libfabric for `ofi`; threads and MPI cannot be joined through a unique id.
+/// libfabric for `ofi`; threads and MPI cannot be joined through a unique id. A rank that
+/// fails to join withdraws ([`UniqueId::withdraw`]), so the others fail at once naming it.
 pub fn join(
+    kind: Kind,
+    id: &UniqueId,
+    nranks: usize,
+    rank: usize,
+    chunk_bytes: usize,
+    timeout: Duration,
+) -> Result<Arc<dyn Transport>> {
+    let t = connect(kind, id, nranks, rank, chunk_bytes, timeout);
+    if let Err(e) = &t {
+        id.withdraw(rank, nranks, e.message());
+    }
+    t
+}
+
+fn connect(
     kind: Kind,
     id: &UniqueId,
     nranks: usize,

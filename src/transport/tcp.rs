@@ -443,10 +443,14 @@ fn dial(addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
     Ok(s.into())
 }
 
+/// Dials `addr` until `deadline`. A refused connection is final: every bootstrap address
+/// (the rendezvous, a rank's mesh listener) listens before anyone can know it, so a refusal
+/// means the process behind it has ended or given up, and waiting cannot help.
 pub(super) fn connect_retry(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream> {
     loop {
         match dial(addr, Duration::from_secs(2)) {
             Ok(s) => return Ok(s),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Err(e),
             Err(e) if Instant::now() >= deadline => return Err(e),
             Err(_) => std::thread::sleep(Duration::from_millis(10)),
         }

@@ -550,11 +550,14 @@ def main(rank, world, init, outdir, quick, phases=None):
         raise SystemExit(1)
 
 
-def bad_env_main(rank, world, init, outdir):
-    """Joins a pccl default group with an invalid ``PCCL_RANKS_PER_NODE`` (set by the test):
-    reports how long ``init_process_group`` took to fail and its message."""
+def bad_env_main(rank, world, init, outdir, only=None):
+    """Joins a pccl default group with an invalid ``PCCL_RANKS_PER_NODE`` (set by the test;
+    on rank ``only`` alone when given): reports how long ``init_process_group`` took to fail
+    and its message."""
     import time
 
+    if only is not None and rank != only:
+        os.environ.pop("PCCL_RANKS_PER_NODE", None)
     t0 = time.time()
     err = None
     try:

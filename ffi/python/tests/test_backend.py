@@ -80,21 +80,26 @@ def test_collectives_match_gloo_with_online_trials(shared_world):
     _phase(shared_world, 4, "online")
 
 
-def test_an_invalid_variable_fails_every_rank_at_once(tmp_path, monkeypatch):
-    """Rank 0 cannot create the group's unique id (PCCL_RANKS_PER_NODE=abc): it raises, and
-    the ranks waiting for the id in the store raise too, with rank 0's reason, instead of
-    waiting out the store's timeout."""
+@pytest.mark.parametrize("only", [None, 2], ids=["on_every_rank", "on_rank_2_only"])
+def test_an_invalid_variable_fails_every_rank_at_once(tmp_path, monkeypatch, only):
+    """An invalid PCCL_RANKS_PER_NODE ends the group's creation on every rank within seconds,
+    instead of a wait of the store's or the group's timeout (30 minutes). On every rank: rank
+    0 cannot create the unique id, raises, and the ranks waiting for the id in the store raise
+    with its reason. On rank 2 only: its pcclCommInitRank fails and withdraws from the
+    rendezvous, and ranks 0 and 1 raise naming rank 2 and its reason."""
     monkeypatch.setenv("PCCL_RANKS_PER_NODE", "abc")
     err, took = run_ranks(_dist_worker.bad_env_main, 3,
-                          (3, f"file://{tmp_path}/rendezvous", str(tmp_path)), 120)
+                          (3, f"file://{tmp_path}/rendezvous", str(tmp_path), only), 120)
     reps = reports(tmp_path, 3, name="bad-env-rank{r}.json", missing=False)
-    print(f"\nbad variable: {[(r['after_s'], (r['error'] or '')[:120]) for r in reps]}")
+    print(f"\nbad variable: {[(r['after_s'], (r['error'] or '')[:160]) for r in reps]}")
     assert err is None and len(reps) == 3, (err, reps)
     for r, rep in enumerate(reps):
         assert rep["error"] and "PCCL_RANKS_PER_NODE=abc" in rep["error"], (r, rep)
         assert rep["after_s"] < 30, (r, rep)
-        if r > 0:
+        if only is None and r > 0:
             assert "rank 0 of the group" in rep["error"], (r, rep)
+        if only is not None and r != only:
+            assert f"rank {only} cannot join" in rep["error"], (r, rep)
 
 
 def test_import_registers_backend():
