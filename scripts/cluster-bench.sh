@@ -7,17 +7,19 @@
 #
 #   scripts/cluster-bench.sh [--out docs/cluster] [--rate 200mbit] [--sizes 1K:1M] \
 #       [--shapes "4x4 8x2"] [--nics "1 2 4"] [--colls "allgather reducescatter"] [--iters 3] \
-#       [--tuned] [--no-mpi] [--batch-ms MS] [--algos LIST]
+#       [--tuned [--tune-each]] [--no-mpi] [--pin] [--batch-ms MS] [--algos LIST]
 #
 # --tuned: the model's profile is measured inside the cluster first (pccl-tune --transport tcp
 # on the shape's ranks, once per shape and K, under mpiexec unless --no-mpi) instead of
-# written from R and K alone.
+# written from R and K alone. --tune-each: once per collective, just before it, so the profile
+# is at most one collective's run old (the host's speed drifts over minutes on a shared VM).
 # --no-mpi: PCCL's own processes (no mpiexec, no MPI row). --batch-ms: calls per timed round
 # grow until a round lasts about that long (small sizes otherwise time the barrier's skew).
+# --pin (with --no-mpi): each node's ranks on their own share of the cores (cluster.sh run --pin).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=docs/cluster rate=200mbit sizes=1K:1M shapes="4x4 8x2" nics="1 2 4"
-colls="allgather reducescatter" iters=3 tag="" tuned=0 mpi=1 batch_ms=""
+colls="allgather reducescatter" iters=3 tag="" tuned=0 mpi=1 batch_ms="" pin=0 tune_each=0
 algos=auto,ring,rd,hier-rd,hier-ring,hier-rd-pipe4,hier-ring-pipe4
 while [ $# -gt 0 ]; do
     case $1 in
@@ -30,7 +32,9 @@ while [ $# -gt 0 ]; do
         --iters) iters=$2; shift 2 ;;
         --tag) tag=-${2#-}; shift 2 ;;
         --tuned) tuned=1; shift ;;
+        --tune-each) tune_each=1; shift ;;
         --no-mpi) mpi=0; shift ;;
+        --pin) pin=1; shift ;;
         --batch-ms) batch_ms=$2; shift 2 ;;
         --algos) algos=$2; shift 2 ;;
         *) echo "cluster-bench.sh: unknown option $1" >&2; exit 2 ;;
@@ -43,26 +47,37 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 launch=()
 if [ "$mpi" = 1 ]; then algos=$algos,mpi launch=(--mpi); fi
+if [ "$pin" = 1 ]; then
+    [ "$mpi" = 0 ] || { echo "cluster-bench.sh: --pin needs --no-mpi" >&2; exit 2; }
+    launch=(--pin)
+fi
 extra=()
 if [ -n "$batch_ms" ]; then extra=(--batch-ms "$batch_ms"); fi
+# pccl-tune on the shape's ranks, writing profile $1. Under mpiexec when the benchmark is: an
+# initialised MPI takes core time. A rank stuck in MPI_Finalize (UCX across namespaces) fails
+# the run after the profile is written: the profile decides.
+tune() {
+    rm -f "$1"
+    scripts/cluster.sh run "${launch[@]}" --ranks-per-node "$m" --timeout 300 -- \
+        "$PWD/$tune" --transport tcp -o "$1" >&2 || [ -s "$1" ] ||
+        { echo "cluster-bench.sh: pccl-tune failed on ${n}x$m K=$k" >&2; exit 1; }
+}
 for shape in $shapes; do
     n=${shape%x*} m=${shape#*x}
     for k in $nics; do
         scripts/cluster.sh up --nodes "$n" --nics "$k" --rate "$rate" >/dev/null
         if [ "$tuned" = 1 ]; then
             prof="$out/profile-tuned-${n}x${m}-k${k}-$rate$tag.toml"
-            rm -f "$prof"
-            # Under mpiexec when the benchmark is: an initialised MPI takes core time. A
-            # rank stuck in MPI_Finalize (UCX across namespaces) fails the run after the
-            # profile is written: the profile decides.
-            scripts/cluster.sh run "${launch[@]}" --ranks-per-node "$m" --timeout 300 -- \
-                "$PWD/$tune" --transport tcp -o "$prof" >&2 || [ -s "$prof" ] ||
-                { echo "cluster-bench.sh: pccl-tune failed on ${n}x$m K=$k" >&2; exit 1; }
+            [ "$tune_each" = 1 ] || tune "$prof"
         else
             prof="$out/profile-${k}nic-$rate.toml"
             scripts/cluster.sh profile >"$prof"
         fi
         for coll in $colls; do
+            if [ "$tuned" = 1 ] && [ "$tune_each" = 1 ]; then
+                prof="$out/profile-tuned-${coll}-${n}x${m}-k${k}-$rate$tag.toml"
+                tune "$prof"
+            fi
             f="$out/${coll}-${n}x${m}-k${k}-${rate}${tag}.json"
             echo "== $shape K=$k $coll -> $f" >&2
             scripts/cluster.sh run "${launch[@]}" --ranks-per-node "$m" --timeout 1500 -- \

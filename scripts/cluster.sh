@@ -3,7 +3,7 @@
 # rail (NIC index) in a "switch" namespace, `htb` giving every NIC a rate in both directions.
 #
 #   scripts/cluster.sh up --nodes N --nics K --rate 200mbit [--burst 32k] [--name pcc]
-#   scripts/cluster.sh run [--ranks-per-node M] [--timeout S] [--mpi] [--keep-logs] -- CMD ARGS...
+#   scripts/cluster.sh run [--ranks-per-node M] [--timeout S] [--mpi] [--pin] [--keep-logs] -- CMD ARGS...
 #   scripts/cluster.sh exec NODE -- CMD ARGS...       one command inside node NODE
 #   scripts/cluster.sh link NODE NIC up|down          take a NIC down (faults) or back up
 #   scripts/cluster.sh partition A B cut|heal         cut every path between nodes A and B
@@ -29,7 +29,9 @@
 # output goes to the terminal, every rank's to STATE/run/rank<r>.log; the exit status is the
 # first failing rank's. `--mpi` starts CMD under MPICH's mpiexec instead (hydra's ssh launcher
 # pointed at a script that enters the node), with UCX on tcp. `--timeout` kills a run that
-# outlives it (exit 124).
+# outlives it (exit 124). `--pin` gives each node its own share of the host's cores (node i
+# on core i mod C when there are at least as many nodes as cores C, else a contiguous range of
+# C/N cores), as a real node owns its cores; without it the scheduler moves every rank freely.
 #
 # Needs root, ip, tc, unshare; `up` says why and exits 77 where the machine does not allow it.
 # `down` removes namespaces, veths, processes, /etc/netns entries and leaked /dev/shm rings,
@@ -370,12 +372,13 @@ nic_map() {
 
 cmd_run() {
     load
-    local m=1 timeout=0 mpi=0 keep=0
+    local m=1 timeout=0 mpi=0 keep=0 pin=0
     while [ $# -gt 0 ]; do
         case $1 in
             --ranks-per-node) m=$2; shift 2 ;;
             --timeout) timeout=$2; shift 2 ;;
             --mpi) mpi=1; shift ;;
+            --pin) pin=1; shift ;;
             --keep-logs) keep=1; shift ;;
             --) shift; break ;;
             *) die "run: unknown option $1 (the command goes after --)" ;;
@@ -385,19 +388,29 @@ cmd_run() {
     local s run world; s=$(state); run="$s/run"; world=$((NODES * m))
     rm -rf "$run"; mkdir -p "$run"; chmod 700 "$run"
     if [ "$mpi" = 1 ]; then
+        [ "$pin" = 0 ] || die "run: --pin is not supported with --mpi (hydra places the ranks)"
         run_mpi "$m" "$timeout" "$@"
         return
     fi
     : >"$s/pids"
-    local r i l map
+    local r i l map ncpu
     map=$(nic_map "$m")
+    ncpu=$(nproc)
     for ((i = 0; i < NODES; i++)); do
+        local pre=()
+        if [ "$pin" = 1 ]; then
+            if [ "$NODES" -ge "$ncpu" ]; then
+                pre=(taskset -c $((i % ncpu)))
+            else
+                pre=(taskset -c "$((i * ncpu / NODES))-$(((i + 1) * ncpu / NODES - 1))")
+            fi
+        fi
         for ((l = 0; l < m; l++)); do
             r=$((i * m + l))
             env PCCL_RANK="$r" PCCL_WORLD_SIZE="$world" LOCAL_RANK="$l" LOCAL_WORLD_SIZE="$m" \
                 PCCL_UNIQUE_ID_FILE="$run/id" PCCL_TOPO_FILE="$s/topo.xml" \
                 PCCL_NIC_MAP="$map" PCCL_CLUSTER_NODE="$i" \
-                ip netns exec "$(ns_node "$i")" unshare --uts sh -c 'hostname "$0" && exec "$@"' \
+                "${pre[@]}" ip netns exec "$(ns_node "$i")" unshare --uts sh -c 'hostname "$0" && exec "$@"' \
                 "$(ns_node "$i")" "$@" >"$run/rank$r.log" 2>&1 &
             echo $! >>"$s/pids"
         done

@@ -10,7 +10,9 @@ cluster-report) is replaced, so several folders' reports can live in one documen
 For every run (shape N x M, K NICs, collective): one row per size with each entry's time (the
 slowest rank's, median over rounds: the collective's completion), its distance from the NIC
 floor and from the model, `auto` against the best fixed algorithm and against MPI's own
-collective. Then the issue's targets, counted over all runs. Times in ms.
+collective, and (where pccl-bench recorded it) the share of the host's CPU time its
+hypervisor stole while the size ran. Then the issue's targets, counted over all runs. Times
+in ms.
 """
 
 import glob
@@ -66,7 +68,10 @@ def size_name(b):
 def table(run):
     entries = [e for e in ["auto", "auto-online"] + FIXED + ["mpi"]
                if any(e in row for row in run["sizes"].values())]
-    head = ["size"] + entries + ["auto ran", "auto/best", "auto/mpi"]
+    steal = any(r.get("host_steal_pct") is not None
+                for row in run["sizes"].values() for r in row.values())
+    head = ["size"] + entries + ["auto ran", "auto/best", "auto/mpi"] + (
+        ["host steal %"] if steal else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for b in sorted(run["sizes"]):
         row = run["sizes"][b]
@@ -86,6 +91,9 @@ def table(run):
         cells.append(auto["algo"] if auto else "-")
         cells.append(f"{t(auto) / best:.2f}" if auto and best else "-")
         cells.append(f"{t(auto) / t(row['mpi']):.2f}" if auto and "mpi" in row else "-")
+        if steal:
+            st = [r["host_steal_pct"] for r in row.values() if r.get("host_steal_pct") is not None]
+            cells.append(f"{max(st):.1f}" if st else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -221,6 +221,9 @@ struct Row {
     slowest_us: Option<f64>,
     /// The model's prediction (`--model`).
     model_us: Option<f64>,
+    /// Share of the host's CPU time its hypervisor took (steal) while this size ran, in a
+    /// list run: a noisy neighbour, which no model of ours knows about.
+    steal_pct: Option<f64>,
 }
 
 fn fail(msg: impl std::fmt::Display) -> ! {
@@ -376,6 +379,7 @@ fn finish_row(comm: &Communicator, coll: Coll, op: ReduceOp, m: Measured) -> pcc
         median_us: None,
         slowest_us: Some(stats[1] * 1e6),
         model_us: None,
+        steal_pct: None,
     })
 }
 
@@ -841,6 +845,7 @@ fn json(rows: &[Row], comm_desc: &serde_json::Value, nic: bool) -> String {
                 "floor_us": r.floor_us,
                 "x_floor": r.floor_us.map(|f| if nic { r.slowest_us.unwrap_or(r.avg_us) } else { r.avg_us } / f), "wrong": r.wrong,
                 "scratch_bytes": r.scratch, "slowest_us": r.slowest_us, "model_us": r.model_us,
+                "host_steal_pct": r.steal_pct,
             });
             if let (Some(req), Some(med)) = (&r.requested, r.median_us) {
                 v["requested"] = req.as_str().into();

@@ -15,7 +15,9 @@
 //! records, or ALGO's with `q8:ALGO`; float dtypes; lossy, so `--check` skips them): its time against the plain all-gather's on the same data. `q8h` and `q4h` run
 //! the reduce-scatter by recursive halving between nodes (`QuantScheme::Halving`) instead
 //! of the two all-to-alls. With `--nic-rate` each row
-//! also shows its NIC floor.
+//! also shows its NIC floor. Each row of the JSON also carries the share of the host's CPU
+//! time its hypervisor stole while that size ran (`host_steal_pct`, from `/proc/stat`): on a
+//! shared VM a noisy neighbour slows every entry of a size alike, and says so there.
 
 use super::{bounds, count_wrong, input_of, iters_for, lens, Args, Coll, Native, Row};
 use pccl::{Communicator, DType, Element, Quant, QuantScheme, ReduceOp};
@@ -321,9 +323,24 @@ pub fn run_size<T: Element>(
             wrong: wrong_all[a] as u64,
             requested: Some(names[a].clone()),
             median_us: Some(med * 1e6),
+            steal_pct: None,
         });
     }
     Ok(rows)
+}
+
+/// The host's CPU time stolen by its hypervisor and its whole CPU time so far, in clock
+/// ticks (`/proc/stat`'s `cpu` line: steal is its eighth value); `None` where unreadable.
+fn host_cpu() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    (v.len() == 8).then(|| (v[7], v.iter().sum()))
 }
 
 /// Every size of every collective with the algorithms of `names` interleaved.
@@ -388,7 +405,15 @@ pub fn bench(
                     run_size::<$t>(comm, native, &subs, names, coll, op, b, args)?
                 };
             }
-            let got = by_dtype!(dtype, go);
+            let before = host_cpu();
+            let mut got = by_dtype!(dtype, go);
+            if let (Some(a), Some(b)) = (before, host_cpu()) {
+                let total = b.1.saturating_sub(a.1);
+                if total > 0 {
+                    let pct = 100.0 * b.0.saturating_sub(a.0) as f64 / total as f64;
+                    got.iter_mut().for_each(|r| r.steal_pct = Some(pct));
+                }
+            }
             if comm.rank() == 0 && !args.json {
                 for r in &got {
                     let mut s = format!(
