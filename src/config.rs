@@ -5,6 +5,7 @@
 //! | `PCCL_DEBUG` | `WARN`, `INFO` (print each algorithm choice) or `TRACE` | `WARN` |
 //! | `PCCL_ALGO` | `auto`, `ring`, `rd`, `rdv` (whole-vector all-reduce; `rd` elsewhere), `hier-rd`, `hier-ring`, `hier-INTER-INTRA`, any hierarchy overlapped in K pieces as `HIER-pipeK` (`hier-rd-pipe8`, K ≤ 64), or per collective `allgather:hier-rd;reducescatter:ring` (a bare entry: the rest) | `auto` |
 //! | `PCCL_TUNE_ONLINE` | timed calls per candidate with which the first calls of each collective and size try the algorithms the model predicts within 1.5× of its best (at most 3) in turn, each for that many calls in a row after one that warms up, the ranks then keeping the fastest by the slowest rank's median; `on` = `8`, `0`/`off` keeps the model's choice. Choices then depend on timing: floating-point sums may round differently from run to run | `0` |
+//! | `PCCL_TUNE_MARGIN` | how much faster (a fraction) the model must predict a more involved plan than the simpler one it would replace, per step: each doubling of an overlapped hierarchy's pieces beyond two, recursive doubling inside the node instead of the ring; `0` takes the model's fastest as is (every rank must set the same) | `0.05` |
 //! | `PCCL_TUNE_FILE` | the tuner's machine profile (TOML, written by `pccl-tune`) | `$XDG_CONFIG_HOME/pccl/tune.toml` if present, else built in |
 //! | `PCCL_RANKS_PER_NODE` | pretend nodes of this many consecutive ranks | real hosts |
 //! | `PCCL_GROUP_SIZE` | ranks per group inside a node (the level of three-level algorithms) | GPUs under one PCI parent, else none |
@@ -88,6 +89,8 @@ pub struct Config {
     /// Timed calls per candidate of the online trials (`PCCL_TUNE_ONLINE`; 0: none, the
     /// model's choice stands).
     pub tune_online: usize,
+    /// Near-tie margin of the tuner (`PCCL_TUNE_MARGIN`, [`crate::model::tuner::TIE_MARGIN`]).
+    pub tune_margin: f64,
     /// NCCL for the intra-node level of device collectives.
     pub nccl: NcclMode,
     /// Device collectives on a transport that moves device memory hand it device pointers
@@ -118,6 +121,7 @@ impl Default for Config {
             alltoall_direct_max: crate::plan::alltoall::DIRECT_MAX_BLOCK_BYTES,
             model: CostParams::default(),
             tune_online: 0,
+            tune_margin: crate::model::tuner::TIE_MARGIN,
             nccl: NcclMode::Auto,
             device_direct: true,
             faults: Vec::new(),
@@ -259,6 +263,19 @@ impl Config {
         }
         if let Some(v) = var("PCCL_TUNE_ONLINE") {
             c.tune_online = parse_tune_online(&v)?;
+        }
+        if let Some(v) = var("PCCL_TUNE_MARGIN") {
+            c.tune_margin = v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|m| (0.0..=1.0).contains(m))
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "PCCL_TUNE_MARGIN={v}: expected a fraction from 0 to 1 (0.05: a more \
+                         involved plan must be predicted 5% faster per step)"
+                    ))
+                })?;
         }
         if let Some(v) = var("PCCL_NCCL") {
             c.nccl = match v.to_ascii_lowercase().as_str() {

@@ -396,6 +396,10 @@ fn an_emulated_cluster_runs_checked_collectives_on_the_mapped_nics_and_fails_cle
         p.inter.nic_bandwidth_gbps
     );
     assert_eq!((p.inter.nics, p.oversub.nodes_per_host), (NICS, NODES));
+    // The nodes share the CPUs the ranks' affinity masks allow between them: here, unpinned,
+    // every CPU this process may use.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(p.oversub.cores, cpus, "cores the nodes share");
 
     // A node lost (node 2's ranks exit abruptly mid-run): the survivors' calls fail, the
     // lost ranks show in `dead_ranks()`, the survivors shrink them out and go on, every

@@ -65,7 +65,8 @@ pub fn settle(
 }
 
 /// Communicators over `comm`'s ranks, one per algorithm of `algos` (`auto`: the tuner's;
-/// `auto-online`: the tuner's with its online trials); `None` for `mpi` (MPI's own).
+/// `auto-pure`: the tuner's without its near-tie margin; `auto-online`: the tuner's with its
+/// online trials); `None` for `mpi` (MPI's own).
 pub fn split_per_algo(
     comm: &Communicator,
     algos: &[String],
@@ -84,6 +85,10 @@ pub fn split_per_algo(
             _ => a.as_str(),
         };
         cfg.algo = if a == "auto" {
+            None
+        } else if a == "auto-pure" {
+            // The model's fastest as is, no near-tie margin (PCCL_TUNE_MARGIN=0).
+            cfg.tune_margin = 0.0;
             None
         } else if a == "auto-online" {
             online(&mut cfg);

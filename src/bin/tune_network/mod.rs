@@ -13,7 +13,9 @@
 //!
 //! The host's own terms (copies, reductions) come from `--base` (a `pccl-tune` profile of one
 //! node, threads), else PCCL's defaults. Nodes that share one machine (network namespaces)
-//! are found by the kernel's boot id: their ranks share its cores.
+//! are found by the kernel's boot id: their ranks share the CPUs their affinity masks allow
+//! between them. Every timing is pccl-bench's: each round's slowest rank, the median over
+//! rounds.
 
 use pccl::config::Config;
 use pccl::model::network_fit::{self, NetworkTimings};
@@ -45,8 +47,12 @@ fn cfg_with(algo: Option<Algorithm>) -> pccl::Result<Config> {
     Ok(cfg)
 }
 
-/// The median time of one all-gather of `bytes` per rank on `comm`, the slowest rank's:
-/// rounds of back-to-back calls after a barrier, as pccl-bench times.
+/// The time of one all-gather of `bytes` per rank on `comm` as pccl-bench times it: rounds of
+/// back-to-back calls after a barrier, each round's time its slowest rank's (the collective
+/// is done when every rank is), the median over rounds. (Until 2026-11-29 it took each rank's
+/// median first and then the slowest of those, which drops the round in which some rank was
+/// descheduled: with 16 processes on 2 cores that put the world's 1 KiB timings 1.2–1.7×
+/// below what pccl-bench measured for the same calls, and the fitted model as far.)
 fn slowest(comm: &Communicator, bytes: usize, quick: bool) -> pccl::Result<f64> {
     let n = (bytes / 4).max(1);
     let input = vec![1f32; n];
@@ -64,11 +70,10 @@ fn slowest(comm: &Communicator, bytes: usize, quick: bool) -> pccl::Result<f64> 
         }
         v.push(t.elapsed().as_secs_f64() / per_round as f64);
     }
-    v.sort_by(f64::total_cmp);
-    let mine = [v[v.len() / 2]];
-    let mut worst = [0f64];
-    comm.all_reduce(&mine, &mut worst, ReduceOp::Max)?;
-    Ok(worst[0])
+    let mut worst = vec![0f64; v.len()];
+    comm.all_reduce(&v, &mut worst, ReduceOp::Max)?;
+    worst.sort_by(f64::total_cmp);
+    Ok(worst[worst.len() / 2])
 }
 
 /// The pair `members` (world ranks) measured over [`PAIR_SIZES`]; the others wait.
@@ -109,23 +114,62 @@ fn intra_all(world: &Communicator, quick: bool) -> pccl::Result<f64> {
     Ok(worst[0])
 }
 
-/// How many nodes of the world run on this machine (same kernel boot id as node 0).
-fn nodes_per_host(world: &Communicator) -> pccl::Result<usize> {
+/// Words of the CPU masks the ranks exchange (CPUs 0…1023).
+const MASK_WORDS: usize = 16;
+
+/// The CPUs this process may run on (its affinity mask), as [`MASK_WORDS`] 64-bit words;
+/// every CPU the machine has online where the mask cannot be read.
+fn cpu_mask() -> [u64; MASK_WORDS] {
+    let mut words = [0u64; MASK_WORDS];
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity writes at most its
+    // size into it; CPU_ISSET reads it for CPUs below CPU_SETSIZE only.
+    let got = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        let ok = libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0;
+        if ok {
+            let n = (MASK_WORDS * 64).min(libc::CPU_SETSIZE as usize);
+            for cpu in (0..n).filter(|&c| libc::CPU_ISSET(c, &set)) {
+                words[cpu / 64] |= 1 << (cpu % 64);
+            }
+        }
+        ok
+    };
+    if !got || words.iter().all(|&w| w == 0) {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        for cpu in 0..n.min(MASK_WORDS * 64) {
+            words[cpu / 64] |= 1 << (cpu % 64);
+        }
+    }
+    words
+}
+
+/// How many nodes of the world run on node 0's machine (same kernel boot id), and how many
+/// CPUs their ranks may use between them (the union of their affinity masks: all the
+/// machine's CPUs when nothing pins them, the nodes' own shares under `cluster.sh run
+/// --pin`, whereas one rank's own mask would count only its own share).
+fn host_share(world: &Communicator) -> pccl::Result<(usize, usize)> {
     let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
     let h = id.trim().bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
     });
-    let mut all = vec![0u64; world.size()];
-    world.all_gather(&[h], &mut all)?;
+    let mut mine = vec![h];
+    mine.extend(cpu_mask());
+    let w = 1 + MASK_WORDS;
+    let mut all = vec![0u64; w * world.size()];
+    world.all_gather(&mine, &mut all)?;
     let topo = world.topology();
-    let first = |n: &Vec<usize>| n.first().map(|&r| all[r]);
-    let mine = first(&topo.nodes()[0]);
-    Ok(topo
-        .nodes()
-        .iter()
-        .filter(|n| first(n) == mine)
-        .count()
-        .max(1))
+    let host = |r: usize| all[r * w];
+    let first = |n: &Vec<usize>| n.first().map(|&r| host(r));
+    let node0 = first(&topo.nodes()[0]);
+    let nodes = topo.nodes().iter().filter(|n| first(n) == node0).count();
+    let mut union = [0u64; MASK_WORDS];
+    for r in (0..world.size()).filter(|&r| Some(host(r)) == node0) {
+        for (u, m) in union.iter_mut().zip(&all[r * w + 1..(r + 1) * w]) {
+            *u |= m;
+        }
+    }
+    let cpus = union.iter().map(|u| u.count_ones() as usize).sum::<usize>();
+    Ok((nodes.max(1), cpus.max(1)))
 }
 
 /// Measures on the launched world `world` and returns the profile (on rank 0; `None`
@@ -157,7 +201,7 @@ pub fn run(
         runs.push((algo, WORLD_BYTES, slowest(&comm, WORLD_BYTES, a.quick)?));
     }
     let all_nodes = intra_all(world, a.quick)?;
-    let per_host = nodes_per_host(world)?;
+    let (per_host, host_cpus) = host_share(world)?;
     if world.rank() != 0 {
         return Ok(None);
     }
@@ -169,7 +213,7 @@ pub fn run(
         nodes,
         ranks_per_node: m,
         nics,
-        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cores: host_cpus,
         nodes_per_host: per_host,
         inter_pair: inter,
         intra_pair: intra,

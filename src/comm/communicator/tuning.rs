@@ -98,7 +98,8 @@ impl Inner {
             return Ok(());
         }
         let prof = &self.cfg.profile;
-        let (choice, scored) = tuner::choose_with(coll, &self.topo, block_bytes, prof)?;
+        let (choice, scored) =
+            tuner::choose_with_margin(coll, &self.topo, block_bytes, prof, self.cfg.tune_margin)?;
         // Raw tuned pieces: `plan` applies an explicit PCCL_CHUNK_SIZE over them.
         let best: Tuned = (choice.algo, Some(choice.piece_bytes));
         let mut cands = vec![best];
