@@ -52,35 +52,21 @@ pub fn join(
     chunk_bytes: usize,
     timeout: Duration,
 ) -> Result<Arc<dyn Transport>> {
-    let t = connect(kind, id, nranks, rank, chunk_bytes, timeout);
-    if let Err(e) = &t {
-        id.withdraw(rank, nranks, e.message());
-    }
-    t
-}
-
-fn connect(
-    kind: Kind,
-    id: &UniqueId,
-    nranks: usize,
-    rank: usize,
-    chunk_bytes: usize,
-    timeout: Duration,
-) -> Result<Arc<dyn Transport>> {
-    match kind {
-        Kind::Auto | Kind::Tcp => Ok(Arc::new(super::tcp::TcpTransport::connect(
-            id,
-            nranks,
-            rank,
-            chunk_bytes,
-            timeout,
-        )?)),
+    let t = match kind {
+        Kind::Auto | Kind::Tcp => {
+            super::tcp::TcpTransport::connect(id, nranks, rank, chunk_bytes, timeout)
+                .map(|t| Arc::new(t) as Arc<dyn Transport>)
+        }
         Kind::Ofi => ofi(id, nranks, rank, chunk_bytes, timeout),
         Kind::Threads | Kind::Mpi => Err(Error::usage(format!(
             "PCCL_TRANSPORT={kind:?}: a unique-id job (pcclCommInitRank) runs on tcp or ofi; \
              use pcclCommInitMPIWorld for MPI, thread-ranks in one process for threads"
         ))),
+    };
+    if let Err(e) = &t {
+        id.withdraw(rank, nranks, e.message());
     }
+    t
 }
 
 #[cfg(feature = "ofi")]
