@@ -52,7 +52,7 @@ class _DoneOp:
         return True
 
     @staticmethod
-    def finish(blocking=True) -> bool:
+    def finish(blocking=True, timeout=-1) -> bool:
         return True
 
 
@@ -80,10 +80,11 @@ class _Op:
     def test(self) -> bool:
         return self.finished or all(r.test() for r in self.requests)
 
-    def finish(self, blocking=True) -> bool:
+    def finish(self, blocking=True, timeout=-1) -> bool:
         """Waits for the requests (frees them), runs the copy-back, releases the tensors and
-        leaves the registry. Returns False when not blocking and another thread holds it."""
-        if not self.lock.acquire(blocking=blocking):
+        leaves the registry. Returns False when another thread holds it and this call does
+        not block (or ``timeout`` seconds pass first)."""
+        if not self.lock.acquire(blocking, timeout if blocking else -1):
             return False
         try:
             if not self.finished:
@@ -136,6 +137,10 @@ def inflight() -> int:
     return len(_INFLIGHT)
 
 
+# How long reap() waits for another thread that is finishing an ended operation.
+_FINISHING_S = 5.0
+
+
 def reap() -> int:
     """Finishes every in-flight operation that has completed, without blocking (frees its
     requests and tensors); returns how many remain in flight."""
@@ -144,7 +149,10 @@ def reap() -> int:
     for op in ops:
         try:
             if op.test():
-                op.finish(blocking=False)
+                # Its requests have ended, so whoever else holds it (a future's thread, a
+                # wait() on another thread) is only finishing it: wait for that, briefly,
+                # rather than count it as still in flight.
+                op.finish(timeout=_FINISHING_S)
         except BaseException:  # noqa: BLE001 (kept on the op for a later wait())
             pass
     return len(_INFLIGHT)

@@ -81,3 +81,33 @@ def test_timeout_env_restored(monkeypatch):
     with _lib.timeout_env(5):
         pass
     assert "PCCL_TIMEOUT" not in os.environ
+
+
+def test_reap_counts_an_ended_operation_another_thread_is_finishing_as_done():
+    """The flake of 2026-11-29 (newest torch, world 4): torch's wrapper had asked a dropped
+    Work for its future, whose thread held the operation while it freed the ended request;
+    reap() then skipped it and counted it as still in flight. Now reap() waits for that
+    thread (its requests have ended, so it is only finishing)."""
+    import threading
+    import time
+
+    from pccl import _work
+
+    class SlowlyFreed:  # a request that has ended but takes a while to free
+        def test(self):
+            return True
+
+        def wait(self):
+            time.sleep(0.3)
+
+    op = _work._Op([SlowlyFreed()], keep=[], post=None, result=None, call="x", seq=1)
+    _work._register(op)
+    finisher = threading.Thread(target=op.finish)
+    finisher.start()
+    while not op.lock.locked():
+        time.sleep(0.001)
+    try:
+        assert _work.reap() == 0 and op.finished
+    finally:
+        finisher.join()
+        _work._unregister(op)
