@@ -29,6 +29,7 @@
 //! | `PCCL_OFI_WAIT` | idle `ofi` waits: `fd` (block on the completion queue's descriptor where the provider has one; not `shm`) or `poll` | `fd` |
 //! | `PCCL_OFI_HMEM` | device buffers to libfabric (`FI_HMEM`): `auto` (where the provider and every rank can), `0` (stage through host), `1` (fail init where this rank cannot) | `auto` |
 //! | `PCCL_OFI_HMEM_IFACE` | test hook: iface of device registrations, `cuda`, `rocr` or `system` | `cuda` |
+//! | `PCCL_TCP_RENDEZVOUS` | bytes from which a TCP message of a recursive-doubling or -halving plan over three nodes or more waits until its receiver is ready for it (so partners that drift apart do not share a link); each link uses the larger of its two ranks' settings; `off`: never wait. Each held message can cost a one-way latency: raise it (or `off`) where a 64 KiB message crosses its NIC in a few round trips (fast NICs); at 200 Mbit/s `16K` and `64K` measured alike and `off` up to 1.6× slower (docs/CLUSTER.md) | `64K` |
 //! | `PCCL_STAGING_POOL` | bytes of idle host staging buffers (packed sends, staged MPI receives) kept for reuse per process; `0` keeps none | `128M` |
 
 use crate::error::{Error, Result};
@@ -142,6 +143,25 @@ fn var(name: &str) -> Option<String> {
 fn parse_num<T: std::str::FromStr>(name: &str, v: &str) -> Result<T> {
     v.parse()
         .map_err(|_| Error::invalid(format!("{name}={v} is not a valid number")))
+}
+
+/// The TCP transport's rendezvous threshold (`PCCL_TCP_RENDEZVOUS`: a byte size, or `off`
+/// for none), [`crate::transport::tcp::RENDEZVOUS`] where unset.
+pub fn tcp_rendezvous() -> Result<usize> {
+    parse_tcp_rendezvous(var("PCCL_TCP_RENDEZVOUS"))
+}
+
+fn parse_tcp_rendezvous(v: Option<String>) -> Result<usize> {
+    match v {
+        None => Ok(crate::transport::tcp::RENDEZVOUS),
+        Some(v) if v.trim().eq_ignore_ascii_case("off") => Ok(usize::MAX),
+        Some(v) => parse_bytes(&v).ok().filter(|&b| b > 0).ok_or_else(|| {
+            Error::invalid(format!(
+                "PCCL_TCP_RENDEZVOUS={v}: expected a byte size above 0 (e.g. 16K, 64K) \
+                     or off"
+            ))
+        }),
+    }
 }
 
 /// Parses a byte size such as `4096`, `64K`, `16M`, `1G`.
@@ -296,6 +316,7 @@ impl Config {
         if let Some(v) = var("PCCL_DEVICE_DIRECT") {
             c.device_direct = parse_switch("PCCL_DEVICE_DIRECT", &v)?;
         }
+        tcp_rendezvous()?; // read by the TCP transport; checked here with the rest
         Ok(c)
     }
 }
@@ -316,5 +337,19 @@ mod tests {
         let e = parse_switch("PCCL_DEVICE_DIRECT", "2").unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
         assert!(e.message().contains("PCCL_DEVICE_DIRECT=2"), "{e}");
+    }
+
+    #[test]
+    fn tcp_rendezvous_takes_sizes_and_off_and_names_itself_when_wrong() {
+        let p = |v: Option<&str>| parse_tcp_rendezvous(v.map(str::to_string));
+        assert_eq!(p(None).unwrap(), 64 * 1024);
+        assert_eq!(p(Some("16K")).unwrap(), 16 * 1024);
+        assert_eq!(p(Some("100000")).unwrap(), 100_000);
+        assert_eq!(p(Some("Off")).unwrap(), usize::MAX);
+        for bad in ["0", "abc", "-4K"] {
+            let e = p(Some(bad)).unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
+            assert!(e.message().contains("PCCL_TCP_RENDEZVOUS"), "{e}");
+        }
     }
 }

@@ -318,3 +318,66 @@ fn ranks_that_disagree_in_a_rendezvous_fail_fast_and_the_next_call_works() {
         }
     }
 }
+
+/// Ranks whose `PCCL_TCP_RENDEZVOUS` differ (16 KiB, 64 KiB, off, 32 KiB) agree on each
+/// link's threshold (the larger of its two ends'), so every message is held on both sides
+/// or on neither: recursive doubling and halving are exact at counts on both sides of each
+/// threshold, with a different rank late to every call.
+#[test]
+fn ranks_with_different_rendezvous_settings_agree_per_link_and_stay_exact() {
+    use pccl::transport::tcp::TcpTransport;
+    let mine = [16 << 10, 64 << 10, usize::MAX, 32 << 10];
+    let p = mine.len();
+    let id = UniqueId::new(Duration::from_secs(30)).expect("rendezvous");
+    let bytes = id.to_bytes();
+    let res: Vec<Result<(), String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..p)
+            .map(|r| {
+                let bytes = &bytes;
+                s.spawn(move || {
+                    let id = UniqueId::from_bytes(bytes).expect("id parses");
+                    let t = TcpTransport::connect_with_rendezvous(
+                        &id,
+                        p,
+                        r,
+                        256 << 10,
+                        Duration::from_secs(30),
+                        false,
+                        mine[r],
+                    )
+                    .map_err(|e| e.to_string())?;
+                    for q in 0..p {
+                        let want = (q != r).then(|| mine[r].max(mine[q]));
+                        if t.rendezvous_with(q) != want {
+                            return Err(format!(
+                                "link to rank {q}: threshold {:?}, want {want:?}",
+                                t.rendezvous_with(q)
+                            ));
+                        }
+                    }
+                    let comm = Communicator::with_config(
+                        std::sync::Arc::new(t),
+                        cfg(1, Algorithm::Flat(LevelAlgo::Rd)),
+                    )
+                    .map_err(|e| e.to_string())?;
+                    for (i, n) in [3_000usize, 6_000, 12_000, 20_000, 70_001]
+                        .into_iter()
+                        .enumerate()
+                    {
+                        if comm.rank() == i % p {
+                            std::thread::sleep(Duration::from_millis(30));
+                        }
+                        exact_all_on(&comm, &[n])?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    });
+    for (r, x) in res.into_iter().enumerate() {
+        x.unwrap_or_else(|e| panic!("rank {r} (rendezvous from {}): {e}", mine[r]));
+    }
+}

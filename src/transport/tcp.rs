@@ -63,6 +63,7 @@ mod link;
 mod monitor;
 mod wire;
 mod writer;
+pub(crate) use self::wire::RENDEZVOUS;
 
 use self::link::{lock, Link, Target};
 use super::faults::{self, Faults};
@@ -142,6 +143,8 @@ pub struct TcpTransport {
     nodes: Vec<u64>,
     chunk: usize,
     timeout: Duration,
+    /// This rank's `PCCL_TCP_RENDEZVOUS` (each link uses the larger of its two ends').
+    rendezvous: usize,
     faults: Arc<Faults>,
     /// Tells the monitor thread to end.
     stop: Arc<AtomicBool>,
@@ -176,6 +179,22 @@ impl TcpTransport {
         timeout: Duration,
         use_shm: bool,
     ) -> Result<Self> {
+        let rendezvous = crate::config::tcp_rendezvous()?;
+        Self::connect_with_rendezvous(id, nranks, rank, chunk_bytes, timeout, use_shm, rendezvous)
+    }
+
+    /// [`TcpTransport::connect_with`] with this rank's rendezvous threshold given
+    /// (`PCCL_TCP_RENDEZVOUS` otherwise; `usize::MAX`: never wait): each link uses the larger
+    /// of its two ends' thresholds ([`TcpTransport::rendezvous_with`]).
+    pub fn connect_with_rendezvous(
+        id: &UniqueId,
+        nranks: usize,
+        rank: usize,
+        chunk_bytes: usize,
+        timeout: Duration,
+        use_shm: bool,
+        rendezvous: usize,
+    ) -> Result<Self> {
         if nranks == 0 || nranks > MAX_RANKS {
             return Err(Error::invalid(format!(
                 "rank {rank}: a TCP job has 1 to {MAX_RANKS} ranks, not {nranks}"
@@ -198,7 +217,10 @@ impl TcpTransport {
             rank,
             id.secret(),
             nodes,
-            chunk_bytes,
+            Sizes {
+                chunk: chunk_bytes,
+                rendezvous,
+            },
             timeout,
             deadline,
         )
@@ -215,7 +237,7 @@ impl TcpTransport {
         rank: usize,
         secret: &Secret,
         nodes: Vec<u64>,
-        chunk: usize,
+        sizes: Sizes,
         timeout: Duration,
         deadline: Instant,
     ) -> Result<Self> {
@@ -273,17 +295,47 @@ impl TcpTransport {
                 }
             }
         }
+        // Each link's rendezvous threshold: the larger of its two ends' settings, so both
+        // decide alike about every message (all write, then all read: 8 bytes fit any
+        // socket buffer).
+        let mut thresholds = vec![sizes.rendezvous; nodes.len()];
+        for st in streams.iter_mut().flatten() {
+            write_u64(st, sizes.rendezvous as u64)
+                .and_then(|_| st.flush())
+                .map_err(|e| io_err(&format!("rank {rank}: rendezvous setting"), e))?;
+        }
+        for (j, st) in streams.iter_mut().enumerate() {
+            if let Some(st) = st.as_mut() {
+                let theirs = read_u64(st).map_err(|e| {
+                    io_err(&format!("rank {rank}: rank {j}'s rendezvous setting"), e)
+                })?;
+                thresholds[j] = sizes
+                    .rendezvous
+                    .max(usize::try_from(theirs).unwrap_or(usize::MAX));
+            }
+        }
         let inbound = inbound.into_iter().map(|r| r.map(|(r, _)| r)).collect();
-        Self::from_streams(rank, streams, inbound, outbound, nodes, chunk, timeout)
+        Self::from_streams(
+            rank,
+            streams,
+            inbound,
+            outbound,
+            nodes,
+            sizes,
+            &thresholds,
+            timeout,
+        )
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn from_streams(
         rank: usize,
         streams: Vec<Option<TcpStream>>,
         inbound: Vec<Option<Ring>>,
         outbound: Vec<Option<Ring>>,
         nodes: Vec<u64>,
-        chunk: usize,
+        sizes: Sizes,
+        thresholds: &[usize],
         timeout: Duration,
     ) -> Result<Self> {
         let faults = Arc::new(Faults::default());
@@ -291,7 +343,8 @@ impl TcpTransport {
             rank,
             links: Vec::with_capacity(streams.len()),
             nodes,
-            chunk: chunk.max(4096),
+            chunk: sizes.chunk.max(4096),
+            rendezvous: sizes.rendezvous,
             timeout,
             faults: faults.clone(),
             stop: Arc::new(AtomicBool::new(false)),
@@ -307,7 +360,7 @@ impl TcpTransport {
                 t.links.push(None);
                 continue;
             };
-            let link = Arc::new(Link::new(
+            let mut link = Link::new(
                 rank,
                 peer,
                 faults.clone(),
@@ -315,7 +368,9 @@ impl TcpTransport {
                 ring_in,
                 ring_out,
                 bell.clone(),
-            )?);
+            )?;
+            link.rendezvous = thresholds[peer];
+            let link = Arc::new(link);
             let (tx, rx) = channel();
             let l = link.clone();
             let out = match &link.ring_out {
@@ -410,10 +465,24 @@ impl TcpTransport {
             me,
             &secret,
             nodes,
-            self.chunk,
+            Sizes {
+                chunk: self.chunk,
+                rendezvous: self.rendezvous,
+            },
             self.timeout,
             deadline(),
         )
+    }
+
+    /// Bytes from which the link to `peer` holds a recursive-doubling plan's message until
+    /// the peer is ready for it (the larger of the two ranks' settings); `None` for this rank
+    /// itself and for a peer on the same host (shared memory has no rendezvous).
+    pub fn rendezvous_with(&self, peer: usize) -> Option<usize> {
+        self.links
+            .get(peer)?
+            .as_ref()
+            .filter(|l| l.ring_in.is_none())
+            .map(|l| l.rendezvous)
     }
 
     fn link(&self, p: usize) -> Result<&Arc<Link>> {
@@ -422,6 +491,14 @@ impl TcpTransport {
             .and_then(Option::as_ref)
             .ok_or_else(|| Error::invalid(format!("rank {p} is not a peer of rank {}", self.rank)))
     }
+}
+
+/// A transport's byte sizes: its pipelined piece and its rendezvous threshold
+/// (`PCCL_TCP_RENDEZVOUS`).
+#[derive(Clone, Copy)]
+struct Sizes {
+    chunk: usize,
+    rendezvous: usize,
 }
 
 /// Dials `addr` from this rank's advertised address (`PCCL_SOCKET_ADDR`, the address of the

@@ -119,6 +119,10 @@ impl Early {
 /// The most payload bytes of small frames one link reads ahead of their receives; past it,
 /// a frame's header waits as `pending` (and what follows it in the socket).
 const EARLY_CAP: usize = 16 << 20;
+/// Frames below this many bytes are small: the monitor reads them whole ahead of their
+/// receive (up to [`EARLY_CAP`]), so a control frame or a short message never waits behind
+/// them; larger ones wait in the socket for their receive, which reads them in place.
+const EARLY_MAX: u64 = 64 * 1024;
 
 impl Inbox {
     /// Whether nothing more will arrive (EOF or a broken stream was seen).
@@ -166,6 +170,10 @@ fn deliver(target: Target<'_>, payload: &[u8]) {
 pub(super) struct Link {
     pub(super) rank: usize,
     pub(super) peer: usize,
+    /// Bytes from which this link's messages of recursive-doubling plans wait for their
+    /// receiver: the larger of the two ends' `PCCL_TCP_RENDEZVOUS`, set by the transport
+    /// once they are exchanged ([`wire::RENDEZVOUS`] until then).
+    pub(super) rendezvous: usize,
     pub(super) faults: Arc<Faults>,
     pub(super) inbox: Mutex<Inbox>,
     /// The socket's descriptor, for the monitor's poll.
@@ -232,6 +240,7 @@ impl Link {
         Ok(Link {
             rank,
             peer,
+            rendezvous: wire::RENDEZVOUS,
             faults,
             fd: s.as_raw_fd(),
             inbox: Mutex::new(Inbox {
@@ -350,7 +359,8 @@ impl Link {
     /// Sends the "ready" of a receive that follows in this phase ahead of it (before this
     /// rank's own sends of the phase, which would delay it in the stream).
     pub(super) fn expect(&self, tag: Tag, len: usize) {
-        if self.ring_in.is_some() || !wire::rendezvous(tag, len) || self.silenced() {
+        if self.ring_in.is_some() || !wire::rendezvous(tag, len, self.rendezvous) || self.silenced()
+        {
             return;
         }
         let mut a = lock(&self.announced);
@@ -386,7 +396,7 @@ impl Link {
         // (waited for), unless the receive wants a small message (which has no rendezvous).
         let other = |&(t, l): &(Tag, u64)| {
             (t != tag && faults::is_p2p(t) == faults::is_p2p(tag))
-                || (t == tag && l < wire::RENDEZVOUS as u64)
+                || (t == tag && l < self.rendezvous as u64)
         };
         if r.iter().any(other) {
             Readiness::Mismatch
@@ -632,7 +642,7 @@ impl Link {
             let Ok(h) = self.next(ib, &mut not_now) else {
                 return;
             };
-            if h.len < wire::RENDEZVOUS as u64 && ib.early_bytes + h.len as usize <= EARLY_CAP {
+            if h.len < EARLY_MAX && ib.early_bytes + h.len as usize <= EARLY_CAP {
                 ib.early_bytes += h.len as usize;
                 ib.filling = Some(Early::new(h));
             } else {
@@ -806,7 +816,7 @@ impl Link {
         // A receive without rendezvous that waits long tells the peer what it waits for
         // anyway: a peer holding a large message for it (ranks that disagree about the
         // length) lets it go, so the disagreement fails here at once, not at the deadline.
-        let mut said = wire::rendezvous(tag, len)
+        let mut said = wire::rendezvous(tag, len, self.rendezvous)
             || faults::is_p2p(tag)
             || faults::is_control(tag)
             || self.ring_in.is_some();
@@ -838,7 +848,7 @@ impl Link {
             let _one = lock(&self.ring_rx);
             return self.recv_ring(ring, tag, len, deadline, target, &mut idle);
         }
-        if wire::rendezvous(tag, len) && !self.take_announced(tag, len) {
+        if wire::rendezvous(tag, len, self.rendezvous) && !self.take_announced(tag, len) {
             // The sender holds a large message until this receive is under way.
             self.send_control(wire::ready(tag, len));
         }

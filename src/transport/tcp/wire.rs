@@ -31,21 +31,24 @@ pub const MAX_CONTROL: u64 = 64 * 1024;
 /// (eager: a blocking `send` never waits for its receive; a ring or a single exchange has
 /// nothing to gain and would pay a round trip per message, and on two nodes BBR turned the
 /// idle gap into 35 ms stalls, docs/CLUSTER.md).
-/// A constant, not a setting: both ends decide from the stamp and the length alone
-/// ([`rendezvous`]), so they never disagree about a message that matches. One that does
-/// not match (ranks that disagree) is let go as soon as the receiver says what it waits
-/// for instead, and fails there as an eager one does.
+/// The default of `PCCL_TCP_RENDEZVOUS`. Both ends of a link use the larger of their two
+/// settings (exchanged when the mesh is built), and decide from the stamp and the length
+/// alone ([`rendezvous`]), so they never disagree about a message that matches. One that
+/// does not match (ranks that disagree) is let go as soon as the receiver says what it
+/// waits for instead, and fails there as an eager one does.
 ///
 /// Why: a sender that pushes a large message to a peer still busy receiving from someone
 /// else shares that peer's link with the message it is waiting for, and slows the rank that
 /// is late already. Recursive doubling meets this whenever its pairwise exchanges drift
 /// apart (measured on the emulated cluster, docs/CLUSTER.md: 1.3–2.4x its NIC floor without,
 /// about 1.05x with). The price is at most one one-way latency per large message, when the
-/// receiver was not waiting yet anyway.
+/// receiver was not waiting yet anyway: worth it where a message takes many round trips to
+/// cross its link, not where it takes a few (`PCCL_TCP_RENDEZVOUS` moves the threshold).
 pub const RENDEZVOUS: usize = 64 * 1024;
-/// Whether a message of `len` bytes stamped `tag` waits for its receiver ([`RENDEZVOUS`]).
-pub fn rendezvous(tag: u64, len: usize) -> bool {
-    len >= RENDEZVOUS && faults::is_rendezvous(tag)
+/// Whether a message of `len` bytes stamped `tag` waits for its receiver, on a link whose
+/// rendezvous starts at `from` bytes ([`RENDEZVOUS`]).
+pub fn rendezvous(tag: u64, len: usize, from: usize) -> bool {
+    len >= from && faults::is_rendezvous(tag)
 }
 
 /// The frame by which a receive says it waits for a message of `len` bytes stamped `tag`.

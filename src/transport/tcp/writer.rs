@@ -282,7 +282,7 @@ pub(super) fn socket_writer(mut s: TcpStream, link: Arc<Link>, rx: Receiver<Job>
             Job::Wake => Ok(()),
             Job::Control(frame) => write_control(&mut s, &link, &frame),
             Job::Data(j) => {
-                if wire::rendezvous(j.tag, j.len) {
+                if wire::rendezvous(j.tag, j.len, link.rendezvous) {
                     if let Err(e) = await_ready(&mut s, &link, &j, &rx, &mut held) {
                         if !link.broken() {
                             link.on_failure(&format!("sending to it failed: {e}"));
