@@ -29,7 +29,8 @@
 # output goes to the terminal, every rank's to STATE/run/rank<r>.log; the exit status is the
 # first failing rank's. `--mpi` starts CMD under MPICH's mpiexec instead (hydra's ssh launcher
 # pointed at a script that enters the node), with UCX on tcp. `--timeout` kills a run that
-# outlives it (exit 124). `--pin` gives each node its own share of the host's cores (node i
+# outlives it (exit 124). PCCL's TCP sockets use cubic (PCCL_TCP_CONGESTION) unless the
+# caller set that variable: BBR misreads the htb burst. `--pin` gives each node its own share of the host's cores (node i
 # on core i mod C when there are at least as many nodes as cores C, else a contiguous range of
 # C/N cores), as a real node owns its cores; without it the scheduler moves every rank freely.
 #
@@ -387,6 +388,13 @@ cmd_run() {
     [ $# -gt 0 ] || die "run: no command (run [options] -- CMD ARGS...)"
     local s run world; s=$(state); run="$s/run"; world=$((NODES * m))
     rm -rf "$run"; mkdir -p "$run"; chmod 700 "$run"
+    # BBR, this host's default, probes the shaped NICs through the htb burst and stalls
+    # recursive doubling's exchanges (docs/CLUSTER.md, "Congestion control"): PCCL's sockets
+    # use cubic unless the caller chose (PCCL_TCP_CONGESTION=bbr, or empty for the default).
+    if [ -z "${PCCL_TCP_CONGESTION+x}" ] \
+        && grep -qw cubic /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null; then
+        export PCCL_TCP_CONGESTION=cubic
+    fi
     if [ "$mpi" = 1 ]; then
         [ "$pin" = 0 ] || die "run: --pin is not supported with --mpi (hydra places the ranks)"
         run_mpi "$m" "$timeout" "$@"

@@ -30,6 +30,7 @@
 //! | `PCCL_OFI_HMEM` | device buffers to libfabric (`FI_HMEM`): `auto` (where the provider and every rank can), `0` (stage through host), `1` (fail init where this rank cannot) | `auto` |
 //! | `PCCL_OFI_HMEM_IFACE` | test hook: iface of device registrations, `cuda`, `rocr` or `system` | `cuda` |
 //! | `PCCL_TCP_RENDEZVOUS` | bytes from which a TCP message of a recursive-doubling or -halving plan over three nodes or more waits until its receiver is ready for it (so partners that drift apart do not share a link); each link uses the larger of its two ranks' settings; `off`: never wait. Each held message can cost a one-way latency: raise it (or `off`) where a 64 KiB message crosses its NIC in a few round trips (fast NICs); at 200 Mbit/s `16K` and `64K` measured alike and `off` up to 1.6× slower (docs/CLUSTER.md) | `64K` |
+//! | `PCCL_TCP_CONGESTION` | congestion control of the TCP transport's sockets, a name from `net.ipv4.tcp_available_congestion_control` (`cubic`, `reno`, `bbr`); a socket that refuses it fails the communicator's creation naming it | the host's default |
 //! | `PCCL_STAGING_POOL` | bytes of idle host staging buffers (packed sends, staged MPI receives) kept for reuse per process; `0` keeps none | `128M` |
 
 use crate::error::{Error, Result};
@@ -161,6 +162,26 @@ fn parse_tcp_rendezvous(v: Option<String>) -> Result<usize> {
                      or off"
             ))
         }),
+    }
+}
+
+/// The TCP transport's congestion control (`PCCL_TCP_CONGESTION`: a name the kernel offers,
+/// such as `cubic` or `reno`), None for the host's default.
+pub fn tcp_congestion() -> Result<Option<String>> {
+    parse_tcp_congestion(var("PCCL_TCP_CONGESTION"))
+}
+
+fn parse_tcp_congestion(v: Option<String>) -> Result<Option<String>> {
+    match v {
+        None => Ok(None),
+        // The kernel's names are at most 15 bytes (TCP_CA_NAME_MAX).
+        Some(v) if v.len() < 16 && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') => {
+            Ok(Some(v))
+        }
+        Some(v) => Err(Error::invalid(format!(
+            "PCCL_TCP_CONGESTION={v}: expected a congestion control the kernel offers \
+             (net.ipv4.tcp_available_congestion_control, e.g. cubic or reno)"
+        ))),
     }
 }
 
@@ -316,7 +337,9 @@ impl Config {
         if let Some(v) = var("PCCL_DEVICE_DIRECT") {
             c.device_direct = parse_switch("PCCL_DEVICE_DIRECT", &v)?;
         }
-        tcp_rendezvous()?; // read by the TCP transport; checked here with the rest
+        // Read by the TCP transport; checked here with the rest.
+        tcp_rendezvous()?;
+        tcp_congestion()?;
         Ok(c)
     }
 }
@@ -350,6 +373,17 @@ mod tests {
             let e = p(Some(bad)).unwrap_err();
             assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
             assert!(e.message().contains("PCCL_TCP_RENDEZVOUS"), "{e}");
+        }
+    }
+
+    #[test]
+    fn tcp_congestion_takes_a_kernel_name_and_refuses_others() {
+        let p = |v: Option<&str>| parse_tcp_congestion(v.map(str::to_string));
+        assert_eq!(p(None).unwrap(), None);
+        assert_eq!(p(Some("cubic")).unwrap().as_deref(), Some("cubic"));
+        for bad in ["a b", "cubic;reno", "sixteen_letters_"] {
+            let e = p(Some(bad)).unwrap_err();
+            assert!(e.message().contains("PCCL_TCP_CONGESTION"), "{e}");
         }
     }
 }

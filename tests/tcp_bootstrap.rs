@@ -645,3 +645,84 @@ fn a_rank_that_dies_after_the_rendezvous_is_found_not_waited_out() {
     );
     drop(fake);
 }
+
+const ENV_CC_RANK: &str = "PCCL_BOOT_TEST_CC_RANK";
+const CC_TEST: &str = "a_congestion_control_setting_applies_or_fails_every_rank_naming_it";
+
+/// One rank of a two-process job over sockets only: prints `CC ok` after a checked
+/// all-reduce, or `CC err <message>`.
+fn cc_rank_child(rank: usize, id_hex: &str) {
+    let id = UniqueId::from_bytes(&unhex(id_hex)).expect("id from the parent");
+    let run = || -> Result<(), String> {
+        let t =
+            TcpTransport::connect_with(&id, 2, rank, 256 * 1024, Duration::from_secs(30), false)
+                .map_err(|e| e.to_string())?;
+        let comm =
+            Communicator::with_config(Arc::new(t), job_config()).map_err(|e| e.to_string())?;
+        let mut sum = vec![0f32; 70_001];
+        comm.all_reduce(&vec![1f32; 70_001], &mut sum, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+        match sum.iter().all(|&v| v == 2.0) {
+            true => Ok(()),
+            false => Err("wrong all-reduce result".into()),
+        }
+    };
+    match run() {
+        Ok(()) => println!("CC ok"),
+        Err(e) => println!("CC err {e}"),
+    }
+}
+
+/// `PCCL_TCP_CONGESTION` reaches every socket: `reno` (which every Linux allows) runs a
+/// checked all-reduce; a name the kernel does not have fails both ranks' creation with an
+/// error naming the variable, within seconds (never a hang at a timeout of 30 s).
+#[test]
+fn a_congestion_control_setting_applies_or_fails_every_rank_naming_it() {
+    if let (Ok(rank), Ok(id)) = (std::env::var(ENV_CC_RANK), std::env::var(ENV_ID)) {
+        cc_rank_child(rank.parse().expect("rank"), &id);
+        return;
+    }
+    for (cc, ok) in [("reno", true), ("nosuchcc", false)] {
+        let id = UniqueId::new(Duration::from_secs(30)).expect("rendezvous");
+        let start = Instant::now();
+        let children: Vec<Child> = (0..2)
+            .map(|r| {
+                Command::new(std::env::current_exe().expect("test executable"))
+                    .args(["--exact", CC_TEST, "--nocapture", "--test-threads=1"])
+                    .env(ENV_CC_RANK, r.to_string())
+                    .env(ENV_ID, hex(&id.to_bytes()))
+                    .env("PCCL_TCP_CONGESTION", cc)
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("spawn a rank")
+            })
+            .collect();
+        for (r, mut c) in children.into_iter().enumerate() {
+            let until = start + Duration::from_secs(20);
+            while c.try_wait().expect("wait").is_none() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let out = c.wait_with_output().expect("rank output");
+            let out = String::from_utf8_lossy(&out.stdout);
+            let line = out
+                .lines()
+                .find_map(|l| l.find("CC ").map(|at| &l[at..]))
+                .unwrap_or_else(|| panic!("{cc}: rank {r} did not finish within 20 s: {out}"));
+            eprintln!("{cc}: rank {r}: {line}");
+            if ok {
+                assert_eq!(line, "CC ok", "{cc}: rank {r}");
+            } else {
+                assert!(
+                    line.starts_with("CC err") && line.contains("PCCL_TCP_CONGESTION=nosuchcc"),
+                    "{cc}: rank {r} names the variable: {line}"
+                );
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{cc}: {:?}",
+            start.elapsed()
+        );
+    }
+}

@@ -145,6 +145,8 @@ pub struct TcpTransport {
     timeout: Duration,
     /// This rank's `PCCL_TCP_RENDEZVOUS` (each link uses the larger of its two ends').
     rendezvous: usize,
+    /// Congestion control of this rank's sockets (`PCCL_TCP_CONGESTION`; host default: None).
+    congestion: Option<Arc<str>>,
     faults: Arc<Faults>,
     /// Tells the monitor thread to end.
     stop: Arc<AtomicBool>,
@@ -217,9 +219,10 @@ impl TcpTransport {
             rank,
             id.secret(),
             nodes,
-            Sizes {
+            Settings {
                 chunk: chunk_bytes,
                 rendezvous,
+                congestion: crate::config::tcp_congestion()?.map(Arc::from),
             },
             timeout,
             deadline,
@@ -237,7 +240,7 @@ impl TcpTransport {
         rank: usize,
         secret: &Secret,
         nodes: Vec<u64>,
-        sizes: Sizes,
+        sizes: Settings,
         timeout: Duration,
         deadline: Instant,
     ) -> Result<Self> {
@@ -334,7 +337,7 @@ impl TcpTransport {
         inbound: Vec<Option<Ring>>,
         outbound: Vec<Option<Ring>>,
         nodes: Vec<u64>,
-        sizes: Sizes,
+        sizes: Settings,
         thresholds: &[usize],
         timeout: Duration,
     ) -> Result<Self> {
@@ -345,6 +348,7 @@ impl TcpTransport {
             nodes,
             chunk: sizes.chunk.max(4096),
             rendezvous: sizes.rendezvous,
+            congestion: sizes.congestion.clone(),
             timeout,
             faults: faults.clone(),
             stop: Arc::new(AtomicBool::new(false)),
@@ -360,6 +364,17 @@ impl TcpTransport {
                 t.links.push(None);
                 continue;
             };
+            if let Some(cc) = sizes.congestion.as_deref() {
+                socket2::SockRef::from(&s)
+                    .set_tcp_congestion(cc.as_bytes())
+                    .map_err(|e| {
+                        Error::invalid(format!(
+                            "rank {rank}: PCCL_TCP_CONGESTION={cc} on the socket to rank {peer}: \
+                             {e} (the kernel offers net.ipv4.tcp_available_congestion_control; \
+                             without CAP_NET_ADMIN only tcp_allowed_congestion_control)"
+                        ))
+                    })?;
+            }
             let mut link = Link::new(
                 rank,
                 peer,
@@ -465,9 +480,10 @@ impl TcpTransport {
             me,
             &secret,
             nodes,
-            Sizes {
+            Settings {
                 chunk: self.chunk,
                 rendezvous: self.rendezvous,
+                congestion: self.congestion.clone(),
             },
             self.timeout,
             deadline(),
@@ -493,12 +509,13 @@ impl TcpTransport {
     }
 }
 
-/// A transport's byte sizes: its pipelined piece and its rendezvous threshold
-/// (`PCCL_TCP_RENDEZVOUS`).
-#[derive(Clone, Copy)]
-struct Sizes {
+/// A transport's settings: its pipelined piece, its rendezvous threshold
+/// (`PCCL_TCP_RENDEZVOUS`) and its sockets' congestion control (`PCCL_TCP_CONGESTION`).
+#[derive(Clone)]
+struct Settings {
     chunk: usize,
     rendezvous: usize,
+    congestion: Option<Arc<str>>,
 }
 
 /// Dials `addr` from this rank's advertised address (`PCCL_SOCKET_ADDR`, the address of the
