@@ -87,7 +87,8 @@ pub fn split_per_algo(
         cfg.algo = if a == "auto" {
             None
         } else if a == "auto-pure" {
-            // The model's fastest as is, no near-tie margin (PCCL_TUNE_MARGIN=0).
+            // The model's fastest as is, no near-tie margin (PCCL_TUNE_MARGIN=0, the
+            // default: the same as `auto` unless that variable is set).
             cfg.tune_margin = 0.0;
             None
         } else if a == "auto-online" {
