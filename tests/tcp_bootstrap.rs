@@ -505,6 +505,22 @@ fn ring_files_are_private_and_do_not_reveal_the_secret() {
     drop(fake);
 }
 
+/// The line a child rank printed from `marker` on (libtest prints the test's name on the same
+/// line first), once it ended or `until` passed (then it is killed); its whole output if it
+/// printed none.
+fn report_line(mut c: Child, until: Instant, marker: &str) -> Result<String, String> {
+    while c.try_wait().expect("wait").is_none() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = c.kill();
+    let out = c.wait_with_output().expect("rank output");
+    let out = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = out
+        .lines()
+        .find_map(|l| l.find(marker).map(|at| l[at..].to_string()));
+    line.ok_or(out)
+}
+
 const ENV_INIT_RANK: &str = "PCCL_BOOT_TEST_INIT_RANK";
 const INIT_TEST: &str = "a_rank_that_cannot_join_fails_every_rank_at_once_naming_it";
 
@@ -558,20 +574,10 @@ fn a_rank_that_cannot_join_fails_every_rank_at_once_naming_it() {
             (r, c.spawn().expect("spawn a rank"))
         })
         .collect();
-    for (r, mut c) in children {
+    for (r, c) in children {
         // A hang would be a wait of 60 s: kill at 20 and report it.
-        let until = start + Duration::from_secs(20);
-        while c.try_wait().expect("wait").is_none() && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = c.kill();
-        let out = c.wait_with_output().expect("rank output");
-        let out = String::from_utf8_lossy(&out.stdout);
-        // libtest prints the test's name on the same line first.
-        let line = out
-            .lines()
-            .find_map(|l| l.find("INIT rc=").map(|at| &l[at..]))
-            .unwrap_or_else(|| panic!("rank {r} did not finish within 20 s: {out}"));
+        let line = report_line(c, start + Duration::from_secs(20), "INIT rc=")
+            .unwrap_or_else(|out| panic!("rank {r} did not finish within 20 s: {out}"));
         eprintln!("rank {r}: {line}");
         if r == 2 {
             assert!(
@@ -697,18 +703,9 @@ fn a_congestion_control_setting_applies_or_fails_every_rank_naming_it() {
                     .expect("spawn a rank")
             })
             .collect();
-        for (r, mut c) in children.into_iter().enumerate() {
-            let until = start + Duration::from_secs(20);
-            while c.try_wait().expect("wait").is_none() && Instant::now() < until {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = c.kill();
-            let out = c.wait_with_output().expect("rank output");
-            let out = String::from_utf8_lossy(&out.stdout);
-            let line = out
-                .lines()
-                .find_map(|l| l.find("CC ").map(|at| &l[at..]))
-                .unwrap_or_else(|| panic!("{cc}: rank {r} did not finish within 20 s: {out}"));
+        for (r, c) in children.into_iter().enumerate() {
+            let line = report_line(c, start + Duration::from_secs(20), "CC ")
+                .unwrap_or_else(|out| panic!("{cc}: rank {r} did not finish within 20 s: {out}"));
             eprintln!("{cc}: rank {r}: {line}");
             if ok {
                 assert_eq!(line, "CC ok", "{cc}: rank {r}");
