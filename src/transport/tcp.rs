@@ -187,7 +187,9 @@ impl TcpTransport {
 
     /// [`TcpTransport::connect_with`] with this rank's rendezvous threshold given
     /// (`PCCL_TCP_RENDEZVOUS` otherwise; `usize::MAX`: never wait): each link uses the larger
-    /// of its two ends' thresholds ([`TcpTransport::rendezvous_with`]).
+    /// of its two ends' thresholds ([`TcpTransport::rendezvous_with`]). The sockets'
+    /// congestion control comes from `PCCL_TCP_CONGESTION` (read before joining, so a bad
+    /// value fails here, not after the other ranks have started waiting).
     pub fn connect_with_rendezvous(
         id: &UniqueId,
         nranks: usize,
@@ -207,6 +209,7 @@ impl TcpTransport {
                 "rank {rank} is outside a job of {nranks} ranks"
             )));
         }
+        let congestion = crate::config::tcp_congestion()?.map(Arc::from);
         let (listener, me) = listen()?;
         let node = fnv1a(hostname().as_bytes());
         let deadline = Instant::now() + timeout;
@@ -222,7 +225,7 @@ impl TcpTransport {
             Settings {
                 chunk: chunk_bytes,
                 rendezvous,
-                congestion: crate::config::tcp_congestion()?.map(Arc::from),
+                congestion,
             },
             timeout,
             deadline,
