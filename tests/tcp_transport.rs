@@ -381,3 +381,61 @@ fn ranks_with_different_rendezvous_settings_agree_per_link_and_stay_exact() {
         x.unwrap_or_else(|e| panic!("rank {r} (rendezvous from {}): {e}", mine[r]));
     }
 }
+
+/// Ranks that disagree on the length of messages large enough to go single-copy over shared
+/// memory (offers read from the sender's memory; ranks as threads here, so one process reads
+/// itself): the receiver refuses the offer, both ends fail the call promptly instead of the
+/// sender waiting for a read that never comes, and the next call is exact.
+#[test]
+fn ranks_that_disagree_on_a_single_copy_message_fail_fast_and_the_next_call_works() {
+    use pccl::transport::tcp::TcpTransport;
+    let p = 4;
+    let id = UniqueId::new(Duration::from_secs(30)).expect("rendezvous");
+    let bytes = id.to_bytes();
+    let res: Vec<Result<Duration, String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..p)
+            .map(|r| {
+                let bytes = &bytes;
+                s.spawn(move || {
+                    let id = UniqueId::from_bytes(bytes).expect("id parses");
+                    let t = TcpTransport::connect_with(
+                        &id,
+                        p,
+                        r,
+                        256 << 10,
+                        Duration::from_secs(30),
+                        true,
+                    )
+                    .map_err(|e| e.to_string())?;
+                    if let Some(q) = (0..p).find(|&q| q != r && t.single_copy_with(q).is_none()) {
+                        return Err(format!("no single copy to rank {q}"));
+                    }
+                    let comm = Communicator::with_config(
+                        std::sync::Arc::new(t),
+                        cfg(1, Algorithm::Flat(LevelAlgo::Ring)),
+                    )
+                    .map_err(|e| e.to_string())?;
+                    let n = if r == 3 { 100_008 } else { 100_000 };
+                    let mut out = vec![0f32; n * p];
+                    let t0 = std::time::Instant::now();
+                    if comm.all_gather(&vec![1f32; n], &mut out).is_ok() {
+                        return Err(format!("the disagreeing all-gather ({n}) succeeded"));
+                    }
+                    let took = t0.elapsed();
+                    exact_all_on(&comm, &[70_001, 100_000])?;
+                    Ok(took)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    });
+    for (r, x) in res.into_iter().enumerate() {
+        let took = x.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        assert!(
+            took < Duration::from_secs(5),
+            "rank {r}: {took:?} to fail (timeout 30 s)"
+        );
+    }
+}
