@@ -31,7 +31,6 @@
 //! | `PCCL_OFI_HMEM_IFACE` | test hook: iface of device registrations, `cuda`, `rocr` or `system` | `cuda` |
 //! | `PCCL_TCP_RENDEZVOUS` | bytes from which a TCP message of a recursive-doubling or -halving plan over three nodes or more waits until its receiver is ready for it (so partners that drift apart do not share a link); each link uses the larger of its two ranks' settings; `off`: never wait. Each held message can cost a one-way latency: raise it (or `off`) where a 64 KiB message crosses its NIC in a few round trips (fast NICs); at 200 Mbit/s `16K` and `64K` measured alike and `off` up to 1.6× slower (docs/CLUSTER.md) | `64K` |
 //! | `PCCL_TCP_CONGESTION` | congestion control of the TCP transport's sockets, a name from `net.ipv4.tcp_available_congestion_control` (`cubic`, `reno`, `bbr`); a socket that refuses it fails the communicator's creation naming it | the host's default |
-//! | `PCCL_SHM_SINGLE_COPY` | bytes from which a message between two processes of one host (TCP transport's shared memory) is read by the receiver straight from the sender's memory (`process_vm_readv`: one copy instead of two, none by the sender) where both can (probed when the communicator is built); `off`: always through the ring | `256K` |
 //! | `PCCL_STAGING_POOL` | bytes of idle host staging buffers (packed sends, staged MPI receives) kept for reuse per process; `0` keeps none | `128M` |
 
 use crate::error::{Error, Result};
@@ -154,37 +153,13 @@ pub fn tcp_rendezvous() -> Result<usize> {
 }
 
 fn parse_tcp_rendezvous(v: Option<String>) -> Result<usize> {
-    parse_threshold(
-        "PCCL_TCP_RENDEZVOUS",
-        v,
-        crate::transport::tcp::RENDEZVOUS,
-        "16K, 64K",
-    )
-}
-
-/// The shared-memory single-copy threshold (`PCCL_SHM_SINGLE_COPY`: a byte size, or `off`),
-/// [`crate::transport::shm::SINGLE_COPY`] where unset.
-pub fn shm_single_copy() -> Result<usize> {
-    parse_shm_single_copy(var("PCCL_SHM_SINGLE_COPY"))
-}
-
-fn parse_shm_single_copy(v: Option<String>) -> Result<usize> {
-    parse_threshold(
-        "PCCL_SHM_SINGLE_COPY",
-        v,
-        crate::transport::shm::SINGLE_COPY,
-        "256K, 1M",
-    )
-}
-
-/// A byte threshold above 0, or `off` (`usize::MAX`: never reached); `default` where unset.
-fn parse_threshold(name: &str, v: Option<String>, default: usize, e_g: &str) -> Result<usize> {
     match v {
-        None => Ok(default),
+        None => Ok(crate::transport::tcp::RENDEZVOUS),
         Some(v) if v.trim().eq_ignore_ascii_case("off") => Ok(usize::MAX),
         Some(v) => parse_bytes(&v).ok().filter(|&b| b > 0).ok_or_else(|| {
             Error::invalid(format!(
-                "{name}={v}: expected a byte size above 0 (e.g. {e_g}) or off"
+                "PCCL_TCP_RENDEZVOUS={v}: expected a byte size above 0 (e.g. 16K, 64K) \
+                     or off"
             ))
         }),
     }
@@ -365,7 +340,6 @@ impl Config {
         // Read by the TCP transport; checked here with the rest.
         tcp_rendezvous()?;
         tcp_congestion()?;
-        shm_single_copy()?;
         Ok(c)
     }
 }
@@ -399,19 +373,6 @@ mod tests {
             let e = p(Some(bad)).unwrap_err();
             assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
             assert!(e.message().contains("PCCL_TCP_RENDEZVOUS"), "{e}");
-        }
-    }
-
-    #[test]
-    fn shm_single_copy_takes_sizes_and_off_and_names_itself_when_wrong() {
-        let p = |v: Option<&str>| parse_shm_single_copy(v.map(str::to_string));
-        assert_eq!(p(None).unwrap(), crate::transport::shm::SINGLE_COPY);
-        assert_eq!(p(Some("1M")).unwrap(), 1 << 20);
-        assert_eq!(p(Some("off")).unwrap(), usize::MAX);
-        for bad in ["0", "lots"] {
-            let e = p(Some(bad)).unwrap_err();
-            assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
-            assert!(e.message().contains("PCCL_SHM_SINGLE_COPY"), "{e}");
         }
     }
 

@@ -4,7 +4,6 @@
 //! the order they were posted, and a receive names the exact length it expects (a mismatch is
 //! an error naming both ranks, which catches ranks that disagree on counts).
 
-mod cma;
 pub mod diagnose;
 pub mod faults;
 mod gate;

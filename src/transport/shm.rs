@@ -31,10 +31,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-/// Default of `PCCL_SHM_SINGLE_COPY`: messages from this size on go as offers (single copy)
-/// where the peer can read this process's memory.
-pub const SINGLE_COPY: usize = 256 * 1024;
-
 /// Slots per ring.
 const SLOTS: u64 = 4;
 /// Payload bytes per slot.
@@ -42,7 +38,7 @@ pub const SLOT_BYTES: usize = 512 * 1024;
 /// Per-slot header: tag, message length, piece offset, piece length, flags (u64 each).
 const SLOT_HEAD: usize = 64;
 /// Ring header: head (consumer), tail (producer) and the cut mark on separate cache lines;
-/// the futex words ([`Bell`]) and the offer word share the cut mark's line.
+/// the futex words ([`Bell`]) share the cut mark's line.
 const RING_HEAD: usize = 192;
 
 /// A futex in the ring header: a count of sleepers and the bell word they sleep on.
@@ -64,8 +60,6 @@ const ROOM: Bell = Bell {
     bell: 148,
 };
 const RING_BYTES: usize = RING_HEAD + SLOTS as usize * (SLOT_HEAD + SLOT_BYTES);
-/// The offer word (see [`OFFER`]): the current offer's number times 8, plus its state.
-const OFFER_WORD: usize = 160;
 
 /// One direction between two processes.
 pub struct Ring {
@@ -142,7 +136,9 @@ impl Ring {
     }
 
     fn counter(&self, which: usize) -> &AtomicU64 {
-        self.counter_at(which * 64)
+        // SAFETY: offsets 0, 64 and 128 are 8-byte aligned inside the mapping (page aligned,
+        // at least RING_BYTES long), and the memory is only ever accessed atomically there.
+        unsafe { &*(self.map.as_mut_ptr().add(which * 64) as *const AtomicU64) }
     }
 
     fn word(&self, off: usize) -> &AtomicU32 {
@@ -276,76 +272,6 @@ impl Ring {
         self.ring_bell(ROOM);
     }
 
-    // ---- offers: a message the consumer reads from the producer's memory (`cma`) -------
-
-    /// Producer side: opens offer `seq`, before the slot that carries it is published (whose
-    /// Release store makes the offer visible with it).
-    pub fn open_offer(&self, seq: u64) {
-        self.counter_at(OFFER_WORD)
-            .store(seq << 3 | Offer::Open as u64, Ordering::Release);
-    }
-
-    /// Consumer side: takes offer `seq` for reading; false if the producer withdrew it (or it
-    /// is not the current offer).
-    pub fn claim_offer(&self, seq: u64) -> bool {
-        self.change_offer(seq, Offer::Open, Offer::Reading)
-    }
-
-    /// Consumer side: the read of offer `seq` ended (`ok`: every byte arrived); wakes the
-    /// producer, which may then reuse the memory.
-    pub fn settle_offer(&self, seq: u64, ok: bool) {
-        let state = if ok { Offer::Done } else { Offer::Failed };
-        self.counter_at(OFFER_WORD)
-            .store(seq << 3 | state as u64, Ordering::Release);
-        self.ring_bell(ROOM);
-    }
-
-    /// Producer side: withdraws offer `seq` if the consumer has not begun to read it (true:
-    /// it never will).
-    pub fn withdraw_offer(&self, seq: u64) -> bool {
-        self.change_offer(seq, Offer::Open, Offer::Withdrawn)
-    }
-
-    /// Where offer `seq` stands (None if another offer is current).
-    pub fn offer(&self, seq: u64) -> Option<Offer> {
-        let w = self.counter_at(OFFER_WORD).load(Ordering::Acquire);
-        if w >> 3 != seq {
-            return None;
-        }
-        Some(match w & 7 {
-            0 => Offer::Open,
-            1 => Offer::Reading,
-            2 => Offer::Done,
-            3 => Offer::Failed,
-            _ => Offer::Withdrawn,
-        })
-    }
-
-    /// Producer side: sleeps until offer `seq` is settled, the ring is cut, or `max` passes
-    /// (or spuriously earlier).
-    pub fn wait_settled(&self, seq: u64, max: Duration) {
-        self.sleep(ROOM, max, || {
-            !matches!(self.offer(seq), Some(Offer::Open | Offer::Reading))
-        });
-    }
-
-    fn change_offer(&self, seq: u64, from: Offer, to: Offer) -> bool {
-        self.counter_at(OFFER_WORD)
-            .compare_exchange(
-                seq << 3 | from as u64,
-                seq << 3 | to as u64,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_ok()
-    }
-
-    fn counter_at(&self, off: usize) -> &AtomicU64 {
-        // SAFETY: `off` is one of the header's 8-byte aligned words (the mapping is page
-        // aligned and at least RING_BYTES long), only ever accessed atomically.
-        unsafe { &*(self.map.as_mut_ptr().add(off) as *const AtomicU64) }
-    }
-
     /// Marks the ring cut (fault injection `drop`): both sides see it while they wait.
     pub fn close(&self) {
         self.counter(2).store(1, Ordering::Release);
@@ -370,37 +296,12 @@ pub struct SlotHead {
     pub off: u64,
     /// This piece's length.
     pub n: u64,
-    /// [`ABANDONED`], [`OFFER`] or 0.
+    /// [`ABANDONED`] or 0.
     pub flags: u64,
 }
 
 /// Slot flag: the sender gave the message up half-way; no more pieces of it follow.
 pub const ABANDONED: u64 = 1;
-/// Slot flag: the slot carries an offer instead of the message's bytes: the address of the
-/// whole message in the producer's memory and the offer's number (two u64, [`OFFER_BYTES`]).
-/// The consumer claims the offer ([`Ring::claim_offer`]), reads the message from the
-/// producer's memory (`cma`) and settles it ([`Ring::settle_offer`]); until then the producer
-/// keeps the memory, and it withdraws an offer nobody claimed when its send is given up
-/// ([`Ring::withdraw_offer`]).
-pub const OFFER: u64 = 2;
-/// Bytes of an offer slot's payload.
-pub const OFFER_BYTES: usize = 16;
-
-/// The state of an offer (the low bits of the ring's offer word).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Offer {
-    /// Published, not claimed.
-    Open = 0,
-    /// The consumer is reading the producer's memory.
-    Reading = 1,
-    /// Read, every byte.
-    Done = 2,
-    /// The consumer did not take the message: its read failed, or it expected another
-    /// length (it reports the error).
-    Failed = 3,
-    /// The producer gave the send up before anyone claimed it.
-    Withdrawn = 4,
-}
 
 /// Spins before a ring wait starts yielding.
 const SPINS: u32 = 64;

@@ -66,7 +66,6 @@ mod writer;
 pub(crate) use self::wire::RENDEZVOUS;
 
 use self::link::{lock, Link, Target};
-use super::cma;
 use super::faults::{self, Faults};
 use super::mesh::mesh;
 use super::rendezvous::join;
@@ -146,9 +145,6 @@ pub struct TcpTransport {
     timeout: Duration,
     /// This rank's `PCCL_TCP_RENDEZVOUS` (each link uses the larger of its two ends').
     rendezvous: usize,
-    /// This rank's `PCCL_SHM_SINGLE_COPY`: messages to a same-host peer from this many bytes
-    /// on go as offers the peer reads from this rank's memory, where it can.
-    single_copy: usize,
     /// Congestion control of this rank's sockets (`PCCL_TCP_CONGESTION`; host default: None).
     congestion: Option<Arc<str>>,
     faults: Arc<Faults>,
@@ -214,7 +210,6 @@ impl TcpTransport {
             )));
         }
         let congestion = crate::config::tcp_congestion()?.map(Arc::from);
-        let single_copy = crate::config::shm_single_copy()?;
         let (listener, me) = listen()?;
         let node = fnv1a(hostname().as_bytes());
         let deadline = Instant::now() + timeout;
@@ -230,7 +225,6 @@ impl TcpTransport {
             Settings {
                 chunk: chunk_bytes,
                 rendezvous,
-                single_copy,
                 congestion,
             },
             timeout,
@@ -307,7 +301,6 @@ impl TcpTransport {
                 }
             }
         }
-        let cma = probe_single_copy(&mut streams, rank, &local)?;
         // Each link's rendezvous threshold: the larger of its two ends' settings, so both
         // decide alike about every message (all write, then all read: 8 bytes fit any
         // socket buffer).
@@ -336,7 +329,6 @@ impl TcpTransport {
             nodes,
             sizes,
             &thresholds,
-            &cma,
             timeout,
         )
     }
@@ -350,7 +342,6 @@ impl TcpTransport {
         nodes: Vec<u64>,
         sizes: Settings,
         thresholds: &[usize],
-        cma: &[SingleCopy],
         timeout: Duration,
     ) -> Result<Self> {
         let faults = Arc::new(Faults::default());
@@ -360,7 +351,6 @@ impl TcpTransport {
             nodes,
             chunk: sizes.chunk.max(4096),
             rendezvous: sizes.rendezvous,
-            single_copy: sizes.single_copy,
             congestion: sizes.congestion.clone(),
             timeout,
             faults: faults.clone(),
@@ -398,13 +388,6 @@ impl TcpTransport {
                 bell.clone(),
             )?;
             link.rendezvous = thresholds[peer];
-            if let Some(c) = cma.get(peer) {
-                link.peer_pid = c.pid;
-                link.read_peer = c.i_read;
-                if c.reads_me {
-                    link.offer_from = sizes.single_copy;
-                }
-            }
             let link = Arc::new(link);
             let (tx, rx) = channel();
             let l = link.clone();
@@ -503,7 +486,6 @@ impl TcpTransport {
             Settings {
                 chunk: self.chunk,
                 rendezvous: self.rendezvous,
-                single_copy: self.single_copy,
                 congestion: self.congestion.clone(),
             },
             self.timeout,
@@ -522,17 +504,6 @@ impl TcpTransport {
             .map(|l| l.rendezvous)
     }
 
-    /// Bytes from which a message to `peer` goes single-copy (the peer reads it from this
-    /// rank's memory, `PCCL_SHM_SINGLE_COPY`); `None` where it never does: `peer` is this
-    /// rank, on another host, or cannot read this rank's memory, or the setting is `off`.
-    pub fn single_copy_with(&self, peer: usize) -> Option<usize> {
-        self.links
-            .get(peer)?
-            .as_ref()
-            .map(|l| l.offer_from)
-            .filter(|&b| b != usize::MAX)
-    }
-
     fn link(&self, p: usize) -> Result<&Arc<Link>> {
         self.links
             .get(p)
@@ -542,68 +513,12 @@ impl TcpTransport {
 }
 
 /// A transport's settings: its pipelined piece, its rendezvous threshold
-/// (`PCCL_TCP_RENDEZVOUS`), its single-copy threshold (`PCCL_SHM_SINGLE_COPY`) and its
-/// sockets' congestion control (`PCCL_TCP_CONGESTION`).
+/// (`PCCL_TCP_RENDEZVOUS`) and its sockets' congestion control (`PCCL_TCP_CONGESTION`).
 #[derive(Clone)]
 struct Settings {
     chunk: usize,
     rendezvous: usize,
-    single_copy: usize,
     congestion: Option<Arc<str>>,
-}
-
-/// What a rank knows of a same-host peer's memory after the probe.
-#[derive(Clone, Copy, Default)]
-struct SingleCopy {
-    /// The peer's process id.
-    pid: Option<libc::pid_t>,
-    /// This rank read the peer's probe back.
-    i_read: bool,
-    /// The peer read this rank's probe back.
-    reads_me: bool,
-}
-
-/// Finds out, for each same-host peer (`local`), whether each of the two can read the
-/// other's memory (`cma`): every rank sends its process id and the address of a random value,
-/// reads each peer's value from the peer's memory, and tells the peer whether that worked.
-/// All write, then all read: the frames are a few dozen bytes.
-fn probe_single_copy(
-    streams: &mut [Option<TcpStream>],
-    rank: usize,
-    local: &dyn Fn(usize) -> bool,
-) -> Result<Vec<SingleCopy>> {
-    let probe = cma::Probe::new()?;
-    let err = |j: usize, e| io_err(&format!("rank {rank}: memory probe with rank {j}"), e);
-    let n = streams.len();
-    let mut out = vec![SingleCopy::default(); n];
-    let peers = || (0..n).filter(|&j| local(j));
-    for j in peers() {
-        if let Some(st) = streams[j].as_mut() {
-            write_u64(st, cma::own_pid())
-                .and_then(|_| write_u64(st, probe.addr()))
-                .and_then(|_| write_u64(st, probe.value()))
-                .and_then(|_| st.flush())
-                .map_err(|e| err(j, e))?;
-        }
-    }
-    for j in peers() {
-        if let Some(st) = streams[j].as_mut() {
-            let (pid, addr, value) =
-                (|| Ok::<_, std::io::Error>((read_u64(st)?, read_u64(st)?, read_u64(st)?)))()
-                    .map_err(|e| err(j, e))?;
-            out[j].pid = libc::pid_t::try_from(pid).ok();
-            out[j].i_read = cma::check(pid, addr, value);
-            write_u64(st, u64::from(out[j].i_read))
-                .and_then(|_| st.flush())
-                .map_err(|e| err(j, e))?;
-        }
-    }
-    for j in peers() {
-        if let Some(st) = streams[j].as_mut() {
-            out[j].reads_me = read_u64(st).map_err(|e| err(j, e))? == 1;
-        }
-    }
-    Ok(out)
 }
 
 /// Dials `addr` from this rank's advertised address (`PCCL_SOCKET_ADDR`, the address of the

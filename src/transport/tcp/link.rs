@@ -6,9 +6,8 @@
 use super::wire::{self, Got, Header, Kind, HEADER, TRAILER, TRAILER_OK};
 use super::writer::Job;
 use crate::error::{Error, Result};
-use crate::transport::cma;
 use crate::transport::faults::{self, Faults, Tag};
-use crate::transport::shm::{Patience, Ring, SlotHead, ABANDONED, NAP, OFFER, OFFER_BYTES};
+use crate::transport::shm::{Patience, Ring, ABANDONED, NAP};
 use std::collections::VecDeque;
 use std::io::IoSliceMut;
 use std::net::{Shutdown, TcpStream};
@@ -182,18 +181,9 @@ pub(super) struct Link {
     /// Another handle on the socket: direct control writes (shared-memory pairs, whose
     /// socket carries nothing else) and shutdown.
     socket: Mutex<TcpStream>,
-    /// Inbound ring from a same-host peer, and the lock of its one consumer (which holds the
-    /// buffer a single-copy read into a sink goes through).
+    /// Inbound ring from a same-host peer, and the lock of its one consumer.
     pub(super) ring_in: Option<Arc<Ring>>,
-    ring_rx: Mutex<Vec<u64>>,
-    /// The same-host peer's process id (from the mesh handshake).
-    pub(super) peer_pid: Option<libc::pid_t>,
-    /// This rank can read the same-host peer's memory (`cma`): the peer then may offer its
-    /// large messages instead of copying them into the ring.
-    pub(super) read_peer: bool,
-    /// Messages to the same-host peer from this many bytes on go as offers (single copy, read
-    /// by the peer); `usize::MAX` where the peer cannot read this rank's memory.
-    pub(super) offer_from: usize,
+    ring_rx: Mutex<()>,
     /// Outbound ring to a same-host peer: written by the writer thread, or by the poster
     /// itself for a small message with nothing queued before it (see `writer::post`).
     pub(super) ring_out: Option<Arc<Ring>>,
@@ -268,10 +258,7 @@ impl Link {
             }),
             socket: Mutex::new(other),
             ring_in: ring_in.map(Arc::new),
-            ring_rx: Mutex::new(Vec::new()),
-            peer_pid: None,
-            read_peer: false,
-            offer_from: usize::MAX,
+            ring_rx: Mutex::new(()),
             ring_out: ring_out.map(Arc::new),
             ring_tx: Mutex::new(()),
             queued: AtomicUsize::new(0),
@@ -858,8 +845,8 @@ impl Link {
             }
         }
         if let Some(ring) = &self.ring_in {
-            let mut one = lock(&self.ring_rx);
-            return self.recv_ring(ring, tag, len, deadline, target, &mut one, &mut idle);
+            let _one = lock(&self.ring_rx);
+            return self.recv_ring(ring, tag, len, deadline, target, &mut idle);
         }
         if wire::rendezvous(tag, len, self.rendezvous) && !self.take_announced(tag, len) {
             // The sender holds a large message until this receive is under way.
@@ -947,7 +934,6 @@ impl Link {
     }
 
     /// The shared-memory form of [`Link::recv`].
-    #[allow(clippy::too_many_arguments)]
     fn recv_ring(
         &self,
         ring: &Ring,
@@ -955,7 +941,6 @@ impl Link {
         len: usize,
         deadline: Instant,
         mut target: Target<'_>,
-        buf: &mut Vec<u64>,
         idle: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
         let mut off = 0u64;
@@ -963,33 +948,14 @@ impl Link {
         loop {
             let h = self.wait_slot(ring, tag, idle)?;
             if !started {
-                // Leftovers of a message given up half-way, and stale messages, go (a stale
-                // offer is settled, as a stale message's bytes would have been taken).
+                // Leftovers of a message given up half-way, and stale messages, go.
                 if h.off != 0 || h.flags & ABANDONED != 0 || superseded(h.tag, tag) {
-                    if h.flags & OFFER != 0 {
-                        let (_, seq) = take_offer(ring, &h);
-                        if ring.claim_offer(seq) {
-                            ring.settle_offer(seq, true);
-                        }
-                    } else {
-                        ring.skip();
-                    }
+                    ring.skip();
                     continue;
                 }
                 if h.tag != tag || h.len != len as u64 {
-                    if h.tag == tag && h.flags & OFFER != 0 {
-                        // This message at another length: refused, so the peer's send ends
-                        // now too rather than wait for a read that never comes.
-                        let (_, seq) = take_offer(ring, &h);
-                        if ring.claim_offer(seq) {
-                            ring.settle_offer(seq, false);
-                        }
-                    }
                     self.faults.explain(tag, h.tag, self.peer, deadline)?;
                     return Err(self.wrong_message(tag, len, h.tag, h.len));
-                }
-                if h.flags & OFFER != 0 {
-                    return self.read_offer(ring, &h, tag, target, buf);
                 }
                 started = true;
             } else if h.tag != tag || h.off != off {
@@ -1021,68 +987,6 @@ impl Link {
         }
     }
 
-    /// Takes the offer in slot `h` (the message `tag`, whose checks passed): reads the whole
-    /// message from the peer's memory into `target` and settles the offer, so the peer may
-    /// reuse its memory. An offer the peer withdrew is its abandoned message.
-    fn read_offer(
-        &self,
-        ring: &Ring,
-        h: &SlotHead,
-        tag: Tag,
-        target: Target<'_>,
-        buf: &mut Vec<u64>,
-    ) -> Result<()> {
-        let (addr, seq) = take_offer(ring, h);
-        if !ring.claim_offer(seq) {
-            return Err(self.abandoned(tag));
-        }
-        let len = h.len as usize;
-        let read = |dst: &mut [u8], at: usize| match self.peer_pid {
-            Some(pid) if self.read_peer => cma::read(pid, addr + at as u64, dst),
-            _ => Err(std::io::Error::other("this rank cannot read its memory")),
-        };
-        let r = match target {
-            Target::Into(dst) => match dst.get_mut(..len) {
-                Some(dst) => read(dst, 0),
-                None => Err(std::io::Error::other("the destination is too short")),
-            },
-            Target::Sink(sink, chunk) => {
-                // Pieces small enough to stay in cache between the read and the sink.
-                let chunk = chunk.clamp(4096, OFFER_PIECE);
-                let words = chunk.min(len).div_ceil(8).max(1);
-                if buf.len() < words {
-                    buf.resize(words, 0);
-                }
-                let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf.as_mut_slice());
-                let mut at = 0;
-                let mut r = Ok(());
-                while at < len && r.is_ok() {
-                    let n = chunk.min(len - at);
-                    r = read(&mut bytes[..n], at);
-                    if r.is_ok() {
-                        sink(at, &bytes[..n]);
-                    }
-                    at += n;
-                }
-                r
-            }
-        };
-        ring.settle_offer(seq, r.is_ok());
-        r.map_err(|e| {
-            if let Err(f) = self.faults.check(tag, self.peer) {
-                return f;
-            }
-            Error::remote(format!(
-                "rank {} could not read rank {}'s message of collective #{} ({len} bytes) from \
-                 its memory: {e} (PCCL_SHM_SINGLE_COPY=off copies through the shared-memory \
-                 ring instead)",
-                self.rank,
-                self.peer,
-                faults::seq_of(tag)
-            ))
-        })
-    }
-
     /// Waits for the next published slot of the inbound ring: spins briefly, then sleeps on
     /// the ring (woken by the producer's publish), looking at the board, the peer's state
     /// and the deadline (`idle`) at least every [`NAP`].
@@ -1091,7 +995,7 @@ impl Link {
         ring: &Ring,
         tag: Tag,
         idle: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<SlotHead> {
+    ) -> Result<crate::transport::shm::SlotHead> {
         let mut patience = Patience::default();
         loop {
             if let Some(h) = ring.peek() {
@@ -1118,21 +1022,6 @@ impl Link {
             ring.wait_published(NAP);
         }
     }
-}
-
-/// Bytes a single-copy read into a sink reads per step.
-const OFFER_PIECE: usize = 256 * 1024;
-
-/// The address and number of the offer in slot `h` (which this frees).
-fn take_offer(ring: &Ring, h: &SlotHead) -> (u64, u64) {
-    let mut w = [0u64; 2];
-    ring.take(h, |bytes| {
-        if let Some(b) = bytes.get(..OFFER_BYTES) {
-            w[0] = u64::from_le_bytes(b[..8].try_into().unwrap_or_default());
-            w[1] = u64::from_le_bytes(b[8..16].try_into().unwrap_or_default());
-        }
-    });
-    (w[0], w[1])
 }
 
 /// When a reader that keeps receiving bytes looks at the board and the deadline again.

@@ -13,11 +13,8 @@
 use super::link::{lock, Link, Readiness};
 use super::wire::{self, Got, Header, Kind, HEADER, TRAILER, TRAILER_ABANDONED, TRAILER_OK};
 use crate::error::{Error, Result};
-use crate::transport::cma;
 use crate::transport::faults::{self, Tag};
-use crate::transport::shm::{
-    Offer, Patience, Ring, SlotHead, ABANDONED, NAP, OFFER, OFFER_BYTES, SLOT_BYTES,
-};
+use crate::transport::shm::{Patience, Ring, SlotHead, ABANDONED, NAP, SLOT_BYTES};
 use crate::transport::SendOp;
 use std::collections::VecDeque;
 use std::io::IoSlice;
@@ -75,12 +72,6 @@ impl SendJob {
             return true;
         }
         false
-    }
-
-    /// Whether the waiter asked the writer to stop (without releasing the job: an offer
-    /// the peer is reading cannot stop at once).
-    fn cancel_asked(&self) -> bool {
-        matches!(*lock(&self.phase), Phase::Cancel)
     }
 
     /// Whether the job is still queued (not given up while the writer held it back).
@@ -146,11 +137,7 @@ pub(super) unsafe fn post(
     let _producer = match &link.ring_out {
         Some(ring) => {
             let g = lock(&link.ring_tx);
-            if len <= SLOT_BYTES
-                && len < link.offer_from
-                && link.queued.load(Ordering::Acquire) == 0
-                && ring.has_room()
-            {
+            if len <= SLOT_BYTES && link.queued.load(Ordering::Acquire) == 0 && ring.has_room() {
                 if ring.is_closed() {
                     link.on_failure("it cut its shared-memory ring");
                     return Err(link.closed_error(tag));
@@ -474,16 +461,11 @@ fn write_data(s: &mut TcpStream, link: &Link, j: &SendJob) -> std::io::Result<()
 /// The writer thread of a peer on this host: messages into its shared-memory ring (control
 /// frames go on the pair's socket, see [`Link::send_control`]).
 pub(super) fn ring_writer(ring: Arc<Ring>, link: Arc<Link>, rx: Receiver<Job>) {
-    // Offer numbers start at 1: the ring's offer word starts as offer 0, open.
-    let mut offers = 0u64;
     while let Ok(job) = rx.recv() {
         let Job::Data(j) = job else { continue };
         if j.start() {
             if link.silenced() {
                 j.finish(Ok(()));
-            } else if j.len >= link.offer_from {
-                offers += 1;
-                offer(&ring, &link, &j, offers);
             } else {
                 push(&ring, &link, &j);
             }
@@ -514,77 +496,13 @@ fn room(ring: &Ring, link: &Link, mut give_up: impl FnMut() -> bool) -> Option<b
     }
 }
 
-/// Ends job `j` on a cut ring (or a finished link).
-fn cut(ring: &Ring, link: &Link, j: &SendJob) {
-    if ring.is_closed() && !link.broken() {
-        link.on_failure("it cut its shared-memory ring");
-    }
-    j.finish(Err("the shared-memory ring is closed".into()));
-}
-
-/// Sends job `j` as offer `seq` (see `shm::OFFER`): the peer reads the caller's memory
-/// itself, one copy, and the job ends when the peer settled the offer. A job given up
-/// before the peer claimed the offer withdraws it; one the peer is reading waits for the
-/// read's end (a copy), unless the peer's process is gone.
-fn offer(ring: &Ring, link: &Link, j: &SendJob, seq: u64) {
-    match room(ring, link, || j.cancelled()) {
-        None => return cut(ring, link, j),
-        Some(false) => return,
-        Some(true) => {}
-    }
-    ring.open_offer(seq);
-    let mut payload = [0u8; OFFER_BYTES];
-    payload[..8].copy_from_slice(&(j.ptr as u64).to_le_bytes());
-    payload[8..].copy_from_slice(&seq.to_le_bytes());
-    let head = SlotHead {
-        tag: j.tag,
-        len: j.len as u64,
-        off: 0,
-        n: OFFER_BYTES as u64,
-        flags: OFFER,
-    };
-    ring.publish(head, &payload);
-    let mut patience = Patience::default();
-    loop {
-        match ring.offer(seq) {
-            Some(Offer::Done) => return j.finish(Ok(())),
-            Some(Offer::Open) => {
-                let give_up = j.cancel_asked() || link.silenced();
-                if (give_up || ring.is_closed() || link.broken()) && ring.withdraw_offer(seq) {
-                    if j.cancelled() {
-                        return;
-                    }
-                    if link.silenced() {
-                        // Across a partition (fault injection `isolate`): lost, silently.
-                        return j.finish(Ok(()));
-                    }
-                    return cut(ring, link, j);
-                }
-            }
-            Some(Offer::Reading) => {
-                if link.broken() && link.peer_pid.is_none_or(cma::gone) {
-                    return j.finish(Err("the peer died while it read the message".into()));
-                }
-            }
-            Some(Offer::Failed) => {
-                return j.finish(Err(format!(
-                    "rank {} did not take the message: its receive failed (a disagreement on \
-                     the length, or it could not read this rank's memory; its error says which)",
-                    link.peer
-                )))
-            }
-            Some(Offer::Withdrawn) | None => {
-                return j.finish(Err("the offer was lost (internal error)".into()))
-            }
-        }
-        if !patience.busy() {
-            ring.wait_settled(seq, NAP);
-        }
-    }
-}
-
 fn push(ring: &Ring, link: &Link, j: &SendJob) {
-    let cut = || cut(ring, link, j);
+    let cut = || {
+        if ring.is_closed() && !link.broken() {
+            link.on_failure("it cut its shared-memory ring");
+        }
+        j.finish(Err("the shared-memory ring is closed".into()));
+    };
     let mut off = 0;
     loop {
         if link.silenced() {
