@@ -2,7 +2,7 @@
 # A cluster in one machine: network namespaces as nodes, veth pairs as NICs, one bridge per
 # rail (NIC index) in a "switch" namespace, `htb` giving every NIC a rate in both directions.
 #
-#   scripts/cluster.sh up --nodes N --nics K --rate 200mbit [--burst 32k] [--name pcc]
+#   scripts/cluster.sh up --nodes N --nics K --rate 200mbit [--burst 32k] [--cc cubic]
 #   scripts/cluster.sh run [--ranks-per-node M] [--timeout S] [--mpi] [--pin] [--keep-logs] -- CMD ARGS...
 #   scripts/cluster.sh exec NODE -- CMD ARGS...       one command inside node NODE
 #   scripts/cluster.sh link NODE NIC up|down          take a NIC down (faults) or back up
@@ -21,7 +21,11 @@
 #
 # Shaping (measured choices, docs/CLUSTER.md): `htb`, one class per peer address (u32 filter)
 # under a class of the NIC's rate, burst 32 KiB, on the node's side of each veth (what the
-# node sends) and on the switch's side (what it receives); GSO stays on.
+# node sends) and on the switch's side (what it receives); GSO stays on. Every route of a node
+# carries a TCP congestion control (`--cc`, default cubic; `--cc default`: the host's), so
+# every TCP connection between nodes uses it, PCCL's and MPI's alike: BBR, this host's
+# default, misreads the htb burst and stalls connections that idle between turns
+# (docs/CLUSTER.md, "Congestion control"), and namespaces cannot change the sysctl.
 #
 # `run` starts M ranks per node (rank = node * M + local), each with PCCL_RANK,
 # PCCL_WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, PCCL_UNIQUE_ID_FILE (fresh per run),
@@ -29,8 +33,7 @@
 # output goes to the terminal, every rank's to STATE/run/rank<r>.log; the exit status is the
 # first failing rank's. `--mpi` starts CMD under MPICH's mpiexec instead (hydra's ssh launcher
 # pointed at a script that enters the node), with UCX on tcp. `--timeout` kills a run that
-# outlives it (exit 124). PCCL's TCP sockets use cubic (PCCL_TCP_CONGESTION) unless the
-# caller set that variable: BBR misreads the htb burst. `--pin` gives each node its own share of the host's cores (node i
+# outlives it (exit 124). `--pin` gives each node its own share of the host's cores (node i
 # on core i mod C when there are at least as many nodes as cores C, else a contiguous range of
 # C/N cores), as a real node owns its cores; without it the scheduler moves every rank freely.
 #
@@ -141,25 +144,42 @@ topo_xml() { # K NICs pn0..pn<K-1>, one package each, for PCCL_TOPO_FILE
     echo '</topology>'
 }
 
+# The routes of NIC $2 of node $1: what leaves from the NIC's address leaves through the NIC
+# (its own table), and the rail's subnet in the main table, each with the cluster's congestion
+# control (CC) where it has one.
+nic_routes() {
+    local i=$1 k=$2 n addr cc=(); n=$(ns_node "$1"); addr="$NET.$k.$((i + 1))"
+    [ -n "${CC:-}" ] && cc=(congctl "$CC")
+    ip -n "$n" route replace "$NET.$k.0/24" dev "pn$k" src "$addr" table $((100 + k)) "${cc[@]}"
+    ip -n "$n" route replace "$NET.0.0/16" via "$NET.$k.254" dev "pn$k" table $((100 + k)) "${cc[@]}"
+    ip -n "$n" route replace "$NET.$k.0/24" dev "pn$k" proto kernel scope link src "$addr" "${cc[@]}"
+}
+
 cmd_up() {
-    local nodes=2 nics=1 rate=200mbit burst=32k
+    local nodes=2 nics=1 rate=200mbit burst=32k cc=cubic
     while [ $# -gt 0 ]; do
         case $1 in
             --nodes) nodes=$2; shift 2 ;;
             --nics) nics=$2; shift 2 ;;
             --rate) rate=$2; shift 2 ;;
             --burst) burst=$2; shift 2 ;;
+            --cc) cc=$2; shift 2 ;;
             *) die "up: unknown option $1" ;;
         esac
     done
     [ "$nodes" -ge 1 ] && [ "$nodes" -le 64 ] || die "--nodes $nodes: expected 1..64"
     [ "$nics" -ge 1 ] && [ "$nics" -le 8 ] || die "--nics $nics: expected 1..8"
     rate_bits "$rate" >/dev/null
+    [ "$cc" = default ] && cc=""
+    if [ -n "$cc" ] && ! grep -qw "$cc" /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null; then
+        die "--cc $cc: the kernel offers $(cat /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null || echo none) (--cc default: the host's)"
+    fi
     check_machine
     local s; s=$(state)
     [ -f "$s/config" ] && cmd_down >/dev/null 2>&1 || true
     mkdir -p "$s"
-    printf 'NODES=%s\nNICS=%s\nRATE=%s\nBURST=%s\n' "$nodes" "$nics" "$rate" "$burst" >"$s/config"
+    printf 'NODES=%s\nNICS=%s\nRATE=%s\nBURST=%s\nCC=%s\n' "$nodes" "$nics" "$rate" "$burst" "$cc" >"$s/config"
+    CC=$cc
     topo_xml "$nics" >"$s/topo.xml"
     local sw i k; sw=$(ns_sw)
     ip netns add "$sw"
@@ -197,9 +217,7 @@ cmd_up() {
             ip -n "$n" addr add "$addr/24" dev "pn$k"
             ip -n "$n" link set "pn$k" up
             ip netns exec "$n" sysctl -qw "net.ipv4.conf.pn$k.rp_filter=0"
-            # What leaves from this NIC's address leaves through this NIC.
-            ip -n "$n" route add "$NET.$k.0/24" dev "pn$k" src "$addr" table $((100 + k))
-            ip -n "$n" route add "$NET.0.0/16" via "$NET.$k.254" dev "pn$k" table $((100 + k))
+            nic_routes "$i" "$k"
             ip -n "$n" rule add from "$addr" table $((100 + k)) priority $((100 + k))
         done
     done
@@ -216,7 +234,7 @@ cmd_up() {
         done
     done
     date +%s >"$s/up_since"
-    echo "cluster '$NAME' up: $nodes nodes x $nics NICs at $rate (burst $burst); state in $s"
+    echo "cluster '$NAME' up: $nodes nodes x $nics NICs at $rate (burst $burst, TCP ${cc:-host default}); state in $s"
 }
 
 cmd_down() {
@@ -251,7 +269,7 @@ cmd_down() {
 
 cmd_status() {
     load
-    echo "cluster '$NAME': $NODES nodes x $NICS NICs at $RATE (burst $BURST)"
+    echo "cluster '$NAME': $NODES nodes x $NICS NICs at $RATE (burst $BURST, TCP ${CC:-host default})"
     ip netns list | grep -E "^$NAME-" || true
 }
 
@@ -300,9 +318,7 @@ cmd_link() {
     [ "$how" = up ] || [ "$how" = down ] || die "link: expected up or down, not $how"
     ip -n "$(ns_node "$i")" link set "pn$k" "$how"
     if [ "$how" = up ]; then # the routes of a NIC that went down are gone: put them back
-        local addr="$NET.$k.$((i + 1))"
-        ip -n "$(ns_node "$i")" route replace "$NET.$k.0/24" dev "pn$k" src "$addr" table $((100 + k))
-        ip -n "$(ns_node "$i")" route replace "$NET.0.0/16" via "$NET.$k.254" dev "pn$k" table $((100 + k))
+        nic_routes "$i" "$k"
     fi
 }
 
@@ -388,13 +404,6 @@ cmd_run() {
     [ $# -gt 0 ] || die "run: no command (run [options] -- CMD ARGS...)"
     local s run world; s=$(state); run="$s/run"; world=$((NODES * m))
     rm -rf "$run"; mkdir -p "$run"; chmod 700 "$run"
-    # BBR, this host's default, probes the shaped NICs through the htb burst and stalls
-    # recursive doubling's exchanges (docs/CLUSTER.md, "Congestion control"): PCCL's sockets
-    # use cubic unless the caller chose (PCCL_TCP_CONGESTION=bbr, or empty for the default).
-    if [ -z "${PCCL_TCP_CONGESTION+x}" ] \
-        && grep -qw cubic /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null; then
-        export PCCL_TCP_CONGESTION=cubic
-    fi
     if [ "$mpi" = 1 ]; then
         [ "$pin" = 0 ] || die "run: --pin is not supported with --mpi (hydra places the ranks)"
         run_mpi "$m" "$timeout" "$@"
