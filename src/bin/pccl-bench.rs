@@ -950,7 +950,13 @@ fn run_mpi(args: &Args, cfg: Config) -> u64 {
         };
         let rows = bench_rank(&comm, &native, args)
             .unwrap_or_else(|e| fail(format!("rank {}: {e}", comm.rank())));
-        report(&comm, &rows, args)
+        let wrong = report(&comm, &rows, args);
+        // Nobody reaches the finalize guard before rank 0 printed: a rank that ends itself
+        // there has hydra kill every other process (see pccl-tune's closing barrier).
+        if let Err(e) = comm.barrier() {
+            eprintln!("pccl-bench: the closing barrier failed: {e}");
+        }
+        wrong
     };
     finalize_guarded(if wrong > 0 { 1 } else { 0 });
     wrong

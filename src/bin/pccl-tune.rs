@@ -467,6 +467,13 @@ fn network(args: &Args) {
         );
         write_profile(args, &prof);
     }
+    // Nobody leaves before rank 0 wrote the profile: under mpiexec a rank whose
+    // MPI_Finalize hangs ends itself after 10 s (`finalize_guarded`), and hydra then kills
+    // every other process, rank 0 too if it is still fitting (a profile lost that way in 2 of
+    // 4 runs of 8 nodes x 2 ranks on the emulated cluster).
+    if let Err(e) = world.barrier() {
+        eprintln!("pccl-tune: the closing barrier failed: {e}");
+    }
     #[cfg(feature = "mpi")]
     if mpi {
         finalize_guarded();
@@ -474,7 +481,8 @@ fn network(args: &Args) {
 }
 
 /// `MPI_Finalize`, given 10 s: across network namespaces UCX's TCP progress sometimes never
-/// returns from it (a known UCX issue); the profile is written by then.
+/// returns from it (a known UCX issue); the profile is written by then (the closing barrier
+/// waits for it).
 #[cfg(feature = "mpi")]
 fn finalize_guarded() {
     std::thread::spawn(|| {
