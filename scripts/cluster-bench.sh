@@ -56,8 +56,9 @@ if [ -n "$batch_ms" ]; then extra=(--batch-ms "$batch_ms"); fi
 # pccl-tune on the shape's ranks, writing profile $1. Under mpiexec when the benchmark is: an
 # initialised MPI takes core time. A rank stuck in MPI_Finalize (UCX across namespaces) fails
 # the run after the profile is written: the profile decides.
-# Tried twice: under mpiexec a run can end without its profile (seen once in 19 runs, 8x2 with
-# 2 NICs, every rank through to MPI_Finalize and none saying why).
+# Tried twice, and a missing profile fails the matrix whatever the run's status: before
+# pccl-tune's closing barrier, a rank ending itself in a hung MPI_Finalize had hydra kill rank 0
+# before it wrote the profile (3 of 6 runs on 8x2 with 2 NICs).
 tune() {
     local try
     for try in 1 2; do
