@@ -469,8 +469,8 @@ fn network(args: &Args) {
     }
     // Nobody leaves before rank 0 wrote the profile: under mpiexec a rank whose
     // MPI_Finalize hangs ends itself after 10 s (`finalize_guarded`), and hydra then kills
-    // every other process, rank 0 too if it is still fitting (a profile lost that way in 2 of
-    // 4 runs of 8 nodes x 2 ranks on the emulated cluster).
+    // every other process, rank 0 too if it is still fitting (a profile lost that way in 3 of
+    // 6 runs of 8 nodes x 2 ranks on the emulated cluster).
     if let Err(e) = world.barrier() {
         eprintln!("pccl-tune: the closing barrier failed: {e}");
     }
