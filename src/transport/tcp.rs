@@ -63,6 +63,8 @@ mod link;
 mod monitor;
 mod wire;
 mod writer;
+#[cfg(test)]
+mod writer_tests;
 pub(crate) use self::wire::RENDEZVOUS;
 
 use self::link::{lock, Link, Target};

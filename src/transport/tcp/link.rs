@@ -4,7 +4,7 @@
 //! while it waits.
 
 use super::wire::{self, Got, Header, Kind, HEADER, TRAILER, TRAILER_OK};
-use super::writer::Job;
+use super::writer::{Job, SendJob};
 use crate::error::{Error, Result};
 use crate::transport::faults::{self, Faults, Tag};
 use crate::transport::shm::{Patience, Ring, ABANDONED, NAP};
@@ -190,9 +190,14 @@ pub(super) struct Link {
     /// Held by a poster while it decides whether to publish into `ring_out` itself (and
     /// while it does), so two posters never publish at once.
     pub(super) ring_tx: Mutex<()>,
-    /// Messages handed to the writer thread and not yet finished by it: while any is, a
-    /// poster queues behind them (messages to a peer keep their order).
+    /// Messages handed to the writer thread and not yet finished by it (ring or socket):
+    /// while any is, a poster queues behind them (messages to a peer keep their order).
     pub(super) queued: AtomicUsize,
+    /// The socket's write side, for a peer reached by socket: held by whoever writes a frame
+    /// (the writer thread, one frame at a time, or a poster writing a small message itself,
+    /// see `writer::post`). It holds the frame such a poster began and the socket did not
+    /// take whole: the writer thread finishes it before it writes anything else.
+    pub(super) wr: Mutex<Option<Arc<SendJob>>>,
     /// The queue of this peer's writer thread (taken when the transport closes).
     pub(super) writer: Mutex<Option<Sender<Job>>>,
     /// The monitor left this socket to a receive (one held it, or its next frame was
@@ -262,6 +267,7 @@ impl Link {
             ring_out: ring_out.map(Arc::new),
             ring_tx: Mutex::new(()),
             queued: AtomicUsize::new(0),
+            wr: Mutex::new(None),
             writer: Mutex::new(None),
             skipped: AtomicBool::new(false),
             bell,

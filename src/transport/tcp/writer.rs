@@ -9,6 +9,12 @@
 //! so the peer's stream stays framed and the padding is never taken for data. A job still
 //! queued is simply dropped. So no send outlives its collective's deadline by more than one
 //! write step, and none holds the caller's memory after its wait returned.
+//!
+//! A small message with nothing queued before it skips the hand-off: the poster writes it
+//! itself, into a shared-memory ring slot or into the socket without waiting (what the
+//! socket takes now; a frame it took only part of is finished by the writer thread before
+//! anything else, from where the poster stopped). On a busy host each hand-off to the writer
+//! thread and back costs two wake-ups, which made small collectives CPU-bound.
 
 use super::link::{lock, Link, Readiness};
 use super::wire::{self, Got, Header, Kind, HEADER, TRAILER, TRAILER_ABANDONED, TRAILER_OK};
@@ -19,13 +25,17 @@ use crate::transport::SendOp;
 use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::net::TcpStream;
+use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, TryLockError};
 use std::time::Instant;
 
 /// Bytes of the caller's memory one write step offers the socket.
 const PIECE: usize = 1 << 20;
+/// The largest message a poster writes into its socket itself (larger ones are written by
+/// the writer thread while the caller goes on: a receive, a reduction).
+const DIRECT_BYTES: usize = 64 * 1024;
 /// Padding for abandoned frames.
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 
@@ -48,6 +58,8 @@ pub(super) struct SendJob {
     tag: Tag,
     ptr: usize,
     len: usize,
+    /// Bytes of the frame already written (by the poster, see [`direct`]).
+    start: usize,
     phase: Mutex<Phase>,
     cv: Condvar,
 }
@@ -131,6 +143,17 @@ pub(super) unsafe fn post(
     if link.broken() || link.left() {
         return Err(link.closed_error(tag));
     }
+    // A peer reached by socket: the poster writes a small message itself when nothing is
+    // queued or half-written before it and the socket takes it now.
+    if link.ring_out.is_none()
+        && len <= DIRECT_BYTES
+        && !wire::rendezvous(tag, len, link.rendezvous)
+    {
+        // SAFETY: forwarded from the caller (the memory outlives the op's wait).
+        if let Some(op) = unsafe { direct(link, tag, ptr, len) } {
+            return Ok(op);
+        }
+    }
     // A same-host peer's ring: the poster publishes a message that fits a free slot itself
     // when nothing is queued before it (no hand-off to the writer thread and back, which on
     // a busy host costs two wake-ups per message).
@@ -159,16 +182,17 @@ pub(super) unsafe fn post(
                 ring.publish(head, data);
                 return Ok(Box::new(Sent));
             }
-            // Counted before it is queued, under the lock: a later poster sees it.
-            link.queued.fetch_add(1, Ordering::AcqRel);
             Some(g)
         }
         None => None,
     };
+    // Counted before it is queued (a ring's under its lock): a later poster sees it.
+    link.queued.fetch_add(1, Ordering::AcqRel);
     let job = Arc::new(SendJob {
         tag,
         ptr: ptr as usize,
         len,
+        start: 0,
         phase: Mutex::new(Phase::Queued),
         cv: Condvar::new(),
     });
@@ -177,9 +201,7 @@ pub(super) unsafe fn post(
         None => false,
     };
     if !sent {
-        if link.ring_out.is_some() {
-            link.queued.fetch_sub(1, Ordering::AcqRel);
-        }
+        link.queued.fetch_sub(1, Ordering::AcqRel);
         return Err(link.closed_error(tag));
     }
     Ok(Box::new(TcpSend {
@@ -188,7 +210,114 @@ pub(super) unsafe fn post(
     }))
 }
 
-/// A send already complete when posted (published into a ring by the poster).
+/// Writes the small message `len` bytes at `ptr` to `link`'s socket on the poster's thread,
+/// when the socket's write side is free and nothing is queued before it: `None` when it must
+/// go to the writer thread instead (the side busy, messages queued, a frame half-written, or
+/// the socket took none of it now). A frame the socket took part of is left in `link.wr`
+/// for the writer thread, which finishes it before anything else (from the caller's memory
+/// until the body is written, so the op waits for that like a queued send).
+///
+/// # Safety
+/// As [`post`].
+unsafe fn direct(
+    link: &Arc<Link>,
+    tag: Tag,
+    ptr: *const u8,
+    len: usize,
+) -> Option<Box<dyn SendOp>> {
+    let mut w = match link.wr.try_lock() {
+        Ok(w) => w,
+        Err(TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(TryLockError::WouldBlock) => return None,
+    };
+    if w.is_some() || link.queued.load(Ordering::Acquire) != 0 || link.broken() {
+        return None;
+    }
+    let data: &[u8] = if len == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller keeps the memory valid until the op's wait returned (the `isend`
+        // contract); here it is read during this call only.
+        unsafe { std::slice::from_raw_parts(ptr, len) }
+    };
+    let head = Header {
+        kind: Kind::Data,
+        tag,
+        len: len as u64,
+    }
+    .encode();
+    let trailer = TRAILER_OK.to_le_bytes();
+    let n = send_now(link.fd, [&head, data, &trailer])?;
+    if n == 0 {
+        return None;
+    }
+    let body_done = n >= HEADER + len;
+    if n < HEADER + len + TRAILER {
+        // The writer thread writes the rest of the frame before anything else.
+        let job = Arc::new(SendJob {
+            tag,
+            ptr: ptr as usize,
+            len,
+            start: n,
+            phase: Mutex::new(if body_done {
+                Phase::Done(None)
+            } else {
+                Phase::Writing
+            }),
+            cv: Condvar::new(),
+        });
+        link.queued.fetch_add(1, Ordering::AcqRel);
+        *w = Some(job.clone());
+        drop(w);
+        let woke = lock(&link.writer)
+            .as_ref()
+            .is_some_and(|tx| tx.send(Job::Wake).is_ok());
+        if !woke {
+            // The transport is closing: nobody finishes the frame.
+            if let Some(j) = lock(&link.wr).take() {
+                j.finish(Err("the transport was closed".into()));
+            }
+        }
+        if !body_done {
+            return Some(Box::new(TcpSend {
+                job,
+                link: link.clone(),
+            }));
+        }
+    }
+    Some(Box::new(Sent))
+}
+
+/// Writes as much of the frame `parts` as the socket `fd` takes now, without waiting
+/// (`MSG_DONTWAIT`; `MSG_NOSIGNAL`: a peer gone is an error, never a signal): the bytes
+/// written, 0 when it takes nothing now, `None` on an error (the writer thread, taking the
+/// message instead, meets it and reports it).
+fn send_now(fd: RawFd, parts: [&[u8]; 3]) -> Option<usize> {
+    let mut iov = parts.map(|p| libc::iovec {
+        iov_base: p.as_ptr() as *mut libc::c_void,
+        iov_len: p.len(),
+    });
+    // SAFETY: a zeroed msghdr is a valid empty one; only its iovec fields are set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = iov.len() as _;
+    loop {
+        // SAFETY: `msg` points at `iov`, whose records describe the live slices `parts` for
+        // the duration of the call; `fd` is the link's socket, open while the link lives.
+        let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            return Some(n as usize);
+        }
+        match std::io::Error::last_os_error().kind() {
+            std::io::ErrorKind::Interrupted => continue,
+            std::io::ErrorKind::WouldBlock => return Some(0),
+            _ => return None,
+        }
+    }
+}
+
+/// A send already complete when posted (published into a ring or written into the socket by
+/// the poster).
 struct Sent;
 
 impl SendOp for Sent {
@@ -267,7 +396,9 @@ impl SendOp for TcpSend {
 /// The writer thread of a peer reached by socket: messages and control frames in order,
 /// except that control frames overtake a large message held until the peer is ready for it
 /// (see [`wire::RENDEZVOUS`]; the "ready" of this rank's own receive from that peer must get
-/// through while the peer holds its message for this rank's "ready" in turn).
+/// through while the peer holds its message for this rank's "ready" in turn). Every frame is
+/// written holding the socket's write side (`link.wr`), after the frame a poster left there
+/// half-written.
 pub(super) fn socket_writer(mut s: TcpStream, link: Arc<Link>, rx: Receiver<Job>) {
     let mut held: VecDeque<Job> = VecDeque::new();
     loop {
@@ -278,51 +409,90 @@ pub(super) fn socket_writer(mut s: TcpStream, link: Arc<Link>, rx: Receiver<Job>
                 Err(_) => break,
             },
         };
+        let mut w = lock(&link.wr);
+        if let Some(p) = w.take() {
+            finish_partial(&mut s, &link, &p);
+        }
         let r = match job {
             Job::Wake => Ok(()),
             Job::Control(frame) => write_control(&mut s, &link, &frame),
             Job::Data(j) => {
-                if wire::rendezvous(j.tag, j.len, link.rendezvous) {
-                    if let Err(e) = await_ready(&mut s, &link, &j, &rx, &mut held) {
-                        if !link.broken() {
-                            link.on_failure(&format!("sending to it failed: {e}"));
-                        }
-                    }
-                }
-                if !j.start() {
-                    continue;
-                }
-                if link.broken() {
-                    j.finish(Err("the connection is closed".into()));
-                    continue;
-                }
-                if link.silenced() {
-                    j.finish(Ok(()));
-                    continue;
-                }
-                // Control frames queued meanwhile go first: a "ready" of this rank's own
-                // receive from the peer would otherwise wait behind the whole message, and
-                // the peer's message to this rank with it (the two directions in turn).
-                if let Err(e) = write_controls(&mut s, &link, &rx, &mut held) {
-                    j.finish(Err(e.to_string()));
-                    if !link.broken() {
-                        link.on_failure(&format!("sending to it failed: {e}"));
-                    }
-                    continue;
-                }
-                let r = write_data(&mut s, &link, &j);
-                if let Err(e) = &r {
-                    j.finish(Err(e.to_string()));
-                }
+                let r = send_data(&mut s, &link, &j, &rx, &mut held);
+                link.queued.fetch_sub(1, Ordering::AcqRel);
                 r
             }
         };
+        drop(w);
         if let Err(e) = r {
             if !link.broken() {
                 link.on_failure(&format!("sending to it failed: {e}"));
             }
         }
     }
+    // The transport closed: a frame a poster began is not finished by anyone.
+    if let Some(p) = lock(&link.wr).take() {
+        p.finish(Err("the transport was closed".into()));
+        link.queued.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Finishes the frame a poster began (`p.start` bytes of it written), from its caller's
+/// memory, or from zeros once its waiter gave it up.
+fn finish_partial(s: &mut TcpStream, link: &Link, p: &SendJob) {
+    let r = if link.broken() {
+        Err(closed())
+    } else {
+        write_data(s, link, p)
+    };
+    if let Err(e) = r {
+        p.finish(Err(e.to_string()));
+        if !link.broken() {
+            link.on_failure(&format!("sending to it failed: {e}"));
+        }
+    }
+    link.queued.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// Writes message `j` (after the peer's "ready" where it waits for one); an error is the
+/// connection's (the job is finished with it), a job given up or a link finished or
+/// silenced is not one.
+fn send_data(
+    s: &mut TcpStream,
+    link: &Link,
+    j: &SendJob,
+    rx: &Receiver<Job>,
+    held: &mut VecDeque<Job>,
+) -> std::io::Result<()> {
+    if wire::rendezvous(j.tag, j.len, link.rendezvous) {
+        if let Err(e) = await_ready(s, link, j, rx, held) {
+            if !link.broken() {
+                link.on_failure(&format!("sending to it failed: {e}"));
+            }
+        }
+    }
+    if !j.start() {
+        return Ok(());
+    }
+    if link.broken() {
+        j.finish(Err("the connection is closed".into()));
+        return Ok(());
+    }
+    if link.silenced() {
+        j.finish(Ok(()));
+        return Ok(());
+    }
+    // Control frames queued meanwhile go first: a "ready" of this rank's own receive from
+    // the peer would otherwise wait behind the whole message, and the peer's message to this
+    // rank with it (the two directions in turn).
+    if let Err(e) = write_controls(s, link, rx, held) {
+        j.finish(Err(e.to_string()));
+        return Err(e);
+    }
+    let r = write_data(s, link, j);
+    if let Err(e) = &r {
+        j.finish(Err(e.to_string()));
+    }
+    r
 }
 
 /// Writes the control frames already queued, keeping the messages among them in `held`
@@ -405,7 +575,7 @@ fn write_data(s: &mut TcpStream, link: &Link, j: &SendJob) -> std::io::Result<()
     let total = body_end + TRAILER;
     let mut trailer = TRAILER_OK.to_le_bytes();
     let mut padding = false;
-    let mut done = 0;
+    let mut done = j.start.min(total);
     while done < total {
         if link.broken() {
             return Err(closed());
@@ -420,7 +590,9 @@ fn write_data(s: &mut TcpStream, link: &Link, j: &SendJob) -> std::io::Result<()
             trailer = TRAILER_ABANDONED.to_le_bytes();
         }
         let b = done.saturating_sub(HEADER).min(j.len);
-        let body: &[u8] = if padding {
+        let body: &[u8] = if b == j.len {
+            &[]
+        } else if padding {
             let n = (j.len - b).min(ZEROS.len());
             &ZEROS[..n]
         } else {

@@ -1,0 +1,192 @@
+//! The poster's own socket writes (`writer::post` → `direct`) on a real loopback connection
+//! whose buffers are kept small, so a message the socket takes only part of is certain: the
+//! frames on the wire are read back raw and checked byte for byte.
+
+use super::link::{lock, Link};
+use super::monitor::Bell;
+use super::wire::{Header, Kind, HEADER, TRAILER, TRAILER_ABANDONED, TRAILER_OK};
+use super::writer::{self, post};
+use crate::transport::faults::{stamp, Faults};
+use crate::transport::SendOp;
+use std::io::Read;
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::channel;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Sets a socket buffer option (the kernel doubles it and keeps a floor).
+fn set_buf(fd: i32, opt: libc::c_int, bytes: libc::c_int) {
+    // SAFETY: `fd` is an open socket and the option value a live c_int of its size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            opt,
+            (&bytes as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "setsockopt: {}", std::io::Error::last_os_error());
+}
+
+/// A link from rank 0 to rank 1 over loopback with small buffers, its writer thread running,
+/// and the raw receiving end.
+fn small_link() -> (Arc<Link>, TcpStream, std::thread::JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    set_buf(l.as_raw_fd(), libc::SO_RCVBUF, 4096);
+    let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (b, _) = l.accept().unwrap();
+    set_buf(a.as_raw_fd(), libc::SO_SNDBUF, 4096);
+    let bell = Arc::new(Bell::new().unwrap());
+    let link = Arc::new(Link::new(0, 1, Arc::new(Faults::default()), a, None, None, bell).unwrap());
+    let (tx, rx) = channel();
+    let s = link.socket_clone().unwrap();
+    let l2 = link.clone();
+    let h = std::thread::spawn(move || writer::socket_writer(s, l2, rx));
+    *lock(&link.writer) = Some(tx);
+    (link, b, h)
+}
+
+/// Reads one data frame off the raw stream: (tag, body, trailer).
+fn read_frame(b: &mut TcpStream) -> (u64, Vec<u8>, u64) {
+    let mut head = [0u8; HEADER];
+    b.read_exact(&mut head).unwrap();
+    let h = Header::decode(&head).expect("a frame header");
+    assert_eq!(h.kind, Kind::Data);
+    let mut body = vec![0u8; h.len as usize];
+    b.read_exact(&mut body).unwrap();
+    let mut t = [0u8; TRAILER];
+    b.read_exact(&mut t).unwrap();
+    (h.tag, body, u64::from_le_bytes(t))
+}
+
+fn pattern(n: usize, k: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(k))
+        .collect()
+}
+
+fn send(link: &Arc<Link>, tag: u64, data: &[u8]) -> Box<dyn SendOp> {
+    // SAFETY: every caller keeps `data` alive and unchanged until the op's wait returned.
+    unsafe { post(link, tag, data.as_ptr(), data.len()) }.unwrap()
+}
+
+fn close(link: Arc<Link>, h: std::thread::JoinHandle<()>) {
+    *lock(&link.writer) = None;
+    h.join().unwrap();
+}
+
+#[test]
+fn a_small_message_on_an_idle_socket_is_written_by_the_poster() {
+    let (link, mut b, h) = small_link();
+    let data = pattern(1000, 1);
+    let op = send(&link, stamp(1, 0), &data);
+    // Written in full during the post: nothing was handed to the writer thread.
+    assert_eq!(link.queued.load(Ordering::Acquire), 0);
+    assert!(lock(&link.wr).is_none());
+    op.wait(Instant::now() + Duration::from_secs(5)).unwrap();
+    let (tag, body, trailer) = read_frame(&mut b);
+    assert_eq!((tag, trailer), (stamp(1, 0), TRAILER_OK));
+    assert_eq!(body, data);
+    close(link, h);
+}
+
+#[test]
+fn a_frame_the_socket_took_in_part_is_finished_first_and_later_messages_keep_their_order() {
+    let (link, mut b, h) = small_link();
+    let first = pattern(60 * 1024, 2);
+    let second = pattern(300, 3);
+    let third = pattern(200 * 1024, 4); // above the direct limit: always queued
+    let op1 = send(&link, stamp(1, 0), &first);
+    // Nobody reads yet, so the small buffers took only part of the frame: the rest is the
+    // writer thread's, and the next messages queue behind it.
+    assert_eq!(
+        link.queued.load(Ordering::Acquire),
+        1,
+        "a partial frame is pending"
+    );
+    let op2 = send(&link, stamp(1, 0), &second);
+    let op3 = send(&link, stamp(2, 0), &third);
+    assert!(link.queued.load(Ordering::Acquire) >= 2);
+    let reader = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        (0..3).map(|_| read_frame(&mut b)).collect::<Vec<_>>()
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    op1.wait(deadline).unwrap();
+    op2.wait(deadline).unwrap();
+    op3.wait(deadline).unwrap();
+    let got = reader.join().unwrap();
+    let want = [
+        (stamp(1, 0), &first),
+        (stamp(1, 0), &second),
+        (stamp(2, 0), &third),
+    ];
+    for (i, ((tag, body, trailer), (wtag, wbody))) in got.iter().zip(want).enumerate() {
+        assert_eq!((*tag, *trailer), (wtag, TRAILER_OK), "frame {i}");
+        assert!(body == wbody, "frame {i}: {} bytes differ", {
+            body.iter()
+                .zip(wbody.iter())
+                .filter(|(a, b)| a != b)
+                .count()
+        });
+    }
+    assert_eq!(link.queued.load(Ordering::Acquire), 0);
+    close(link, h);
+}
+
+#[test]
+fn a_partial_frame_given_up_is_padded_and_the_stream_stays_framed() {
+    let (link, mut b, h) = small_link();
+    let first = pattern(60 * 1024, 5);
+    let op1 = send(&link, stamp(1, 0), &first);
+    assert_eq!(
+        link.queued.load(Ordering::Acquire),
+        1,
+        "a partial frame is pending"
+    );
+    // The waiter's deadline has passed and nobody reads: the wait gives the message up and
+    // returns once the writer no longer touches the caller's memory.
+    let t0 = Instant::now();
+    let e = op1.wait(Instant::now()).unwrap_err();
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert!(e.to_string().contains("rank 1"), "names the peer: {e}");
+    drop(first); // the caller's memory is gone; the writer must pad from zeros
+    let next = pattern(500, 6);
+    let op2 = send(&link, stamp(2, 0), &next);
+    let (tag, body, trailer) = read_frame(&mut b);
+    assert_eq!((tag, trailer), (stamp(1, 0), TRAILER_ABANDONED));
+    assert_eq!(body.len(), 60 * 1024);
+    // What the socket took before the give-up is the message; the rest is zeros.
+    let want = pattern(60 * 1024, 5);
+    let sent = body.iter().zip(&want).take_while(|(a, b)| a == b).count();
+    assert!(
+        body[sent..].iter().all(|&x| x == 0),
+        "padding after byte {sent}"
+    );
+    op2.wait(Instant::now() + Duration::from_secs(5)).unwrap();
+    let (tag, body, trailer) = read_frame(&mut b);
+    assert_eq!((tag, trailer), (stamp(2, 0), TRAILER_OK));
+    assert_eq!(body, next);
+    close(link, h);
+}
+
+#[test]
+fn a_partial_frame_of_a_closing_transport_fails_its_wait_instead_of_hanging() {
+    let (link, _b, h) = small_link();
+    let first = pattern(60 * 1024, 7);
+    let op = send(&link, stamp(1, 0), &first);
+    assert_eq!(
+        link.queued.load(Ordering::Acquire),
+        1,
+        "a partial frame is pending"
+    );
+    // The transport closes (its writer stops) while the receiver reads nothing.
+    link.set_broken();
+    close(link, h);
+    let t0 = Instant::now();
+    assert!(op.wait(Instant::now() + Duration::from_secs(30)).is_err());
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+}
