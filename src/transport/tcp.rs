@@ -39,11 +39,16 @@
 //!   frame); on a shared-memory pair's socket, which carries nothing else, they are written
 //!   at once. Nothing blocks the notifier.
 //! - *Reading them while the application waits on another peer*: a monitor thread per
-//!   transport polls (poll(2)) every socket nobody is reading and reads frame headers off
-//!   it: notices go to the board, a goodbye is remembered, a data frame's header is kept for
-//!   its receive, with the payload left in the socket (no extra copy: the receive reads the
-//!   payload straight into its destination). A socket the application is reading is read by
-//!   the application, which handles the control frames it meets the same way.
+//!   transport sweeps (poll(2)) every socket nobody is reading every [`faults::POLL`] and
+//!   reads frame headers off it: notices go to the board, a goodbye is remembered, a data
+//!   frame's header is kept for its receive, with the payload left in the socket (no extra
+//!   copy: the receive reads the payload straight into its destination). Between sweeps it
+//!   watches only the sockets whose "ready" a writer waits for (no wake-up per message). A
+//!   socket the application is reading is read by the application, which handles the
+//!   control frames it meets the same way.
+//! - *Small sends skip the writer thread*: a message of at most 64 KiB with nothing queued
+//!   before it is written by the poster itself, into the ring or into the socket without
+//!   waiting; the writer thread finishes a frame the socket took only part of.
 //! - *Death*: an end of stream (or a reset) without a goodbye records the peer dead, as soon
 //!   as the monitor or a receive reaches it, so a process that ended is seen within a poll
 //!   step whatever `PCCL_TIMEOUT` is; for a same-host peer the pair's idle socket tells it.

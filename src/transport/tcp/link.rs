@@ -203,6 +203,9 @@ pub(super) struct Link {
     /// The monitor left this socket to a receive (one held it, or its next frame was
     /// announced): the receive rings `bell` when it lets go.
     pub(super) skipped: AtomicBool,
+    /// Writers holding a message until the peer's "ready" comes: while any does, the
+    /// monitor watches the socket at once instead of at its sweeps (see `monitor`).
+    awaiting: AtomicUsize,
     bell: Arc<super::monitor::Bell>,
     /// The peer's "ready" frames not yet used: the stamp and length of each message it
     /// waits for, oldest first (see [`wire::RENDEZVOUS`]).
@@ -270,6 +273,7 @@ impl Link {
             wr: Mutex::new(None),
             writer: Mutex::new(None),
             skipped: AtomicBool::new(false),
+            awaiting: AtomicUsize::new(0),
             bell,
             ready: Mutex::new(VecDeque::new()),
             announced: Mutex::new(Vec::new()),
@@ -287,6 +291,23 @@ impl Link {
                 self.peer
             ))
         })
+    }
+
+    /// A writer starts holding a message for the peer's "ready": the monitor is told to
+    /// watch the socket at once. Paired with [`Link::end_awaiting`].
+    pub(super) fn begin_awaiting(&self) {
+        self.awaiting.fetch_add(1, Ordering::AcqRel);
+        self.bell.ring();
+    }
+
+    /// The writer of [`Link::begin_awaiting`] no longer waits.
+    pub(super) fn end_awaiting(&self) {
+        self.awaiting.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Whether a writer waits for the peer's "ready" (the monitor watches the socket at once).
+    pub(super) fn urgent(&self) -> bool {
+        self.awaiting.load(Ordering::Acquire) > 0
     }
 
     /// Whether the peer said goodbye.

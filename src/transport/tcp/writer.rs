@@ -525,9 +525,23 @@ fn await_ready(
     rx: &Receiver<Job>,
     held: &mut VecDeque<Job>,
 ) -> std::io::Result<()> {
+    /// Ends the link's "awaiting" when the wait ends, however it does.
+    struct Awaiting<'a>(&'a Link);
+    impl Drop for Awaiting<'_> {
+        fn drop(&mut self) {
+            self.0.end_awaiting();
+        }
+    }
+    let mut awaiting = None;
     while link.take_ready(j.tag, j.len) == Readiness::Wait {
         if !j.queued() || link.broken() || link.silenced() {
             return Ok(());
+        }
+        if awaiting.is_none() {
+            // The monitor watches the socket at once from now on: look again after telling it.
+            link.begin_awaiting();
+            awaiting = Some(Awaiting(link));
+            continue;
         }
         match rx.recv_timeout(faults::POLL) {
             Ok(Job::Control(frame)) => write_control(s, link, &frame)?,
