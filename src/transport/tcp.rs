@@ -43,7 +43,8 @@
 //!   reads frame headers off it: notices go to the board, a goodbye is remembered, a data
 //!   frame's header is kept for its receive, with the payload left in the socket (no extra
 //!   copy: the receive reads the payload straight into its destination). Between sweeps it
-//!   watches only the sockets whose "ready" a writer waits for (no wake-up per message). A
+//!   watches only the sockets whose "ready" a writer waits for (no wake-up per message);
+//!   while the transport is idle it sleeps on every socket instead (no sweeps either). A
 //!   socket the application is reading is read by the application, which handles the
 //!   control frames it meets the same way.
 //! - *Small sends skip the writer thread*: a message of at most 64 KiB with nothing queued
@@ -157,6 +158,8 @@ pub struct TcpTransport {
     faults: Arc<Faults>,
     /// Tells the monitor thread to end.
     stop: Arc<AtomicBool>,
+    /// Wakes the monitor thread (which may sleep long while the transport is idle).
+    bell: Arc<monitor::Bell>,
     monitor: Option<JoinHandle<()>>,
     writers: Vec<JoinHandle<()>>,
 }
@@ -362,10 +365,11 @@ impl TcpTransport {
             timeout,
             faults: faults.clone(),
             stop: Arc::new(AtomicBool::new(false)),
+            bell: Arc::new(monitor::Bell::new()?),
             monitor: None,
             writers: Vec::new(),
         };
-        let bell = Arc::new(monitor::Bell::new()?);
+        let bell = t.bell.clone();
         // From here on, a failure drops `t`, which stops every thread started so far.
         for (peer, ((s, ring_in), ring_out)) in
             streams.into_iter().zip(inbound).zip(outbound).enumerate()
@@ -686,6 +690,7 @@ impl Drop for TcpTransport {
             l.finish();
         }
         self.stop.store(true, Ordering::Release);
+        self.bell.ring();
         for h in self.writers.drain(..).chain(self.monitor.take()) {
             let _ = h.join();
         }

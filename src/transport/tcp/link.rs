@@ -305,6 +305,11 @@ impl Link {
         self.awaiting.fetch_sub(1, Ordering::AcqRel);
     }
 
+    /// A send or receive on this link begins: the transport is not idle (its monitor sweeps).
+    pub(super) fn touch(&self) {
+        self.bell.touch();
+    }
+
     /// Whether a writer waits for the peer's "ready" (the monitor watches the socket at once).
     pub(super) fn urgent(&self) -> bool {
         self.awaiting.load(Ordering::Acquire) > 0
@@ -839,6 +844,7 @@ impl Link {
         deadline: Instant,
         target: Target<'_>,
     ) -> Result<()> {
+        self.touch();
         let since = Instant::now();
         // A receive without rendezvous that waits long tells the peer what it waits for
         // anyway: a peer holding a large message for it (ranks that disagree about the

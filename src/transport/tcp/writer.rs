@@ -135,6 +135,7 @@ pub(super) unsafe fn post(
     ptr: *const u8,
     len: usize,
 ) -> Result<Box<dyn SendOp>> {
+    link.touch();
     link.faults.check(tag, link.peer)?;
     if link.silenced() {
         // Across a partition (fault injection `isolate`): lost, silently.
