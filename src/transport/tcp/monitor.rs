@@ -11,7 +11,11 @@
 //!
 //! Between sweeps it sleeps, except on the sockets of peers whose "ready" a writer waits for
 //! (a held rendezvous message, [`Link::urgent`]): those it watches at once, since a "ready"
-//! read a sweep late would hold a large message back for it.
+//! read a sweep late would hold a large message back for it. Until 2026-12-02 it watched
+//! every socket at once; each early message then woke it (and each receive that overlapped
+//! it rang its bell), which on a host with more ranks than cores cost as much as the
+//! messages themselves: 1 KiB hierarchical all-gathers on the emulated 4x4 cluster took
+//! 1.7-2.4x as long as without those wake-ups.
 //!
 //! While the transport is idle (no send or receive began since the last sweep: a
 //! communicator between calls, or one of several a job keeps) the monitor sleeps on every
@@ -20,11 +24,7 @@
 //! wakes it once and brings the sweeps back. Sweeping idle transports cost the busy ones:
 //! with 8 communicators per rank on the 4x4 cluster (pccl-bench's algorithm list), each
 //! monitor waking 50 times a second, a 1 KiB hierarchical all-gather took 1.2-1.5x its time
-//! with 3. Until 2026-12-02 it watched
-//! every socket at once; each early message then woke it (and each receive that overlapped
-//! it rang its bell), which on a host with more ranks than cores cost as much as the
-//! messages themselves: 1 KiB hierarchical all-gathers on the emulated 4x4 cluster took
-//! 1.7-2.4x as long as without those wake-ups.
+//! with 3.
 
 use super::link::Link;
 use crate::error::Error;
