@@ -62,6 +62,13 @@ fn read_frame(b: &mut TcpStream) -> (u64, Vec<u8>, u64) {
     (h.tag, body, u64::from_le_bytes(t))
 }
 
+/// Reads the next frame and checks it is message `want` stamped `tag`, delivered whole.
+fn expect_frame(b: &mut TcpStream, tag: u64, want: &[u8]) {
+    let (got_tag, body, trailer) = read_frame(b);
+    assert_eq!((got_tag, trailer), (tag, TRAILER_OK));
+    assert_eq!(body, want);
+}
+
 fn pattern(n: usize, k: u8) -> Vec<u8> {
     (0..n)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(k))
@@ -87,9 +94,7 @@ fn a_small_message_on_an_idle_socket_is_written_by_the_poster() {
     assert_eq!(link.queued.load(Ordering::Acquire), 0);
     assert!(lock(&link.wr).is_none());
     op.wait(Instant::now() + Duration::from_secs(5)).unwrap();
-    let (tag, body, trailer) = read_frame(&mut b);
-    assert_eq!((tag, trailer), (stamp(1, 0), TRAILER_OK));
-    assert_eq!(body, data);
+    expect_frame(&mut b, stamp(1, 0), &data);
     close(link, h);
 }
 
@@ -173,9 +178,7 @@ fn a_partial_frame_given_up_is_padded_and_the_stream_stays_framed() {
         "padding after byte {sent}"
     );
     op2.wait(Instant::now() + Duration::from_secs(5)).unwrap();
-    let (tag, body, trailer) = read_frame(&mut b);
-    assert_eq!((tag, trailer), (stamp(2, 0), TRAILER_OK));
-    assert_eq!(body, next);
+    expect_frame(&mut b, stamp(2, 0), &next);
     close(link, h);
 }
 
