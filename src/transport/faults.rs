@@ -66,6 +66,17 @@ pub fn is_stale(got: Tag, want: Tag) -> bool {
     d < 0 && is_control(got) == is_control(want) && is_p2p(got) == is_p2p(want)
 }
 
+/// Whether a message stamped `got`, where one stamped `want` was expected (and not stale),
+/// shows that its sender is done with `want`'s call: it belongs to a later call, or to
+/// other traffic (control traffic where a collective's message was due: the sender gave the
+/// collective up and began a shrink or an agreement). Otherwise the two ranks made the same
+/// call differently.
+pub fn moved_on(got: Tag, want: Tag) -> bool {
+    seq_of(got) != seq_of(want)
+        || is_control(got) != is_control(want)
+        || is_p2p(got) != is_p2p(want)
+}
+
 /// Names of the collective kinds a fingerprint can hold (index = the low 4 bits).
 const KINDS: [&str; 14] = [
     "barrier",
@@ -152,6 +163,15 @@ pub fn describe(call: u32) -> String {
 /// expected (not stale: see [`is_stale`]).
 pub fn mismatch(rank: usize, peer: usize, want: Tag, got: Tag) -> Error {
     let (ws, gs) = (seq_of(want), seq_of(got));
+    let (wc, gc) = (call_of(want), call_of(got));
+    if is_control(got) && !is_control(want) {
+        return Error::remote(format!(
+            "rank {rank} is running collective #{ws} ({}) but rank {peer} left it without \
+             telling why and sent PCCL control traffic (a shrink, split or agreement): did \
+             rank {peer} skip this collective, or fail it and go on?",
+            describe(wc)
+        ));
+    }
     if ws != gs {
         return Error::remote(format!(
             "rank {rank} is running collective #{ws} ({}) but rank {peer} sent it a message of \
@@ -161,7 +181,6 @@ pub fn mismatch(rank: usize, peer: usize, want: Tag, got: Tag) -> Error {
             describe(call_of(got))
         ));
     }
-    let (wc, gc) = (call_of(want), call_of(got));
     let how = if describe(wc) == describe(gc) {
         "with a different count, root or algorithm".to_string()
     } else {
@@ -407,11 +426,13 @@ impl Faults {
     /// message, so the collective failed somewhere and the notice saying so is on its way
     /// (a refusing rank tells the others one by one, and the peer may have heard first):
     /// waits up to [`EXPLAIN`] (or `deadline`) for this board to say why, returning that
-    /// error, so the error names the cause rather than the symptom. Same-collective
-    /// mismatches are their own cause: Ok at once.
+    /// error, so the error names the cause rather than the symptom. The same holds for
+    /// control traffic where a collective's message was expected (the peer gave the
+    /// collective up and went on to a shrink or an agreement), whatever its sequence number.
+    /// Same-collective mismatches are their own cause: Ok at once.
     pub fn explain(&self, want: Tag, got: Tag, peer: usize, deadline: Instant) -> Result<()> {
         self.check(want, peer)?;
-        if seq_of(got) == seq_of(want) {
+        if !moved_on(got, want) {
             return Ok(());
         }
         let until = deadline.min(Instant::now() + EXPLAIN);
@@ -578,6 +599,19 @@ mod tests {
         let soon = Instant::now() + Duration::from_millis(50);
         assert!(f.explain(stamp(5, 1), stamp(6, 1), 1, soon).is_ok());
         assert!(t0.elapsed() < EXPLAIN);
+        // Control traffic (a shrink's) where collective #7's message was due, with the same
+        // sequence number: the peer gave #7 up; the death that explains it shows up 100 ms
+        // later and the error names it.
+        let g = std::sync::Arc::clone(&f);
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            g.dead(3, "its connection closed");
+        });
+        let e = f
+            .explain(stamp(7, 1), stamp(7, CONTROL | 5), 1, far)
+            .unwrap_err();
+        late.join().unwrap();
+        assert!(e.message().contains("rank 3 died"), "{e}");
     }
 
     #[test]

@@ -519,7 +519,7 @@ impl ThreadTransport {
                     if head.tag != tag {
                         // The board usually explains it (the peer gave up this collective).
                         self.faults.check(tag, peer)?;
-                        if faults::seq_of(head.tag) != faults::seq_of(tag) {
+                        if faults::moved_on(head.tag, tag) {
                             // A later collective's message stays for the call it belongs to;
                             // the refusal that explains it may still be on its way.
                             let got = head.tag;

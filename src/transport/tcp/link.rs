@@ -190,8 +190,10 @@ pub(super) struct Link {
     /// Held by a poster while it decides whether to publish into `ring_out` itself (and
     /// while it does), so two posters never publish at once.
     pub(super) ring_tx: Mutex<()>,
-    /// Messages handed to the writer thread and not yet finished by it (ring or socket):
-    /// while any is, a poster queues behind them (messages to a peer keep their order).
+    /// Messages handed to the writer thread and not yet finished by it (ring or socket), and
+    /// a socket's control frames queued there: while any is, a poster queues behind them
+    /// (messages to a peer keep their order, and a refusal notice reaches the peer before
+    /// whatever this rank sends after it).
     pub(super) queued: AtomicUsize,
     /// The socket's write side, for a peer reached by socket: held by whoever writes a frame
     /// (the writer thread, one frame at a time, or a poster writing a small message itself,
@@ -458,15 +460,21 @@ impl Link {
     }
 
     /// Sends a control frame without blocking the caller for long: on a socket that also
-    /// carries data it goes through the writer's queue (behind what is queued already); on a
-    /// shared-memory pair's socket, which carries nothing else, it is written at once.
+    /// carries data it goes through the writer's queue (behind what is queued already, and
+    /// counted in `queued`, so a small message posted after it is not written before it);
+    /// on a shared-memory pair's socket, which carries nothing else, it is written at once.
     pub(super) fn send_control(&self, frame: Vec<u8>) {
         if self.broken() || self.silenced() {
             return;
         }
         if self.ring_out.is_none() {
-            if let Some(tx) = lock(&self.writer).as_ref() {
-                let _ = tx.send(Job::Control(frame));
+            self.queued.fetch_add(1, Ordering::AcqRel);
+            let sent = match lock(&self.writer).as_ref() {
+                Some(tx) => tx.send(Job::Control(frame)).is_ok(),
+                None => false,
+            };
+            if !sent {
+                self.queued.fetch_sub(1, Ordering::AcqRel);
             }
             return;
         }

@@ -416,7 +416,7 @@ pub(super) fn socket_writer(mut s: TcpStream, link: Arc<Link>, rx: Receiver<Job>
         }
         let r = match job {
             Job::Wake => Ok(()),
-            Job::Control(frame) => write_control(&mut s, &link, &frame),
+            Job::Control(frame) => queued_control(&mut s, &link, &frame),
             Job::Data(j) => {
                 let r = send_data(&mut s, &link, &j, &rx, &mut held);
                 link.queued.fetch_sub(1, Ordering::AcqRel);
@@ -506,7 +506,7 @@ fn write_controls(
 ) -> std::io::Result<()> {
     while let Ok(job) = rx.try_recv() {
         match job {
-            Job::Control(frame) => write_control(s, link, &frame)?,
+            Job::Control(frame) => queued_control(s, link, &frame)?,
             Job::Wake => {}
             d @ Job::Data(_) => held.push_back(d),
         }
@@ -545,7 +545,7 @@ fn await_ready(
             continue;
         }
         match rx.recv_timeout(faults::POLL) {
-            Ok(Job::Control(frame)) => write_control(s, link, &frame)?,
+            Ok(Job::Control(frame)) => queued_control(s, link, &frame)?,
             Ok(Job::Wake) | Err(RecvTimeoutError::Timeout) => {}
             Ok(d @ Job::Data(_)) => held.push_back(d),
             Err(RecvTimeoutError::Disconnected) => {
@@ -562,6 +562,13 @@ fn await_ready(
 
 fn closed() -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::NotConnected, "the link is closed")
+}
+
+/// Writes a control frame [`Link::send_control`] queued (and counted in `link.queued`).
+fn queued_control(s: &mut TcpStream, link: &Link, frame: &[u8]) -> std::io::Result<()> {
+    let r = write_control(s, link, frame);
+    link.queued.fetch_sub(1, Ordering::AcqRel);
+    r
 }
 
 fn write_control(s: &mut TcpStream, link: &Link, frame: &[u8]) -> std::io::Result<()> {

@@ -4,15 +4,15 @@
 
 use super::link::{lock, Link};
 use super::monitor::Bell;
-use super::wire::{Header, Kind, HEADER, TRAILER, TRAILER_ABANDONED, TRAILER_OK};
-use super::writer::{self, post};
+use super::wire::{self, Header, Kind, HEADER, TRAILER, TRAILER_ABANDONED, TRAILER_OK};
+use super::writer::{self, post, Job};
 use crate::transport::faults::{stamp, Faults};
 use crate::transport::SendOp;
 use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::channel;
+use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,9 +31,9 @@ fn set_buf(fd: i32, opt: libc::c_int, bytes: libc::c_int) {
     assert_eq!(r, 0, "setsockopt: {}", std::io::Error::last_os_error());
 }
 
-/// A link from rank 0 to rank 1 over loopback with small buffers, its writer thread running,
-/// and the raw receiving end.
-fn small_link() -> (Arc<Link>, TcpStream, std::thread::JoinHandle<()>) {
+/// A link from rank 0 to rank 1 over loopback with small buffers, the raw receiving end,
+/// and the queue of its writer thread, not started yet ([`start_writer`]).
+fn parked_link() -> (Arc<Link>, TcpStream, Receiver<Job>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     set_buf(l.as_raw_fd(), libc::SO_RCVBUF, 4096);
     let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
@@ -42,10 +42,20 @@ fn small_link() -> (Arc<Link>, TcpStream, std::thread::JoinHandle<()>) {
     let bell = Arc::new(Bell::new().unwrap());
     let link = Arc::new(Link::new(0, 1, Arc::new(Faults::default()), a, None, None, bell).unwrap());
     let (tx, rx) = channel();
+    *lock(&link.writer) = Some(tx);
+    (link, b, rx)
+}
+
+fn start_writer(link: &Arc<Link>, rx: Receiver<Job>) -> std::thread::JoinHandle<()> {
     let s = link.socket_clone().unwrap();
     let l2 = link.clone();
-    let h = std::thread::spawn(move || writer::socket_writer(s, l2, rx));
-    *lock(&link.writer) = Some(tx);
+    std::thread::spawn(move || writer::socket_writer(s, l2, rx))
+}
+
+/// [`parked_link`] with its writer thread running.
+fn small_link() -> (Arc<Link>, TcpStream, std::thread::JoinHandle<()>) {
+    let (link, b, rx) = parked_link();
+    let h = start_writer(&link, rx);
     (link, b, h)
 }
 
@@ -198,4 +208,31 @@ fn a_partial_frame_of_a_closing_transport_fails_its_wait_instead_of_hanging() {
     let t0 = Instant::now();
     assert!(op.wait(Instant::now() + Duration::from_secs(30)).is_err());
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+}
+
+#[test]
+fn a_small_message_posted_after_a_queued_notice_is_not_written_before_it() {
+    // A rank that refused a collective tells its peers, then goes on (a shrink's first
+    // messages): a peer still in that collective must read the refusal first, or it takes
+    // the next message for a mismatched call.
+    let (link, mut b, rx) = parked_link();
+    let notice = wire::control(Kind::Refused, 7, "rank 3 died");
+    link.send_control(notice.clone());
+    let data = pattern(100, 8);
+    let op = send(&link, stamp(1, 0), &data);
+    // Nothing is on the wire before the writer thread runs: the message queued behind the
+    // notice instead of going ahead of it.
+    assert_eq!(link.queued.load(Ordering::Acquire), 2);
+    let h = start_writer(&link, rx);
+    op.wait(Instant::now() + Duration::from_secs(5)).unwrap();
+    let mut got = vec![0u8; notice.len()];
+    b.read_exact(&mut got).unwrap();
+    assert_eq!(got, notice, "the notice comes first");
+    expect_frame(&mut b, stamp(1, 0), &data);
+    let t0 = Instant::now();
+    while link.queued.load(Ordering::Acquire) != 0 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(link.queued.load(Ordering::Acquire), 0, "both counted off");
+    close(link, h);
 }
