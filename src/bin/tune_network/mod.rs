@@ -6,8 +6,8 @@
 //! one after another (the other ranks wait in a barrier, asleep):
 //! * the 2-rank all-gather (ring) between rank 0 and the first rank of node 1, and between
 //!   ranks 0 and 1 of node 0, at 1 KiB … 4 MiB;
-//! * the whole world's 1 KiB all-gather with the flat ring, the hierarchical ring and flat
-//!   recursive doubling (the slowest rank's time);
+//! * the whole world's all-gather at 1 KiB and at 64 B per rank with the flat ring, the
+//!   hierarchical ring and flat recursive doubling (the slowest rank's time);
 //! * every node's 4 MiB ring all-gather inside the node, all nodes at once (the bandwidth a
 //!   node's intra-node messages share where its ranks' copies share a machine).
 //!
@@ -25,9 +25,19 @@ use std::time::Instant;
 
 /// Sizes of the pairs' all-gathers (bytes per rank).
 const PAIR_SIZES: [usize; 5] = [1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20];
-/// The world's all-gathers: bytes per rank and algorithms.
-const WORLD_BYTES: usize = 1 << 10;
-const WORLD_ALGOS: [&str; 3] = ["ring", "hier-ring", "rd"];
+/// The world's all-gathers: algorithms, and bytes per rank of each. At 1 KiB a message
+/// between nodes moves its bytes in about the time the world's ranks take to send and wake
+/// for it on a busy host; at 64 B (the pieces of a 1 KiB all-reduce on 16 ranks) only the
+/// latter is left, which tells the fit how much of a small message's time is core time that
+/// runs while its bytes move and how much is added to it.
+const WORLD: [(&str, usize); 6] = [
+    ("ring", 1 << 10),
+    ("ring", 64),
+    ("hier-ring", 1 << 10),
+    ("hier-ring", 64),
+    ("rd", 1 << 10),
+    ("rd", 64),
+];
 
 /// What the caller asked for.
 pub struct NetworkArgs<'a> {
@@ -193,13 +203,21 @@ pub fn run(
     let inter = pair(world, [n0[0], topo.nodes()[1][0]], a.quick)?;
     let intra = pair(world, [n0[0], n0[1]], a.quick)?;
     let mut runs = Vec::new();
-    for name in WORLD_ALGOS {
+    let mut comm: Option<(Algorithm, Communicator)> = None;
+    for (name, bytes) in WORLD {
         let algo: Algorithm = name.parse()?;
-        let comm = world
-            .split_with_config(Some(0), world.rank() as i32, cfg_with(Some(algo))?)?
-            .expect("every rank passed a color");
-        runs.push((algo, WORLD_BYTES, slowest(&comm, WORLD_BYTES, a.quick)?));
+        // One communicator per algorithm (each builds its own connections).
+        if comm.as_ref().is_none_or(|(a, _)| *a != algo) {
+            drop(comm.take());
+            let c = world
+                .split_with_config(Some(0), world.rank() as i32, cfg_with(Some(algo))?)?
+                .expect("every rank passed a color");
+            comm = Some((algo, c));
+        }
+        let (_, c) = comm.as_ref().expect("set above");
+        runs.push((algo, bytes, slowest(c, bytes, a.quick)?));
     }
+    drop(comm);
     let all_nodes = intra_all(world, a.quick)?;
     let (per_host, host_cpus) = host_share(world)?;
     if world.rank() != 0 {
@@ -235,7 +253,7 @@ pub fn run(
     prof.source = format!(
         "pccl-tune --transport {} on {nodes} nodes x {m} ranks ({nics} NICs per node; {per_host} \
          nodes per host of {} cores); host terms from {}. Measured: pair between nodes: {}; \
-         pair in a node: {}; the world's {} B all-gathers: {}; every node's {} B all-gather \
+         pair in a node: {}; the world's all-gathers: {}; every node's {} B all-gather \
          inside it at once: {:.1} ms (a node's messages share {:.2} GB/s; 0: no limit); \
          fitted within {worst:.2}x",
         a.transport,
@@ -243,11 +261,10 @@ pub fn run(
         a.base.unwrap_or("PCCL's defaults"),
         us(&timings.inter_pair),
         us(&timings.intra_pair),
-        WORLD_BYTES,
         timings
             .world
             .iter()
-            .map(|(al, _, t)| format!("{al} {:.1} us", t * 1e6))
+            .map(|(al, b, t)| format!("{al} {b} B {:.1} us", t * 1e6))
             .collect::<Vec<_>>()
             .join(", "),
         INTRA_ALL_BYTES,
