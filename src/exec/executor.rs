@@ -93,9 +93,14 @@ pub fn execute<T: Element>(
 }
 
 /// Tells the peers that this rank gave up collective `tag` because of `e`, unless the
-/// board already holds the cause (then every rank knows it already).
+/// board already holds a cause every rank was told (an abort, a refusal). A death counts as
+/// untold: each rank finds it for itself, within its monitor's sweep, and a peer still
+/// waiting for this rank's message would meanwhile meet whatever this rank sends next (a
+/// shrink's first message) instead of the reason (a transport sends one refusal per
+/// collective, so a notice already sent is not repeated).
 pub fn abandon(tr: &dyn Transport, tag: Tag, e: &Error) {
-    if tr.faults().check(tag, tr.rank()).is_ok() {
+    let f = tr.faults();
+    if f.check(tag, tr.rank()).is_ok() || !f.dead_ranks().is_empty() {
         if e.kind() == crate::error::ErrorKind::Timeout {
             let why = format!("{}{}", crate::transport::faults::TIMED_OUT, e.message());
             tr.abandon(tag, &why);
@@ -307,4 +312,36 @@ fn recv_reduce<T: Element>(
             });
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::faults::stamp;
+    use crate::transport::threads::ThreadWorld;
+
+    #[test]
+    fn a_rank_that_gave_up_for_a_death_tells_the_peers_still_waiting_for_it() {
+        let w = ThreadWorld::new(3);
+        let (t0, t1) = (w.transport(0).unwrap(), w.transport(1).unwrap());
+        let tag = stamp(4, 1);
+        // Rank 0 saw rank 2 die; rank 1, waiting for rank 0's message, has not yet.
+        t0.faults()
+            .dead(2, "its connection closed without a goodbye");
+        let e = t0.faults().check(tag, 0).unwrap_err();
+        abandon(&*t0, tag, &e);
+        let got = t1.faults().check(tag, 0).unwrap_err();
+        assert!(
+            got.message().contains("rank 0 refused collective #4")
+                && got.message().contains("rank 2 died"),
+            "rank 1 learns the cause from rank 0: {got}"
+        );
+        // An abort reached every rank by itself: giving up because of it tells nobody more.
+        let w = ThreadWorld::new(2);
+        let (t0, t1) = (w.transport(0).unwrap(), w.transport(1).unwrap());
+        t1.abort("stop");
+        let e = t0.faults().check(tag, 0).unwrap_err();
+        abandon(&*t0, tag, &e);
+        assert!(t1.faults().refusals(4).is_empty());
+    }
 }
