@@ -324,7 +324,12 @@ class PcclWork(dist._Work):
         if done:  # already over: complete now (is_completed through torch's wrapper asks this)
             run()
         else:
-            threading.Thread(target=run, name="pccl-future", daemon=True).start()
+            # Not a daemon: the interpreter's shutdown waits for it (its wait ends by the
+            # collective's deadline at the latest). A daemon thread completing its future while
+            # the interpreter finalised was killed inside torch's C++ (`set_result` releases the
+            # GIL) and aborted the process after its work was done ("terminate called without
+            # an active exception", seen once in CI on the fake-ROCm async test, 2026-12-02).
+            threading.Thread(target=run, name="pccl-future", daemon=False).start()
         return fut
 
 
