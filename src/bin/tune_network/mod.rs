@@ -30,13 +30,10 @@ const PAIR_SIZES: [usize; 5] = [1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20];
 /// for it on a busy host; at 64 B (the pieces of a 1 KiB all-reduce on 16 ranks) only the
 /// latter is left, which tells the fit how much of a small message's time is core time that
 /// runs while its bytes move and how much is added to it.
-const WORLD: [(&str, usize); 6] = [
-    ("ring", 1 << 10),
-    ("ring", 64),
-    ("hier-ring", 1 << 10),
-    ("hier-ring", 64),
-    ("rd", 1 << 10),
-    ("rd", 64),
+const WORLD: [(&str, [usize; 2]); 3] = [
+    ("ring", [1 << 10, 64]),
+    ("hier-ring", [1 << 10, 64]),
+    ("rd", [1 << 10, 64]),
 ];
 
 /// What the caller asked for.
@@ -203,21 +200,16 @@ pub fn run(
     let inter = pair(world, [n0[0], topo.nodes()[1][0]], a.quick)?;
     let intra = pair(world, [n0[0], n0[1]], a.quick)?;
     let mut runs = Vec::new();
-    let mut comm: Option<(Algorithm, Communicator)> = None;
-    for (name, bytes) in WORLD {
+    for (name, sizes) in WORLD {
         let algo: Algorithm = name.parse()?;
-        // One communicator per algorithm (each builds its own connections).
-        if comm.as_ref().is_none_or(|(a, _)| *a != algo) {
-            drop(comm.take());
-            let c = world
-                .split_with_config(Some(0), world.rank() as i32, cfg_with(Some(algo))?)?
-                .expect("every rank passed a color");
-            comm = Some((algo, c));
+        // One communicator per algorithm (each builds its own connections), for both sizes.
+        let comm = world
+            .split_with_config(Some(0), world.rank() as i32, cfg_with(Some(algo))?)?
+            .expect("every rank passed a color");
+        for bytes in sizes {
+            runs.push((algo, bytes, slowest(&comm, bytes, a.quick)?));
         }
-        let (_, c) = comm.as_ref().expect("set above");
-        runs.push((algo, bytes, slowest(c, bytes, a.quick)?));
     }
-    drop(comm);
     let all_nodes = intra_all(world, a.quick)?;
     let (per_host, host_cpus) = host_share(world)?;
     if world.rank() != 0 {
