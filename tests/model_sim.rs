@@ -841,3 +841,64 @@ fn on_frontier_three_levels_beat_two_and_most_where_pccl_runs_the_node() {
         }
     }
 }
+
+/// A reduced message costs its receiver `reduce_cpu_us` of core time, on the receiver's
+/// cores, while its bytes move: on 2 nodes × 1 rank (one core each), 1-byte blocks, each
+/// rank's core sends one message (`o`) and reduces the other's (`r`), so a reduce-scatter
+/// takes α + o + r and an all-gather (nothing reduced) α + o; both engines agree on every
+/// algorithm with the term on.
+#[test]
+fn a_reduced_messages_fixed_cost_runs_on_its_receivers_core() {
+    let topo = Topology::uniform(2, 1);
+    let mut p = with_overheads(1, 2, 2, 20.0);
+    p.oversub.reduce_cpu_us = 50.0;
+    close(both(&topo, &p, Job::new(AG, RING, 1.0)), 5e-6 + 20e-6);
+    let t = both(&topo, &p, Job::new(RS, RING, 1.0));
+    assert!((t / (5e-6 + 70e-6) - 1.0).abs() < 1e-5, "{t}");
+    // The same on hosts of their own: a rank's one core still does both.
+    let mut own = with_overheads(1, 4, 1, 1.0);
+    own.oversub.reduce_cpu_us = 50.0;
+    let t = both(&topo, &own, Job::new(RS, RING, 1.0));
+    assert!((t / (5e-6 + 51e-6) - 1.0).abs() < 1e-5, "{t}");
+    p.oversub.reduce_cpu_us = 40.0;
+    let topo = Topology::uniform(16, 4);
+    for coll in [RS, Collective::AllReduce { average: false }] {
+        for algo in Algorithm::ALL {
+            if algo == Algorithm::VectorRd {
+                continue;
+            }
+            both_within(&topo, &p, Job::new(coll, algo, 1024.0), 0.05);
+        }
+    }
+}
+
+/// A NIC with a free burst (a shaper's token bucket, `inter.burst_bytes`) passes a small
+/// message at once where it idles between messages, and holds a message loop that would
+/// outrun it to its rate: calls are timed in the bucket's steady state.
+#[test]
+fn a_shaped_nics_burst_frees_an_idle_nics_messages_but_not_a_busy_ones() {
+    let topo = Topology::uniform(2, 1);
+    let mut p = net_only(1);
+    p.inter.nic_bandwidth_gbps = 0.025; // 25 MB/s: 1 KB takes 40 µs
+    p.inter.alpha_us = 1000.0;
+    let t = |p: &Profile| {
+        Cluster::new(&topo, p)
+            .simulate(&Job::new(AG, RING, 1000.0), Engine::Events)
+            .unwrap()
+            .seconds
+    };
+    close(t(&p), 1000e-6 + 40e-6);
+    p.inter.burst_bytes = 32768.0;
+    // 1 ms between messages refills 25 KB: the bucket stays full, the bytes cost nothing.
+    close(t(&p), 1000e-6);
+    // 1 µs between messages: each call would drain the bucket, so the loop runs at the
+    // rate: 1 KB per 40 µs (the bucket refills during the latency, which hides it).
+    p.inter.alpha_us = 1.0;
+    close(t(&p), 40e-6);
+    // 1 MB per call is bound by the rate whatever the burst (the latency hidden as above).
+    let big = Cluster::new(&topo, &p)
+        .simulate(&Job::new(AG, RING, 1e6), Engine::Events)
+        .unwrap()
+        .seconds;
+    close(big, 1e6 / 25e6);
+}

@@ -81,6 +81,17 @@ struct Args {
     /// With tcp / ofi: NICs per node (default: the topology's NIC map, else 1).
     #[arg(long)]
     nics: Option<usize>,
+    /// With tcp / ofi or `--refit`: bytes each NIC direction passes at once after an idle
+    /// spell (K/M suffixes): a shaper's burst, 32K on `scripts/cluster.sh`'s emulated NICs,
+    /// 0 (the default) for physical ones. The model charges a message the NIC's rate only
+    /// beyond it.
+    #[arg(long, value_name = "BYTES")]
+    nic_burst: Option<String>,
+    /// Measure nothing: fit the network's terms of this profile (one `--transport tcp|ofi`
+    /// wrote) again to the timings it holds, with this build's model (and `--nic-burst`
+    /// where given), written to `-o`.
+    #[arg(long, value_name = "PROFILE")]
+    refit: Option<String>,
     /// Last-level cache size in bytes (K/M suffixes) instead of sysfs's; 0: no cache tier.
     #[arg(long)]
     cache_bytes: Option<String>,
@@ -438,6 +449,7 @@ fn network(args: &Args) {
         quick: args.quick,
         base: args.base.as_deref(),
         nics: args.nics,
+        burst: nic_burst(args),
     };
     let out = tune_network::run(&world, &a).unwrap_or_else(|e| fail(e));
     if let Some((prof, worst, m)) = out {
@@ -480,6 +492,34 @@ fn network(args: &Args) {
     }
 }
 
+/// `--nic-burst` in bytes.
+fn nic_burst(args: &Args) -> Option<usize> {
+    args.nic_burst.as_deref().map(|v| {
+        pccl::config::parse_bytes(v.trim())
+            .unwrap_or_else(|e| fail(format!("--nic-burst {v}: {e}")))
+    })
+}
+
+/// `--refit PROFILE`: the network's terms fitted again, nothing measured.
+fn refit(args: &Args, path: &str) {
+    let old = Profile::load(std::path::Path::new(path)).unwrap_or_else(|e| fail(e));
+    let (prof, worst) =
+        tune_network::refit(&old, nic_burst(args)).unwrap_or_else(|e| fail(format!("{path}: {e}")));
+    eprintln!(
+        "pccl-tune: refitted {path}: {:.1} us + {:.1} us of core time per message between \
+         nodes (was {:.1} + {:.1}); {:.1} us per message per extra rank per core (was {:.1}); \
+         NIC burst {:.0} B; the world's all-gathers predicted within {worst:.2}x",
+        prof.inter.alpha_us,
+        prof.oversub.inter_cpu_us,
+        old.inter.alpha_us,
+        old.oversub.inter_cpu_us,
+        prof.oversub.per_message_us,
+        old.oversub.per_message_us,
+        prof.inter.burst_bytes,
+    );
+    write_profile(args, &prof);
+}
+
 /// `MPI_Finalize`, given 10 s: across network namespaces UCX's TCP progress sometimes never
 /// returns from it (a known UCX issue); the profile is written by then (the closing barrier
 /// waits for it).
@@ -508,6 +548,10 @@ fn main() {
     let args = Args::parse();
     if !args.merge.is_empty() {
         merge(&args);
+        return;
+    }
+    if let Some(path) = args.refit.as_deref() {
+        refit(&args, path);
         return;
     }
     if let Some(base) = args.oversub_of.as_deref() {

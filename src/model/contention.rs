@@ -25,6 +25,8 @@ pub struct Fluid {
     free: Vec<usize>,
     active: usize,
     dirty: bool,
+    /// Bytes each resource has carried so far.
+    served: Vec<f64>,
     // Scratch of the rate computation.
     load: Vec<u32>,
     rem: Vec<f64>,
@@ -39,6 +41,7 @@ impl Fluid {
         let n = caps.len();
         Fluid {
             caps,
+            served: vec![0.0; n],
             load: vec![0; n],
             rem: vec![0.0; n],
             ..Default::default()
@@ -69,6 +72,11 @@ impl Fluid {
     /// Capacity of resource `r` (bytes per second).
     pub fn cap(&self, r: u32) -> f64 {
         self.caps[r as usize]
+    }
+
+    /// Bytes resource `r` has carried since the fluid was made.
+    pub fn served(&self, r: u32) -> f64 {
+        self.served[r as usize]
     }
 
     /// Flows in flight.
@@ -156,11 +164,16 @@ impl Fluid {
         for (i, slot) in self.flows.iter_mut().enumerate() {
             if let Some(f) = slot {
                 // Due now (up to rounding): done, whatever residue the subtraction leaves.
-                if f.rate.is_infinite() || f.left <= f.rate * dt * (1.0 + 1e-9) + EPS_BYTES {
-                    f.left = 0.0;
-                    done.push(i);
-                } else {
-                    f.left -= f.rate * dt;
+                let moved =
+                    if f.rate.is_infinite() || f.left <= f.rate * dt * (1.0 + 1e-9) + EPS_BYTES {
+                        done.push(i);
+                        f.left
+                    } else {
+                        f.rate * dt
+                    };
+                f.left -= moved;
+                for &r in &f.res {
+                    self.served[r as usize] += moved;
                 }
             }
         }

@@ -32,6 +32,7 @@ pub mod oversub;
 pub mod presets;
 pub mod profile;
 pub mod quantized;
+mod shaper;
 pub mod sim;
 pub mod traffic;
 pub mod tuner;

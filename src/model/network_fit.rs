@@ -33,11 +33,15 @@
 use super::profile::Profile;
 use super::sim::{Cluster, Engine, Job};
 use crate::error::{Error, Result};
-use crate::plan::{Algorithm, Collective};
+use crate::plan::{Algorithm, Collective, Collective::AllGather};
 use crate::topology::{NicMap, Topology};
+use serde::{Deserialize, Serialize};
 
-/// Timings of one `pccl-tune` run on the network (seconds; sizes in bytes per rank).
-#[derive(Clone, Debug, PartialEq)]
+/// Timings of one `pccl-tune` run on the network (seconds; sizes in bytes per rank). Kept in
+/// the profile it wrote ([`Profile::measured_network`]), so `pccl-tune --refit` can fit them
+/// again.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NetworkTimings {
     /// Nodes of the world.
     pub nodes: usize,
@@ -55,11 +59,40 @@ pub struct NetworkTimings {
     /// The 2-rank all-gather inside one node.
     pub intra_pair: Vec<(usize, f64)>,
     /// The whole world's small all-gathers: (algorithm, bytes, seconds of the slowest rank).
+    #[serde(with = "by_name")]
     pub world: Vec<(Algorithm, usize, f64)>,
+    /// The whole world's small all-reduces (`f32` sums), likewise: what a reduced message
+    /// costs beyond one that is only stored. Empty in profiles written before 2026-12-02
+    /// (no reduction term fitted).
+    #[serde(default, with = "by_name", skip_serializing_if = "Vec::is_empty")]
+    pub world_reduce: Vec<(Algorithm, usize, f64)>,
     /// Every node's ring all-gather inside the node, all nodes at once: (bytes per rank,
     /// seconds of the slowest rank). Where several nodes share a machine their copies share
     /// its memory and cores: the node's share of them bounds what its intra-node phases move.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intra_all: Option<(usize, f64)>,
+}
+
+/// The world's timings with each algorithm by its name (`ring`, `hier-ring`, `rd`, ...).
+mod by_name {
+    use crate::plan::Algorithm;
+    use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        v: &[(Algorithm, usize, f64)],
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(|(a, b, t)| (a.to_string(), *b, *t)))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Vec<(Algorithm, usize, f64)>, D::Error> {
+        Vec::<(String, usize, f64)>::deserialize(d)?
+            .into_iter()
+            .map(|(a, b, t)| Ok((a.parse().map_err(D::Error::custom)?, b, t)))
+            .collect()
+    }
 }
 
 /// Bandwidth (bytes/s, from the slope of the three largest sizes less the all-gather's local
@@ -110,7 +143,21 @@ fn world_topology(m: &NetworkTimings) -> Topology {
 
 /// The model's time of the whole world's all-gather `algo` at `bytes` per rank.
 fn predict(prof: &Profile, topo: &Topology, algo: Algorithm, bytes: usize) -> f64 {
-    let job = Job::new(Collective::AllGather, algo, bytes as f64);
+    predict_of(prof, topo, Collective::AllGather, algo, bytes)
+}
+
+/// The all-reduce (a sum) the world's reduce timings hold.
+const ALL_REDUCE: Collective = Collective::AllReduce { average: false };
+
+/// The model's time of `coll` with `algo` at `bytes` per rank on `topo`.
+fn predict_of(
+    prof: &Profile,
+    topo: &Topology,
+    coll: Collective,
+    algo: Algorithm,
+    bytes: usize,
+) -> f64 {
+    let job = Job::new(coll, algo, bytes as f64);
     Cluster::new(topo, prof)
         .simulate(&job, Engine::Events)
         .map_or(f64::NAN, |o| o.seconds)
@@ -143,6 +190,7 @@ pub fn fit(base: &Profile, m: &NetworkTimings) -> Result<(Profile, f64)> {
     prof.oversub.cores = m.cores.max(1);
     prof.oversub.nodes_per_host = m.nodes_per_host.max(1);
     prof.oversub.per_message_us = 0.0;
+    prof.oversub.reduce_cpu_us = 0.0;
     prof.oversub.rate_share = 0.0;
     // Extra ranks per core of the world's host (the wake-up term's factor).
     let extra = ((m.ranks_per_node * m.nodes_per_host.clamp(1, m.nodes)) as f64
@@ -215,21 +263,66 @@ pub fn fit(base: &Profile, m: &NetworkTimings) -> Result<(Profile, f64)> {
             "network fit: the model predicts no finite time for the world's timings",
         ));
     }
-    let out = with(best.1, best.2, best.3);
+    let mut out = with(best.1, best.2, best.3);
+    if out.message_cpu_seconds(true).is_some() {
+        out.oversub.reduce_cpu_us = reduce_cost(&out, &topo, &m.world_reduce) * 1e6;
+    }
     let worst = m
         .world
         .iter()
-        .map(|&(a, s, t)| {
-            let r = predict(&out, &topo, a, s) / t;
+        .map(|&(a, s, t)| (AllGather, a, s, t))
+        .chain(
+            m.world_reduce
+                .iter()
+                .map(|&(a, s, t)| (ALL_REDUCE, a, s, t)),
+        )
+        .map(|(c, a, s, t)| {
+            let r = predict_of(&out, &topo, c, a, s) / t;
             r.max(1.0 / r)
         })
         .fold(1.0, f64::max);
-    let mut out = out;
     if let Some(bus) = node_bus(&out, m) {
         out.intra.node_bandwidth_gbps = bus / 1e9;
     }
     out.validate()?;
     Ok((out, worst))
+}
+
+/// The core time (seconds) a reduced message costs its receiver beyond its bytes
+/// ([`super::profile::Oversub::reduce_cpu_us`]), from the world's all-reduces under `prof`
+/// (whose other terms the all-gathers fixed: they reduce nothing): relative least squares
+/// over a grid from 0 to the slowest all-reduce's time per rank, refined around the best
+/// point. 0 without all-reduce timings. (The emulated cluster's small all-reduces took
+/// 1.2–1.4× what the model gave without it, each reduced message some 2–3 µs of core time
+/// more than a stored one: the receive into scratch, the reduction's start.)
+fn reduce_cost(prof: &Profile, topo: &Topology, timings: &[(Algorithm, usize, f64)]) -> f64 {
+    if timings.is_empty() {
+        return 0.0;
+    }
+    let error = |c: f64| -> f64 {
+        let mut q = prof.clone();
+        q.oversub.reduce_cpu_us = c * 1e6;
+        timings
+            .iter()
+            .map(|&(a, s, t)| (predict_of(&q, topo, ALL_REDUCE, a, s) / t).ln().powi(2))
+            .sum()
+    };
+    const STEPS: usize = 16;
+    let p = topo.nranks().max(1) as f64;
+    let mut range = (0.0, timings.iter().map(|w| w.2).fold(0.0, f64::max) / p);
+    let mut best = (f64::INFINITY, 0.0);
+    for _ in 0..3 {
+        for i in 0..=STEPS {
+            let c = range.0 + (range.1 - range.0) * i as f64 / STEPS as f64;
+            let e = error(c);
+            if e < best.0 {
+                best = (e, c);
+            }
+        }
+        let step = (range.1 - range.0) / STEPS as f64;
+        range = ((best.1 - step).max(0.0), best.1 + step);
+    }
+    best.1
 }
 
 /// The bandwidth (bytes/s) a node's intra-node messages share, from `m.intra_all`, under
@@ -279,6 +372,7 @@ mod tests {
         p.oversub.inter_cpu_us = 40.0;
         p.oversub.intra_cpu_us = 12.0;
         p.oversub.per_message_us = 4.0; // 28 µs per message at 8 ranks per core
+        p.oversub.reduce_cpu_us = 6.0;
         p
     }
 
@@ -293,6 +387,7 @@ mod tests {
             inter_pair: Vec::new(),
             intra_pair: Vec::new(),
             world: Vec::new(),
+            world_reduce: Vec::new(),
             intra_all: None,
         };
         // The pairs on a 2-node world of one rank per node, and a 1-node world of two (the
@@ -319,6 +414,11 @@ mod tests {
             for s in [1024, 64] {
                 m.world.push((a, s, predict(p, &topo, a, s)));
             }
+        }
+        for a in ["ring", "hier-ring"] {
+            let a: Algorithm = a.parse().unwrap();
+            m.world_reduce
+                .push((a, 1024, predict_of(p, &topo, ALL_REDUCE, a, 1024)));
         }
         let node = Topology::uniform(4, 4);
         let s = 4 << 20;
@@ -375,6 +475,25 @@ mod tests {
             "wake-up {} µs per extra rank per core, given 4",
             got.oversub.per_message_us
         );
+        assert!(
+            near(got.oversub.reduce_cpu_us, 6.0, 0.35),
+            "a reduced message's core time {} µs, given 6",
+            got.oversub.reduce_cpu_us
+        );
+    }
+
+    #[test]
+    fn without_all_reduce_timings_no_reduction_cost_is_fitted() {
+        let m = timings_of(&truth());
+        assert_eq!(reduce_cost(&truth(), &world_topology(&m), &[]), 0.0);
+    }
+
+    #[test]
+    fn the_timings_a_profile_keeps_read_back_as_written() {
+        let mut p = truth();
+        p.measured_network = Some(timings_of(&truth()));
+        let back = Profile::from_toml(&p.to_toml()).unwrap();
+        assert_eq!(back.measured_network, p.measured_network);
     }
 
     #[test]

@@ -62,6 +62,12 @@ pub struct InterLevel {
     pub group_nodes: usize,
     /// Extra latency of a message between dragonfly groups (µs): the global link's hop.
     pub global_hop_us: f64,
+    /// Bytes a NIC direction lets through at once after an idle spell (a token bucket's
+    /// depth: a NIC shaped by Linux `htb`/`tbf`, like the emulated cluster's 32 KiB); it
+    /// refills at the NIC's rate while the NIC sends below it ([`super::shaper`]). `0` (the
+    /// default) for a physical NIC. Only the event engine models it (worlds of up to 128
+    /// ranks; the phase engine charges every byte the NIC's rate).
+    pub burst_bytes: f64,
 }
 
 impl Default for InterLevel {
@@ -73,6 +79,7 @@ impl Default for InterLevel {
             taper: 1.0,
             group_nodes: 0,
             global_hop_us: 0.0,
+            burst_bytes: 0.0,
         }
     }
 }
@@ -201,6 +208,11 @@ pub struct Oversub {
     pub inter_cpu_us: f64,
     /// The same for a message between two ranks of one node (µs).
     pub intra_cpu_us: f64,
+    /// Core time the receiver spends on a message it reduces, beyond its bytes at the
+    /// reduction rate (µs): the receive into scratch and the reduction's own start, on the
+    /// receiving rank's core, shared like the messages' overheads. Only with the
+    /// overheads above (`cores` and `inter_cpu_us` or `intra_cpu_us` set).
+    pub reduce_cpu_us: f64,
 }
 
 impl Default for Oversub {
@@ -212,6 +224,7 @@ impl Default for Oversub {
             nodes_per_host: 1,
             inter_cpu_us: 0.0,
             intra_cpu_us: 0.0,
+            reduce_cpu_us: 0.0,
         }
     }
 }
@@ -289,6 +302,12 @@ pub struct Profile {
     /// of several runs. Absent in presets and hand-written profiles.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub measured: Option<super::calibrate::Measured>,
+    /// What `pccl-tune --transport tcp|ofi` measured on the network, the network's terms
+    /// above fitted to it ([`crate::model::network_fit`]): kept so that `pccl-tune --refit`
+    /// can fit them again (a later model, another NIC burst) without the network. Absent
+    /// elsewhere.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub measured_network: Option<super::network_fit::NetworkTimings>,
 }
 
 /// How the reduction of a received message overlaps its transfer.
@@ -353,6 +372,7 @@ impl Default for Profile {
             reduce_host_gbps: host,
             reduce_device_gbps: dev,
             measured: None,
+            measured_network: None,
         }
     }
 }

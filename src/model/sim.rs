@@ -17,12 +17,19 @@
 
 use super::contention::{run_batch, Fluid};
 use super::profile::{DeviceKind, Profile, ReceiveReduce};
+use super::shaper::Buckets;
 use super::traffic::{of_plan, PhaseWork};
 use crate::error::{Error, Result};
 use crate::plan::{build, Algorithm, Collective, LevelAlgo};
 use crate::topology::{NicMap, Topology};
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
+
+/// Core time in the fluid's units: nanoseconds. The fluid ends a flow once less than its
+/// rounding guard (10⁻⁶ units) is left, which in seconds would drop overheads of a
+/// microsecond or less entirely (until 2026-12-02 a message's 1 µs overhead cost nothing and
+/// every overhead ended 1 µs early).
+const CORE_NS: f64 = 1e9;
 
 /// Which simulation engine to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -260,13 +267,14 @@ impl<'a> Cluster<'a> {
         // each rank's own core (a rank's overheads run on one core at a time).
         debug_assert_eq!(c.len(), self.cpu_base(nodes));
         if let Some((_, cores)) = self.prof.message_cpu_seconds(true) {
-            c.extend(std::iter::repeat_n(cores, nodes));
-            c.extend(std::iter::repeat_n(1.0, nodes * self.m));
+            c.extend(std::iter::repeat_n(cores * CORE_NS, nodes));
+            c.extend(std::iter::repeat_n(CORE_NS, nodes * self.m));
         }
         c
     }
 
-    /// Index of node 0's cores among [`Self::caps`]' resources (node `i`'s: `+ i`; rank
+    /// Index of node 0's cores (their capacity in core-nanoseconds per second, the flows
+    /// on them in core-nanoseconds: [`CORE_NS`]) among [`Self::caps`]' resources (node `i`'s: `+ i`; rank
     /// `(i, l)`'s own core: `+ nodes + i·m + l`).
     fn cpu_base(&self, nodes: usize) -> usize {
         2 * nodes * self.nics.nics() + self.groups(nodes) + nodes + nodes * self.m * self.m
@@ -285,8 +293,24 @@ impl<'a> Cluster<'a> {
         let na = na % nodes;
         (secs > 0.0).then(|| {
             (
-                secs,
+                secs * CORE_NS,
                 [(base + na) as u32, (base + nodes + na * self.m + la) as u32],
+            )
+        })
+    }
+
+    /// The core time of reducing a received message beyond its bytes
+    /// ([`super::profile::Oversub::reduce_cpu_us`]) on the receiving rank `(node, local)`'s
+    /// node's cores and its own core, as a flow, when the profile has the term.
+    fn reduce_flow(&self, nodes: usize, (nb, lb): (usize, usize)) -> Option<(f64, [u32; 2])> {
+        let secs = self.prof.oversub.reduce_cpu_us * 1e-6;
+        self.prof.message_cpu_seconds(true)?;
+        let base = self.cpu_base(nodes);
+        let nb = nb % nodes;
+        (secs > 0.0).then(|| {
+            (
+                secs * CORE_NS,
+                [(base + nb) as u32, (base + nodes + nb * self.m + lb) as u32],
             )
         })
     }
@@ -442,7 +466,44 @@ impl<'a> Cluster<'a> {
         per_pass * msg_phases as f64 / (p - 1) as f64
     }
 
+    /// The event engine. With NICs that have a free burst ([`super::shaper`]) the call is
+    /// timed in the buckets' steady state: a benchmark's calls run back to back, so a call
+    /// finds its NICs' buckets as the calls before it left them — full where the NICs idle
+    /// most of the time, drained where they are the bottleneck (a 1 KiB pair's loop drains
+    /// 32 KiB within a few dozen calls and is then held to the NIC's rate). That state is the
+    /// largest level `θ·burst`, the same on every NIC, that no NIC's bucket ends a call below
+    /// (within 1% of the burst): found from full, else by bisection over θ.
     fn events(&self, job: &Job) -> Result<Outcome> {
+        let (full, left) = self.events_from(job, None)?;
+        let Some(left) = left else {
+            return Ok(full);
+        };
+        let burst = self.prof.inter.burst_bytes;
+        let keeps = |start: f64, end: &[f64]| end.iter().all(|&e| e >= start - 0.01 * burst);
+        if keeps(burst, &left) {
+            return Ok(full);
+        }
+        let at = |theta: f64| self.events_from(job, Some(&vec![theta * burst; left.len()]));
+        let (mut best, mut lo, mut hi) = (at(0.0)?.0, 0.0, 1.0);
+        for _ in 0..5 {
+            let mid = (lo + hi) / 2.0;
+            let (out, end) = at(mid)?;
+            if keeps(mid * burst, end.as_deref().unwrap_or_default()) {
+                (best, lo) = (out, mid);
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(best)
+    }
+
+    /// One call of the event engine, its NICs' buckets holding `tokens` at the start (full
+    /// when `None`); also what the buckets hold at its end (`None` without buckets).
+    fn events_from(
+        &self,
+        job: &Job,
+        tokens: Option<&[f64]>,
+    ) -> Result<(Outcome, Option<Vec<f64>>)> {
         let p = self.topo.nranks();
         let nodes = self.topo.nodes().len();
         let nccl = self.nccl_ring(job);
@@ -461,6 +522,10 @@ impl<'a> Cluster<'a> {
         let (speed, link_speed) = self.speeds(job);
         let mut fluid =
             Fluid::new(self.caps(nodes, nodes, link_speed, self.vendor_intra(job.algo)));
+        // The NICs (both directions of each) are the caps' first resources.
+        let burst = self.prof.inter.burst_bytes;
+        let mut buckets = (burst > 0.0 && !self.prof.one_host)
+            .then(|| Buckets::new(2 * nodes * self.nics.nics(), burst, tokens));
         // On one host a rank's core does its reductions and its side of every copy: with
         // MPI's reduction after the whole message (`ReceiveReduce::After`), a reduction is
         // work on the rank's receive port, shared with the messages still arriving there
@@ -637,12 +702,24 @@ impl<'a> Cluster<'a> {
                         // own shared cells): more work through the same links.
                         let work = m.bytes * self.prof.eager_factor(m.bytes);
                         for (share, res) in &sub {
-                            let id = fluid.add(work * share, res);
+                            let mut bytes = work * share;
+                            if let Some(b) = buckets.as_mut() {
+                                bytes -= b.take(now, bytes, res, &fluid);
+                            }
+                            let id = fluid.add(bytes, res);
                             flows.insert(id, Flow::Msg(mi));
                         }
                         // Its overhead on the sender node's cores, while its bytes move: one
                         // more part of the message.
                         if let Some((work, res)) = self.cpu_flow(nodes, pa, pa.0 != pb.0) {
+                            let id = fluid.add(work, &res);
+                            flows.insert(id, Flow::Msg(mi));
+                            n += 1;
+                        }
+                        // A reduced message's fixed cost on the receiver's core, likewise.
+                        if let Some((work, res)) =
+                            self.reduce_flow(nodes, pb).filter(|_| msgs[mi].reduce)
+                        {
                             let id = fluid.add(work, &res);
                             flows.insert(id, Flow::Msg(mi));
                             n += 1;
@@ -653,12 +730,14 @@ impl<'a> Cluster<'a> {
                 }
             }
         }
-        Ok(Outcome {
+        let left = buckets.map(|mut b| b.at(end, &fluid));
+        let out = Outcome {
             seconds: end + self.nccl_latency(job, msg_phases),
             phases: nphases,
             distinct_phases: nphases,
             engine: Engine::Events,
-        })
+        };
+        Ok((out, left))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -827,6 +906,17 @@ impl Summary {
                     // Node 0's messages share its cores: each one's overhead runs there
                     // while its bytes move, and the message ends when both have.
                     if let Some((work, res)) = cl.cpu_flow(1, (0, la), !same) {
+                        flows.push((start, work, res.to_vec()));
+                        owner.push((la, lb, usize::from(!same)));
+                    }
+                    // Its receiver's fixed cost of reducing it, on the receiver's core (the
+                    // receiver on another node looks like node 0's rank `lb`).
+                    let reduced = sig.get(lb).is_some_and(|r| {
+                        r.recvs
+                            .iter()
+                            .any(|&(s, lq, _, reduce)| s == same && lq == la && reduce)
+                    });
+                    if let Some((work, res)) = cl.reduce_flow(1, (0, lb)).filter(|_| reduced) {
                         flows.push((start, work, res.to_vec()));
                         owner.push((la, lb, usize::from(!same)));
                     }

@@ -23,6 +23,8 @@ use pccl::model::profile::Profile;
 use pccl::{Algorithm, Communicator, ReduceOp};
 use std::time::Instant;
 
+mod refit;
+
 /// Sizes of the pairs' all-gathers (bytes per rank).
 const PAIR_SIZES: [usize; 5] = [1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20];
 /// The world's all-gathers: algorithms, and bytes per rank of each. At 1 KiB a message
@@ -36,6 +38,11 @@ const WORLD: [(&str, [usize; 2]); 3] = [
     ("rd", [1 << 10, 64]),
 ];
 
+/// The world's all-reduces (`f32` sums; algorithms and bytes per rank), timed with the
+/// same communicators: a 1 KiB ring all-reduce on 16 ranks moves 64-byte pieces, each
+/// reduced on arrival, and tells the fit what a reduced message costs beyond a stored one.
+const WORLD_REDUCE: [(&str, usize); 2] = [("ring", 1 << 10), ("hier-ring", 1 << 10)];
+
 /// What the caller asked for.
 pub struct NetworkArgs<'a> {
     /// `tcp` or `ofi`.
@@ -46,6 +53,9 @@ pub struct NetworkArgs<'a> {
     pub base: Option<&'a str>,
     /// NICs per node (default: the topology's NIC map).
     pub nics: Option<usize>,
+    /// Bytes each NIC direction passes at once after an idle spell (a shaper's burst; the
+    /// base's, 0 by default, without it).
+    pub burst: Option<usize>,
 }
 
 fn cfg_with(algo: Option<Algorithm>) -> pccl::Result<Config> {
@@ -64,16 +74,36 @@ fn slowest(comm: &Communicator, bytes: usize, quick: bool) -> pccl::Result<f64> 
     let n = (bytes / 4).max(1);
     let input = vec![1f32; n];
     let mut output = vec![0f32; n * comm.size()];
+    timed(comm, bytes, quick, || comm.all_gather(&input, &mut output))
+}
+
+/// [`slowest`] for the all-reduce (`f32` sum) of `bytes` per rank.
+fn slowest_reduce(comm: &Communicator, bytes: usize, quick: bool) -> pccl::Result<f64> {
+    let n = (bytes / 4).max(1);
+    let input = vec![1f32; n];
+    let mut output = vec![0f32; n];
+    timed(comm, bytes, quick, || {
+        comm.all_reduce(&input, &mut output, ReduceOp::Sum)
+    })
+}
+
+/// `call` (a collective of `bytes` per rank on `comm`) timed as [`slowest`] says.
+fn timed(
+    comm: &Communicator,
+    bytes: usize,
+    quick: bool,
+    mut call: impl FnMut() -> pccl::Result<()>,
+) -> pccl::Result<f64> {
     let per_round = ((4 << 20) / bytes).clamp(2, 20);
     for _ in 0..2 {
-        comm.all_gather(&input, &mut output)?;
+        call()?;
     }
     let mut v = Vec::new();
     for _ in 0..if quick { 3 } else { 9 } {
         comm.barrier()?;
         let t = Instant::now();
         for _ in 0..per_round {
-            comm.all_gather(&input, &mut output)?;
+            call()?;
         }
         v.push(t.elapsed().as_secs_f64() / per_round as f64);
     }
@@ -199,7 +229,7 @@ pub fn run(
     let n0 = &topo.nodes()[0];
     let inter = pair(world, [n0[0], topo.nodes()[1][0]], a.quick)?;
     let intra = pair(world, [n0[0], n0[1]], a.quick)?;
-    let mut runs = Vec::new();
+    let (mut runs, mut reduces) = (Vec::new(), Vec::new());
     for (name, sizes) in WORLD {
         let algo: Algorithm = name.parse()?;
         // One communicator per algorithm (each builds its own connections), for both sizes.
@@ -208,6 +238,9 @@ pub fn run(
             .expect("every rank passed a color");
         for bytes in sizes {
             runs.push((algo, bytes, slowest(&comm, bytes, a.quick)?));
+        }
+        for &(_, bytes) in WORLD_REDUCE.iter().filter(|w| w.0 == name) {
+            reduces.push((algo, bytes, slowest_reduce(&comm, bytes, a.quick)?));
         }
     }
     let all_nodes = intra_all(world, a.quick)?;
@@ -228,41 +261,83 @@ pub fn run(
         inter_pair: inter,
         intra_pair: intra,
         world: runs,
+        world_reduce: reduces,
         intra_all: Some((INTRA_ALL_BYTES, all_nodes)),
     };
-    let base = match a.base {
+    let mut base = match a.base {
         Some(f) => Profile::load(std::path::Path::new(f))?,
         None => Profile::default(),
     };
+    if let Some(b) = a.burst {
+        base.inter.burst_bytes = b as f64;
+    }
     let (mut prof, worst) = network_fit::fit(&base, &timings)?;
-    prof.name = format!("measured-network-{nodes}x{m}-{nics}nic");
+    let head = format!(
+        "pccl-tune --transport {} on {nodes} nodes x {m} ranks ({nics} NICs per node; \
+         {per_host} nodes per host of {} cores); host terms from {}",
+        a.transport,
+        timings.cores,
+        a.base.unwrap_or("PCCL's defaults"),
+    );
+    prof.source = describe(&head, &timings, &prof, worst);
+    prof.measured_network = Some(timings.clone());
+    prof.measured = None;
+    Ok(Some((prof, worst, timings)))
+}
+
+/// A fitted network profile's `source`: `head` (what ran where), then what was measured
+/// (the form [`refit::timings_of_source`] reads back) and how well the fit holds it.
+fn describe(head: &str, t: &NetworkTimings, prof: &Profile, worst: f64) -> String {
     let us = |v: &[(usize, f64)]| {
         v.iter()
             .map(|(s, t)| format!("{s} B {:.1} us", t * 1e6))
             .collect::<Vec<_>>()
             .join(", ")
     };
-    prof.source = format!(
-        "pccl-tune --transport {} on {nodes} nodes x {m} ranks ({nics} NICs per node; {per_host} \
-         nodes per host of {} cores); host terms from {}. Measured: pair between nodes: {}; \
-         pair in a node: {}; the world's all-gathers: {}; every node's {} B all-gather \
-         inside it at once: {:.1} ms (a node's messages share {:.2} GB/s; 0: no limit); \
-         fitted within {worst:.2}x",
-        a.transport,
-        timings.cores,
-        a.base.unwrap_or("PCCL's defaults"),
-        us(&timings.inter_pair),
-        us(&timings.intra_pair),
-        timings
-            .world
-            .iter()
+    let list = |w: &[(Algorithm, usize, f64)]| {
+        w.iter()
             .map(|(al, b, t)| format!("{al} {b} B {:.1} us", t * 1e6))
             .collect::<Vec<_>>()
-            .join(", "),
-        INTRA_ALL_BYTES,
-        all_nodes * 1e3,
+            .join(", ")
+    };
+    let (all_bytes, all_s) = t.intra_all.unwrap_or((INTRA_ALL_BYTES, 0.0));
+    let reduces = match &t.world_reduce[..] {
+        [] => String::new(),
+        w => format!("; the world's all-reduces: {}", list(w)),
+    };
+    let burst = match prof.inter.burst_bytes {
+        b if b > 0.0 => format!("; NIC burst {b:.0} B"),
+        _ => String::new(),
+    };
+    format!(
+        "{head}. Measured: pair between nodes: {}; pair in a node: {}; the world's \
+         all-gathers: {}{reduces}; every node's {all_bytes} B all-gather inside it at once: {:.1} ms \
+         (a node's messages share {:.2} GB/s; 0: no limit){burst}; fitted within {worst:.2}x",
+        us(&t.inter_pair),
+        us(&t.intra_pair),
+        list(&t.world),
+        all_s * 1e3,
         prof.intra.node_bandwidth_gbps
-    );
-    prof.measured = None;
-    Ok(Some((prof, worst, timings)))
+    )
+}
+
+/// `pccl-tune --refit`: the network's terms of a profile `pccl-tune --transport` wrote, fitted
+/// again to the timings it holds (its `[measured_network]`, or for a profile written before
+/// 2026-12-02 the timings its `source` lists) by this build's model, with `burst` bytes of
+/// NIC burst where given (else the profile's own). The host's terms are kept.
+pub fn refit(old: &Profile, burst: Option<usize>) -> pccl::Result<(Profile, f64)> {
+    let timings = match &old.measured_network {
+        Some(t) => t.clone(),
+        None => refit::timings_of_source(&old.source)?,
+    };
+    let mut base = old.clone();
+    if let Some(b) = burst {
+        base.inter.burst_bytes = b as f64;
+    }
+    let (mut prof, worst) = network_fit::fit(&base, &timings)?;
+    let head = old.source.split(". Measured:").next().unwrap_or_default();
+    let head = format!("{head}; refitted by pccl-tune --refit");
+    prof.source = describe(&head, &timings, &prof, worst);
+    prof.measured_network = Some(timings);
+    Ok((prof, worst))
 }
