@@ -219,3 +219,46 @@ fn bad_arguments_exit_non_zero_with_a_message() {
         assert!(err.contains("pccl-tune:"), "{args:?}: {err}");
     }
 }
+
+/// `--refit` fits a network profile's timings again without measuring: from a profile written
+/// before profiles kept them (read back from its `source`), with or without a NIC burst; the
+/// result keeps the timings as a table and refits to the same terms. A profile with no network
+/// timings (a threads run) is refused, naming what is missing.
+#[test]
+fn refit_fits_a_network_profiles_timings_again_and_refuses_one_without_them() {
+    let dir = scratch_dir("refit");
+    let old = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/cluster/cpu64/profile-tuned-allgather-8x2-k1-200mbit.toml"
+    );
+    let first = path_in(&dir, "refit.toml");
+    let out = tune(&["--refit", old, "--nic-burst", "32K", "-o", &first]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p = Profile::load(std::path::Path::new(&first)).unwrap();
+    let m = p
+        .measured_network
+        .as_ref()
+        .expect("the timings kept as a table");
+    assert_eq!((m.nodes, m.ranks_per_node, m.world.len()), (8, 2, 6));
+    assert_eq!(p.inter.burst_bytes, 32768.0);
+    assert!(p.oversub.inter_cpu_us > 0.0, "{:?}", p.oversub);
+    // Refitting the refitted profile reads its table and lands on the same terms.
+    let again = path_in(&dir, "again.toml");
+    let out = tune(&["--refit", &first, "-o", &again]);
+    assert!(out.status.success());
+    let q = Profile::load(std::path::Path::new(&again)).unwrap();
+    assert_eq!(q.measured_network, p.measured_network);
+    assert!((q.oversub.inter_cpu_us / p.oversub.inter_cpu_us - 1.0).abs() < 1e-9);
+    // A threads profile has no network timings.
+    let threads = path_in(&dir, "threads.toml");
+    assert!(tune(&["--quick", "-o", &threads]).status.success());
+    let out = tune(&["--refit", &threads, "-o", &path_in(&dir, "no.toml")]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no network timings"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -7,7 +7,8 @@
 //! rank idle; and small all-gathers of the whole world with fixed algorithms (flat ring,
 //! hierarchical ring, flat recursive doubling), the slowest rank's time, at a size whose
 //! messages take about as long on the wire as their overheads (1 KiB on 200 Mbit/s NICs)
-//! and at one where only the overheads are left (64 B).
+//! and at one where only the overheads are left (64 B); and the world's small all-reduces
+//! (flat and hierarchical ring, 1 KiB).
 //!
 //! What is fitted ([`fit`]):
 //! * each level's bandwidth from the pair's three largest sizes (the median of their three
@@ -28,7 +29,10 @@
 //! * with them, the wake-up latency each message pays in the busy world, where ranks
 //!   outnumber the cores and wait to be scheduled ([`super::profile::Oversub::per_message_us`];
 //!   beside MPI's busy-polling progress under `mpiexec`, the flat ring's 1 KiB all-gather
-//!   took 3.2× its time without it).
+//!   took 3.2× its time without it);
+//! * last, the core time a *reduced* message costs its receiver beyond a stored one
+//!   ([`super::profile::Oversub::reduce_cpu_us`]), from the world's 1 KiB all-reduces (the
+//!   all-gathers reduce nothing, so it is fitted alone, the terms above held).
 
 use super::profile::Profile;
 use super::sim::{Cluster, Engine, Job};
@@ -149,7 +153,8 @@ fn predict(prof: &Profile, topo: &Topology, algo: Algorithm, bytes: usize) -> f6
 /// The all-reduce (a sum) the world's reduce timings hold.
 const ALL_REDUCE: Collective = Collective::AllReduce { average: false };
 
-/// The model's time of `coll` with `algo` at `bytes` per rank on `topo`.
+/// The model's time of `coll` with `algo` at `bytes` per rank on `topo` (an all-reduce's
+/// whole vector: its block is the `1/P` share each rank reduces).
 fn predict_of(
     prof: &Profile,
     topo: &Topology,
@@ -157,7 +162,11 @@ fn predict_of(
     algo: Algorithm,
     bytes: usize,
 ) -> f64 {
-    let job = Job::new(coll, algo, bytes as f64);
+    let block = match coll {
+        Collective::AllReduce { .. } => bytes as f64 / topo.nranks().max(1) as f64,
+        _ => bytes as f64,
+    };
+    let job = Job::new(coll, algo, block);
     Cluster::new(topo, prof)
         .simulate(&job, Engine::Events)
         .map_or(f64::NAN, |o| o.seconds)

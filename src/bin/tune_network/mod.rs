@@ -7,7 +7,8 @@
 //! * the 2-rank all-gather (ring) between rank 0 and the first rank of node 1, and between
 //!   ranks 0 and 1 of node 0, at 1 KiB … 4 MiB;
 //! * the whole world's all-gather at 1 KiB and at 64 B per rank with the flat ring, the
-//!   hierarchical ring and flat recursive doubling (the slowest rank's time);
+//!   hierarchical ring and flat recursive doubling (the slowest rank's time), and its 1 KiB
+//!   all-reduce with the two rings (what a reduced message costs beyond a stored one);
 //! * every node's 4 MiB ring all-gather inside the node, all nodes at once (the bandwidth a
 //!   node's intra-node messages share where its ranks' copies share a machine).
 //!
