@@ -37,7 +37,7 @@
 use super::profile::Profile;
 use super::sim::{Cluster, Engine, Job};
 use crate::error::{Error, Result};
-use crate::plan::{Algorithm, Collective, Collective::AllGather};
+use crate::plan::{Algorithm, Collective};
 use crate::topology::{NicMap, Topology};
 use serde::{Deserialize, Serialize};
 
@@ -279,7 +279,7 @@ pub fn fit(base: &Profile, m: &NetworkTimings) -> Result<(Profile, f64)> {
     let worst = m
         .world
         .iter()
-        .map(|&(a, s, t)| (AllGather, a, s, t))
+        .map(|&(a, s, t)| (Collective::AllGather, a, s, t))
         .chain(
             m.world_reduce
                 .iter()
@@ -488,6 +488,28 @@ mod tests {
             near(got.oversub.reduce_cpu_us, 6.0, 0.35),
             "a reduced message's core time {} µs, given 6",
             got.oversub.reduce_cpu_us
+        );
+    }
+
+    /// A timing's bytes are what the call was given: an all-reduce of `B` bytes is a vector
+    /// of `B` (each rank reduces `B/P` of it), an all-gather `B` per rank. A bandwidth-bound
+    /// ring all-reduce of `B` moves `2(P−1)/P · B` per rank, the all-gather `(P−1) · B`.
+    #[test]
+    fn an_all_reduce_timing_is_simulated_as_the_vector_it_reduced() {
+        let mut p = Profile::default();
+        p.inter.nic_bandwidth_gbps = 0.025;
+        p.inter.nics = 2;
+        let m = timings_of(&truth());
+        let topo = world_topology(&m);
+        let ring = Algorithm::Flat(LevelAlgo::Ring);
+        let b = 4 << 20;
+        let ar = predict_of(&p, &topo, ALL_REDUCE, ring, b);
+        let ag = predict(&p, &topo, ring, b);
+        let want = 2.0 / 16.0;
+        assert!(
+            (ar / ag / want - 1.0).abs() < 0.1,
+            "all-reduce {ar} s, all-gather {ag} s: ratio {} (want {want})",
+            ar / ag
         );
     }
 

@@ -273,9 +273,9 @@ impl<'a> Cluster<'a> {
         c
     }
 
-    /// Index of node 0's cores (their capacity in core-nanoseconds per second, the flows
-    /// on them in core-nanoseconds: [`CORE_NS`]) among [`Self::caps`]' resources (node `i`'s: `+ i`; rank
-    /// `(i, l)`'s own core: `+ nodes + i·m + l`).
+    /// Index of node 0's cores among [`Self::caps`]' resources (node `i`'s: `+ i`; rank
+    /// `(i, l)`'s own core: `+ nodes + i·m + l`). Their capacities are in core-nanoseconds
+    /// per second and the flows on them in core-nanoseconds ([`CORE_NS`]).
     fn cpu_base(&self, nodes: usize) -> usize {
         2 * nodes * self.nics.nics() + self.groups(nodes) + nodes + nodes * self.m * self.m
     }
