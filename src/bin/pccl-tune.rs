@@ -469,7 +469,7 @@ fn network(args: &Args) {
         eprintln!(
             "pccl-tune: network: {:.1} us + {:.1} us of core time per message between nodes, \
              {:.4} GB/s per NIC; {:.1} us + {:.1} us inside a node; {:.1} us per message per \
-             extra rank per core; the world's all-gathers predicted within {worst:.2}x",
+             extra rank per core; the world's timings predicted within {worst:.2}x",
             prof.inter.alpha_us,
             prof.oversub.inter_cpu_us,
             prof.inter.nic_bandwidth_gbps,
@@ -508,7 +508,7 @@ fn refit(args: &Args, path: &str) {
     eprintln!(
         "pccl-tune: refitted {path}: {:.1} us + {:.1} us of core time per message between \
          nodes (was {:.1} + {:.1}); {:.1} us per message per extra rank per core (was {:.1}); \
-         NIC burst {:.0} B; the world's all-gathers predicted within {worst:.2}x",
+         NIC burst {:.0} B; the world's timings predicted within {worst:.2}x",
         prof.inter.alpha_us,
         prof.oversub.inter_cpu_us,
         old.inter.alpha_us,

@@ -273,6 +273,7 @@ pub fn run(
         base.inter.burst_bytes = b as f64;
     }
     let (mut prof, worst) = network_fit::fit(&base, &timings)?;
+    prof.name = format!("measured-network-{nodes}x{m}-{nics}nic");
     let head = format!(
         "pccl-tune --transport {} on {nodes} nodes x {m} ranks ({nics} NICs per node; \
          {per_host} nodes per host of {} cores); host terms from {}",

@@ -3,7 +3,8 @@
 //!
 //! The text is `describe`'s: "… on N nodes x M ranks (K NICs per node; H nodes per host of C
 //! cores) …. Measured: pair between nodes: S B T us, …; pair in a node: …; the world's
-//! all-gathers: ALGO S B T us, …[; the world's all-reduces: ALGO S B T us, …]; every node's S B all-gather inside it at once: T ms …".
+//! all-gathers: ALGO S B T us, …[; the world's all-reduces: ALGO S B T us, …]; every
+//! node's S B all-gather inside it at once: T ms …".
 
 use pccl::model::network_fit::NetworkTimings;
 use pccl::{Algorithm, Error, Result};
