@@ -59,6 +59,7 @@ fn partition_case_late(comm: Communicator, late: Option<usize>) -> Outcome {
 /// were refused (not a majority) and the others went on together (`what` names the case).
 fn check_partition(out: &[Outcome], side: &[usize], timeout: f64, what: &str) {
     let p = out.len();
+    let what = &format!("{what} (every rank: {out:?})");
     for (r, (failed, size, took)) in out.iter().enumerate() {
         let e = failed
             .as_ref()

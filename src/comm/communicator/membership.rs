@@ -81,8 +81,9 @@ impl Communicator {
     /// A rank returns an error instead when another rank counted it out, or when the ranks
     /// it agrees with are not a strict majority of the ranks not known to be dead (a
     /// connection the peer's side closed, a vanished process; a failure of this rank's own
-    /// links proves nothing): after a partition only the larger side goes on, and an even
-    /// split stops both. Each round in which a rank does not answer costs up to
+    /// links proves nothing; a death learned only after the rank was counted out as
+    /// unreachable does not count): after a partition only the larger side goes on, and an
+    /// even split stops both. Each round in which a rank does not answer costs up to
     /// one timeout ([`Communicator::timeout`]). Thread-ranks, TCP and libfabric; under MPI
     /// every rank must be alive.
     pub fn survivors(&self) -> Result<Vec<usize>> {
@@ -138,14 +139,20 @@ impl Communicator {
                     unheard.insert(r);
                 }
             }
-            // Deaths seen during the round: counted out (those proven, dead).
+            // Deaths seen during the round: counted out (those proven, dead). A rank already
+            // counted out stays as it was counted: its death learned now would change this
+            // view after it was sent, and the peers that settled on it in this round would
+            // have left while this rank went on alone (CI, 12-02: ranks 3 and 4 of a
+            // partition ended, and their closed sockets reached one majority rank a round
+            // after the others). Counting a dead rank as unreachable only makes the majority
+            // harder to reach.
             for (r, _) in t.faults().dead_ranks() {
                 if !view.out.contains(&r) {
                     unheard.insert(r);
                 }
             }
             for r in t.faults().confirmed_dead() {
-                if !view.dead.contains(&r) {
+                if !view.out.contains(&r) && !view.dead.contains(&r) {
                     unheard.insert(r);
                     view.dead.insert(r);
                 }
