@@ -7,7 +7,7 @@
 #
 #   scripts/cluster-bench.sh [--out docs/cluster] [--rate 200mbit] [--sizes 1K:1M] \
 #       [--shapes "4x4 8x2"] [--nics "1 2 4"] [--colls "allgather reducescatter"] [--iters 3] \
-#       [--tuned [--tune-each]] [--no-mpi] [--pin] [--batch-ms MS] [--algos LIST]
+#       [--tuned [--tune-each]] [--no-mpi] [--pin] [--batch-ms MS] [--passes N] [--algos LIST]
 #
 # --tuned: the model's profile is measured inside the cluster first (pccl-tune --transport tcp
 # on the shape's ranks, once per shape and K, under mpiexec unless --no-mpi) instead of
@@ -16,10 +16,12 @@
 # --no-mpi: PCCL's own processes (no mpiexec, no MPI row). --batch-ms: calls per timed round
 # grow until a round lasts about that long (small sizes otherwise time the barrier's skew).
 # --pin (with --no-mpi): each node's ranks on their own share of the cores (cluster.sh run --pin).
+# --passes N: pccl-bench sweeps the sizes N times, each point the median of its passes (a slow
+# spell of the host covers several sizes of one pass, not the median).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=docs/cluster rate=200mbit sizes=1K:1M shapes="4x4 8x2" nics="1 2 4"
-colls="allgather reducescatter" iters=3 tag="" tuned=0 mpi=1 batch_ms="" pin=0 tune_each=0
+colls="allgather reducescatter" iters=3 tag="" tuned=0 mpi=1 batch_ms="" pin=0 tune_each=0 passes=1
 algos=auto,ring,rd,hier-rd,hier-ring,hier-rd-pipe4,hier-ring-pipe4
 while [ $# -gt 0 ]; do
     case $1 in
@@ -36,6 +38,7 @@ while [ $# -gt 0 ]; do
         --no-mpi) mpi=0; shift ;;
         --pin) pin=1; shift ;;
         --batch-ms) batch_ms=$2; shift 2 ;;
+        --passes) passes=$2; shift 2 ;;
         --algos) algos=$2; shift 2 ;;
         *) echo "cluster-bench.sh: unknown option $1" >&2; exit 2 ;;
     esac
@@ -90,7 +93,7 @@ for shape in $shapes; do
             echo "== $shape K=$k $coll -> $f" >&2
             scripts/cluster.sh run "${launch[@]}" --ranks-per-node "$m" --timeout 1500 -- \
                 env PCCL_TUNE_FILE="$prof" "$PWD/$bench" --transport tcp -m "$sizes" \
-                -i "$iters" "${extra[@]}" --coll "$coll" --algo "$algos" --nic-rate "$rate" \
+                -i "$iters" --passes "$passes" "${extra[@]}" --coll "$coll" --algo "$algos" --nic-rate "$rate" \
                 --model --check --json >"$f.tmp" 2>"$f.err" || echo "   (exit $?; see $f.err)" >&2
             # Only rank 0's JSON document: from its first '{' line to the end.
             sed -n '/^{/,$p' "$f.tmp" >"$f" && rm -f "$f.tmp"

@@ -119,6 +119,56 @@ fn an_algorithm_list_gives_a_checked_row_per_algorithm_and_size_with_its_median(
 }
 
 #[test]
+fn passes_sweep_the_sizes_again_and_give_one_checked_row_per_algorithm_and_size() {
+    let out = bench(&[
+        "--ranks",
+        "4",
+        "--ranks-per-node",
+        "2",
+        "--coll",
+        "allreduce",
+        "-m",
+        "1K:2K",
+        "-i",
+        "4",
+        "--json",
+        "--check",
+        "--passes",
+        "3",
+        "--algo",
+        "ring,hier-rd",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    let rows = v["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 2 * 2, "{v}");
+    for (r, (bytes, algo)) in rows.iter().zip([
+        (1024, "ring"),
+        (1024, "hier-rd"),
+        (2048, "ring"),
+        (2048, "hier-rd"),
+    ]) {
+        assert_eq!(
+            (r["bytes"].as_u64(), r["algo"].as_str()),
+            (Some(bytes), Some(algo))
+        );
+        // Four rounds of one call per pass, three passes.
+        assert_eq!(r["iters"], 12, "{r}");
+        assert_eq!(r["wrong"], 0, "{r}");
+        let (med, lo, hi) = (
+            r["median_us"].as_f64().unwrap(),
+            r["min_us"].as_f64().unwrap(),
+            r["max_us"].as_f64().unwrap(),
+        );
+        assert!(lo > 0.0 && lo <= med && med <= hi, "{r}");
+    }
+}
+
+#[test]
 fn bad_arguments_exit_non_zero_with_a_message() {
     for args in [
         &["--algo", "fastest"][..],
@@ -127,6 +177,8 @@ fn bad_arguments_exit_non_zero_with_a_message() {
         &["--dtype", "i32", "--op", "avg"],
         &["--algo", "ring,fastest"],
         &["--algo", "ring,rd", "--floor"],
+        &["--algo", "ring", "--passes", "2"],
+        &["--algo", "ring,rd", "--passes", "0"],
     ] {
         let out = bench(&[&["--ranks", "2", "-i", "1"], args].concat());
         assert!(!out.status.success(), "{args:?} should fail");

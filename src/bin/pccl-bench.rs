@@ -51,6 +51,11 @@ struct Args {
     /// are not dominated by the ranks' skew leaving the barrier before each round.
     #[arg(long, value_name = "MS")]
     batch_ms: Option<f64>,
+    /// In a list run: sweep the sizes this many times, each row the median of its passes
+    /// (a slow spell of the host, tens of seconds on a shared VM, falls on one pass and not
+    /// on the median).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    passes: u32,
     /// Warm-up iterations per size.
     #[arg(short = 'x', default_value_t = 2)]
     warmup: usize,
@@ -474,6 +479,12 @@ fn bench_rank(comm: &Communicator, native: &Native<'_>, args: &Args) -> pccl::Re
     let szs = sizes(&args.sizes).map_err(pccl::Error::invalid)?;
     if let Some(names) = list::parse_list(&args.algo) {
         return list::bench(comm, native, &names, &colls, dtype, op, &szs, args);
+    }
+    if args.passes > 1 {
+        return Err(pccl::Error::usage(
+            "--passes repeats the sweep of a list run (--algo a,b,...); give a list, or \
+             one pass",
+        ));
     }
     let mpi = native_present(native);
     let mut notes = Vec::new();

@@ -6,7 +6,10 @@
 //! batch of every algorithm in turn (the order rotating from round to round, the ranks
 //! lined up by a barrier before each batch), so a burst of load from elsewhere falls on all
 //! of them alike. A row per algorithm and size: the median over rounds of the per-iteration
-//! time (averaged over ranks), the mean, and the fastest and slowest round.
+//! time (averaged over ranks), the mean, and the fastest and slowest round. With `--passes N`
+//! the whole sweep of sizes runs N times and each row is the median of its passes: a slow
+//! spell of the host that outlasts a size's rounds (tens of seconds, seen on the 2-core VM)
+//! falls on one pass instead of on every round of the sizes it covers.
 //!
 //! `mpi` in the list is MPI's own collective on the same buffers, interleaved like the others
 //! (under mpiexec; refused elsewhere). `q8` and `q4` are the quantized all-gather and
@@ -405,61 +408,167 @@ pub fn bench(
             }
             println!("{h}");
         }
-        for &b in szs {
-            macro_rules! go {
-                ($t:ty) => {
-                    run_size::<$t>(comm, native, &subs, names, coll, op, b, args)?
-                };
-            }
-            let before = host_cpu();
-            let mut got = by_dtype!(dtype, go);
-            if let (Some(a), Some(b)) = (before, host_cpu()) {
-                let total = b.1.saturating_sub(a.1);
-                if total > 0 {
-                    let pct = 100.0 * b.0.saturating_sub(a.0) as f64 / total as f64;
-                    got.iter_mut().for_each(|r| r.steal_pct = Some(pct));
+        let passes = args.passes.max(1) as usize;
+        let mut swept: Vec<Vec<Row>> = Vec::new();
+        for _ in 0..passes {
+            let mut pass = Vec::new();
+            for &b in szs {
+                macro_rules! go {
+                    ($t:ty) => {
+                        run_size::<$t>(comm, native, &subs, names, coll, op, b, args)?
+                    };
                 }
-            }
-            if comm.rank() == 0 && !args.json {
-                for r in &got {
-                    let mut s = format!(
-                        "{:<14} {:<12} {:<14} {:>12.2} {:>12.2} {:>12.2} {:>12.2} {:>10} {:>12.3}",
-                        r.bytes,
-                        r.requested.as_deref().unwrap_or("-"),
-                        r.algo,
-                        r.median_us.unwrap_or(f64::NAN),
-                        r.avg_us,
-                        r.min_us,
-                        r.max_us,
-                        r.iters,
-                        r.busbw
-                    );
-                    match (args.nic_rate.is_some(), r.floor_us) {
-                        (true, Some(f)) => s.push_str(&format!(
-                            " {:>10.1} {:>7.2}",
-                            f,
-                            r.slowest_us.unwrap_or(r.avg_us) / f
-                        )),
-                        (true, None) => s.push_str(&format!(" {:>10} {:>7}", "-", "-")),
-                        _ => {}
+                let before = host_cpu();
+                let mut got = by_dtype!(dtype, go);
+                if let (Some(a), Some(b)) = (before, host_cpu()) {
+                    let total = b.1.saturating_sub(a.1);
+                    if total > 0 {
+                        let pct = 100.0 * b.0.saturating_sub(a.0) as f64 / total as f64;
+                        got.iter_mut().for_each(|r| r.steal_pct = Some(pct));
                     }
-                    match (args.model, r.model_us) {
-                        (true, Some(m)) => s.push_str(&format!(
-                            " {:>10.1} {:>7.2}",
-                            m,
-                            r.slowest_us.unwrap_or(r.avg_us) / m
-                        )),
-                        (true, None) => s.push_str(&format!(" {:>10} {:>7}", "-", "-")),
-                        _ => {}
-                    }
-                    if args.check {
-                        s.push_str(&format!(" {:>7}", r.wrong));
-                    }
-                    println!("{s}");
                 }
+                if passes == 1 && comm.rank() == 0 && !args.json {
+                    got.iter().for_each(|r| print_row(r, args));
+                }
+                pass.extend(got);
             }
-            rows.extend(got);
+            swept.push(pass);
         }
+        let got = of_passes(swept);
+        if passes > 1 && comm.rank() == 0 && !args.json {
+            got.iter().for_each(|r| print_row(r, args));
+        }
+        rows.extend(got);
     }
     Ok(rows)
+}
+
+/// One row per entry of several passes over the same sizes and algorithms (`--passes`): the
+/// median of the passes' slowest-rank and median times, the mean of their means, the
+/// fastest and slowest round of all, every pass's iterations and wrong elements.
+fn of_passes(mut swept: Vec<Vec<Row>>) -> Vec<Row> {
+    if swept.len() == 1 {
+        return swept.pop().unwrap_or_default();
+    }
+    let n = swept.len() as f64;
+    let mut out = swept[0].clone();
+    for (i, row) in out.iter_mut().enumerate() {
+        let all: Vec<&Row> = swept.iter().map(|pass| &pass[i]).collect();
+        let of = |f: fn(&Row) -> Option<f64>| -> Option<f64> {
+            all.iter()
+                .map(|r| f(r))
+                .collect::<Option<Vec<f64>>>()
+                .map(median)
+        };
+        let avg = all.iter().map(|r| r.avg_us).sum::<f64>() / n;
+        row.algbw *= row.avg_us / avg;
+        row.busbw *= row.avg_us / avg;
+        row.avg_us = avg;
+        row.min_us = all.iter().map(|r| r.min_us).fold(f64::INFINITY, f64::min);
+        row.max_us = all.iter().map(|r| r.max_us).fold(0.0, f64::max);
+        row.iters = all.iter().map(|r| r.iters).sum();
+        row.wrong = all.iter().map(|r| r.wrong).sum();
+        row.median_us = of(|r| r.median_us);
+        row.slowest_us = of(|r| r.slowest_us);
+        row.steal_pct = all
+            .iter()
+            .map(|r| r.steal_pct)
+            .collect::<Option<Vec<f64>>>()
+            .map(|v| v.iter().sum::<f64>() / n);
+        // `auto-online` may settle on another algorithm than its first pass: say so.
+        let mut ran: Vec<&str> = Vec::new();
+        for r in &all {
+            if !ran.contains(&r.algo.as_str()) {
+                ran.push(&r.algo);
+            }
+        }
+        row.algo = ran.join("|");
+    }
+    out
+}
+
+/// Rank 0's table line for `r`.
+fn print_row(r: &Row, args: &Args) {
+    let mut s = format!(
+        "{:<14} {:<12} {:<14} {:>12.2} {:>12.2} {:>12.2} {:>12.2} {:>10} {:>12.3}",
+        r.bytes,
+        r.requested.as_deref().unwrap_or("-"),
+        r.algo,
+        r.median_us.unwrap_or(f64::NAN),
+        r.avg_us,
+        r.min_us,
+        r.max_us,
+        r.iters,
+        r.busbw
+    );
+    match (args.nic_rate.is_some(), r.floor_us) {
+        (true, Some(f)) => s.push_str(&format!(
+            " {:>10.1} {:>7.2}",
+            f,
+            r.slowest_us.unwrap_or(r.avg_us) / f
+        )),
+        (true, None) => s.push_str(&format!(" {:>10} {:>7}", "-", "-")),
+        _ => {}
+    }
+    match (args.model, r.model_us) {
+        (true, Some(m)) => s.push_str(&format!(
+            " {:>10.1} {:>7.2}",
+            m,
+            r.slowest_us.unwrap_or(r.avg_us) / m
+        )),
+        (true, None) => s.push_str(&format!(" {:>10} {:>7}", "-", "-")),
+        _ => {}
+    }
+    if args.check {
+        s.push_str(&format!(" {:>7}", r.wrong));
+    }
+    println!("{s}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(algo: &str, slowest: f64) -> Row {
+        Row {
+            coll: Coll::AllGather,
+            bytes: 1024,
+            count: 256,
+            avg_us: slowest,
+            min_us: slowest * 0.9,
+            max_us: slowest * 1.1,
+            iters: 5,
+            algbw: 1.0,
+            busbw: 2.0,
+            algo: algo.into(),
+            mpi_us: None,
+            vendor_us: None,
+            floor_us: Some(10.0),
+            scratch: None,
+            wrong: 0,
+            requested: Some("auto".into()),
+            median_us: Some(slowest),
+            slowest_us: Some(slowest),
+            model_us: None,
+            steal_pct: Some(0.0),
+        }
+    }
+
+    #[test]
+    fn a_slow_pass_is_outvoted_by_the_others_and_every_round_is_counted() {
+        let got = of_passes(vec![
+            vec![row("ring", 100.0)],
+            vec![row("ring", 250.0)],
+            vec![row("rd", 110.0)],
+        ]);
+        assert_eq!(got.len(), 1);
+        let r = &got[0];
+        assert_eq!(r.slowest_us, Some(110.0));
+        assert_eq!(r.median_us, Some(110.0));
+        assert!((r.avg_us - 460.0 / 3.0).abs() < 1e-9);
+        assert!((r.busbw - 2.0 * 100.0 / r.avg_us).abs() < 1e-9);
+        assert_eq!((r.min_us, r.max_us), (90.0, 275.0));
+        assert_eq!(r.iters, 15);
+        assert_eq!(r.algo, "ring|rd");
+    }
 }
