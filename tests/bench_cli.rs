@@ -10,6 +10,28 @@ fn bench(args: &[&str]) -> std::process::Output {
         .expect("pccl-bench runs")
 }
 
+/// The rows of a successful `--json` run's output.
+fn json_rows(out: &std::process::Output) -> Vec<serde_json::Value> {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    v["results"].as_array().expect("a results array").clone()
+}
+
+/// A list run's row: its median within its fastest and slowest round, no wrong element.
+fn check_list_row(r: &serde_json::Value) {
+    let (med, lo, hi) = (
+        r["median_us"].as_f64().unwrap(),
+        r["min_us"].as_f64().unwrap(),
+        r["max_us"].as_f64().unwrap(),
+    );
+    assert!(lo > 0.0 && lo <= med && med <= hi, "{r}");
+    assert_eq!(r["wrong"], 0, "{r}");
+}
+
 #[test]
 fn thread_ranks_2x4_check_every_collective() {
     let out = bench(&[
@@ -87,14 +109,8 @@ fn an_algorithm_list_gives_a_checked_row_per_algorithm_and_size_with_its_median(
         "--algo",
         "auto,ring,rd,hier-rd",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
-    let rows = v["results"].as_array().unwrap();
-    assert_eq!(rows.len(), 2 * 4, "{v}");
+    let rows = json_rows(&out);
+    assert_eq!(rows.len(), 2 * 4, "{rows:?}");
     for (i, want) in ["auto", "ring", "rd", "hier-rd"].iter().enumerate() {
         let r = &rows[i];
         assert_eq!(r["bytes"], 4096);
@@ -102,13 +118,7 @@ fn an_algorithm_list_gives_a_checked_row_per_algorithm_and_size_with_its_median(
         if *want != "auto" {
             assert_eq!(r["algo"], *want, "{r}");
         }
-        let (med, lo, hi) = (
-            r["median_us"].as_f64().unwrap(),
-            r["min_us"].as_f64().unwrap(),
-            r["max_us"].as_f64().unwrap(),
-        );
-        assert!(lo > 0.0 && lo <= med && med <= hi, "{r}");
-        assert_eq!(r["wrong"], 0);
+        check_list_row(r);
     }
     // The single-algorithm output has no list fields.
     let out = bench(&[
@@ -138,14 +148,8 @@ fn passes_sweep_the_sizes_again_and_give_one_checked_row_per_algorithm_and_size(
         "--algo",
         "ring,hier-rd",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
-    let rows = v["results"].as_array().unwrap();
-    assert_eq!(rows.len(), 2 * 2, "{v}");
+    let rows = json_rows(&out);
+    assert_eq!(rows.len(), 2 * 2, "{rows:?}");
     for (r, (bytes, algo)) in rows.iter().zip([
         (1024, "ring"),
         (1024, "hier-rd"),
@@ -158,13 +162,7 @@ fn passes_sweep_the_sizes_again_and_give_one_checked_row_per_algorithm_and_size(
         );
         // Four rounds of one call per pass, three passes.
         assert_eq!(r["iters"], 12, "{r}");
-        assert_eq!(r["wrong"], 0, "{r}");
-        let (med, lo, hi) = (
-            r["median_us"].as_f64().unwrap(),
-            r["min_us"].as_f64().unwrap(),
-            r["max_us"].as_f64().unwrap(),
-        );
-        assert!(lo > 0.0 && lo <= med && med <= hi, "{r}");
+        check_list_row(r);
     }
 }
 
