@@ -78,7 +78,8 @@ struct Args {
     /// a threads run of pccl-tune); PCCL's defaults without it.
     #[arg(long, value_name = "PROFILE")]
     base: Option<String>,
-    /// With tcp / ofi: NICs per node (default: the topology's NIC map, else 1).
+    /// With tcp / ofi: NICs per node (default: the NICs the topology's NIC map puts a rank on,
+    /// else 1).
     #[arg(long)]
     nics: Option<usize>,
     /// With tcp / ofi or `--refit`: bytes each NIC direction passes at once after an idle

@@ -44,6 +44,15 @@ impl NicMap {
         self.nics
     }
 
+    /// NICs that carry at least one local rank: what a node's ranks can load at once (a map
+    /// of two ranks on NICs 0 and 2 of four uses two, though its syntax implies at least three).
+    pub fn in_use(&self) -> usize {
+        (0..self.nics)
+            .filter(|&n| self.nic_of_local.contains(&n))
+            .count()
+            .max(1)
+    }
+
     /// Local ranks the map covers.
     pub fn local_ranks(&self) -> usize {
         self.nic_of_local.len()
@@ -189,6 +198,15 @@ mod tests {
         let m: NicMap = "0:3;1:2;2:1;3:0".parse().unwrap();
         assert_eq!(m.nic_of(0), 3);
         assert_eq!(m.nics(), 4);
+    }
+
+    #[test]
+    fn nics_in_use_count_only_those_a_rank_sends_through() {
+        let m: NicMap = "0:0;2:1".parse().unwrap();
+        assert_eq!((m.nics(), m.in_use()), (3, 2));
+        assert_eq!(NicMap::even(2, 4).in_use(), 2);
+        assert_eq!(NicMap::even(8, 4).in_use(), 4);
+        assert_eq!(NicMap::from_nics(vec![], 2).in_use(), 1);
     }
 
     #[test]

@@ -52,7 +52,7 @@ pub struct NetworkArgs<'a> {
     pub quick: bool,
     /// A profile holding the host's terms.
     pub base: Option<&'a str>,
-    /// NICs per node (default: the topology's NIC map).
+    /// NICs per node (default: the NICs the topology's NIC map puts a rank on).
     pub nics: Option<usize>,
     /// Bytes each NIC direction passes at once after an idle spell (a shaper's burst; the
     /// base's, 0 by default, without it).
@@ -251,7 +251,7 @@ pub fn run(
     }
     let nics = a
         .nics
-        .or_else(|| topo.nic_map().map(|n| n.nics()))
+        .or_else(|| topo.nic_map().map(|n| n.in_use()))
         .unwrap_or(1);
     let timings = NetworkTimings {
         nodes,
