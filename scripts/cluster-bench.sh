@@ -7,7 +7,8 @@
 #
 #   scripts/cluster-bench.sh [--out docs/cluster] [--rate 200mbit] [--sizes 1K:1M] \
 #       [--shapes "4x4 8x2"] [--nics "1 2 4"] [--colls "allgather reducescatter"] [--iters 3] \
-#       [--tuned [--tune-each]] [--no-mpi] [--pin] [--batch-ms MS] [--passes N] [--algos LIST]
+#       [--tuned [--tune-each]] [--no-mpi] [--pin] [--batch-ms MS] [--passes N] [--launches L]
+#       [--algos LIST]
 #
 # --tuned: the model's profile is measured inside the cluster first (pccl-tune --transport tcp
 # on the shape's ranks, once per shape and K, under mpiexec unless --no-mpi) instead of
@@ -18,10 +19,15 @@
 # --pin (with --no-mpi): each node's ranks on their own share of the cores (cluster.sh run --pin).
 # --passes N: pccl-bench sweeps the sizes N times, each point the median of its passes (a slow
 # spell of the host covers several sizes of one pass, not the median).
+# --launches L: each collective's benchmark started L times (fresh processes each time, one
+# profile for all), the point the median over launches (scripts/cluster_merge.py; each
+# launch's JSON kept in OUT/launches/). On 16 processes sharing 2 cores a small message's time
+# is set per launch, by how the scheduler interleaves its processes: passes in one launch do
+# not average that out, launches do (docs/CLUSTER.md, "Launches, not passes").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=docs/cluster rate=200mbit sizes=1K:1M shapes="4x4 8x2" nics="1 2 4"
-colls="allgather reducescatter" iters=3 tag="" tuned=0 mpi=1 batch_ms="" pin=0 tune_each=0 passes=1
+colls="allgather reducescatter" iters=3 tag="" tuned=0 mpi=1 batch_ms="" pin=0 tune_each=0 passes=1 launches=1
 algos=auto,ring,rd,hier-rd,hier-ring,hier-rd-pipe4,hier-ring-pipe4
 while [ $# -gt 0 ]; do
     case $1 in
@@ -39,10 +45,14 @@ while [ $# -gt 0 ]; do
         --pin) pin=1; shift ;;
         --batch-ms) batch_ms=$2; shift 2 ;;
         --passes) passes=$2; shift 2 ;;
+        --launches) launches=$2; shift 2 ;;
         --algos) algos=$2; shift 2 ;;
         *) echo "cluster-bench.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
+case $launches in
+    '' | *[!0-9]* | 0) echo "cluster-bench.sh: --launches $launches: expected a count of 1 or more" >&2; exit 2 ;;
+esac
 bench=target/release/pccl-bench
 tune=target/release/pccl-tune
 [ -x "$bench" ] && [ -x "$tune" ] || cargo build --release --features mpi,hwloc,ofi --bin pccl-bench --bin pccl-tune
@@ -91,12 +101,24 @@ for shape in $shapes; do
             fi
             f="$out/${coll}-${n}x${m}-k${k}-${rate}${tag}.json"
             echo "== $shape K=$k $coll -> $f" >&2
-            scripts/cluster.sh run "${launch[@]}" --ranks-per-node "$m" --timeout 1500 -- \
-                env PCCL_TUNE_FILE="$prof" "$PWD/$bench" --transport tcp -m "$sizes" \
-                -i "$iters" --passes "$passes" "${extra[@]}" --coll "$coll" --algo "$algos" --nic-rate "$rate" \
-                --model --check --json >"$f.tmp" 2>"$f.err" || echo "   (exit $?; see $f.err)" >&2
-            # Only rank 0's JSON document: from its first '{' line to the end.
-            sed -n '/^{/,$p' "$f.tmp" >"$f" && rm -f "$f.tmp"
+            parts=()
+            for ((l = 1; l <= launches; l++)); do
+                g=$f
+                if [ "$launches" -gt 1 ]; then
+                    mkdir -p "$out/launches"
+                    g="$out/launches/$(basename "$f" .json).l$l.json"
+                fi
+                scripts/cluster.sh run "${launch[@]}" --ranks-per-node "$m" --timeout 1500 -- \
+                    env PCCL_TUNE_FILE="$prof" "$PWD/$bench" --transport tcp -m "$sizes" \
+                    -i "$iters" --passes "$passes" "${extra[@]}" --coll "$coll" --algo "$algos" --nic-rate "$rate" \
+                    --model --check --json >"$g.tmp" 2>"$g.err" || echo "   (exit $?; see $g.err)" >&2
+                # Only rank 0's JSON document: from its first '{' line to the end.
+                sed -n '/^{/,$p' "$g.tmp" >"$g" && rm -f "$g.tmp"
+                parts+=("$g")
+            done
+            if [ "$launches" -gt 1 ]; then
+                python3 scripts/cluster_merge.py "$f" "${parts[@]}" || echo "   (merge: exit $?)" >&2
+            fi
         done
     done
 done

@@ -297,3 +297,102 @@ fn pccl_group_size_makes_three_levels_run_and_a_bad_one_is_refused() {
         assert!(err.contains("PCCL_GROUP_SIZE"), "{bad}: {err}");
     }
 }
+
+/// `scripts/cluster_merge.py` (cluster-bench.sh `--launches`) on `docs`, written to a fresh
+/// folder: its exit status and the merged document.
+fn merge_launches(docs: &[String]) -> (std::process::ExitStatus, String) {
+    let dir = std::env::temp_dir().join(format!("pccl-merge-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut args = vec![
+        concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cluster_merge.py").to_string(),
+        dir.join("merged.json").display().to_string(),
+    ];
+    for (i, d) in docs.iter().enumerate() {
+        let p = dir.join(format!("launch{i}.json"));
+        std::fs::write(&p, d).unwrap();
+        args.push(p.display().to_string());
+    }
+    let status = Command::new("python3")
+        .args(&args)
+        .status()
+        .expect("python3 runs");
+    let merged = std::fs::read_to_string(dir.join("merged.json")).unwrap_or_default();
+    std::fs::remove_dir_all(&dir).ok();
+    (status, merged)
+}
+
+#[test]
+fn launches_merge_into_the_median_per_point_and_keep_every_wrong_element() {
+    // Three launches of one point: the median time, every round and wrong element counted,
+    // every plan named, and a non-zero status for the one wrong element.
+    let launch = |slowest: f64, wrong: u64, algo: &str| {
+        serde_json::json!({
+            "comm": {"ranks": 4},
+            "results": [{
+                "coll": "allreduce", "bytes": 1024, "requested": "auto", "algo": algo,
+                "avg_us": slowest, "slowest_us": slowest, "median_us": slowest,
+                "min_us": slowest / 2.0, "max_us": slowest * 2.0, "iters": 10, "wrong": wrong,
+                "algbw_gbs": 1024.0 / slowest / 1e3, "busbw_gbs": 1.0, "floor_us": 5.0,
+                "x_floor": slowest / 5.0, "host_steal_pct": 0.0,
+            }]
+        })
+        .to_string()
+    };
+    let (status, merged) = merge_launches(&[
+        launch(10.0, 0, "rd"),
+        launch(30.0, 1, "ring"),
+        launch(20.0, 0, "rd"),
+    ]);
+    assert!(!status.success(), "a wrong element must fail the merge");
+    let v: serde_json::Value =
+        serde_json::from_str(merged.split("\n# check").next().expect("a JSON document"))
+            .expect("valid JSON");
+    let r = &v["results"][0];
+    assert_eq!(r["slowest_us"], 20.0, "{r}");
+    assert_eq!(r["avg_us"], 20.0, "{r}");
+    assert_eq!(
+        (r["min_us"].as_f64(), r["max_us"].as_f64()),
+        (Some(5.0), Some(60.0))
+    );
+    assert_eq!(
+        (r["iters"].as_u64(), r["wrong"].as_u64()),
+        (Some(30), Some(1))
+    );
+    assert_eq!(r["algo"], "rd|ring");
+    assert_eq!(r["x_floor"], 4.0, "{r}");
+    assert_eq!(v["comm"]["launches"], 3);
+    assert!(merged.contains("# check: 1 wrong elements"), "{merged}");
+
+    // Two real list runs merge into one checked row per algorithm and size.
+    let run = || {
+        let out = bench(&[
+            "--ranks",
+            "4",
+            "--ranks-per-node",
+            "2",
+            "--coll",
+            "allgather",
+            "-m",
+            "1K:2K",
+            "-i",
+            "2",
+            "--json",
+            "--check",
+            "--algo",
+            "ring,rd",
+        ]);
+        json_rows(&out);
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let (status, merged) = merge_launches(&[run(), run()]);
+    assert!(status.success(), "{merged}");
+    let v: serde_json::Value =
+        serde_json::from_str(merged.split("\n# check").next().unwrap()).unwrap();
+    let rows = v["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    rows.iter().for_each(check_list_row);
+
+    // A launch that crashed before its JSON fails the merge instead of vanishing into it.
+    let (status, _) = merge_launches(&[run(), "pccl-bench: rank 3 died".into()]);
+    assert!(!status.success());
+}

@@ -68,6 +68,49 @@ fn round_tag(nth: u32, round: usize) -> Tag {
     )
 }
 
+/// The end of a round for a rank whose view was `view`: the peers it did not hear from
+/// (`unheard`), the views it received, and the deaths its transport saw during the round
+/// (`dead`: links the peer's side closed; `confirmed`: of those, the proven deaths). Returns
+/// whether the round agreed (every peer heard, each with this very view), after folding into
+/// `view` whom the round counts out; an error when a peer counted this rank out.
+fn close_round(
+    view: &mut View,
+    me: usize,
+    mut unheard: BTreeSet<usize>,
+    views: &[(usize, View)],
+    (dead, confirmed): (&[usize], &[usize]),
+) -> Result<bool> {
+    // Deaths seen during the round: counted out (those proven, dead). A rank already counted
+    // out stays as it was counted: its death learned now would change this view after it was
+    // sent, and the peers that settled on it in this round would have left while this rank
+    // went on alone (CI, 12-02: ranks 3 and 4 of a partition ended, and their closed sockets
+    // reached one majority rank a round after the others). Counting a dead rank as
+    // unreachable only makes the majority harder to reach.
+    for &r in dead {
+        if !view.out.contains(&r) {
+            unheard.insert(r);
+        }
+    }
+    for &r in confirmed {
+        if !view.out.contains(&r) && !view.dead.contains(&r) {
+            unheard.insert(r);
+            view.dead.insert(r);
+        }
+    }
+    if let Some((r, _)) = views.iter().find(|(_, v)| v.out.contains(&me)) {
+        return Err(Error::remote(format!(
+            "survivors: rank {r} counted rank {me} out (it could not reach it: a partition, a \
+             cut link or a stalled rank); the ranks that agree go on without rank {me}"
+        )));
+    }
+    let agreed = unheard.is_empty() && views.iter().all(|(_, v)| v == view);
+    view.out.extend(unheard);
+    for (_, v) in views {
+        view.merge(v);
+    }
+    Ok(agreed)
+}
+
 impl Communicator {
     /// Agrees with the ranks this one can still reach on which ranks go on, and returns
     /// them (ranks of this communicator, ascending, this one included): the ranks that
@@ -95,6 +138,9 @@ impl Communicator {
         view.out
             .extend(t.faults().dead_ranks().into_iter().map(|(r, _)| r));
         view.dead.extend(t.faults().confirmed_dead());
+        // The dead are counted out as well (so a round that agreed merges nothing new).
+        let dead = view.dead.clone();
+        view.out.extend(dead);
         let mut heard_from: Vec<usize> = Vec::new();
         let mut agreed_before = false;
         for round in 0..max_rounds(p) {
@@ -139,45 +185,28 @@ impl Communicator {
                     unheard.insert(r);
                 }
             }
-            // Deaths seen during the round: counted out (those proven, dead). A rank already
-            // counted out stays as it was counted: its death learned now would change this
-            // view after it was sent, and the peers that settled on it in this round would
-            // have left while this rank went on alone (CI, 12-02: ranks 3 and 4 of a
-            // partition ended, and their closed sockets reached one majority rank a round
-            // after the others). Counting a dead rank as unreachable only makes the majority
-            // harder to reach.
-            for (r, _) in t.faults().dead_ranks() {
-                if !view.out.contains(&r) {
-                    unheard.insert(r);
-                }
-            }
-            for r in t.faults().confirmed_dead() {
-                if !view.out.contains(&r) && !view.dead.contains(&r) {
-                    unheard.insert(r);
-                    view.dead.insert(r);
-                }
-            }
-            if let Some((r, _)) = views.iter().find(|(_, v)| v.out.contains(&me)) {
-                return Err(Error::remote(format!(
-                    "survivors: rank {r} counted rank {me} out (it could not reach it: a \
-                     partition, a cut link or a stalled rank); the ranks that agree go on \
-                     without rank {me}"
-                )));
-            }
+            let dead: Vec<usize> = t
+                .faults()
+                .dead_ranks()
+                .into_iter()
+                .map(|(r, _)| r)
+                .collect();
+            let agreed = close_round(
+                &mut view,
+                me,
+                unheard,
+                &views,
+                (&dead, &t.faults().confirmed_dead()),
+            )?;
             // Settled: two rounds in a row in which every peer answered with this view. One
             // is not enough: a rank that arrives late still finds the first round's messages
             // (queued, or in its socket) after the others have counted it out; it never gets
             // their next round, so it cannot settle on a list they do not share.
-            let agreed = unheard.is_empty() && views.iter().all(|(_, v)| *v == view);
             if agreed && agreed_before {
                 heard_from = peers;
                 break;
             }
             agreed_before = agreed;
-            view.out.extend(unheard);
-            for (_, v) in &views {
-                view.merge(v);
-            }
             if round + 1 == max_rounds(p) {
                 return Err(Error::remote(format!(
                     "survivors: rank {me} found no agreement in {} rounds (ranks kept \
@@ -218,6 +247,56 @@ impl Communicator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn view(out: &[usize], dead: &[usize]) -> View {
+        View {
+            out: out.iter().copied().collect(),
+            dead: dead.iter().copied().collect(),
+        }
+    }
+
+    #[test]
+    fn a_death_learned_after_the_rank_was_counted_out_leaves_an_agreed_round_agreed() {
+        // Rank 2 of five after a partition cut 3 and 4 off: ranks 0 and 1 answer with its
+        // view, and only now do 3's and 4's closed sockets reach it. Had the deaths changed
+        // its view, it would go on alone into another round while 0 and 1 left to shrink.
+        let mut v = view(&[3, 4], &[]);
+        let peers = [(0, v.clone()), (1, v.clone())];
+        let agreed = close_round(&mut v, 2, BTreeSet::new(), &peers, (&[3, 4], &[3, 4]));
+        assert!(agreed.unwrap());
+        assert_eq!(v, view(&[3, 4], &[]), "the view changed after it was sent");
+    }
+
+    #[test]
+    fn a_death_of_a_rank_still_counted_in_counts_it_out_as_dead_and_reopens_the_round() {
+        let mut v = view(&[], &[]);
+        let peers = [(0, v.clone()), (1, v.clone())];
+        let agreed = close_round(&mut v, 2, BTreeSet::new(), &peers, (&[4], &[4])).unwrap();
+        assert!(!agreed);
+        assert_eq!(v, view(&[4], &[4]));
+        // A closed link that is not a proven death: unreachable, not dead.
+        let mut v = view(&[], &[]);
+        let agreed = close_round(&mut v, 2, BTreeSet::new(), &peers, (&[3], &[])).unwrap();
+        assert!(!agreed);
+        assert_eq!(v, view(&[3], &[]));
+    }
+
+    #[test]
+    fn a_round_with_an_unheard_peer_or_another_view_does_not_agree_and_merges() {
+        let mut v = view(&[], &[]);
+        let peers = [(0, view(&[], &[])), (1, view(&[4], &[4]))];
+        let agreed = close_round(&mut v, 2, [3].into(), &peers, (&[], &[])).unwrap();
+        assert!(!agreed);
+        assert_eq!(v, view(&[3, 4], &[4]));
+    }
+
+    #[test]
+    fn a_peer_that_counted_this_rank_out_ends_its_agreement_naming_that_peer() {
+        let mut v = view(&[], &[]);
+        let peers = [(0, view(&[], &[])), (1, view(&[2], &[]))];
+        let e = close_round(&mut v, 2, BTreeSet::new(), &peers, (&[], &[])).unwrap_err();
+        assert!(e.message().contains("rank 1 counted rank 2 out"), "{e}");
+    }
 
     #[test]
     fn views_round_trip_and_merge_dead_into_out() {
