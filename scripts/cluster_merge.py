@@ -8,8 +8,8 @@ Why launches and not passes: on the emulated cluster (16 rank processes on 2 cor
 a small message is set by how the scheduler happens to interleave that launch's processes,
 and it stays so for the launch's whole life. Three passes in one launch agree with another
 launch's three passes no better than single passes do (4x4, 2 NICs, all-reduce 1-16 KiB: 82%
-and 83% of points within 10%); the medians of three launches agree at 95% (docs/CLUSTER.md,
-"Launches, not passes").
+and 83% of points within 10%); the medians of three launches agree at 92%, of five at 97%
+(docs/CLUSTER.md, "Launches against passes": slow spells of the host over minutes remain).
 
 Per point (size, requested entry), over the launches that have it:
 - the slowest rank's time (`slowest_us`), the mean (`avg_us`) and the rank median
