@@ -23,8 +23,8 @@
 # profile for all), the point the median over launches (scripts/cluster_merge.py; each
 # launch's JSON kept in OUT/launches/). On 16 processes sharing 2 cores a small message's time
 # is set per launch, by how the scheduler interleaves its processes: passes in one launch do
-# not average that out, launches do; slow spells of minutes remain (docs/CLUSTER.md,
-# "Launches against passes").
+# not average that out, launches do, though three were too few in the full matrix
+# (docs/CLUSTER.md, "Launches against passes").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=docs/cluster rate=200mbit sizes=1K:1M shapes="4x4 8x2" nics="1 2 4"

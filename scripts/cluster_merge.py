@@ -9,7 +9,7 @@ a small message is set by how the scheduler happens to interleave that launch's 
 and it stays so for the launch's whole life. Three passes in one launch agree with another
 launch's three passes no better than single passes do (4x4, 2 NICs, all-reduce 1-16 KiB: 82%
 and 83% of points within 10%); the medians of three launches agree at 92%, of five at 97%
-(docs/CLUSTER.md, "Launches against passes": slow spells of the host over minutes remain).
+(docs/CLUSTER.md, "Launches against passes"; in the full matrix three were not enough).
 
 Per point (size, requested entry), over the launches that have it:
 - the slowest rank's time (`slowest_us`), the mean (`avg_us`) and the rank median
