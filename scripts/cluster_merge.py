@@ -23,19 +23,18 @@ JSON document fails the merge (a crashed launch must not vanish into a median).
 """
 
 import json
+import os
 import statistics
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cluster_report  # noqa: E402  (its reader of pccl-bench documents)
+
 
 def load(path):
-    text = open(path).read()
-    start = text.find("{")
-    if start < 0:
+    doc = cluster_report.load(path)
+    if doc is None:
         raise SystemExit(f"cluster_merge.py: {path} holds no JSON document")
-    try:
-        doc, _ = json.JSONDecoder().raw_decode(text[start:])
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"cluster_merge.py: {path}: {e}")
     return doc
 
 
