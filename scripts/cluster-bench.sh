@@ -8,7 +8,7 @@
 #   scripts/cluster-bench.sh [--out docs/cluster] [--rate 200mbit] [--sizes 1K:1M] \
 #       [--shapes "4x4 8x2"] [--nics "1 2 4"] [--colls "allgather reducescatter"] [--iters 3] \
 #       [--tuned [--tune-each]] [--no-mpi] [--pin] [--batch-ms MS] [--passes N] [--launches L]
-#       [--algos LIST]
+#       [--small-launches N [--small-sizes 1K:64K]] [--algos LIST]
 #
 # --tuned: the model's profile is measured inside the cluster first (pccl-tune --transport tcp
 # on the shape's ranks, once per shape and K, under mpiexec unless --no-mpi) instead of
@@ -25,10 +25,14 @@
 # is set per launch, by how the scheduler interleaves its processes: passes in one launch do
 # not average that out, launches do, though three were too few in the full matrix
 # (docs/CLUSTER.md, "Launches against passes").
+# --small-launches N: N more launches over --small-sizes only (default 1K:64K), merged with
+# the --launches L others, so a small size is the median of L + N launches and a large one of
+# L: only the small sizes' times vary from launch to launch, and they are quick to run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=docs/cluster rate=200mbit sizes=1K:1M shapes="4x4 8x2" nics="1 2 4"
 colls="allgather reducescatter" iters=3 tag="" tuned=0 mpi=1 batch_ms="" pin=0 tune_each=0 passes=1 launches=1
+small_launches=0 small_sizes=1K:64K
 algos=auto,ring,rd,hier-rd,hier-ring,hier-rd-pipe4,hier-ring-pipe4
 while [ $# -gt 0 ]; do
     case $1 in
@@ -47,12 +51,17 @@ while [ $# -gt 0 ]; do
         --batch-ms) batch_ms=$2; shift 2 ;;
         --passes) passes=$2; shift 2 ;;
         --launches) launches=$2; shift 2 ;;
+        --small-launches) small_launches=$2; shift 2 ;;
+        --small-sizes) small_sizes=$2; shift 2 ;;
         --algos) algos=$2; shift 2 ;;
         *) echo "cluster-bench.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
 case $launches in
     '' | *[!0-9]* | 0) echo "cluster-bench.sh: --launches $launches: expected a count of 1 or more" >&2; exit 2 ;;
+esac
+case $small_launches in
+    '' | *[!0-9]*) echo "cluster-bench.sh: --small-launches $small_launches: expected a count" >&2; exit 2 ;;
 esac
 bench=target/release/pccl-bench
 tune=target/release/pccl-tune
@@ -103,21 +112,23 @@ for shape in $shapes; do
             f="$out/${coll}-${n}x${m}-k${k}-${rate}${tag}.json"
             echo "== $shape K=$k $coll -> $f" >&2
             parts=()
-            for ((l = 1; l <= launches; l++)); do
-                g=$f
-                if [ "$launches" -gt 1 ]; then
+            all=$((launches + small_launches))
+            for ((l = 1; l <= all; l++)); do
+                g=$f span=$sizes
+                if [ "$all" -gt 1 ]; then
                     mkdir -p "$out/launches"
                     g="$out/launches/$(basename "$f" .json).l$l.json"
                 fi
+                if [ "$l" -gt "$launches" ]; then span=$small_sizes; fi
                 scripts/cluster.sh run "${launch[@]}" --ranks-per-node "$m" --timeout 1500 -- \
-                    env PCCL_TUNE_FILE="$prof" "$PWD/$bench" --transport tcp -m "$sizes" \
+                    env PCCL_TUNE_FILE="$prof" "$PWD/$bench" --transport tcp -m "$span" \
                     -i "$iters" --passes "$passes" "${extra[@]}" --coll "$coll" --algo "$algos" --nic-rate "$rate" \
                     --model --check --json >"$g.tmp" 2>"$g.err" || echo "   (exit $?; see $g.err)" >&2
                 # Only rank 0's JSON document: from its first '{' line to the end.
                 sed -n '/^{/,$p' "$g.tmp" >"$g" && rm -f "$g.tmp"
                 parts+=("$g")
             done
-            if [ "$launches" -gt 1 ]; then
+            if [ "$all" -gt 1 ]; then
                 python3 scripts/cluster_merge.py "$f" "${parts[@]}" || echo "   (merge: exit $?)" >&2
             fi
         done

@@ -3,10 +3,11 @@
 //! Every algorithm gets its own communicator, split off the benchmark's over the same ranks
 //! (same transport, same topology) with that algorithm fixed, and all of them run on the
 //! same buffers. For each size the timed iterations are cut into rounds; each round times a
-//! batch of every algorithm in turn (the order rotating from round to round, the ranks
-//! lined up by a barrier before each batch), so a burst of load from elsewhere falls on all
-//! of them alike. A row per algorithm and size: the median over rounds of the per-iteration
-//! time (averaged over ranks), the mean, and the fastest and slowest round. With `--passes N`
+//! batch of every algorithm in turn (the orders a balanced Latin square, so no algorithm
+//! keeps a place in the round or a predecessor: `order`; the ranks lined up by a barrier
+//! before each batch), so a burst of load from elsewhere falls on all of them alike. A row
+//! per algorithm and size: the median over rounds of the per-iteration time (averaged over
+//! ranks), the mean, and the fastest and slowest round. With `--passes N`
 //! the whole sweep of sizes runs N times and each row is the median of its passes: a slow
 //! spell of the host that outlasts a size's rounds (tens of seconds, seen on the 2-core VM)
 //! falls on one pass instead of on every round of the sizes it covers.
@@ -15,12 +16,14 @@
 //! (under mpiexec; refused elsewhere). `q8` and `q4` are the quantized all-gather and
 //! reduce-scatter (`Communicator::all_gather_quantized`, `reduce_scatter_quantized` (sum),
 //! INT8 / INT4 with a scale per 2048 elements; the all-gather on the tuner's plan for the
-//! records, or ALGO's with `q8:ALGO`; float dtypes; lossy, so `--check` skips them): its time against the plain all-gather's on the same data. `q8h` and `q4h` run
-//! the reduce-scatter by recursive halving between nodes (`QuantScheme::Halving`) instead
-//! of the two all-to-alls. With `--nic-rate` each row
-//! also shows its NIC floor. Each row of the JSON also carries the share of the host's CPU
+//! records, or ALGO's with `q8:ALGO`; float dtypes; lossy, so `--check` skips them): its
+//! time against the plain all-gather's on the same data. `q8h` and `q4h` run the
+//! reduce-scatter by recursive halving between nodes (`QuantScheme::Halving`) instead of the
+//! two all-to-alls. With `--nic-rate` each row also shows its NIC floor. Each row of the JSON also carries the share of the host's CPU
 //! time its hypervisor stole while that size ran (`host_steal_pct`, from `/proc/stat`): on a
 //! shared VM a noisy neighbour slows every entry of a size alike, and says so there.
+
+mod order;
 
 use super::{bounds, count_wrong, input_of, iters_for, lens, Args, Coll, Native, Row};
 use pccl::{Communicator, DType, Element, Quant, QuantScheme, ReduceOp};
@@ -231,22 +234,26 @@ pub fn run_size<T: Element>(
         }
         warm = warm.max(t0.elapsed().as_secs_f64() / args.warmup.max(1) as f64);
     }
-    let batch = match args.batch_ms {
+    let want = match args.batch_ms {
         Some(ms) if args.warmup > 0 => {
             // Every rank must run as many calls: the slowest rank's estimate decides.
             let mut slowest_call = [0f64];
             comm.all_reduce(&[warm], &mut slowest_call, ReduceOp::Max)?;
             let want = (ms * 1e-3 / slowest_call[0].max(1e-9)).ceil() as usize;
-            want.clamp(batch, batch.max(64))
+            Some(want.clamp(batch, batch.max(64)))
         }
-        _ => batch,
+        _ => None,
     };
     let k = subs.len();
+    let order::Schedule {
+        rounds: orders,
+        batch,
+    } = order::schedule(k, rounds, batch, want);
+    let rounds = orders.len();
     // samples[a * rounds + round]: this rank's seconds per iteration.
     let mut samples = vec![0f64; k * rounds];
-    for round in 0..rounds {
-        for j in 0..k {
-            let a = (round + j) % k;
+    for (round, in_order) in orders.iter().enumerate() {
+        for &a in in_order {
             comm.barrier()?;
             let t0 = Instant::now();
             for _ in 0..batch {
