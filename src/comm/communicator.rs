@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+mod alltoallv;
 mod calls;
 mod membership;
 mod p2p;
@@ -38,11 +39,11 @@ mod tuning;
 use calls::len_mul;
 
 #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(unused_imports))]
+pub(crate) use alltoallv::AllToAllBlocks;
+#[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(unused_imports))]
 pub(crate) use p2p::StampedP2p;
 pub use p2p::{Dir, Group, P2pOp};
 pub use quantized_halving::QuantScheme;
-#[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(unused_imports))]
-pub(crate) use rooted::AllToAllBlocks;
 pub use rooted::RawRooted;
 
 /// A collective named for the raw-pointer entry points.

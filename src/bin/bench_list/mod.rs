@@ -248,6 +248,7 @@ pub fn run_size<T: Element>(
     let order::Schedule {
         rounds: orders,
         batch,
+        lead_in,
     } = order::schedule(k, rounds, batch, want);
     let rounds = orders.len();
     // samples[a * rounds + round]: this rank's seconds per iteration.
@@ -255,6 +256,9 @@ pub fn run_size<T: Element>(
     for (round, in_order) in orders.iter().enumerate() {
         for &a in in_order {
             comm.barrier()?;
+            if lead_in {
+                run_once(a, &mut output)?;
+            }
             let t0 = Instant::now();
             for _ in 0..batch {
                 run_once(a, &mut output)?;
