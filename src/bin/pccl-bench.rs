@@ -48,7 +48,9 @@ struct Args {
     iters: Option<usize>,
     /// In a list run (`--algo a,b,..`): calls per timed round grow until a round lasts about
     /// this long (at most 64; the ranks agree on it from the warm-up), so that small sizes
-    /// are not dominated by the ranks' skew leaving the barrier before each round.
+    /// are not dominated by the ranks' skew leaving the barrier before each round. Such a
+    /// size runs the whole balanced order of the list (more, shorter rounds, as many calls
+    /// in all), each batch after one untimed call.
     #[arg(long, value_name = "MS")]
     batch_ms: Option<f64>,
     /// In a list run: sweep the sizes this many times, each row the median of its passes

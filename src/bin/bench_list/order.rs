@@ -10,9 +10,14 @@
 //! whole design every entry runs once at every position and right after every other entry
 //! equally often. A size whose batches are set by `--batch-ms` (small calls) runs at least
 //! the whole design, its calls spread over more, shorter rounds: the calls timed per entry
-//! stay what they were. This removes a bias, not the noise: at 1 KiB the same plan under two
-//! names still differs by up to 30% within one launch in any order (how the scheduler
-//! interleaves 16 processes), which only more launches average out.
+//! stay what they were. Each such batch starts with one untimed call: a shorter batch spreads
+//! over fewer calls what its start costs (the ranks leaving the barrier apart, the entry's
+//! first call after the others' batches), and without it the 4×4 all-reduce at 1–16 KiB
+//! measured 1.08–1.21× the model (median over the entries) where three long rounds gave
+//! 0.97–1.07 and the design with the untimed call 0.97–1.05 (docs/CLUSTER.md, "Round
+//! order"). The design removes a bias, not the noise: at 1 KiB the same plan under two names
+//! still differs by up to 30% within one launch in any order (how the scheduler interleaves
+//! 16 processes), which only more launches average out.
 
 /// The rows of the Williams design for `k` entries: `k` rows for an even `k`, `2k` for an
 /// odd one (the `k` rows and their reverses), each a permutation of `0..k`. Over all rows,
