@@ -19,9 +19,10 @@
 //! records, or ALGO's with `q8:ALGO`; float dtypes; lossy, so `--check` skips them): its
 //! time against the plain all-gather's on the same data. `q8h` and `q4h` run the
 //! reduce-scatter by recursive halving between nodes (`QuantScheme::Halving`) instead of the
-//! two all-to-alls. With `--nic-rate` each row also shows its NIC floor. Each row of the JSON also carries the share of the host's CPU
-//! time its hypervisor stole while that size ran (`host_steal_pct`, from `/proc/stat`): on a
-//! shared VM a noisy neighbour slows every entry of a size alike, and says so there.
+//! two all-to-alls. With `--nic-rate` each row also shows its NIC floor. Each row of the
+//! JSON also carries the share of the host's CPU time its hypervisor stole while that size
+//! ran (`host_steal_pct`, from `/proc/stat`): on a shared VM a noisy neighbour slows every
+//! entry of a size alike, and says so there.
 
 mod order;
 
