@@ -1,6 +1,7 @@
 //! What the device front end (`comm::device`), the C ABI and the torch backend need of a
-//! [`Communicator`] beyond its public calls: tags, plans, the worker's queues, the device
-//! error slot, the abort hooks.
+//! [`Communicator`] beyond its collectives: tags, plans, the worker's queues, the device
+//! error slot, the abort hooks, and the queries of its state (scratch bytes, the
+//! asynchronous error).
 
 use super::{lock, Call, Communicator, RawCollective};
 use crate::comm::progress::Worker;
@@ -12,8 +13,6 @@ use crate::transport::Transport;
 use std::sync::{Arc, Mutex};
 
 impl Communicator {
-    // ---- hooks for the device front end (comm::device) -------------------------------------
-
     /// The tag of the next collective in issue order.
     #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
     pub(crate) fn take_tag(&self) -> u32 {
