@@ -5,7 +5,8 @@
 //! same buffers. For each size the timed iterations are cut into rounds; each round times a
 //! batch of every algorithm in turn (the orders a balanced Latin square, so no algorithm
 //! keeps a place in the round or a predecessor: `order`; the ranks lined up by a barrier
-//! before each batch), so a burst of load from elsewhere falls on all of them alike. A row
+//! right before each timed batch, after its untimed lead-in call where there is one), so a
+//! burst of load from elsewhere falls on all of them alike. A row
 //! per algorithm and size: the median over rounds of the per-iteration time (averaged over
 //! ranks), the mean, and the fastest and slowest round. With `--passes N`
 //! the whole sweep of sizes runs N times and each row is the median of its passes: a slow
@@ -258,7 +259,14 @@ pub fn run_size<T: Element>(
         for &a in in_order {
             comm.barrier()?;
             if lead_in {
+                // The lead-in warms the entry's own links after the others' batches; the
+                // barrier after it lines the ranks up again. Timed from the lead-in's end
+                // instead, every rank started apart by the skew the call leaves behind (up to
+                // a whole network step where a hierarchy ends on one: reduce-scatter), and in
+                // batches of two or three calls that skew was 10-40% of the slowest rank's
+                // time (docs/CLUSTER.md, "Batches that start together").
                 run_once(a, &mut output)?;
+                comm.barrier()?;
             }
             let t0 = Instant::now();
             for _ in 0..batch {

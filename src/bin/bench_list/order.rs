@@ -62,7 +62,8 @@ pub struct Schedule {
     pub rounds: Vec<Vec<usize>>,
     /// Calls per algorithm per round.
     pub batch: usize,
-    /// Whether each batch starts with one untimed call (batches set by `--batch-ms`).
+    /// Whether each batch starts with one untimed call (batches set by `--batch-ms`), the
+    /// ranks lined up by a barrier after it.
     pub lead_in: bool,
 }
 
