@@ -32,13 +32,16 @@
 
 use super::{call, check, is_finalized};
 
+mod notices;
 mod recv;
+mod send;
 use crate::error::{Error, Result};
 use crate::transport::faults::{self, Faults, Tag};
 use crate::transport::staging::Staging;
 use crate::transport::Notice;
 use mpi::ffi;
 pub use recv::{Dest, Direct, Scattered, Staged};
+pub use send::MpiSend;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -225,13 +228,13 @@ impl Drop for Core {
 }
 
 impl Core {
-    /// Link state over `comm` (a communicator this transport owns, errors returned).
     /// The piece size of a call: `piece` (the call's own) or the creation-time size, within
     /// the bounds MPI counts allow.
     pub fn cut(&self, piece: Option<usize>) -> usize {
         piece.map_or(self.chunk, |p| p.clamp(4096, i32::MAX as usize))
     }
 
+    /// Link state over `comm` (a communicator this transport owns, errors returned).
     pub fn new(comm: ffi::MPI_Comm, rank: usize, size: usize, chunk: usize) -> Result<Core> {
         let mut ub: *mut i32 = std::ptr::null_mut();
         let mut flag = 0;
@@ -319,211 +322,6 @@ impl Core {
         // SAFETY: aborting the job through the world communicator; it does not return.
         call(|| unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 70) });
         std::process::abort()
-    }
-
-    // ---- notices --------------------------------------------------------------------------
-
-    /// Sends `notice` to every peer without blocking (buffers kept until sent).
-    pub fn notify(&self, notice: &Notice) {
-        let mut bytes = Vec::new();
-        match notice {
-            Notice::Refused { seq, why } => {
-                bytes.push(1u8);
-                bytes.extend_from_slice(&seq.to_le_bytes());
-                bytes.extend_from_slice(why.as_bytes());
-                self.add_junk(*seq);
-                self.note_failure(*seq, why);
-            }
-            Notice::Aborted { why } => {
-                bytes.push(2u8);
-                bytes.extend_from_slice(&0u32.to_le_bytes());
-                self.finished.store(true, Ordering::SeqCst);
-                bytes.extend_from_slice(why.as_bytes());
-                self.note_failure(self.latest.load(Ordering::Relaxed), why);
-            }
-        }
-        bytes.truncate(4096);
-        self.reap_outbox();
-        let mut out = lock(&self.outbox);
-        for peer in (0..self.size).filter(|&p| p != self.rank) {
-            if out.len() >= OUTBOX_MAX {
-                break;
-            }
-            let buf: Box<[u8]> = bytes.clone().into_boxed_slice();
-            let mut req = Req(null_req());
-            // SAFETY: `buf` is kept in the outbox until the request completes.
-            let rc = call(|| unsafe {
-                ffi::MPI_Isend(
-                    buf.as_ptr() as *const _,
-                    buf.len() as i32,
-                    ffi::RSMPI_UINT8_T,
-                    peer as i32,
-                    NOTICE_TAG,
-                    self.comm,
-                    &mut req.0,
-                )
-            });
-            if rc == 0 {
-                out.push((req, buf));
-            }
-        }
-    }
-
-    fn reap_outbox(&self) {
-        let mut out = lock(&self.outbox);
-        out.retain_mut(|(req, _)| !self.test(req));
-    }
-
-    /// Receives every notice that has arrived and records it on the board.
-    fn take_notices(&self) {
-        for _ in 0..64 {
-            let Some((src, _, bytes)) = self.take_any(NOTICE_TAG) else {
-                return;
-            };
-            self.record(src, &bytes);
-        }
-    }
-
-    /// Records the notice `bytes` from `src` on the board.
-    fn record(&self, src: usize, bytes: &[u8]) {
-        if bytes.len() < 5 {
-            return;
-        }
-        let seq = u32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
-        let why = String::from_utf8_lossy(&bytes[5..]).into_owned();
-        match bytes[0] {
-            1 => {
-                self.faults.refuse(seq, src, &why);
-                self.add_junk(seq);
-            }
-            2 => {
-                self.faults.revoked(src, &why);
-                self.finished.store(true, Ordering::SeqCst);
-            }
-            _ => {}
-        }
-    }
-
-    /// Receives one message of `tag` from any source that no receive matched, if there is one.
-    fn take_any(&self, tag: i32) -> Option<(usize, i32, Vec<u8>)> {
-        // SAFETY: reading an exported constant.
-        let any = unsafe { ffi::RSMPI_ANY_SOURCE };
-        self.take(any, tag)
-    }
-
-    /// Receives one unmatched message of `tag` from `src` (or any source), if there is one.
-    fn take(&self, src: i32, tag: i32) -> Option<(usize, i32, Vec<u8>)> {
-        let (msg, status) = self.probe(src, tag)?;
-        let (status, buf) = self.take_probed(msg, &status);
-        Some((status.MPI_SOURCE.max(0) as usize, status.MPI_TAG, buf))
-    }
-
-    /// Matches (without receiving) one message of `tag` from `src` that no receive matched,
-    /// if there is one: the message is then ours alone, its size known before it is received.
-    fn probe(&self, src: i32, tag: i32) -> Option<(Probed, ffi::MPI_Status)> {
-        let mut flag = 0;
-        let mut status = zero_status();
-        // SAFETY: a message handle is written by MPI_Improbe before use.
-        let mut msg: ffi::MPI_Message = unsafe { std::mem::zeroed() };
-        // SAFETY: probing our own communicator; outputs are locals.
-        let rc = call(|| unsafe {
-            ffi::MPI_Improbe(src, tag, self.comm, &mut flag, &mut msg, &mut status)
-        });
-        (rc == 0 && flag != 0).then_some((Probed(msg), status))
-    }
-
-    /// Receives the probed message (of the size `status` gives) into a buffer of its own.
-    fn take_probed(&self, mut msg: Probed, status: &ffi::MPI_Status) -> (ffi::MPI_Status, Vec<u8>) {
-        let n = count_of(status);
-        let mut buf = vec![0u8; n];
-        let mut st = zero_status();
-        // SAFETY: `buf` holds the probed message's `n` bytes; `msg` is ours to receive.
-        call(|| unsafe {
-            ffi::MPI_Mrecv(
-                buf.as_mut_ptr() as *mut _,
-                n as i32,
-                ffi::RSMPI_UINT8_T,
-                &mut msg.0,
-                &mut st,
-            )
-        });
-        (st, buf)
-    }
-
-    /// Starts receiving the probed message into the `len` bytes at `ptr` (exactly its size).
-    fn imrecv(&self, mut msg: Probed, ptr: *mut u8, len: usize) -> Result<Req> {
-        let mut req = Req(null_req());
-        // SAFETY: the caller keeps `len` bytes at `ptr` valid until the request ends; `msg`
-        // is a matched message of `len` bytes, ours to receive.
-        let rc = call(|| unsafe {
-            ffi::MPI_Imrecv(
-                ptr as *mut _,
-                len as i32,
-                ffi::RSMPI_UINT8_T,
-                &mut msg.0,
-                &mut req.0,
-            )
-        });
-        check(rc, "MPI_Imrecv")?;
-        Ok(req)
-    }
-
-    // ---- leftovers ------------------------------------------------------------------------
-
-    /// Collective `seq` failed: its leftover messages are drained from now on.
-    fn add_junk(&self, seq: u32) {
-        let mut j = lock(&self.junk);
-        if !j.contains(&seq) {
-            if j.len() == JUNK_KEPT {
-                j.pop_front();
-            }
-            j.push_back(seq);
-        }
-        self.any_junk.store(true, Ordering::SeqCst);
-    }
-
-    /// Drains every unmatched message of the failed collectives (too old ones are forgotten,
-    /// before their tags come round again).
-    fn drain_junk(&self) {
-        if self.finished.load(Ordering::Relaxed) {
-            // SAFETY: reading an exported constant.
-            let any = unsafe { ffi::RSMPI_ANY_TAG };
-            for _ in 0..256 {
-                match self.take_any(any) {
-                    Some((src, NOTICE_TAG, bytes)) => self.record(src, &bytes),
-                    Some(_) => {}
-                    None => break,
-                }
-            }
-        }
-        if !self.any_junk.load(Ordering::Relaxed) {
-            return;
-        }
-        let latest = self.latest.load(Ordering::Relaxed);
-        let seqs: Vec<u32> = {
-            let mut j = lock(&self.junk);
-            // Sequence numbers wrap: keep those less than a quarter of the tag space behind.
-            j.retain(|&s| (latest.wrapping_sub(s) as i32) < (self.window / 4) as i32);
-            self.any_junk.store(!j.is_empty(), Ordering::SeqCst);
-            j.iter().copied().collect()
-        };
-        for s in seqs {
-            let h = self.header_tag(s);
-            for t in [h, h + 1] {
-                for _ in 0..256 {
-                    if self.take_any(t).is_none() {
-                        break;
-                    }
-                }
-            }
-        }
-    }
-
-    /// A wait's periodic work: notices, finished notice sends, leftovers.
-    pub fn service(&self) {
-        self.take_notices();
-        self.reap_outbox();
-        self.drain_junk();
     }
 
     // ---- requests -------------------------------------------------------------------------
@@ -709,90 +507,6 @@ impl Core {
         check(rc, "MPI_Isend")?;
         Ok(req)
     }
-
-    // ---- messages -------------------------------------------------------------------------
-
-    /// Posts the header and pieces (of `chunk` bytes, see [`Core::cut`]) of a `len`-byte
-    /// message at `ptr` stamped `tag` to `peer`.
-    ///
-    /// # Safety
-    /// The `len` bytes at `ptr` (host, or device memory for a CUDA-aware MPI: only handed to
-    /// MPI) must stay valid and unmodified until the returned send's `wait` returns.
-    pub unsafe fn isend(
-        self: &Arc<Self>,
-        peer: usize,
-        tag: Tag,
-        ptr: *const u8,
-        len: usize,
-        chunk: usize,
-    ) -> Result<MpiSend> {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.isend_segs(peer, tag, &[(ptr, len)], chunk) }
-    }
-
-    /// [`Core::isend`] of the host segments `segs` laid end to end (one message on the wire,
-    /// byte for byte the packed one): a piece within one segment is sent from it as it is,
-    /// a piece over several is packed.
-    ///
-    /// # Safety
-    /// Each segment as [`Core::isend`]'s buffer (`Transport::isendv`'s contract).
-    pub unsafe fn isend_segs(
-        self: &Arc<Self>,
-        peer: usize,
-        tag: Tag,
-        segs: &[(*const u8, usize)],
-        chunk: usize,
-    ) -> Result<MpiSend> {
-        let len: usize = segs.iter().map(|s| s.1).sum();
-        let addrs: Vec<(usize, usize)> = segs.iter().map(|&(p, n)| (p as usize, n)).collect();
-        let first = segs.first().map_or(std::ptr::null(), |s| s.0);
-        if peer >= self.size {
-            return Err(Error::invalid(format!("no rank {peer}")));
-        }
-        self.seen(tag);
-        let header = Box::new([tag.to_le(), (len as u64).to_le(), (chunk as u64).to_le()]);
-        let h = self.header_tag(faults::seq_of(tag));
-        let mut send = MpiSend {
-            core: self.clone(),
-            reqs: Vec::with_capacity(1 + pieces(len, chunk)),
-            packed: Vec::new(),
-            header,
-            peer,
-            tag,
-        };
-        let hp = send.header.as_ptr() as *const u8;
-        send.reqs.push(self.isend_bytes(hp, HEADER, peer, h)?);
-        for k in 0..pieces(len, chunk) {
-            let (off, m) = piece(len, chunk, k);
-            let parts = seg_parts(&addrs, off, m);
-            let p = match parts.as_slice() {
-                // An empty message: one empty piece (the address is never read).
-                [] => first,
-                [(p, _)] => *p as *const u8,
-                // A piece over several segments is packed: MPICH's derived datatypes
-                // (hindexed, tried) made 16–512 KiB hierarchical all-gathers 1.4–3.5× slower
-                // than packing them.
-                _ => {
-                    let mut b = Staging::take(m);
-                    let dst = b.bytes_mut();
-                    let mut at = 0;
-                    for &(q, n) in &parts {
-                        // SAFETY: the caller's segment bytes (`isendv`'s contract).
-                        dst[at..at + n].copy_from_slice(unsafe {
-                            std::slice::from_raw_parts(q as *const u8, n)
-                        });
-                        at += n;
-                    }
-                    let q = dst.as_ptr();
-                    // The buffer's heap block stays put when it moves into `packed`.
-                    send.packed.push(b);
-                    q
-                }
-            };
-            send.reqs.push(self.isend_bytes(p, m, peer, h + 1)?);
-        }
-        Ok(send)
-    }
 }
 
 /// The parts of `segs` (`(address, length)`, laid end to end) covering message bytes
@@ -824,57 +538,4 @@ fn count_of(st: &ffi::MPI_Status) -> usize {
 fn null_req() -> ffi::MPI_Request {
     // SAFETY: reading the exported null-request constant.
     unsafe { ffi::RSMPI_REQUEST_NULL }
-}
-
-/// A posted message (header and pieces).
-pub struct MpiSend {
-    core: Arc<Core>,
-    reqs: Vec<Req>,
-    /// Pieces packed from several segments, kept until their requests end (a request MPI
-    /// cannot cancel ends the job before they are freed).
-    packed: Vec<Staging>,
-    /// The header's bytes, kept until its request ends.
-    header: Box<[u64; 3]>,
-    peer: usize,
-    tag: Tag,
-}
-
-impl MpiSend {
-    /// Waits until every request ended; on a failure on the board or the deadline, cancels
-    /// them and waits for MPI to confirm (or ends the job: see the module documentation).
-    pub fn finish(&mut self, deadline: Instant) -> Result<()> {
-        let core = self.core.clone();
-        for i in 0..self.reqs.len() {
-            let what = "sent a message never taken by";
-            let mut r = self.reqs[i];
-            let res = core.poll(&mut r, self.tag, self.peer, deadline, what);
-            self.reqs[i] = r;
-            if let Err(e) = res {
-                core.note_failure(faults::seq_of(self.tag), e.message());
-                self.give_back();
-                return Err(e);
-            }
-        }
-        core.note_success(self.tag);
-        Ok(())
-    }
-
-    /// Cancels what is still live; ends the job if MPI cannot confirm it.
-    fn give_back(&mut self) {
-        if self.reqs.iter().any(Req::live) {
-            let peer = self.peer;
-            let mut reqs = std::mem::take(&mut self.reqs);
-            self.core.retire_or_die(
-                &mut reqs,
-                &format!("a send to rank {peer} was never received and could not be cancelled"),
-            );
-        }
-    }
-}
-
-impl Drop for MpiSend {
-    fn drop(&mut self) {
-        // Only a send that was never waited for still has live requests.
-        self.give_back();
-    }
 }
