@@ -5,11 +5,13 @@
 # interleaved in one run, with the NIC floor and the model's prediction per row (JSON, one
 # file per shape, in OUT).
 #
-#   scripts/cluster-bench.sh [--out docs/cluster] [--rate 200mbit] [--sizes 1K:1M] \
+#   scripts/cluster-bench.sh [--out docs/cluster] [--rate 200mbit] [--burst 32k] [--sizes 1K:1M] \
 #       [--shapes "4x4 8x2"] [--nics "1 2 4"] [--colls "allgather reducescatter"] [--iters 3] \
 #       [--tuned [--tune-each]] [--no-mpi] [--pin] [--batch-ms MS] [--passes N] [--launches L]
-#       [--small-launches N [--small-sizes 1K:64K]] [--algos LIST]
+#       [--small-launches N [--small-sizes 1K:64K]] [--algos LIST] [--warmup N]
 #
+# --burst: each emulated NIC's free burst (scripts/cluster.sh up --burst), which pccl-tune
+# is told (--nic-burst) so that its profile charges a message the NIC's rate only beyond it.
 # --tuned: the model's profile is measured inside the cluster first (pccl-tune --transport tcp
 # on the shape's ranks, once per shape and K, under mpiexec unless --no-mpi) instead of
 # written from R and K alone. --tune-each: once per collective, just before it, so the profile
@@ -28,16 +30,19 @@
 # --small-launches N: N more launches over --small-sizes only (default 1K:64K), merged with
 # the --launches L others, so a small size is the median of L + N launches and a large one of
 # L: only the small sizes' times vary from launch to launch, and they are quick to run.
+# --warmup N: pccl-bench's untimed calls per entry and size (its -x; default 2): at 4-16 MiB
+# per rank a call lasts seconds on 200 Mbit/s NICs, and one warms the links as well as two.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=docs/cluster rate=200mbit sizes=1K:1M shapes="4x4 8x2" nics="1 2 4"
+out=docs/cluster rate=200mbit burst=32k sizes=1K:1M shapes="4x4 8x2" nics="1 2 4"
 colls="allgather reducescatter" iters=3 tag="" tuned=0 mpi=1 batch_ms="" pin=0 tune_each=0 passes=1 launches=1
-small_launches=0 small_sizes=1K:64K
+small_launches=0 small_sizes=1K:64K warmup=2
 algos=auto,ring,rd,hier-rd,hier-ring,hier-rd-pipe4,hier-ring-pipe4
 while [ $# -gt 0 ]; do
     case $1 in
         --out) out=$2; shift 2 ;;
         --rate) rate=$2; shift 2 ;;
+        --burst) burst=$2; shift 2 ;;
         --sizes) sizes=$2; shift 2 ;;
         --shapes) shapes=$2; shift 2 ;;
         --nics) nics=$2; shift 2 ;;
@@ -54,6 +59,7 @@ while [ $# -gt 0 ]; do
         --small-launches) small_launches=$2; shift 2 ;;
         --small-sizes) small_sizes=$2; shift 2 ;;
         --algos) algos=$2; shift 2 ;;
+        --warmup) warmup=$2; shift 2 ;;
         *) echo "cluster-bench.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -87,7 +93,7 @@ tune() {
     for try in 1 2; do
         rm -f "$1"
         scripts/cluster.sh run "${launch[@]}" --ranks-per-node "$m" --timeout 300 -- \
-            "$PWD/$tune" --transport tcp -o "$1" >&2 || true
+            "$PWD/$tune" --transport tcp --nic-burst "$burst" -o "$1" >&2 || true
         [ -s "$1" ] && return 0
         echo "cluster-bench.sh: pccl-tune wrote no profile on ${n}x$m K=$k (try $try of 2)" >&2
     done
@@ -96,7 +102,7 @@ tune() {
 for shape in $shapes; do
     n=${shape%x*} m=${shape#*x}
     for k in $nics; do
-        scripts/cluster.sh up --nodes "$n" --nics "$k" --rate "$rate" >/dev/null
+        scripts/cluster.sh up --nodes "$n" --nics "$k" --rate "$rate" --burst "$burst" >/dev/null
         if [ "$tuned" = 1 ]; then
             prof="$out/profile-tuned-${n}x${m}-k${k}-$rate$tag.toml"
             [ "$tune_each" = 1 ] || tune "$prof"
@@ -122,7 +128,7 @@ for shape in $shapes; do
                 if [ "$l" -gt "$launches" ]; then span=$small_sizes; fi
                 scripts/cluster.sh run "${launch[@]}" --ranks-per-node "$m" --timeout 1500 -- \
                     env PCCL_TUNE_FILE="$prof" "$PWD/$bench" --transport tcp -m "$span" \
-                    -i "$iters" --passes "$passes" "${extra[@]}" --coll "$coll" --algo "$algos" --nic-rate "$rate" \
+                    -i "$iters" -x "$warmup" --passes "$passes" "${extra[@]}" --coll "$coll" --algo "$algos" --nic-rate "$rate" \
                     --model --check --json >"$g.tmp" 2>"$g.err" || echo "   (exit $?; see $g.err)" >&2
                 # Only rank 0's JSON document: from its first '{' line to the end.
                 sed -n '/^{/,$p' "$g.tmp" >"$g" && rm -f "$g.tmp"

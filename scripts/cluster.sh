@@ -70,6 +70,18 @@ rate_bits() {
     esac
 }
 
+# A tc size (32k, 64kb, 1m, 1500b) in bytes: tc's k and m are 1024 and 1024².
+size_bytes() {
+    local r=${1,,}
+    r=${r%b}
+    case $r in
+        *k) echo $(( ${r%k} * 1024 )) ;;
+        *m) echo $(( ${r%m} * 1048576 )) ;;
+        *[!0-9]* | '') die "--burst $1: expected a size such as 32k" ;;
+        *) echo "$r" ;;
+    esac
+}
+
 check_machine() {
     [ "$(id -u)" = 0 ] || skip "needs root (network namespaces)"
     for c in ip tc unshare; do
@@ -279,14 +291,15 @@ cmd_status() {
 cmd_profile() {
     load
     local alpha=${1:-50}
-    local bits gbps
+    local bits gbps burst
     bits=$(rate_bits "$RATE")
     gbps=$(awk -v b="$bits" 'BEGIN { printf "%.6f", b / 8e9 * 1448 / 1514 }')
+    burst=$(size_bytes "${BURST:-32k}")
     cat <<EOF
 # PCCL tuning profile of the emulated cluster '$NAME' ($NODES nodes x $NICS NICs at $RATE),
 # written by scripts/cluster.sh profile from the rate, the NIC count and the topology alone.
 name = "cluster-${NICS}nic-$RATE"
-source = "scripts/cluster.sh profile: NIC rate $RATE x 1448/1514 (TCP payload per 1500-byte frame), $NICS NICs per node, latency ${alpha} us assumed"
+source = "scripts/cluster.sh profile: NIC rate $RATE x 1448/1514 (TCP payload per 1500-byte frame), $NICS NICs per node, the shaper's burst ${BURST:-32k}, latency ${alpha} us assumed"
 efficiency = 1.0
 
 [inter]
@@ -295,6 +308,8 @@ alpha_us = $alpha
 nics = $NICS
 nic_bandwidth_gbps = $gbps
 taper = 1.0
+# The first bytes after an idle spell pass each NIC direction at once (htb's burst).
+burst_bytes = $burst
 EOF
 }
 
