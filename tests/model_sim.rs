@@ -804,8 +804,9 @@ fn engines_agree_on_three_levels_with_the_frontier_preset() {
 #[test]
 fn on_frontier_three_levels_beat_two_and_most_where_pccl_runs_the_node() {
     // docs/SCALING.md "Three levels": with RCCL's intra-node rates the pair level saves 3 of
-    // the 7 intra-node steps (1.04-1.35x); with PCCL's own plans over the 50 GB/s links it
-    // also moves half the node's bytes at 200 GB/s (1.16-1.39x).
+    // the 7 intra-node steps (1.05-1.35x; a reduce-scatter of 16 MiB or more at par); with
+    // PCCL's own plans over the 50 GB/s links it also moves half the node's bytes at 200
+    // GB/s (1.22-1.39x).
     // Reductions on the GCDs, as `pccl-sim --on device` (its default) has them.
     let f = presets::named("frontier").unwrap();
     let vendor = Profile {
@@ -831,6 +832,13 @@ fn on_frontier_three_levels_beat_two_and_most_where_pccl_runs_the_node() {
                             .seconds
                     };
                     let gain = t(two) / t(three);
+                    // With RCCL's rates a large reduce-scatter is at par (0.99-1.03): two
+                    // levels' scratch, renumbered by lifetime, sends from whole spans.
+                    let least = if coll == RS && out > 1e6 && prof.vendor.is_some() {
+                        0.99
+                    } else {
+                        least
+                    };
                     assert!(
                         gain >= least,
                         "{coll:?} {ranks} ranks {out} B (vendor: {}): {gain}",

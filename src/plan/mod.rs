@@ -25,6 +25,7 @@ pub mod overlap;
 pub mod recursive;
 pub mod ring;
 pub mod rooted;
+pub mod scratch;
 pub mod two_hop;
 pub mod vector;
 
@@ -39,7 +40,8 @@ pub enum Buf {
     Input,
     /// The caller's output (receive) buffer.
     Output,
-    /// Executor-owned working space, laid out like the input (reduce-scatter) or output.
+    /// Executor-owned working space in blocks of the input's (reduce-scatter: renumbered by
+    /// lifetime, [`scratch::pack`]) or the output's size.
     Scratch,
 }
 
@@ -377,7 +379,7 @@ pub fn build_for(
             ph
         }
     };
-    Ok(Plan {
+    let mut plan = Plan {
         collective,
         algorithm,
         rank,
@@ -390,7 +392,12 @@ pub fn build_for(
             | Collective::AllReduce { .. } => algorithm.pieces(),
             _ => 1,
         },
-    })
+    };
+    if let Collective::ReduceScatter { .. } = collective {
+        // Partial sums were laid out like the input; keep only as many blocks as are alive.
+        scratch::pack(&mut plan);
+    }
+    Ok(plan)
 }
 
 /// The algorithm that will actually run: hierarchical needs nodes of equal size and more
