@@ -8,7 +8,7 @@ use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::device::{execute_device, DeviceExecOptions, DeviceMemory, DeviceStaging};
 use crate::exec::BlockLayout;
-use crate::plan::{Buf, Collective, Step};
+use crate::plan::{Buf, Collective};
 use crate::transport::faults as stamps;
 use crate::transport::Transport;
 
@@ -181,13 +181,10 @@ impl Communicator {
             .as_mut()
             .ok_or_else(|| Error::internal("device staging missing"))?;
         let uses_scratch = plan.phases.iter().flat_map(|ph| &ph.steps).any(|s| {
-            let spans: Vec<_> = match s {
-                Step::Send { src, .. } => src.iter().collect(),
-                Step::Recv { dst, .. } | Step::Average { dst } => dst.iter().collect(),
-                Step::RecvReduce { dst, with, .. } => dst.iter().chain(with).collect(),
-                Step::Copy { src, dst } => src.iter().chain(dst).collect(),
-            };
-            spans.iter().any(|sp| sp.buf == Buf::Scratch)
+            s.span_lists()
+                .into_iter()
+                .flatten()
+                .any(|sp| sp.buf == Buf::Scratch)
         });
         let scratch = if uses_scratch && scl.total() > 0 {
             (st.scratch(dev, scl.total() * es)?, scl)

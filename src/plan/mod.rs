@@ -120,6 +120,28 @@ pub enum Step {
     Average { dst: Spans },
 }
 
+impl Step {
+    /// The span lists the step reads or writes (sources, destinations, reduce operands).
+    pub fn span_lists(&self) -> Vec<&Spans> {
+        match self {
+            Step::Send { src, .. } => vec![src],
+            Step::Recv { dst, .. } | Step::Average { dst } => vec![dst],
+            Step::RecvReduce { dst, with, .. } => vec![dst, with],
+            Step::Copy { src, dst } => vec![src, dst],
+        }
+    }
+
+    /// [`Step::span_lists`], to rewrite them.
+    pub fn span_lists_mut(&mut self) -> Vec<&mut Spans> {
+        match self {
+            Step::Send { src, .. } => vec![src],
+            Step::Recv { dst, .. } | Step::Average { dst } => vec![dst],
+            Step::RecvReduce { dst, with, .. } => vec![dst, with],
+            Step::Copy { src, dst } => vec![src, dst],
+        }
+    }
+}
+
 /// Steps that run together; see the module docs for their semantics.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Phase {
@@ -234,14 +256,8 @@ impl Plan {
         self.phases
             .iter()
             .flat_map(|ph| &ph.steps)
-            .flat_map(|st| -> Vec<&Span> {
-                match st {
-                    Step::Send { src, .. } => src.iter().collect(),
-                    Step::Recv { dst, .. } | Step::Average { dst } => dst.iter().collect(),
-                    Step::RecvReduce { dst, with, .. } => dst.iter().chain(with).collect(),
-                    Step::Copy { src, dst } => src.iter().chain(dst).collect(),
-                }
-            })
+            .flat_map(Step::span_lists)
+            .flatten()
             .filter(|sp| sp.buf == Buf::Scratch && sp.len > 0)
             .map(|sp| (sp.start + sp.len).div_ceil(k))
             .max()

@@ -16,26 +16,16 @@
 //! same). Messages keep their blocks in the same order, only their addresses change, and the
 //! checker ([`super::check`]) proves the rewritten plans as it proves the others.
 
-use super::{push_span, Buf, Plan, Span, Spans, Step};
-
-/// The scratch spans of a step, mutable.
-fn spans_mut(step: &mut Step) -> Vec<&mut Spans> {
-    match step {
-        Step::Send { src, .. } => vec![src],
-        Step::Recv { dst, .. } | Step::Average { dst } => vec![dst],
-        Step::RecvReduce { dst, with, .. } => vec![dst, with],
-        Step::Copy { src, dst } => vec![src, dst],
-    }
-}
+use super::{push_span, Buf, Plan, Span, Spans};
 
 /// Renumbers `plan`'s scratch blocks by lifetime (see the module docs).
 pub fn pack(plan: &mut Plan) {
     let k = plan.pieces.max(1);
     // (first phase, last phase) each scratch block is touched in.
     let mut life: Vec<Option<(usize, usize)>> = Vec::new();
-    for (i, ph) in plan.phases.iter_mut().enumerate() {
-        for st in &mut ph.steps {
-            for spans in spans_mut(st) {
+    for (i, ph) in plan.phases.iter().enumerate() {
+        for st in &ph.steps {
+            for spans in st.span_lists() {
                 for sp in spans.iter().filter(|s| s.buf == Buf::Scratch && s.len > 0) {
                     for b in sp.start / k..(sp.start + sp.len).div_ceil(k) {
                         if life.len() <= b {
@@ -74,7 +64,7 @@ pub fn pack(plan: &mut Plan) {
     }
     for ph in &mut plan.phases {
         for st in &mut ph.steps {
-            for spans in spans_mut(st) {
+            for spans in st.span_lists_mut() {
                 let mut out = Spans::with_capacity(spans.len());
                 for sp in spans.iter() {
                     if sp.buf != Buf::Scratch {
@@ -97,7 +87,7 @@ pub fn pack(plan: &mut Plan) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{Algorithm, Collective, LevelAlgo, Phase};
+    use crate::plan::{Algorithm, Collective, LevelAlgo, Phase, Step};
 
     fn plan_of(phases: Vec<Phase>, pieces: usize) -> Plan {
         Plan {
