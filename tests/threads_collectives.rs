@@ -633,3 +633,57 @@ fn three_level_hierarchy_matches_the_reference_for_every_dtype_and_op() {
         }
     }
 }
+
+#[test]
+fn communicators_split_from_one_another_keep_one_scratch_between_calls() {
+    // Three algorithms, each on its own split (as pccl-bench's list runs them), take turns:
+    // their idle scratch is the largest one's need, not the sum, and every result is right.
+    let (n, m, count) = (2, 4, 5_000usize);
+    let res = Communicator::run_threads(n * m, cfg(m, None), |comm| -> Result<(), String> {
+        let p = comm.size();
+        let mut subs = Vec::new();
+        for name in ["ring", "rd", "hier-rd-pipe4"] {
+            let c = Config {
+                algo: Some(name.parse().unwrap()),
+                ..comm.config().clone()
+            };
+            let sub = comm.split_with_config(Some(0), comm.rank() as i32, c);
+            subs.push(sub.map_err(|e| e.to_string())?.ok_or("left out")?);
+        }
+        let input: Vec<f32> = input(comm.rank(), count * p, ReduceOp::Sum);
+        for _round in 0..2 {
+            for sub in &subs {
+                let mut out = vec![0f32; count];
+                sub.reduce_scatter(&input, &mut out, ReduceOp::Sum)
+                    .map_err(|e| e.to_string())?;
+                let at = comm.rank() * count;
+                for (i, &v) in out.iter().enumerate() {
+                    let want: f32 = reduced(p, at + i, ReduceOp::Sum);
+                    if !same_bits(&[v], &[want]) {
+                        return Err(format!("rank {}: element {i}: {v} != {want}", comm.rank()));
+                    }
+                }
+            }
+        }
+        let needs: Vec<usize> = subs.iter().map(Communicator::scratch_bytes).collect();
+        let (most, sum) = (*needs.iter().max().unwrap(), needs.iter().sum::<usize>());
+        if needs.contains(&0) || most == sum {
+            return Err(format!(
+                "expected three different scratch needs, got {needs:?}"
+            ));
+        }
+        for sub in &subs {
+            if sub.scratch_pool_bytes() != most || comm.scratch_pool_bytes() != most {
+                return Err(format!(
+                    "the pool holds {} bytes, the largest need is {most} (needs {needs:?})",
+                    sub.scratch_pool_bytes()
+                ));
+            }
+        }
+        Ok(())
+    })
+    .unwrap();
+    for (r, x) in res.into_iter().enumerate() {
+        x.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+}

@@ -2,6 +2,7 @@
 
 use super::progress::{Outstanding, Pool, Worker};
 use super::request::{lost, pair, Request};
+use super::scratch_pool::ScratchPool;
 use crate::config::{Config, DebugLevel};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
@@ -13,7 +14,7 @@ use crate::transport::faults::Tag;
 use crate::transport::threads::ThreadWorld;
 use crate::transport::{fnv1a, Transport};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -87,8 +88,12 @@ struct Inner {
     shrinks: AtomicU32,
     /// Survivors' agreements run on this communicator (names each one's messages).
     agreements: AtomicU32,
-    /// Held while a plan runs; owns the scratch space (u64 words keep every dtype aligned).
-    exec: Mutex<Vec<u64>>,
+    /// Held while a plan runs (one plan at a time per communicator).
+    exec: Mutex<()>,
+    /// Host scratch, shared with the communicators split from this one (`scratch_pool`).
+    scratch: Arc<ScratchPool>,
+    /// Bytes of scratch this communicator's plans have needed at most.
+    scratch_peak: AtomicUsize,
     worker: Mutex<Option<Worker>>,
     outstanding: Outstanding,
     /// The tuner's algorithm and piece size (or its online trials) per collective and size
@@ -213,6 +218,16 @@ impl Communicator {
     }
 
     fn build(transport: Arc<dyn Transport>, topo: Topology, cfg: Config) -> Self {
+        Self::build_in(transport, topo, cfg, Arc::default())
+    }
+
+    /// A communicator whose scratch comes from `scratch` (its parent's, for a split).
+    fn build_in(
+        transport: Arc<dyn Transport>,
+        topo: Topology,
+        cfg: Config,
+        scratch: Arc<ScratchPool>,
+    ) -> Self {
         let rank = transport.rank();
         Communicator {
             inner: Arc::new(Inner {
@@ -224,7 +239,9 @@ impl Communicator {
                 busy: AtomicBool::new(false),
                 shrinks: AtomicU32::new(0),
                 agreements: AtomicU32::new(0),
-                exec: Mutex::new(Vec::new()),
+                exec: Mutex::new(()),
+                scratch,
+                scratch_peak: AtomicUsize::new(0),
                 worker: Mutex::new(None),
                 outstanding: Outstanding::default(),
                 choices: Mutex::new(HashMap::new()),
@@ -407,7 +424,12 @@ impl Communicator {
         let topo = Topology::from_node_keys(&keys)
             .inherit_nic_map(&self.inner.topo, &members)
             .inherit_groups(&self.inner.topo, &members);
-        Ok(Some(Communicator::build(transport, topo, cfg)))
+        Ok(Some(self.child(transport, topo, cfg)))
+    }
+
+    /// A communicator over a subset of this one's ranks, sharing its scratch pool.
+    pub(super) fn child(&self, transport: Arc<dyn Transport>, topo: Topology, cfg: Config) -> Self {
+        Communicator::build_in(transport, topo, cfg, self.inner.scratch.clone())
     }
 }
 
@@ -546,20 +568,19 @@ impl Inner {
         corrupt: bool,
         piece: Option<usize>,
     ) -> Result<()> {
-        let mut scratch = lock(&self.exec);
+        let _one_plan = lock(&self.exec);
         // Only the scratch blocks the plan touches (the ring reduce-scatter: two).
         let call = Call {
             scratch: call.scratch.first(plan.scratch_blocks()),
             ..call
         };
         let words = (call.scratch.total() * std::mem::size_of::<T>()).div_ceil(8);
-        if scratch.len() < words {
-            scratch.resize(words, 0);
-        }
-        let s: &mut [T] = bytemuck::cast_slice_mut(&mut scratch[..words]);
+        self.scratch_peak.fetch_max(words * 8, Ordering::Relaxed);
+        let mut scratch = self.scratch.take(words);
+        let s: &mut [T] = bytemuck::cast_slice_mut(scratch.words(words));
         let s_len = s.len();
         // SAFETY: the front end guarantees input/output validity (see `run_blocking` and
-        // `submit`); the scratch slice is owned by the lock guard held for the whole call.
+        // `submit`); the scratch slice is borrowed from the pool for the whole call.
         let mem = unsafe {
             Memory::from_raw(
                 call.input,

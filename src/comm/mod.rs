@@ -19,3 +19,4 @@ mod device_run;
 mod nccl_level;
 pub mod progress;
 pub mod request;
+mod scratch_pool;

@@ -10,6 +10,7 @@ use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::plan::{Collective, Plan};
 use crate::transport::Transport;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 impl Communicator {
@@ -67,11 +68,19 @@ impl Communicator {
         self.inner.execute(&p.plan, call, seq, p.piece)
     }
 
-    /// Bytes of host scratch this rank's collectives have held at most (the executor's
-    /// working space for partial sums, kept between calls): what `pccl-bench --memory`
-    /// reports per rank.
+    /// Bytes of host scratch this communicator's collectives have needed at most (the
+    /// executor's working space for partial sums): what `pccl-bench --memory` reports per
+    /// rank. The space itself is kept between calls in a pool shared with the communicators
+    /// split from this one, and held once for calls that do not overlap.
     pub fn scratch_bytes(&self) -> usize {
-        lock(&self.inner.exec).len() * 8
+        self.inner.scratch_peak.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of host scratch kept between calls by the pool this communicator shares with
+    /// the communicators split from it (or it from them), counting only buffers no call is
+    /// using now: as large as the largest call's need when calls never overlapped.
+    pub fn scratch_pool_bytes(&self) -> usize {
+        self.inner.scratch.idle_bytes()
     }
 
     /// The error a collective queued on a device stream met while running, if any (NCCL's

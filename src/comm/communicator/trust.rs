@@ -124,7 +124,7 @@ impl Communicator {
         let topo = Topology::from_node_keys(&keys)
             .inherit_nic_map(&self.inner.topo, &members)
             .inherit_groups(&self.inner.topo, &members);
-        let child = Communicator::build(transport, topo, cfg);
+        let child = self.child(transport, topo, cfg);
         let mut all = vec![0u64; members.len()];
         child.all_gather(&[agreed], &mut all)?;
         if let Some(r) = all.iter().position(|&h| h != agreed) {
