@@ -160,7 +160,7 @@ def targets(all_runs, big=1 << 20, profile="profile from R and K alone"):
         "worst misses of the floor": sorted(worst_floor, reverse=True)[:8],
     }
     if pure_pts:
-        out["auto-pure (PCCL_TUNE_MARGIN=0: the model's fastest) within 10% of the best fixed "
+        out["auto-pure (PCCL_TUNE_MARGIN=0, PCCL_TUNE_OVERLAP_MARGIN=0: the model's fastest) within 10% of the best fixed "
             "algorithm"] = f"{pure_ok} of {pure_pts}"
     if online_pts:
         out["auto-online (PCCL_TUNE_ONLINE) within 10% of the best fixed algorithm"] = \

@@ -6,6 +6,7 @@
 //! | `PCCL_ALGO` | `auto`, `ring`, `rd`, `rdv` (whole-vector all-reduce; `rd` elsewhere), `hier-rd`, `hier-ring`, `hier-INTER-INTRA`, any hierarchy overlapped in K pieces as `HIER-pipeK` (`hier-rd-pipe8`, K ≤ 64), or per collective `allgather:hier-rd;reducescatter:ring` (a bare entry: the rest) | `auto` |
 //! | `PCCL_TUNE_ONLINE` | timed calls per candidate with which the first calls of each collective and size try the algorithms the model predicts within 1.5× of its best (at most 3) in turn, each for that many calls in a row after one that warms up, the ranks then keeping the fastest by the slowest rank's median; `on` = `8`, `0`/`off` keeps the model's choice. Choices then depend on timing: floating-point sums may round differently from run to run | `0` |
 //! | `PCCL_TUNE_MARGIN` | how much faster (a fraction) the model must predict a more involved plan than the simpler one it would replace, per step: each doubling of an overlapped hierarchy's pieces beyond two, recursive doubling inside the node instead of the ring; `0` takes the model's fastest as is (every rank must set the same) | `0` |
+//! | `PCCL_TUNE_OVERLAP_MARGIN` | how much faster (a fraction) the model must predict the best overlapped hierarchy (`…-pipeK`) than the best plain candidate for the tuner to take it; `0` with `PCCL_TUNE_MARGIN=0` takes the model's fastest as is (every rank must set the same) | `0.05` |
 //! | `PCCL_TUNE_FILE` | the tuner's machine profile (TOML, written by `pccl-tune`) | `$XDG_CONFIG_HOME/pccl/tune.toml` if present, else built in |
 //! | `PCCL_RANKS_PER_NODE` | pretend nodes of this many consecutive ranks | real hosts |
 //! | `PCCL_GROUP_SIZE` | ranks per group inside a node (the level of three-level algorithms) | GPUs under one PCI parent, else none |
@@ -93,6 +94,9 @@ pub struct Config {
     pub tune_online: usize,
     /// Near-tie margin of the tuner (`PCCL_TUNE_MARGIN`, [`crate::model::tuner::TIE_MARGIN`]).
     pub tune_margin: f64,
+    /// How far ahead of the plain candidates the model must put an overlapped hierarchy
+    /// (`PCCL_TUNE_OVERLAP_MARGIN`, [`crate::model::tuner::OVERLAP_MARGIN`]).
+    pub tune_overlap_margin: f64,
     /// NCCL for the intra-node level of device collectives.
     pub nccl: NcclMode,
     /// Device collectives on a transport that moves device memory hand it device pointers
@@ -124,6 +128,7 @@ impl Default for Config {
             model: CostParams::default(),
             tune_online: 0,
             tune_margin: crate::model::tuner::TIE_MARGIN,
+            tune_overlap_margin: crate::model::tuner::OVERLAP_MARGIN,
             nccl: NcclMode::Auto,
             device_direct: true,
             faults: Vec::new(),
@@ -139,6 +144,19 @@ fn var(name: &str) -> Option<String> {
         .ok()
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
+}
+
+/// A tuner margin: a fraction from 0 to 1; `hint` says what a value means.
+fn parse_margin(name: &str, v: &str, hint: &str) -> Result<f64> {
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|m| (0.0..=1.0).contains(m))
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "{name}={v}: expected a fraction from 0 to 1 ({hint})"
+            ))
+        })
 }
 
 fn parse_num<T: std::str::FromStr>(name: &str, v: &str) -> Result<T> {
@@ -306,17 +324,19 @@ impl Config {
             c.tune_online = parse_tune_online(&v)?;
         }
         if let Some(v) = var("PCCL_TUNE_MARGIN") {
-            c.tune_margin = v
-                .trim()
-                .parse::<f64>()
-                .ok()
-                .filter(|m| (0.0..=1.0).contains(m))
-                .ok_or_else(|| {
-                    Error::invalid(format!(
-                        "PCCL_TUNE_MARGIN={v}: expected a fraction from 0 to 1 (0.05: a more \
-                         involved plan must be predicted 5% faster per step)"
-                    ))
-                })?;
+            c.tune_margin = parse_margin(
+                "PCCL_TUNE_MARGIN",
+                &v,
+                "0.05: a more involved plan must be predicted 5% faster per step",
+            )?;
+        }
+        if let Some(v) = var("PCCL_TUNE_OVERLAP_MARGIN") {
+            c.tune_overlap_margin = parse_margin(
+                "PCCL_TUNE_OVERLAP_MARGIN",
+                &v,
+                "0.05: an overlapped hierarchy must be predicted 5% faster than the best plain \
+                 candidate; 1: never",
+            )?;
         }
         if let Some(v) = var("PCCL_NCCL") {
             c.nccl = match v.to_ascii_lowercase().as_str() {
@@ -360,6 +380,27 @@ mod tests {
         let e = parse_switch("PCCL_DEVICE_DIRECT", "2").unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
         assert!(e.message().contains("PCCL_DEVICE_DIRECT=2"), "{e}");
+    }
+
+    #[test]
+    fn tuner_margins_take_fractions_and_name_themselves_when_wrong() {
+        assert_eq!(
+            parse_margin("PCCL_TUNE_OVERLAP_MARGIN", " 0 ", "").unwrap(),
+            0.0
+        );
+        assert_eq!(parse_margin("PCCL_TUNE_MARGIN", "0.05", "").unwrap(), 0.05);
+        assert_eq!(
+            parse_margin("PCCL_TUNE_OVERLAP_MARGIN", "1", "").unwrap(),
+            1.0
+        );
+        for bad in ["-0.1", "1.5", "five", "NaN"] {
+            let e = parse_margin("PCCL_TUNE_OVERLAP_MARGIN", bad, "hint").unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
+            assert!(e.message().contains("PCCL_TUNE_OVERLAP_MARGIN="), "{e}");
+            assert!(e.message().contains("hint"), "{e}");
+        }
+        let d = Config::default();
+        assert_eq!(d.tune_overlap_margin, crate::model::tuner::OVERLAP_MARGIN);
     }
 
     #[test]

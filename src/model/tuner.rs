@@ -141,13 +141,26 @@ pub fn choose_with(
 }
 
 /// [`choose_with`] with the near-tie margin `margin` (`PCCL_TUNE_MARGIN`; 0: the pure
-/// model). Every rank must use the same margin.
+/// model) and the default [`OVERLAP_MARGIN`]. Every rank must use the same margins.
 pub fn choose_with_margin(
     coll: Collective,
     topo: &Topology,
     block_bytes: usize,
     prof: &Profile,
     margin: f64,
+) -> Result<(Choice, Vec<(Algorithm, f64)>)> {
+    choose_with_margins(coll, topo, block_bytes, prof, margin, OVERLAP_MARGIN)
+}
+
+/// [`choose_with_margin`] with the overlapped hierarchies' margin `overlap`
+/// (`PCCL_TUNE_OVERLAP_MARGIN`; 0 with `margin` 0: the model's fastest as is).
+pub fn choose_with_margins(
+    coll: Collective,
+    topo: &Topology,
+    block_bytes: usize,
+    prof: &Profile,
+    margin: f64,
+    overlap: f64,
 ) -> Result<(Choice, Vec<(Algorithm, f64)>)> {
     let mut scored = Vec::new();
     let mut cands = candidates(topo);
@@ -180,7 +193,7 @@ pub fn choose_with_margin(
             scored.extend(best);
         }
     }
-    let (algo, seconds) = pick(&scored, margin);
+    let (algo, seconds) = pick_with(&scored, margin, overlap);
     let piece_bytes = best_piece(coll, algo, topo, block_bytes, prof, seconds)?;
     Ok((
         Choice {
@@ -192,11 +205,17 @@ pub fn choose_with_margin(
     ))
 }
 
-/// The fastest of `scored` as weighed under `margin` ([`weighed`]), where an overlapped
-/// hierarchy must also beat the fastest plain candidate by [`OVERLAP_MARGIN`]. Ties (equal
-/// to the last bit) go to the first candidate: the same on every rank. Returns the chosen
-/// algorithm with its predicted (unweighed) seconds.
+/// [`pick_with`] with the default [`OVERLAP_MARGIN`].
+#[cfg(test)]
 fn pick(scored: &[(Algorithm, f64)], margin: f64) -> (Algorithm, f64) {
+    pick_with(scored, margin, OVERLAP_MARGIN)
+}
+
+/// The fastest of `scored` as weighed under `margin` ([`weighed`]), where an overlapped
+/// hierarchy must also beat the fastest plain candidate by `overlap` ([`OVERLAP_MARGIN`]).
+/// Ties (equal to the last bit) go to the first candidate: the same on every rank. Returns
+/// the chosen algorithm with its predicted (unweighed) seconds.
+fn pick_with(scored: &[(Algorithm, f64)], margin: f64, overlap: f64) -> (Algorithm, f64) {
     let w = |x: &(Algorithm, f64)| weighed(x.0, x.1, margin);
     let fastest = |overlapped: bool| {
         scored
@@ -206,7 +225,7 @@ fn pick(scored: &[(Algorithm, f64)], margin: f64) -> (Algorithm, f64) {
             .min_by(|x, y| w(x).total_cmp(&w(y)))
     };
     match (fastest(false), fastest(true)) {
-        (Some(plain), Some(over)) if w(&over) >= w(&plain) * (1.0 - OVERLAP_MARGIN) => plain,
+        (Some(plain), Some(over)) if w(&over) >= w(&plain) * (1.0 - overlap) => plain,
         (plain, over) => over
             .into_iter()
             .chain(plain)
@@ -506,6 +525,11 @@ mod tests {
         let ring = Algorithm::Flat(LevelAlgo::Ring);
         // 2% ahead of the best plain one: within the model's error, the plain one is taken.
         assert_eq!(pick(&[(ring, 1.1), (hier, 1.0), (pipe, 0.98)], 0.0).0, hier);
+        // Unless the overlap margin is off (PCCL_TUNE_OVERLAP_MARGIN=0), or below the lead.
+        let near = [(ring, 1.1), (hier, 1.0), (pipe, 0.98)];
+        assert_eq!(pick_with(&near, 0.0, 0.0).0, pipe);
+        assert_eq!(pick_with(&near, 0.0, 0.01).0, pipe);
+        assert_eq!(pick_with(&near, 0.0, 1.0).0, hier);
         // 20% ahead: taken.
         assert_eq!(
             pick(&[(ring, 1.1), (hier, 1.0), (pipe, 0.8)], 0.0),

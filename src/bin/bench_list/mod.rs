@@ -73,7 +73,7 @@ pub fn settle(
 }
 
 /// Communicators over `comm`'s ranks, one per algorithm of `algos` (`auto`: the tuner's;
-/// `auto-pure`: the tuner's without its near-tie margin; `auto-online`: the tuner's with its
+/// `auto-pure`: the model's fastest, without the tuner's margins; `auto-online`: the tuner's with its
 /// online trials); `None` for `mpi` (MPI's own).
 pub fn split_per_algo(
     comm: &Communicator,
@@ -95,9 +95,10 @@ pub fn split_per_algo(
         cfg.algo = if a == "auto" {
             None
         } else if a == "auto-pure" {
-            // The model's fastest as is, no near-tie margin (PCCL_TUNE_MARGIN=0, the
-            // default: the same as `auto` unless that variable is set).
+            // The model's fastest as is: no near-tie margin (PCCL_TUNE_MARGIN=0, the
+            // default) and no overlap margin (PCCL_TUNE_OVERLAP_MARGIN=0; default 0.05).
             cfg.tune_margin = 0.0;
+            cfg.tune_overlap_margin = 0.0;
             None
         } else if a == "auto-online" {
             online(&mut cfg);

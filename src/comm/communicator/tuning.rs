@@ -98,8 +98,14 @@ impl Inner {
             return Ok(());
         }
         let prof = &self.cfg.profile;
-        let (choice, scored) =
-            tuner::choose_with_margin(coll, &self.topo, block_bytes, prof, self.cfg.tune_margin)?;
+        let (choice, scored) = tuner::choose_with_margins(
+            coll,
+            &self.topo,
+            block_bytes,
+            prof,
+            self.cfg.tune_margin,
+            self.cfg.tune_overlap_margin,
+        )?;
         // Raw tuned pieces: `plan` applies an explicit PCCL_CHUNK_SIZE over them.
         let best: Tuned = (choice.algo, Some(choice.piece_bytes));
         let mut cands = vec![best];
@@ -122,7 +128,7 @@ impl Inner {
             let margin = if fastest < choice.seconds {
                 format!(
                     "; an overlapped hierarchy is taken only {:.0}% ahead of the plain candidates",
-                    tuner::OVERLAP_MARGIN * 100.0
+                    self.cfg.tune_overlap_margin * 100.0
                 )
             } else {
                 String::new()
