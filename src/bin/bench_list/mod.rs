@@ -73,8 +73,8 @@ pub fn settle(
 }
 
 /// Communicators over `comm`'s ranks, one per algorithm of `algos` (`auto`: the tuner's;
-/// `auto-pure`: the model's fastest, without the tuner's margins; `auto-online`: the tuner's with its
-/// online trials); `None` for `mpi` (MPI's own).
+/// `auto-pure`: the model's fastest, without the tuner's margins; `auto-online`: the
+/// tuner's with its online trials); `None` for `mpi` (MPI's own).
 pub fn split_per_algo(
     comm: &Communicator,
     algos: &[String],
