@@ -108,59 +108,31 @@ mod tests {
         }
     }
 
+    fn send(peer: usize, src: Vec<Span>) -> Step {
+        Step::Send { peer, src }
+    }
+
+    fn recv(peer: usize, dst: Vec<Span>) -> Step {
+        Step::Recv { peer, dst }
+    }
+
     #[test]
     fn a_block_done_with_gives_its_slot_to_a_later_one() {
         // Block 6 lives in phases 0-1, block 7 in 1-2, block 3 in 2-3: 6 and 3 share a slot.
         let mut pl = plan_of(
             vec![
-                Phase::of(vec![Step::Recv {
-                    peer: 1,
-                    dst: vec![scr(6, 1)],
-                }]),
-                Phase::of(vec![
-                    Step::Send {
-                        peer: 1,
-                        src: vec![scr(6, 1)],
-                    },
-                    Step::Recv {
-                        peer: 2,
-                        dst: vec![scr(7, 1)],
-                    },
-                ]),
-                Phase::of(vec![
-                    Step::Send {
-                        peer: 2,
-                        src: vec![scr(7, 1)],
-                    },
-                    Step::Recv {
-                        peer: 3,
-                        dst: vec![scr(3, 1)],
-                    },
-                ]),
-                Phase::of(vec![Step::Send {
-                    peer: 3,
-                    src: vec![scr(3, 1)],
-                }]),
+                Phase::of(vec![recv(1, vec![scr(6, 1)])]),
+                Phase::of(vec![send(1, vec![scr(6, 1)]), recv(2, vec![scr(7, 1)])]),
+                Phase::of(vec![send(2, vec![scr(7, 1)]), recv(3, vec![scr(3, 1)])]),
+                Phase::of(vec![send(3, vec![scr(3, 1)])]),
             ],
             1,
         );
         assert_eq!(pl.scratch_blocks(), 8);
         pack(&mut pl);
         assert_eq!(pl.scratch_blocks(), 2);
-        assert_eq!(
-            pl.phases[2].steps[1],
-            Step::Recv {
-                peer: 3,
-                dst: vec![scr(0, 1)]
-            }
-        );
-        assert_eq!(
-            pl.phases[2].steps[0],
-            Step::Send {
-                peer: 2,
-                src: vec![scr(1, 1)]
-            }
-        );
+        assert_eq!(pl.phases[2].steps[1], recv(3, vec![scr(0, 1)]));
+        assert_eq!(pl.phases[2].steps[0], send(2, vec![scr(1, 1)]));
     }
 
     #[test]
@@ -169,25 +141,13 @@ mod tests {
         // block 2 from phase 1, both alive together in phase 1.
         let mut pl = plan_of(
             vec![
-                Phase::of(vec![Step::Recv {
-                    peer: 1,
-                    dst: vec![scr(6, 2)],
-                }]),
-                Phase::of(vec![Step::Send {
-                    peer: 1,
-                    src: vec![scr(4, 4)],
-                }]),
+                Phase::of(vec![recv(1, vec![scr(6, 2)])]),
+                Phase::of(vec![send(1, vec![scr(4, 4)])]),
             ],
             2,
         );
         pack(&mut pl);
         assert_eq!(pl.scratch_blocks(), 2);
-        assert_eq!(
-            pl.phases[1].steps[0],
-            Step::Send {
-                peer: 1,
-                src: vec![scr(2, 2), scr(0, 2)]
-            }
-        );
+        assert_eq!(pl.phases[1].steps[0], send(1, vec![scr(2, 2), scr(0, 2)]));
     }
 }
