@@ -718,3 +718,50 @@ fn overlapped_three_level_hierarchy_is_correct_for_awkward_shapes_and_piece_coun
     );
     assert_eq!(ps[0].algorithm, "hier-rd-pipe4".parse().unwrap());
 }
+
+/// A hierarchical all-reduce's blocks are numbered by level (`plan::relabel`), so on a power
+/// of two of nodes every message is one run of consecutive blocks (or pieces): nothing for
+/// the transport to pack at the sender and scatter at the receiver. Before: 8×2 `hier-rd`
+/// sent 8, 4 and 2 blocks strided by 2; the pipelined forms one piece in 4.
+#[test]
+fn hierarchical_all_reduce_sends_every_message_as_one_run() {
+    use pccl::plan::Step;
+    let coll = Collective::AllReduce { average: false };
+    for (n, m, g) in [
+        (2, 2, 1),
+        (4, 4, 1),
+        (8, 2, 1),
+        (2, 8, 1),
+        (4, 3, 1),
+        (4, 8, 2),
+        (2, 8, 4),
+    ] {
+        let topo = Topology::uniform(n * m, m).with_groups(g);
+        let mut algos = vec![
+            "hier-rd",
+            "hier-ring",
+            "hier-ring-rd",
+            "hier-rd-pipe4",
+            "hier-ring-pipe4",
+        ];
+        if g > 1 {
+            algos.extend(["hier3-rd", "hier3-ring-pipe4"]);
+        }
+        for algo in algos {
+            for (r, pl) in plans(coll, algo.parse().unwrap(), &topo).iter().enumerate() {
+                for step in pl.phases.iter().flat_map(|ph| &ph.steps) {
+                    let list = match step {
+                        Step::Send { src, .. } => src,
+                        Step::Recv { dst, .. } | Step::RecvReduce { dst, .. } => dst,
+                        _ => continue,
+                    };
+                    assert_eq!(
+                        list.len(),
+                        1,
+                        "{n}x{m} (groups of {g}) {algo} rank {r}: {step:?}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -23,6 +23,7 @@ pub mod halving;
 pub mod hierarchical;
 pub mod overlap;
 pub mod recursive;
+pub mod relabel;
 pub mod ring;
 pub mod rooted;
 pub mod scratch;
@@ -392,6 +393,12 @@ pub fn build_for(
                 ph.push(Phase::of(vec![Step::Average { dst: vec![mine] }]));
             }
             ph.extend(allgather_in_output(algorithm, topo, rank));
+            let three = matches!(algorithm, Algorithm::Deep { .. });
+            if !matches!(algorithm, Algorithm::Flat(_)) {
+                if let Some(map) = relabel::level_major(topo, three) {
+                    relabel::relabel(&mut ph, algorithm.pieces(), &map);
+                }
+            }
             ph
         }
     };
