@@ -243,20 +243,8 @@ pub trait Transport: Send + Sync {
         segs: &[(*const u8, usize)],
         piece: Option<usize>,
     ) -> Result<Box<dyn SendOp>> {
-        let len: usize = segs.iter().map(|s| s.1).sum();
-        let mut packed = Staging::take(len);
-        let dst = packed.bytes_mut();
-        let mut at = 0;
-        for &(p, n) in segs.iter().filter(|s| s.1 > 0) {
-            // SAFETY: the caller guarantees `n` readable bytes at `p`.
-            dst[at..at + n].copy_from_slice(unsafe { std::slice::from_raw_parts(p, n) });
-            at += n;
-        }
-        let ptr = dst.as_ptr();
-        // SAFETY: `packed` moves into the returned op (its heap block never moves) and is
-        // released only after the inner op, which is waited for (or dropped) first.
-        let op = unsafe { self.isend_pieces(peer, tag, ptr, len, piece) }?;
-        Ok(Box::new(PackedSend { op, _buf: packed }))
+        // SAFETY: forwarded from the caller.
+        unsafe { packed_isendv(self, peer, tag, segs, piece) }
     }
 
     /// Receives the next message from `peer` (exactly the segments' total length, sent with
@@ -346,6 +334,34 @@ pub trait Transport: Send + Sync {
     /// the new rank order; this rank among them). `ctx` is a key every member computed the
     /// same way and no other live sub-communicator of the same parent shares.
     fn subset(&self, members: &[usize], ctx: u64) -> Result<Arc<dyn Transport>>;
+}
+
+/// [`Transport::isendv`]'s default: the segments packed into a reused staging buffer (held
+/// by the returned op), sent as one contiguous message.
+///
+/// # Safety
+/// As [`Transport::isendv`].
+pub(crate) unsafe fn packed_isendv<T: Transport + ?Sized>(
+    tr: &T,
+    peer: usize,
+    tag: Tag,
+    segs: &[(*const u8, usize)],
+    piece: Option<usize>,
+) -> Result<Box<dyn SendOp>> {
+    let len: usize = segs.iter().map(|s| s.1).sum();
+    let mut packed = Staging::take(len);
+    let dst = packed.bytes_mut();
+    let mut at = 0;
+    for &(p, n) in segs.iter().filter(|s| s.1 > 0) {
+        // SAFETY: the caller guarantees `n` readable bytes at `p`.
+        dst[at..at + n].copy_from_slice(unsafe { std::slice::from_raw_parts(p, n) });
+        at += n;
+    }
+    let ptr = dst.as_ptr();
+    // SAFETY: `packed` moves into the returned op (its heap block never moves) and is
+    // released only after the inner op, which is waited for (or dropped) first.
+    let op = unsafe { tr.isend_pieces(peer, tag, ptr, len, piece) }?;
+    Ok(Box::new(PackedSend { op, _buf: packed }))
 }
 
 /// A send through a packed staging buffer ([`Transport::isendv`]'s default): the buffer is

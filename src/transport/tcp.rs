@@ -628,6 +628,37 @@ impl Transport for TcpTransport {
         unsafe { writer::post(self.link(peer)?, tag, ptr, len) }
     }
 
+    /// A large strided message goes from where its segments lie (the writer walks them); a
+    /// small one is packed (a copy of at most 64 KiB, 512 KiB to a same-host peer, costs less
+    /// than the hand-off to the writer thread that the poster's own write avoids), and so is
+    /// one of runs shorter than 32 KiB on average (one write step per run).
+    unsafe fn isendv(
+        &self,
+        peer: usize,
+        tag: Tag,
+        segs: &[(*const u8, usize)],
+        piece: Option<usize>,
+    ) -> Result<Box<dyn SendOp>> {
+        let link = self.link(peer)?;
+        let len: usize = segs.iter().map(|s| s.1).sum();
+        let runs = segs.iter().filter(|s| s.1 > 0).count();
+        if runs <= 1 {
+            let (ptr, n) = segs
+                .iter()
+                .copied()
+                .find(|s| s.1 > 0)
+                .unwrap_or((std::ptr::null(), 0));
+            // SAFETY: forwarded from the caller (one segment: a contiguous message).
+            return unsafe { self.isend_pieces(peer, tag, ptr, n, piece) };
+        }
+        if writer::packs(link, len, runs) {
+            // SAFETY: forwarded from the caller.
+            return unsafe { super::packed_isendv(self, peer, tag, segs, piece) };
+        }
+        // SAFETY: forwarded from the caller (every segment outlives the op's wait).
+        unsafe { writer::post_parts(link, tag, segs) }
+    }
+
     fn recv(
         &self,
         peer: usize,

@@ -6,21 +6,24 @@
 //! even rank sends and the odd rank receives, then the roles swap, in three forms: vectored to
 //! vectored with the receiver's segments cut differently, vectored to contiguous, contiguous
 //! to vectored (the wire contract: a vectored message is byte for byte the packed one).
-//! Layouts hold zero-length segments, one-byte ones and segments straddling piece
-//! boundaries. Then a vectored message 5 bytes longer than its receive is an error on the
+//! Layouts hold zero-length segments, one-byte ones, segments straddling piece
+//! boundaries, and runs larger than a TCP writer's step and a ring slot (which the TCP
+//! transport sends from the segments, unpacked). Then a vectored message 5 bytes longer than its receive is an error on the
 //! receiver (never success, never a hang), and the pair's next message is still exact.
 
 use pccl::transport::{faults, Transport};
 use std::time::{Duration, Instant};
 
 /// Segment lengths of the layouts exchanged (their sums are the message lengths).
-const LAYOUTS: [&[usize]; 6] = [
+const LAYOUTS: [&[usize]; 7] = [
     &[0],
     &[0, 0, 0],
     &[1],
     &[70_000, 0, 3, 1, 200_000, 0, 65_536],
     &[131_072, 131_072],
     &[5, 262_139, 17, 0, 300_000],
+    // Larger than a TCP writer's 1 MiB step and a ring's slot: sent from the segments.
+    &[1_048_576, 3, 1_048_583, 0, 600_000],
 ];
 
 /// The byte at offset `i` of message `k` from rank `r`.

@@ -56,7 +56,10 @@ enum Phase {
 /// One posted send.
 pub(super) struct SendJob {
     tag: Tag,
-    ptr: usize,
+    /// The caller's memory: `(address, bytes)` runs sent one after the other as one message
+    /// (a vectored send's segments, written from where they lie: nothing packed).
+    parts: Vec<(usize, usize)>,
+    /// The message's length (the runs' total).
     len: usize,
     /// Bytes of the frame already written (by the poster, see [`direct`]).
     start: usize,
@@ -100,17 +103,24 @@ impl SendJob {
         }
     }
 
-    /// The caller's memory as a slice.
+    /// The caller's bytes from message offset `off` to the end of the run holding it, at
+    /// most `max` of them (empty at the end of the message).
     ///
     /// # Safety
     /// Only while the job is `Writing` (the `isend` contract keeps the memory valid until
     /// the waiter returned, which it does only once the job is released or done).
-    unsafe fn bytes(&self) -> &[u8] {
-        if self.len == 0 {
-            return &[];
+    unsafe fn bytes_at(&self, off: usize, max: usize) -> &[u8] {
+        let mut at = off;
+        for &(ptr, n) in &self.parts {
+            if at < n {
+                // SAFETY: as the caller guarantees: `n` valid bytes at `ptr`, `at < n`.
+                return unsafe {
+                    std::slice::from_raw_parts((ptr + at) as *const u8, (n - at).min(max))
+                };
+            }
+            at -= n;
         }
-        // SAFETY: as the caller guarantees.
-        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+        &[]
     }
 }
 
@@ -187,11 +197,62 @@ pub(super) unsafe fn post(
         }
         None => None,
     };
+    enqueue(link, tag, vec![(ptr as usize, len)], len)
+}
+
+/// The shortest average run a vectored message is written from unpacked: the writer takes
+/// one run per write step, and a copy of a few KiB costs less than a system call.
+const MIN_RUN: usize = 32 * 1024;
+
+/// Whether a vectored message of `len` bytes in `runs` non-empty runs to `link` is better
+/// packed first: one small enough for the poster to write itself (a socket's
+/// [`DIRECT_BYTES`], a ring slot), or one of short runs ([`MIN_RUN`]).
+pub(super) fn packs(link: &Link, len: usize, runs: usize) -> bool {
+    len <= DIRECT_BYTES || (link.ring_out.is_some() && len <= SLOT_BYTES) || len < MIN_RUN * runs
+}
+
+/// Queues a send of the runs `parts` (`(pointer, bytes)`, in order) as one message on
+/// `link`'s writer, which writes each run from where it lies: a strided message without
+/// the copy that packing it would cost (and, to a same-host peer, into the ring directly).
+///
+/// # Safety
+/// As [`post`], for every run.
+pub(super) unsafe fn post_parts(
+    link: &Arc<Link>,
+    tag: Tag,
+    parts: &[(*const u8, usize)],
+) -> Result<Box<dyn SendOp>> {
+    link.touch();
+    link.faults.check(tag, link.peer)?;
+    if link.silenced() {
+        return Ok(Box::new(Sent));
+    }
+    if link.broken() || link.left() {
+        return Err(link.closed_error(tag));
+    }
+    let len = parts.iter().map(|p| p.1).sum();
+    let parts = parts
+        .iter()
+        .filter(|p| p.1 > 0)
+        .map(|&(p, n)| (p as usize, n))
+        .collect();
+    // A ring's messages are queued under its producer lock (see `post`).
+    let _producer = link.ring_out.as_ref().map(|_| lock(&link.ring_tx));
+    enqueue(link, tag, parts, len)
+}
+
+/// Hands a send job to `link`'s writer thread (the caller holds a ring's producer lock).
+fn enqueue(
+    link: &Arc<Link>,
+    tag: Tag,
+    parts: Vec<(usize, usize)>,
+    len: usize,
+) -> Result<Box<dyn SendOp>> {
     // Counted before it is queued (a ring's under its lock): a later poster sees it.
     link.queued.fetch_add(1, Ordering::AcqRel);
     let job = Arc::new(SendJob {
         tag,
-        ptr: ptr as usize,
+        parts,
         len,
         start: 0,
         phase: Mutex::new(Phase::Queued),
@@ -257,7 +318,7 @@ unsafe fn direct(
         // The writer thread writes the rest of the frame before anything else.
         let job = Arc::new(SendJob {
             tag,
-            ptr: ptr as usize,
+            parts: vec![(ptr as usize, len)],
             len,
             start: n,
             phase: Mutex::new(if body_done {
@@ -620,8 +681,7 @@ fn write_data(s: &mut TcpStream, link: &Link, j: &SendJob) -> std::io::Result<()
         } else {
             // SAFETY: the job is `Writing` (not given up: checked just above, and only this
             // thread releases it), so the caller's memory is valid.
-            let all = unsafe { j.bytes() };
-            &all[b..(b + PIECE).min(j.len)]
+            unsafe { j.bytes_at(b, PIECE) }
         };
         let mut parts: [IoSlice<'_>; 3] = [IoSlice::new(&[]); 3];
         let mut k = 0;
@@ -709,10 +769,10 @@ fn push(ring: &Ring, link: &Link, j: &SendJob) {
             Some(false) => break,
             Some(true) => {}
         }
-        let n = SLOT_BYTES.min(j.len - off);
         // SAFETY: the job is `Writing` (`cancelled` said no, and only this thread releases
         // it), so the caller's memory is valid.
-        let piece = unsafe { &j.bytes()[off..off + n] };
+        let piece = unsafe { j.bytes_at(off, SLOT_BYTES) };
+        let n = piece.len();
         let head = SlotHead {
             tag: j.tag,
             len: j.len as u64,

@@ -5,7 +5,7 @@
 use super::link::{lock, Link};
 use super::monitor::Bell;
 use super::wire::{self, Header, Kind, HEADER, TRAILER, TRAILER_ABANDONED, TRAILER_OK};
-use super::writer::{self, post, Job};
+use super::writer::{self, post, post_parts, Job};
 use crate::transport::faults::{stamp, Faults};
 use crate::transport::SendOp;
 use std::io::Read;
@@ -234,5 +234,86 @@ fn a_small_message_posted_after_a_queued_notice_is_not_written_before_it() {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(link.queued.load(Ordering::Acquire), 0, "both counted off");
+    close(link, h);
+}
+
+/// Segments of the given lengths, each its own allocation, and their bytes laid end to end.
+fn segments(lens: &[usize]) -> (Vec<Vec<u8>>, Vec<u8>) {
+    let segs: Vec<Vec<u8>> = lens
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| pattern(n, k as u8 * 17 + 3))
+        .collect();
+    let whole = segs.concat();
+    (segs, whole)
+}
+
+fn send_parts(link: &Arc<Link>, tag: u64, segs: &[Vec<u8>]) -> Box<dyn SendOp> {
+    let parts: Vec<(*const u8, usize)> = segs.iter().map(|s| (s.as_ptr(), s.len())).collect();
+    // SAFETY: every caller keeps `segs` alive and unchanged until the op's wait returned.
+    unsafe { post_parts(link, tag, &parts) }.unwrap()
+}
+
+#[test]
+fn a_vectored_message_is_written_from_its_segments_as_one_frame() {
+    let (link, mut b, h) = small_link();
+    // Runs longer than the writer's 1 MiB step, a one-byte run, an empty one.
+    let (segs, whole) = segments(&[700_000, 1, 1_500_000, 0, 300_000]);
+    let op = send_parts(&link, stamp(1, 0), &segs);
+    let reader = std::thread::spawn(move || {
+        let f = read_frame(&mut b);
+        (f, b)
+    });
+    op.wait(Instant::now() + Duration::from_secs(10)).unwrap();
+    let ((tag, body, trailer), mut b) = reader.join().unwrap();
+    assert_eq!((tag, trailer), (stamp(1, 0), TRAILER_OK));
+    assert_eq!(body.len(), whole.len());
+    if let Some(i) = body.iter().zip(&whole).position(|(a, b)| a != b) {
+        panic!("byte {i}: {} (want {})", body[i], whole[i]);
+    }
+    let next = pattern(500, 9);
+    let op2 = send(&link, stamp(2, 0), &next);
+    op2.wait(Instant::now() + Duration::from_secs(5)).unwrap();
+    expect_frame(&mut b, stamp(2, 0), &next);
+    close(link, h);
+}
+
+#[test]
+fn a_vectored_message_given_up_midway_is_padded_and_the_stream_stays_framed() {
+    let (link, mut b, h) = small_link();
+    let (segs, whole) = segments(&[300_000, 5, 400_000]);
+    let op = send_parts(&link, stamp(1, 0), &segs);
+    // The writer has begun the frame (its header arrived; a job still queued would simply
+    // be dropped), then nobody reads and the deadline has passed: the wait gives it up and
+    // returns once the writer no longer touches the segments.
+    let mut head = [0u8; HEADER];
+    b.read_exact(&mut head).unwrap();
+    let hd = Header::decode(&head).expect("a frame header");
+    assert_eq!((hd.tag, hd.len as usize), (stamp(1, 0), whole.len()));
+    let t0 = Instant::now();
+    let e = op.wait(Instant::now()).unwrap_err();
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert!(e.to_string().contains("rank 1"), "names the peer: {e}");
+    drop(segs); // the writer must pad from zeros now
+    let next = pattern(500, 6);
+    let op2 = send(&link, stamp(2, 0), &next);
+    let mut body = vec![0u8; whole.len()];
+    b.read_exact(&mut body).unwrap();
+    let mut t = [0u8; TRAILER];
+    b.read_exact(&mut t).unwrap();
+    let sent = body.iter().zip(&whole).take_while(|(a, b)| a == b).count();
+    assert!(
+        body[sent..].iter().all(|&x| x == 0),
+        "padding after byte {sent}"
+    );
+    // Given up before the socket took it all (small buffers): marked abandoned.
+    assert_eq!(
+        u64::from_le_bytes(t),
+        TRAILER_ABANDONED,
+        "{sent} of {} bytes sent",
+        whole.len()
+    );
+    op2.wait(Instant::now() + Duration::from_secs(5)).unwrap();
+    expect_frame(&mut b, stamp(2, 0), &next);
     close(link, h);
 }
