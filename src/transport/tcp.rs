@@ -671,6 +671,28 @@ impl Transport for TcpTransport {
             .recv(tag, len, deadline, Target::Sink(sink, self.chunk))
     }
 
+    /// Reads the message straight into the segments (one scattered read per step, no copy
+    /// out of a staging piece); the wire is as for any receive.
+    unsafe fn recvv_into(
+        &self,
+        peer: usize,
+        tag: Tag,
+        segs: &[(*mut u8, usize)],
+        _piece: Option<usize>,
+        deadline: Instant,
+    ) -> Result<()> {
+        let len = segs.iter().map(|s| s.1).sum();
+        let mut parts: Vec<&mut [u8]> = segs
+            .iter()
+            .filter(|s| s.1 > 0)
+            // SAFETY: the caller guarantees `n` writable bytes at `p` that nothing else
+            // touches during the call, and segments that do not overlap.
+            .map(|&(p, n)| unsafe { std::slice::from_raw_parts_mut(p, n) })
+            .collect();
+        self.link(peer)?
+            .recv(tag, len, deadline, Target::Scatter(&mut parts))
+    }
+
     fn expect(&self, peer: usize, tag: Tag, len: usize) {
         if let Ok(l) = self.link(peer) {
             l.expect(tag, len);

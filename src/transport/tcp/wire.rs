@@ -218,3 +218,56 @@ pub fn rest<'a>(a: &'a mut [u8], b: &'a mut [u8], done: usize) -> [IoSliceMut<'a
         [IoSliceMut::new(&mut b[k..]), IoSliceMut::new(&mut [])]
     }
 }
+
+/// The part of `segs[0] ++ segs[1] ++ … ++ tail` from byte `done` on, as slices (the
+/// scattered form of [`rest`]; at most [`MAX_IOV`] of them, the rest left to the next read).
+pub fn rest_segs<'a>(
+    segs: &'a mut [&mut [u8]],
+    tail: &'a mut [u8],
+    done: usize,
+) -> Vec<IoSliceMut<'a>> {
+    let mut out = Vec::new();
+    let mut skip = done;
+    for s in segs.iter_mut() {
+        if out.len() == MAX_IOV - 1 {
+            return out;
+        }
+        if skip >= s.len() {
+            skip -= s.len();
+            continue;
+        }
+        out.push(IoSliceMut::new(&mut s[skip..]));
+        skip = 0;
+    }
+    let k = skip.min(tail.len());
+    out.push(IoSliceMut::new(&mut tail[k..]));
+    out
+}
+
+/// The most slices one scattered read is given (Linux's `IOV_MAX` is 1024).
+pub const MAX_IOV: usize = 64;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lens(v: &[IoSliceMut<'_>]) -> Vec<usize> {
+        v.iter().map(|s| s.len()).collect()
+    }
+
+    #[test]
+    fn the_rest_of_scattered_segments_starts_at_the_byte_reached() {
+        let (mut a, mut b, mut c, mut t) = (vec![0u8; 5], vec![0u8; 0], vec![0u8; 7], [0u8; 8]);
+        let mut segs: Vec<&mut [u8]> = vec![&mut a, &mut b, &mut c];
+        assert_eq!(lens(&rest_segs(&mut segs, &mut t, 0)), vec![5, 7, 8]);
+        assert_eq!(lens(&rest_segs(&mut segs, &mut t, 3)), vec![2, 7, 8]);
+        assert_eq!(lens(&rest_segs(&mut segs, &mut t, 5)), vec![7, 8]);
+        assert_eq!(lens(&rest_segs(&mut segs, &mut t, 14)), vec![6]);
+        assert_eq!(lens(&rest_segs(&mut segs, &mut t, 20)), vec![0]);
+        // More segments than one read takes: the first MAX_IOV - 1, the rest next time.
+        let mut many: Vec<Vec<u8>> = (0..100).map(|_| vec![0u8; 2]).collect();
+        let mut refs: Vec<&mut [u8]> = many.iter_mut().map(|v| v.as_mut_slice()).collect();
+        assert_eq!(rest_segs(&mut refs, &mut t, 0).len(), MAX_IOV - 1);
+        assert_eq!(lens(&rest_segs(&mut refs, &mut t, 198)), vec![2, 8]);
+    }
+}

@@ -45,6 +45,8 @@ impl From<Error> for Stop {
 pub(super) enum Target<'a> {
     /// Straight into this memory (exactly the message's length).
     Into(&'a mut [u8]),
+    /// Straight into these segments, in order (their lengths add up to the message's).
+    Scatter(&'a mut [&'a mut [u8]]),
     /// To this sink, in pieces of at most the given length.
     Sink(&'a mut dyn FnMut(usize, &[u8]), usize),
 }
@@ -159,12 +161,32 @@ impl Drop for WakeMonitor<'_> {
 fn deliver(target: Target<'_>, payload: &[u8]) {
     match target {
         Target::Into(dst) => dst.copy_from_slice(payload),
+        Target::Scatter(segs) => scatter_at(segs, 0, payload),
         Target::Sink(sink, chunk) => {
             let chunk = chunk.max(4096);
             for (i, piece) in payload.chunks(chunk).enumerate() {
                 sink(i * chunk, piece);
             }
         }
+    }
+}
+
+/// Copies `bytes`, message bytes from offset `at` on, into the segments laid end to end
+/// (what lies beyond their total is dropped).
+fn scatter_at(segs: &mut [&mut [u8]], at: usize, mut bytes: &[u8]) {
+    let mut skip = at;
+    for s in segs.iter_mut() {
+        if bytes.is_empty() {
+            return;
+        }
+        if skip >= s.len() {
+            skip -= s.len();
+            continue;
+        }
+        let n = (s.len() - skip).min(bytes.len());
+        s[skip..skip + n].copy_from_slice(&bytes[..n]);
+        bytes = &bytes[n..];
+        skip = 0;
     }
 }
 
@@ -532,5 +554,22 @@ impl Pace {
         }
         self.last = Instant::now();
         true
+    }
+}
+
+#[cfg(test)]
+mod scatter_tests {
+    use super::scatter_at;
+
+    #[test]
+    fn scattered_bytes_land_at_their_message_offset_across_segments() {
+        let (mut a, mut b, mut c) = (vec![0u8; 3], vec![0u8; 0], vec![0u8; 4]);
+        {
+            let mut segs: Vec<&mut [u8]> = vec![&mut a, &mut b, &mut c];
+            scatter_at(&mut segs, 2, &[1, 2, 3]);
+            scatter_at(&mut segs, 5, &[4, 5, 6, 7]); // one byte past the end is dropped
+        }
+        assert_eq!(a, vec![0, 0, 1]);
+        assert_eq!(c, vec![2, 3, 4, 5]);
     }
 }

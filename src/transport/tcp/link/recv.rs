@@ -3,7 +3,7 @@
 //! with the board checked while it waits.
 
 use super::super::wire::{self, TRAILER, TRAILER_OK};
-use super::{deliver, lock, superseded, Inbox, Link, Pace, Stop, Target, WakeMonitor};
+use super::{deliver, lock, scatter_at, superseded, Inbox, Link, Pace, Stop, Target, WakeMonitor};
 use crate::error::{Error, Result};
 use crate::transport::faults::{self, Tag};
 use crate::transport::shm::{Patience, Ring, ABANDONED, NAP};
@@ -28,30 +28,34 @@ impl Link {
             ib.skip = (total - done) as u64;
             e
         };
-        match target {
-            Target::Into(dst) => {
-                while done < total {
-                    match self.read(
-                        &mut ib.s,
-                        &mut ib.closed,
-                        &mut wire::rest(dst, &mut trailer, done),
-                    ) {
-                        Ok(Some(k)) if !pace.due() => done += k,
-                        Ok(Some(k)) => {
-                            done += k;
-                            if let Err(e) = idle() {
-                                return Err(interrupted(ib, done, e.into()));
-                            }
+        // Straight into the caller's memory: one read over the segments' rest and the trailer.
+        let mut direct = |ib: &mut Inbox, segs: &mut [&mut [u8]], trailer: &mut [u8]| {
+            while done < total {
+                match self.read(
+                    &mut ib.s,
+                    &mut ib.closed,
+                    &mut wire::rest_segs(segs, trailer, done),
+                ) {
+                    Ok(Some(k)) if !pace.due() => done += k,
+                    Ok(Some(k)) => {
+                        done += k;
+                        if let Err(e) = idle() {
+                            return Err(interrupted(ib, done, e.into()));
                         }
-                        Ok(None) => {
-                            if let Err(e) = idle() {
-                                return Err(interrupted(ib, done, e.into()));
-                            }
-                        }
-                        Err(e) => return Err(e),
                     }
+                    Ok(None) => {
+                        if let Err(e) = idle() {
+                            return Err(interrupted(ib, done, e.into()));
+                        }
+                    }
+                    Err(e) => return Err(e),
                 }
             }
+            Ok(())
+        };
+        match target {
+            Target::Into(dst) => direct(ib, &mut [dst], &mut trailer)?,
+            Target::Scatter(segs) => direct(ib, segs, &mut trailer)?,
             Target::Sink(sink, chunk) => {
                 let chunk = chunk.clamp(4096, len.max(4096));
                 let mut buf = std::mem::take(&mut ib.scratch);
@@ -277,6 +281,7 @@ impl Link {
                         d.copy_from_slice(bytes);
                     }
                 }
+                Target::Scatter(segs) => scatter_at(segs, at, bytes),
                 Target::Sink(sink, _) => {
                     if !bytes.is_empty() {
                         sink(at, bytes)
