@@ -134,6 +134,20 @@ pub(super) enum Job {
     Wake,
 }
 
+/// What every post checks first: the failure board, then the link. `Some`: the message is
+/// already settled (across a partition, fault injection `isolate`: lost, silently).
+fn admit(link: &Link, tag: Tag) -> Result<Option<Box<dyn SendOp>>> {
+    link.touch();
+    link.faults.check(tag, link.peer)?;
+    if link.silenced() {
+        return Ok(Some(Box::new(Sent)));
+    }
+    if link.broken() || link.left() {
+        return Err(link.closed_error(tag));
+    }
+    Ok(None)
+}
+
 /// Queues a send of `len` bytes at `ptr` on `link`'s writer.
 ///
 /// # Safety
@@ -145,14 +159,8 @@ pub(super) unsafe fn post(
     ptr: *const u8,
     len: usize,
 ) -> Result<Box<dyn SendOp>> {
-    link.touch();
-    link.faults.check(tag, link.peer)?;
-    if link.silenced() {
-        // Across a partition (fault injection `isolate`): lost, silently.
-        return Ok(Box::new(Sent));
-    }
-    if link.broken() || link.left() {
-        return Err(link.closed_error(tag));
+    if let Some(op) = admit(link, tag)? {
+        return Ok(op);
     }
     // A peer reached by socket: the poster writes a small message itself when nothing is
     // queued or half-written before it and the socket takes it now.
@@ -222,13 +230,8 @@ pub(super) unsafe fn post_parts(
     tag: Tag,
     parts: &[(*const u8, usize)],
 ) -> Result<Box<dyn SendOp>> {
-    link.touch();
-    link.faults.check(tag, link.peer)?;
-    if link.silenced() {
-        return Ok(Box::new(Sent));
-    }
-    if link.broken() || link.left() {
-        return Err(link.closed_error(tag));
+    if let Some(op) = admit(link, tag)? {
+        return Ok(op);
     }
     let len = parts.iter().map(|p| p.1).sum();
     let parts = parts

@@ -31,11 +31,20 @@ impl Link {
         // Straight into the caller's memory: one read over the segments' rest and the trailer.
         let mut direct = |ib: &mut Inbox, segs: &mut [&mut [u8]], trailer: &mut [u8]| {
             while done < total {
-                match self.read(
-                    &mut ib.s,
-                    &mut ib.closed,
-                    &mut wire::rest_segs(segs, trailer, done),
-                ) {
+                // One segment (most receives) needs no list of slices built per read.
+                let got = match segs {
+                    [one] => self.read(
+                        &mut ib.s,
+                        &mut ib.closed,
+                        &mut wire::rest(one, trailer, done),
+                    ),
+                    _ => self.read(
+                        &mut ib.s,
+                        &mut ib.closed,
+                        &mut wire::rest_segs(segs, trailer, done),
+                    ),
+                };
+                match got {
                     Ok(Some(k)) if !pace.due() => done += k,
                     Ok(Some(k)) => {
                         done += k;
