@@ -511,6 +511,21 @@ fn strided_sends_pay_the_packing_copy_only_where_the_transport_packs() {
         at(Strided::PackedBelowPiece, 512 << 10),
         at(Strided::Gathered, 512 << 10),
     );
+    // TCP: a message of two 1 MB runs is written from where they lie; one of two 16 KB
+    // blocks (32 KB, which the poster writes itself) is packed, as is a node's share of
+    // 16 KB blocks sent inside it (a ring slot), but not one of 1 MB blocks.
+    close(at(Strided::PackedSmall, 1 << 20), gathered);
+    let sized = |strided, size: f64| {
+        let mut q = p.clone();
+        q.strided = strided;
+        both(&topo, &q, Job::new(AG, hier_rd, size))
+    };
+    let small = 16e3;
+    close(
+        sized(Strided::PackedSmall, small),
+        sized(Strided::Packed, small),
+    );
+    assert!(sized(Strided::Packed, small) > sized(Strided::Gathered, small) + 0.5 * small / 1e9);
     // Flat recursive doubling sends contiguous runs here: nothing changes.
     let flat = |strided| {
         let mut q = p.clone();

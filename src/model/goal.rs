@@ -16,7 +16,7 @@
 //! the export is tested without LogGOPSim itself.
 
 use super::profile::{DeviceKind, Profile};
-use super::traffic::{of_plan, PhaseWork};
+use super::traffic::{of_plan, PhaseWork, Send};
 use crate::error::{Error, Result};
 use crate::plan::{build, Algorithm, Collective};
 use crate::topology::Topology;
@@ -93,13 +93,15 @@ pub fn schedule(topo: &Topology, job: &GoalJob<'_>) -> Result<(String, GoalStats
     }
     for r in 0..p {
         let plan = build(job.coll, job.algo, topo, r)?;
-        let mut rk = RankWriter {
-            packs: job.prof.packs(bb as f64),
-            ..RankWriter::default()
+        let mut rk = RankWriter::default();
+        let node = topo.position(r).0;
+        let packs = |s: &Send| {
+            let same = topo.position(s.peer).0 == node;
+            s.spans > 1 && job.prof.packs(bb as f64, s.blocks, s.spans, same)
         };
         let _ = writeln!(out, "\nrank {r} {{");
         for (k, w) in of_plan(&plan).iter().enumerate() {
-            rk.phase(&mut out, k, w, bb, piece, copy_ns, reduce_ns);
+            rk.phase(&mut out, k, w, bb, piece, copy_ns, reduce_ns, &packs);
         }
         let _ = writeln!(out, "}}");
         st.sends += rk.sends;
@@ -133,8 +135,6 @@ struct RankWriter {
     recvs: usize,
     calcs: usize,
     bytes: u64,
-    /// The transport packs this job's strided sends (`Profile::packs`).
-    packs: bool,
 }
 
 impl RankWriter {
@@ -158,14 +158,11 @@ impl RankWriter {
         piece: u64,
         copy_ns: f64,
         reduce_ns: f64,
+        packs: &dyn Fn(&Send) -> bool,
     ) {
         let mut ends = Vec::new();
         let ns = |bytes: u64, per: f64| (bytes as f64 * per).ceil() as u64;
-        let pack = if self.packs {
-            w.packed_blocks() as u64 * bb
-        } else {
-            0
-        };
+        let pack = w.packed_blocks(packs) as u64 * bb;
         let packed = (pack > 0).then(|| {
             self.calcs += 1;
             self.op(out, format!("calc {}", ns(pack, copy_ns)), &[])
@@ -180,7 +177,7 @@ impl RankWriter {
             ends.push(c);
         }
         for s in &w.sends {
-            let after: Vec<usize> = if s.spans > 1 {
+            let after: Vec<usize> = if packs(s) {
                 packed.into_iter().collect()
             } else {
                 Vec::new()

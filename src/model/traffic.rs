@@ -38,11 +38,12 @@ pub struct PhaseWork {
 }
 
 impl PhaseWork {
-    /// Blocks that must be packed into contiguous messages before sending.
-    pub fn packed_blocks(&self) -> usize {
+    /// Blocks packed into contiguous messages before sending: those of the sends of more
+    /// than one span that `packs` says the transport packs (`Profile::packs`).
+    pub fn packed_blocks(&self, packs: impl Fn(&Send) -> bool) -> usize {
         self.sends
             .iter()
-            .filter(|s| s.spans > 1)
+            .filter(|s| s.spans > 1 && packs(s))
             .map(|s| s.blocks)
             .sum()
     }
@@ -108,7 +109,8 @@ mod tests {
         for p in &w[2..] {
             assert_eq!(p.sends[0].blocks, 2);
             assert_eq!(p.sends[0].spans, 2);
-            assert_eq!(p.packed_blocks(), 2);
+            assert_eq!(p.packed_blocks(|_| true), 2);
+            assert_eq!(p.packed_blocks(|_| false), 0);
         }
     }
 }

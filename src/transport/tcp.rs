@@ -72,6 +72,7 @@ mod writer;
 #[cfg(test)]
 mod writer_tests;
 pub(crate) use self::wire::RENDEZVOUS;
+pub(crate) use self::writer::packs_vectored;
 
 use self::link::{lock, Link, Target};
 use super::faults::{self, Faults};

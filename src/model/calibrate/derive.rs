@@ -175,6 +175,7 @@ pub fn derive(m: &Measured) -> Result<Profile> {
     (prof.strided, prof.receive_reduce) = match m.transport.as_str() {
         "threads" => (Strided::Gathered, ReceiveReduce::Fused),
         "mpi" => (Strided::PackedBelowPiece, ReceiveReduce::After),
+        "tcp" => (Strided::PackedSmall, ReceiveReduce::Pieces),
         _ => (Strided::Packed, ReceiveReduce::Pieces),
     };
     // The reductions ran on 3 × 16 MiB: memory's rate is what the cache did not speed up.

@@ -339,6 +339,10 @@ pub enum Strided {
     PackedBelowPiece,
     /// Never packed: the receiver copies out of the sender's blocks (thread ranks).
     Gathered,
+    /// Small messages (64 KiB, 512 KiB inside a node) and messages of runs averaging under
+    /// 32 KiB are packed; the rest are written from their blocks (TCP since 2026-12-07:
+    /// `transport::tcp::packs_vectored`).
+    PackedSmall,
 }
 
 impl Default for Profile {

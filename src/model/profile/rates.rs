@@ -111,12 +111,21 @@ impl Profile {
             .then(|| (us * 1e-6, o.cores as f64 / o.nodes_per_host.max(1) as f64))
     }
 
-    /// Whether a strided send of blocks of `block_bytes` is packed first ([`Strided`]).
-    pub fn packs(&self, block_bytes: f64) -> bool {
+    /// Whether a send of `blocks` blocks of `block_bytes` gathered from `spans` separate
+    /// spans, to a rank of the same node or not, is packed first ([`Strided`]). A send from
+    /// one span never is.
+    pub fn packs(&self, block_bytes: f64, blocks: usize, spans: usize, same_node: bool) -> bool {
+        if spans <= 1 {
+            return false;
+        }
         match self.strided {
             Strided::Packed => true,
             Strided::PackedBelowPiece => block_bytes < self.piece_bytes as f64,
             Strided::Gathered => false,
+            Strided::PackedSmall => {
+                let len = (block_bytes * blocks as f64).min(usize::MAX as f64) as usize;
+                crate::transport::tcp::packs_vectored(len, spans, same_node)
+            }
         }
     }
 
@@ -236,11 +245,30 @@ mod tests {
             Strided::Packed,
             "old profiles pack"
         );
+        assert!(
+            !Profile::default().packs(1.0, 1, 1, false),
+            "one span is never packed"
+        );
         let g = Profile::from_toml("strided = \"gathered\"\n").unwrap();
-        assert!(!g.packs(1.0));
+        assert!(!g.packs(1.0, 2, 2, false));
         let m =
             Profile::from_toml("strided = \"packed_below_piece\"\npiece_bytes = 1024\n").unwrap();
-        assert!(m.packs(1023.0) && !m.packs(1024.0));
+        assert!(m.packs(1023.0, 2, 2, false) && !m.packs(1024.0, 2, 2, false));
+        // TCP: small messages and short runs packed, long runs sent from where they lie.
+        let t = Profile::from_toml("strided = \"packed_small\"\n").unwrap();
+        let kib = 1024.0;
+        assert!(
+            t.packs(32.0 * kib, 2, 2, false),
+            "64 KiB in all: the poster writes it"
+        );
+        assert!(
+            !t.packs(64.0 * kib, 2, 2, false),
+            "two 64 KiB runs go as they lie"
+        );
+        assert!(t.packs(64.0 * kib, 2, 2, true), "a ring slot inside a node");
+        assert!(!t.packs(512.0 * kib, 2, 2, true));
+        assert!(t.packs(16.0 * kib, 64, 64, false), "runs under 32 KiB");
+        assert!(!t.packs(16.0 * kib, 64, 16, false), "four blocks a run");
         assert!(Profile::from_toml("strided = \"sometimes\"\n").is_err());
         assert!(Profile::from_toml("[oversub]\nrate_share = -0.1\n").is_err());
     }

@@ -112,7 +112,7 @@ impl Cluster<'_> {
                 }
                 let w = &work[r][s.phase];
                 s.phase += 1;
-                let (pack, local) = self.local(w, bb, speed);
+                let (pack, local) = self.local(r, w, bb, speed);
                 s.busy_until = s.busy_until.max(now + local);
                 s.pending = w.sends.len() + w.recvs.len() + 1;
                 heap.push(Ev {

@@ -404,14 +404,14 @@ impl<'a> Cluster<'a> {
             + handshake
     }
 
-    /// Local time of a phase before its messages can move: packing, then copies.
-    fn local(&self, w: &PhaseWork, bb: f64, speed: f64) -> (f64, f64) {
+    /// Local time of rank `r`'s phase before its messages can move: packing, then copies.
+    fn local(&self, r: usize, w: &PhaseWork, bb: f64, speed: f64) -> (f64, f64) {
         let rate = self.prof.copy_gbps * 1e9 * speed;
-        let packed = if self.prof.packs(bb) {
-            w.packed_blocks()
-        } else {
-            0
-        };
+        let node = self.topo.position(r).0;
+        let packed = w.packed_blocks(|s| {
+            let same = self.topo.position(s.peer).0 == node;
+            self.prof.packs(bb, s.blocks, s.spans, same)
+        });
         let pack = packed as f64 * bb / rate;
         (pack, pack + w.copy_blocks as f64 * bb / rate)
     }

@@ -30,11 +30,12 @@ pub struct Summary {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct LocalWork {
     // (peer node is 0, crosses the global links, peer local, blocks) per send; (peer node
-    // is 0, peer local, blocks, reduce) per receive; copies and packed blocks.
+    // is 0, peer local, blocks, reduce) per receive; copies; (blocks, spans, peer node is
+    // 0) per send of several spans (whether it is packed depends on the block size).
     sends: Vec<(bool, bool, usize, usize)>,
     recvs: Vec<(bool, usize, usize, bool)>,
     copy_blocks: usize,
-    packed: usize,
+    strided: Vec<(usize, usize, bool)>,
 }
 
 impl Summary {
@@ -89,7 +90,12 @@ impl Summary {
                             })
                             .collect(),
                         copy_blocks: w.copy_blocks,
-                        packed: w.packed_blocks(),
+                        strided: w
+                            .sends
+                            .iter()
+                            .filter(|s| s.spans > 1)
+                            .map(|s| (s.blocks, s.spans, topo.position(s.peer).0 == 0))
+                            .collect(),
                     }
                 })
                 .collect();
@@ -134,7 +140,12 @@ impl Summary {
                 .iter()
                 .map(|l| {
                     let rate = cl.prof.copy_gbps * 1e9 * speed;
-                    let packed = if cl.prof.packs(bb) { l.packed } else { 0 };
+                    let packed: usize = l
+                        .strided
+                        .iter()
+                        .filter(|&&(blocks, spans, same)| cl.prof.packs(bb, blocks, spans, same))
+                        .map(|s| s.0)
+                        .sum();
                     let pack = packed as f64 * bb / rate;
                     (pack, pack + l.copy_blocks as f64 * bb / rate)
                 })

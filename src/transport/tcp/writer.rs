@@ -213,10 +213,17 @@ pub(super) unsafe fn post(
 const MIN_RUN: usize = 32 * 1024;
 
 /// Whether a vectored message of `len` bytes in `runs` non-empty runs to `link` is better
-/// packed first: one small enough for the poster to write itself (a socket's
-/// [`DIRECT_BYTES`], a ring slot), or one of short runs ([`MIN_RUN`]).
+/// packed first ([`packs_vectored`], with the link's ring as the same host).
 pub(super) fn packs(link: &Link, len: usize, runs: usize) -> bool {
-    len <= DIRECT_BYTES || (link.ring_out.is_some() && len <= SLOT_BYTES) || len < MIN_RUN * runs
+    packs_vectored(len, runs, link.ring_out.is_some())
+}
+
+/// Whether the TCP transport packs a vectored message of `len` bytes in `runs` non-empty
+/// runs before sending it: one small enough for the poster to write itself (a socket's
+/// [`DIRECT_BYTES`], a ring slot to a peer on the same host), or one of short runs
+/// ([`MIN_RUN`]). The model asks the same (`Strided::PackedSmall`).
+pub(crate) fn packs_vectored(len: usize, runs: usize, same_host: bool) -> bool {
+    len <= DIRECT_BYTES || (same_host && len <= SLOT_BYTES) || len < MIN_RUN * runs
 }
 
 /// Queues a send of the runs `parts` (`(pointer, bytes)`, in order) as one message on
