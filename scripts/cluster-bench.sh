@@ -18,7 +18,8 @@
 # is at most one collective's run old (the host's speed drifts over minutes on a shared VM).
 # --no-mpi: PCCL's own processes (no mpiexec, no MPI row). --batch-ms: calls per timed round
 # grow until a round lasts about that long (small sizes otherwise time the barrier's skew).
-# --pin (with --no-mpi): each node's ranks on their own share of the cores (cluster.sh run --pin).
+# --pin: each node's ranks on their own share of the cores (cluster.sh run --pin; under mpiexec
+# too).
 # --passes N: pccl-bench sweeps the sizes N times, each point the median of its passes (a slow
 # spell of the host covers several sizes of one pass, not the median).
 # --launches L: each collective's benchmark started L times (fresh processes each time, one
@@ -76,10 +77,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 launch=()
 if [ "$mpi" = 1 ]; then algos=$algos,mpi launch=(--mpi); fi
-if [ "$pin" = 1 ]; then
-    [ "$mpi" = 0 ] || { echo "cluster-bench.sh: --pin needs --no-mpi" >&2; exit 2; }
-    launch=(--pin)
-fi
+if [ "$pin" = 1 ]; then launch+=(--pin); fi
 extra=()
 if [ -n "$batch_ms" ]; then extra=(--batch-ms "$batch_ms"); fi
 # pccl-tune on the shape's ranks, writing profile $1. Under mpiexec when the benchmark is: an

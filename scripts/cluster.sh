@@ -35,7 +35,8 @@
 # pointed at a script that enters the node), with UCX on tcp. `--timeout` kills a run that
 # outlives it (exit 124). `--pin` gives each node its own share of the host's cores (node i
 # on core i mod C when there are at least as many nodes as cores C, else a contiguous range of
-# C/N cores), as a real node owns its cores; without it the scheduler moves every rank freely.
+# C/N cores), as a real node owns its cores, also under `--mpi` (hydra's proxy on the node's
+# cores); without it the scheduler moves every rank freely.
 #
 # Needs root, ip, tc, unshare; `up` says why and exits 77 where the machine does not allow it.
 # `down` removes namespaces, veths, processes, /etc/netns entries and leaked /dev/shm rings,
@@ -420,23 +421,15 @@ cmd_run() {
     local s run world; s=$(state); run="$s/run"; world=$((NODES * m))
     rm -rf "$run"; mkdir -p "$run"; chmod 700 "$run"
     if [ "$mpi" = 1 ]; then
-        [ "$pin" = 0 ] || die "run: --pin is not supported with --mpi (hydra places the ranks)"
-        run_mpi "$m" "$timeout" "$@"
+        run_mpi "$m" "$timeout" "$pin" "$@"
         return
     fi
     : >"$s/pids"
-    local r i l map ncpu
+    local r i l map
     map=$(nic_map "$m")
-    ncpu=$(nproc)
     for ((i = 0; i < NODES; i++)); do
         local pre=()
-        if [ "$pin" = 1 ]; then
-            if [ "$NODES" -ge "$ncpu" ]; then
-                pre=(taskset -c $((i % ncpu)))
-            else
-                pre=(taskset -c "$((i * ncpu / NODES))-$(((i + 1) * ncpu / NODES - 1))")
-            fi
-        fi
+        [ "$pin" = 1 ] && pre=(taskset -c "$(node_cores "$i")")
         for ((l = 0; l < m; l++)); do
             r=$((i * m + l))
             env PCCL_RANK="$r" PCCL_WORLD_SIZE="$world" LOCAL_RANK="$l" LOCAL_WORLD_SIZE="$m" \
@@ -485,17 +478,36 @@ cmd_run() {
     return "$rc"
 }
 
-# MPICH's mpiexec in the switch namespace; hydra's ssh launcher enters each node instead.
+# The cores node i owns under --pin: core i mod C when there are at least as many nodes as
+# cores C, else a contiguous range of C/N.
+node_cores() {
+    local i=$1 ncpu; ncpu=$(nproc)
+    if [ "$NODES" -ge "$ncpu" ]; then
+        echo $((i % ncpu))
+    else
+        echo "$((i * ncpu / NODES))-$(((i + 1) * ncpu / NODES - 1))"
+    fi
+}
+
+# MPICH's mpiexec in the switch namespace; hydra's ssh launcher enters each node instead
+# (with --pin, on the node's cores: hydra's proxy and the ranks it starts inherit them).
 run_mpi() {
-    local m=$1 timeout=$2; shift 2
+    local m=$1 timeout=$2 pin=$3; shift 3
     command -v mpiexec >/dev/null || die "run --mpi: no mpiexec"
-    local s enter hosts="" i; s=$(state); enter="$s/enter.sh"
+    local s enter hosts="" i cores=""; s=$(state); enter="$s/enter.sh"
+    if [ "$pin" = 1 ]; then
+        for ((i = 0; i < NODES; i++)); do cores+="    $(ns_node "$i")) pre=(taskset -c $(node_cores "$i")) ;;"$'\n'; done
+    fi
     cat >"$enter" <<EOF
 #!/usr/bin/env bash
 # hydra: enter.sh [ssh options] HOST COMMAND... : runs COMMAND in HOST's namespace.
 while [ "\${1#-}" != "\$1" ]; do shift; done
 host=\$1; shift
-exec ip netns exec "\$host" unshare --uts sh -c "hostname \$host && cd $(printf %q "$PWD") && exec \$*"
+pre=()
+case \$host in
+$cores    *) ;;
+esac
+exec "\${pre[@]}" ip netns exec "\$host" unshare --uts sh -c "hostname \$host && cd $(printf %q "$PWD") && exec \$*"
 EOF
     chmod 755 "$enter"
     for ((i = 0; i < NODES; i++)); do hosts+="$(ns_node "$i"):$m,"; done
