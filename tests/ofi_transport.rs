@@ -6,6 +6,8 @@
 #![cfg(feature = "ofi")]
 
 mod common;
+#[path = "shared/vectored.rs"]
+mod vectored;
 
 use common::{exact_all_on, exact_on, input, overlapped, reduced, same_bits};
 use pccl::config::Config;
@@ -97,6 +99,45 @@ fn cfg(m: usize, algo: Algorithm) -> Config {
         algo: Some(algo),
         timeout: Duration::from_secs(30),
         ..Config::default()
+    }
+}
+
+/// Vectored messages (`isendv` / `recvv_into`): pieces lying in one segment go from and
+/// into it, pieces over several are packed and scattered; the body every transport runs
+/// (`tests/shared/vectored.rs`: every cut against every other, zero-length and one-byte
+/// segments; but on `shm`, where that retires the endpoint, a longer message an error on the
+/// receiver and the next one exact), at the smallest piece (most pieces inside a segment) and
+/// a larger one (most over several).
+#[test]
+fn vectored_messages_keep_the_packed_wire_contract_on_ofi_ranks() {
+    if !per_provider("vectored_messages_keep_the_packed_wire_contract_on_ofi_ranks") || !usable()
+    {
+        return;
+    }
+    for chunk in [64 << 10, 512 << 10] {
+        let p = 2;
+        let id = UniqueId::new(Duration::from_secs(30)).expect("rendezvous");
+        let errs: Vec<String> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..p)
+                .map(|r| {
+                    let id = id.clone();
+                    s.spawn(move || {
+                        let t = OfiTransport::connect(&id, p, r, chunk, Duration::from_secs(30))
+                            .expect("connect");
+                        if std::env::var("FI_PROVIDER").is_ok_and(|p| p == "shm") {
+                            vectored::run_with(&t, false)
+                        } else {
+                            vectored::run(&t)
+                        }
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .filter_map(|h| h.join().expect("rank thread").err())
+                .collect()
+        });
+        assert!(errs.is_empty(), "ofi, pieces of {chunk} B:\n{}", errs.join("\n"));
+        println!("@@ pieces of {chunk} B: every vectored form exact");
     }
 }
 

@@ -378,6 +378,25 @@ impl SendOp for PackedSend {
     }
 }
 
+/// The parts of `segs` (`(address, length)`, laid end to end) covering message bytes
+/// `off..off + m`; zero-length parts are left out. Addresses are plain numbers here.
+pub(crate) fn seg_parts(segs: &[(usize, usize)], off: usize, m: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let (lo, hi) = (off, off + m);
+    let mut pos = 0;
+    for &(p, n) in segs {
+        let (a, b) = (pos.max(lo), (pos + n).min(hi));
+        if a < b {
+            out.push((p.wrapping_add(a - pos), b - a));
+        }
+        pos += n;
+        if pos >= hi {
+            break;
+        }
+    }
+    out
+}
+
 /// Each segment's first message byte, and the message length, of segments laid end to end.
 pub(crate) fn seg_starts(segs: &[(*mut u8, usize)]) -> (Vec<usize>, usize) {
     let mut starts = Vec::with_capacity(segs.len());

@@ -176,6 +176,7 @@ pub fn derive(m: &Measured) -> Result<Profile> {
         "threads" => (Strided::Gathered, ReceiveReduce::Fused),
         "mpi" => (Strided::PackedBelowPiece, ReceiveReduce::After),
         "tcp" => (Strided::PackedSmall, ReceiveReduce::Pieces),
+        "ofi" => (Strided::PackedBelowPiece, ReceiveReduce::Pieces),
         _ => (Strided::Packed, ReceiveReduce::Pieces),
     };
     // The reductions ran on 3 × 16 MiB: memory's rate is what the cache did not speed up.

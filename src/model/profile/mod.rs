@@ -330,12 +330,12 @@ pub enum ReceiveReduce {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Strided {
-    /// Every such message is packed first (TCP, libfabric; profiles written before
-    /// 2026-11-24).
+    /// Every such message is packed first (libfabric until 2026-12-07; profiles written
+    /// before 2026-11-24).
     #[default]
     Packed,
-    /// Pieces within one block go as they are, pieces over several are packed (MPI): blocks
-    /// smaller than `piece_bytes` are packed.
+    /// Pieces within one block go as they are, pieces over several are packed (MPI;
+    /// libfabric since 2026-12-07): blocks smaller than `piece_bytes` are packed.
     PackedBelowPiece,
     /// Never packed: the receiver copies out of the sender's blocks (thread ranks).
     Gathered,

@@ -39,6 +39,7 @@ use crate::error::{Error, Result};
 use crate::transport::faults::{self, Faults, Tag};
 use crate::transport::staging::Staging;
 use crate::transport::Notice;
+pub(crate) use crate::transport::seg_parts;
 use mpi::ffi;
 pub use recv::{Dest, Direct, Scattered, Staged};
 pub use send::MpiSend;
@@ -507,25 +508,6 @@ impl Core {
         check(rc, "MPI_Isend")?;
         Ok(req)
     }
-}
-
-/// The parts of `segs` (`(address, length)`, laid end to end) covering message bytes
-/// `off..off + m`; zero-length parts are left out. Addresses are plain numbers here.
-pub fn seg_parts(segs: &[(usize, usize)], off: usize, m: usize) -> Vec<(usize, usize)> {
-    let mut out = Vec::new();
-    let (lo, hi) = (off, off + m);
-    let mut pos = 0;
-    for &(p, n) in segs {
-        let (a, b) = (pos.max(lo), (pos + n).min(hi));
-        if a < b {
-            out.push((p.wrapping_add(a - pos), b - a));
-        }
-        pos += n;
-        if pos >= hi {
-            break;
-        }
-    }
-    out
 }
 
 fn count_of(st: &ffi::MPI_Status) -> usize {

@@ -8,6 +8,8 @@
 //! [`IGNORE`](super::fabric::IGNORE)); the fingerprint and the length are checked on arrival,
 //! so ranks running different calls or counts fail with a remote error naming both. Pieces
 //! let a receive hand each piece to its consumer (a reduction) while the next ones arrive.
+//! A vectored (strided) message is the same pieces: each sent from its segment and received
+//! into it where it lies whole in one, packed and scattered where it spans several.
 //!
 //! **Waits** read the completion queue (which drives the provider) and look at the failure
 //! board ([`Faults::check`](crate::transport::Faults::check)) and the collective's deadline
@@ -35,7 +37,8 @@ use super::mr::Mem;
 use super::Shared;
 use crate::error::{Error, Result};
 use crate::transport::faults::{self, Tag};
-use crate::transport::SendOp;
+use crate::transport::staging::Staging;
+use crate::transport::{scatter, seg_parts, seg_starts, SendOp};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -137,7 +140,8 @@ enum Otherwise {
 
 /// Cancels the operations of `ctxs` (with `peer`) and waits up to `bound` for each to end,
 /// driving the provider; what is still not ended afterwards is parked or closes the endpoint
-/// (`otherwise`). The wait ends early when the peer is dead. Returns how many were not
+/// (`otherwise`; parked ones keep `keep` alive, memory of this rank's own the provider may
+/// still read). The wait ends early when the peer is dead. Returns how many were not
 /// ended.
 fn settle(
     sh: &Shared,
@@ -145,6 +149,7 @@ fn settle(
     ctxs: Vec<Ctx>,
     bound: Duration,
     otherwise: Otherwise,
+    keep: Option<Arc<Staging>>,
 ) -> usize {
     if ctxs.is_empty() {
         return 0;
@@ -189,9 +194,9 @@ fn settle(
                 );
             }
             match otherwise {
-                Otherwise::Park => left.into_iter().for_each(|c| st.park(c, None)),
+                Otherwise::Park => left.into_iter().for_each(|c| st.park(c, keep.clone())),
                 Otherwise::CloseSends if dead || any_death => {
-                    left.into_iter().for_each(|c| st.park(c, None))
+                    left.into_iter().for_each(|c| st.park(c, keep.clone()))
                 }
                 Otherwise::CloseSends => {
                     st.retire(format!(
@@ -202,7 +207,7 @@ fn settle(
                         bound.as_millis(),
                         sh.ep.caps.provider
                     ));
-                    left.into_iter().for_each(|c| st.park(c, None));
+                    left.into_iter().for_each(|c| st.park(c, keep.clone()));
                 }
                 // After a death the communicator can only shrink (onto a fresh endpoint), so
                 // closing this one costs nothing more.
@@ -250,6 +255,9 @@ pub struct OfiSend {
     tag: Tag,
     /// Contexts of the pieces not yet completed.
     left: Vec<Ctx>,
+    /// The pieces of a vectored send that lie over several segments, packed; parked with
+    /// the pieces after a failure (the provider may still read it).
+    packed: Option<Arc<Staging>>,
 }
 
 impl OfiSend {
@@ -268,32 +276,116 @@ impl OfiSend {
         len: usize,
         mem: Mem,
     ) -> Result<Self> {
+        let piece = sh.piece;
+        // SAFETY: every piece lies inside the caller's buffer (forwarded contract).
+        unsafe {
+            Self::post_pieces(sh, peer, tag, len, mem, None, |i| {
+                (ptr as usize + i * piece) as *const u8
+            })
+        }
+    }
+
+    /// Queues a send of the host segments `segs` laid end to end, on the wire the message
+    /// [`OfiSend::post`] sends for them packed: a piece within one segment goes from where
+    /// it lies, only pieces over several segments are packed (into one staging buffer the
+    /// op keeps), so a strided message of large blocks costs no copy.
+    ///
+    /// # Safety
+    /// As [`crate::transport::Transport::isendv`]: every segment's bytes stay valid and
+    /// unmodified until the op's wait has returned (or it is dropped).
+    pub unsafe fn post_segs(
+        sh: Arc<Shared>,
+        peer: usize,
+        tag: Tag,
+        segs: &[(*const u8, usize)],
+    ) -> Result<Self> {
+        let addrs: Vec<(usize, usize)> = segs.iter().map(|&(p, n)| (p as usize, n)).collect();
+        let len: usize = addrs.iter().map(|s| s.1).sum();
+        let piece = sh.piece;
+        let parts: Vec<Vec<(usize, usize)>> = (0..pieces(len, piece))
+            .map(|i| {
+                let off = (i * piece).min(len);
+                seg_parts(&addrs, off, (len - off).min(piece))
+            })
+            .collect();
+        let over_several = |p: &&Vec<(usize, usize)>| p.len() > 1;
+        let packed_len: usize = parts
+            .iter()
+            .filter(over_several)
+            .flat_map(|p| p.iter().map(|q| q.1))
+            .sum();
+        let mut packed = (packed_len > 0).then(|| Staging::take(packed_len));
+        // Each piece's first byte: in a segment, or in `packed`.
+        let mut from = Vec::with_capacity(parts.len());
+        let mut at = 0;
+        for p in &parts {
+            from.push(match (p.as_slice(), packed.as_mut()) {
+                // An empty message: one empty piece (the address is never read).
+                ([], _) => std::ptr::NonNull::<u8>::dangling().as_ptr() as usize,
+                ([(q, _)], _) => *q,
+                (several, Some(b)) => {
+                    let dst = &mut b.bytes_mut()[at..];
+                    let first = dst.as_ptr() as usize;
+                    let mut k = 0;
+                    for &(q, n) in several {
+                        // SAFETY: `n` readable bytes of the caller's segment (`seg_parts`
+                        // keeps within it; this function's contract).
+                        let src = unsafe { std::slice::from_raw_parts(q as *const u8, n) };
+                        dst[k..k + n].copy_from_slice(src);
+                        k += n;
+                    }
+                    at += k;
+                    first
+                }
+                (_, None) => unreachable!("packed_len counts every piece over several segments"),
+            });
+        }
+        // SAFETY: each piece's address is in a caller's segment (valid per the contract) or
+        // in `packed`, whose heap block the op keeps (and parks) until the provider is done.
+        unsafe {
+            Self::post_pieces(
+                sh,
+                peer,
+                tag,
+                len,
+                Mem::Host,
+                packed.map(Arc::new),
+                |i| from[i] as *const u8,
+            )
+        }
+    }
+
+    /// Queues the pieces of a `len`-byte message, piece `i` read from `at(i)`.
+    ///
+    /// # Safety
+    /// Each `at(i)` addresses the piece's bytes (of `mem`), valid and unmodified until the
+    /// op's wait has returned or it is dropped (`packed`, if any, is kept that long).
+    unsafe fn post_pieces(
+        sh: Arc<Shared>,
+        peer: usize,
+        tag: Tag,
+        len: usize,
+        mem: Mem,
+        packed: Option<Arc<Staging>>,
+        at: impl Fn(usize) -> *const u8,
+    ) -> Result<Self> {
         let n = pieces(len, sh.piece);
         let mut op = OfiSend {
             sh: sh.clone(),
             peer,
             tag,
             left: Vec::with_capacity(n),
+            packed,
         };
         let mut st = sh.ep.lock();
         for i in 0..n {
             let off = i * sh.piece;
             let plen = (len - off.min(len)).min(sh.piece);
             let c = ctx();
-            // SAFETY: the piece lies inside the caller's buffer, valid until the wait returns
-            // or the op is dropped (both withdraw or settle every piece); `c` is kept in
-            // `left` until then.
-            let r = unsafe {
-                st.send(
-                    (ptr as usize + off) as *const u8,
-                    plen,
-                    sh.addrs[peer],
-                    tag,
-                    len as u64,
-                    &c,
-                    mem,
-                )
-            };
+            // SAFETY: the piece's memory is valid until the wait returns or the op is dropped
+            // (both withdraw or settle every piece; this function's contract); `c` is kept
+            // in `left` until then.
+            let r = unsafe { st.send(at(i), plen, sh.addrs[peer], tag, len as u64, &c, mem) };
             op.left.push(c);
             if let Err(e) = r {
                 drop(st);
@@ -353,7 +445,14 @@ impl OfiSend {
         } else {
             Otherwise::CloseSends
         };
-        settle(&self.sh, self.peer, posted, CONFIRM, otherwise);
+        settle(
+            &self.sh,
+            self.peer,
+            posted,
+            CONFIRM,
+            otherwise,
+            self.packed.clone(),
+        );
     }
 }
 
@@ -393,6 +492,10 @@ pub enum Target<'a> {
     Into(&'a mut [u8]),
     /// Through bounce buffers, each piece handed to the consumer in order.
     Sink(&'a mut dyn FnMut(usize, &[u8])),
+    /// Into host segments laid end to end (`Transport::recvv_into`: writable, exclusive to
+    /// this receive): a whole piece within one segment straight into it, the others through
+    /// bounce buffers and scattered on arrival.
+    Scatter(&'a [(*mut u8, usize)]),
     /// Straight into device memory at this address (`FI_HMEM` of the given kind): every
     /// piece, the last one included, is posted with its own length into the destination and
     /// written by the provider only (never through a host buffer, never copied here).
@@ -429,14 +532,34 @@ pub fn recv(
 ) -> Result<()> {
     let piece = sh.piece;
     let n = pieces(len, piece);
-    let sink = matches!(target, Target::Sink(_));
-    let window = if sink { SINK_WINDOW } else { INTO_WINDOW };
     let plen_of = |i: usize| (len - (i * piece).min(len)).min(piece);
-    // Sink: `window` slots of a piece each; Into: one slot for a short last piece; Device:
-    // none (from the shared staging pool: a buffer parked after a failure returns to it only
-    // once the provider has ended every operation on it).
+    // Scatter: where each piece goes when it lies whole in one segment.
+    let (starts, direct) = match &target {
+        Target::Scatter(segs) => {
+            let (starts, _) = seg_starts(segs);
+            let addrs: Vec<(usize, usize)> = segs.iter().map(|&(p, n)| (p as usize, n)).collect();
+            let direct: Vec<Option<usize>> = (0..n)
+                .map(|i| match seg_parts(&addrs, i * piece, plen_of(i)).as_slice() {
+                    [(p, _)] if plen_of(i) == piece => Some(*p),
+                    _ => None,
+                })
+                .collect();
+            (starts, direct)
+        }
+        _ => (Vec::new(), Vec::new()),
+    };
+    let sink = match &target {
+        Target::Sink(_) => true,
+        Target::Scatter(_) => direct.iter().any(Option::is_none),
+        _ => false,
+    };
+    let window = if sink { SINK_WINDOW } else { INTO_WINDOW };
+    // Sink (and Scatter with pieces over several segments): `window` slots of a piece each;
+    // Into: one slot for a short last piece; Device: none (from the shared staging pool: a
+    // buffer parked after a failure returns to it only once the provider has ended every
+    // operation on it).
     let mut bounce = match &target {
-        Target::Sink(_) => Some(sh.take_bounce(window * piece)),
+        Target::Sink(_) | Target::Scatter(_) if sink => Some(sh.take_bounce(window * piece)),
         Target::Into(_) if plen_of(n - 1) < piece => Some(sh.take_bounce(piece)),
         _ => None,
     };
@@ -502,6 +625,10 @@ pub fn recv(
                     (Target::Into(dst), Some(b)) if got < piece => {
                         dst[i * piece..i * piece + got].copy_from_slice(&b.bytes()[..got]);
                     }
+                    (Target::Scatter(segs), Some(b)) if direct[i].is_none() => {
+                        let slot = (i % window) * piece;
+                        scatter(segs, &starts, i * piece, &b.bytes()[slot..slot + got]);
+                    }
                     _ => {}
                 }
             }
@@ -511,15 +638,17 @@ pub fn recv(
                 // Room posted: a whole piece (nothing is truncated), except on device memory.
                 let mut room = piece;
                 let mut mem = Mem::Host;
-                let (ptr, viab) = match (&mut target, &mut bounce) {
-                    (Target::Into(dst), _) if plen_of(next) == piece => {
+                let straight = direct.get(next).copied().flatten();
+                let (ptr, viab) = match (&mut target, &mut bounce, straight) {
+                    (Target::Into(dst), _, _) if plen_of(next) == piece => {
                         (dst[off..].as_mut_ptr(), false)
                     }
-                    (Target::Into(_), Some(b)) => (b.bytes_mut().as_mut_ptr(), true),
-                    (Target::Sink(_), Some(b)) => {
+                    (Target::Into(_), Some(b), _) => (b.bytes_mut().as_mut_ptr(), true),
+                    (Target::Scatter(_), _, Some(p)) => (p as *mut u8, false),
+                    (Target::Sink(_) | Target::Scatter(_), Some(b), _) => {
                         (b.bytes_mut()[(next % window) * piece..].as_mut_ptr(), true)
                     }
-                    (Target::Device(base, m), _) => {
+                    (Target::Device(base, m), _, _) => {
                         room = plen_of(next);
                         mem = *m;
                         ((*base as usize + off) as *mut u8, false)
@@ -529,12 +658,14 @@ pub fn recv(
                     ),
                 };
                 let c = ctx();
-                // SAFETY: the piece's memory (a whole piece of the caller's destination, or a
-                // piece-sized slot of this call's bounce buffer) is not touched by this thread
-                // until its completion is taken; on failure it is waited for (destination)
-                // or parked with the bounce buffer (see the function's documentation). Only
-                // the last piece of an `Into` message uses the bounce buffer there, so no two
-                // posted pieces share a slot.
+                // SAFETY: the piece's memory (a whole piece of the caller's destination or of
+                // one of its segments, or a piece-sized slot of this call's bounce buffer) is
+                // not touched by this thread until its completion is taken; on failure it is
+                // waited for (destination) or parked with the bounce buffer (see the
+                // function's documentation). Only the last piece of an `Into` message uses
+                // the bounce buffer there, and Sink and Scatter pieces take slot `i % window`
+                // with at most `window` consecutive pieces posted, so no two posted pieces
+                // share a slot.
                 if !unsafe { st.recv(ptr, room, src, tag, &c, mem)? } {
                     break;
                 }
@@ -564,7 +695,7 @@ pub fn recv(
             }
         }
         let user: Vec<Ctx> = user.into_iter().map(|(_, c, _)| c).collect();
-        settle(sh, peer, user, CONFIRM, Otherwise::Close);
+        settle(sh, peer, user, CONFIRM, Otherwise::Close, None);
         if !faults::is_control(tag) && !faults::is_p2p(tag) {
             // The sender's other pieces of this message must not wait for a receive.
             sh.ep.lock().add_junk(faults::seq_of(tag), sh.piece);

@@ -608,6 +608,35 @@ impl Transport for OfiTransport {
         }))
     }
 
+    unsafe fn isendv(
+        &self,
+        peer: usize,
+        tag: Tag,
+        segs: &[(*const u8, usize)],
+        piece: Option<usize>,
+    ) -> Result<Box<dyn SendOp>> {
+        let _ = piece; // pieces are the endpoint's, agreed at bootstrap
+        self.peer(peer)?;
+        // SAFETY: forwarded from the caller (every segment outlives the op's wait).
+        Ok(Box::new(unsafe {
+            OfiSend::post_segs(self.sh.clone(), peer, tag, segs)?
+        }))
+    }
+
+    unsafe fn recvv_into(
+        &self,
+        peer: usize,
+        tag: Tag,
+        segs: &[(*mut u8, usize)],
+        piece: Option<usize>,
+        deadline: Instant,
+    ) -> Result<()> {
+        let _ = piece;
+        self.peer(peer)?;
+        let len = segs.iter().map(|s| s.1).sum();
+        link::recv(&self.sh, peer, tag, len, deadline, Target::Scatter(segs))
+    }
+
     fn moves_device_memory(&self) -> bool {
         self.sh.hmem.is_some()
     }
