@@ -110,8 +110,7 @@ fn cfg(m: usize, algo: Algorithm) -> Config {
 /// a larger one (most over several).
 #[test]
 fn vectored_messages_keep_the_packed_wire_contract_on_ofi_ranks() {
-    if !per_provider("vectored_messages_keep_the_packed_wire_contract_on_ofi_ranks") || !usable()
-    {
+    if !per_provider("vectored_messages_keep_the_packed_wire_contract_on_ofi_ranks") || !usable() {
         return;
     }
     for chunk in [64 << 10, 512 << 10] {
@@ -136,7 +135,11 @@ fn vectored_messages_keep_the_packed_wire_contract_on_ofi_ranks() {
                 .filter_map(|h| h.join().expect("rank thread").err())
                 .collect()
         });
-        assert!(errs.is_empty(), "ofi, pieces of {chunk} B:\n{}", errs.join("\n"));
+        assert!(
+            errs.is_empty(),
+            "ofi, pieces of {chunk} B:\n{}",
+            errs.join("\n")
+        );
         println!("@@ pieces of {chunk} B: every vectored form exact");
     }
 }

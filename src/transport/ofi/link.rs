@@ -343,15 +343,9 @@ impl OfiSend {
         // SAFETY: each piece's address is in a caller's segment (valid per the contract) or
         // in `packed`, whose heap block the op keeps (and parks) until the provider is done.
         unsafe {
-            Self::post_pieces(
-                sh,
-                peer,
-                tag,
-                len,
-                Mem::Host,
-                packed.map(Arc::new),
-                |i| from[i] as *const u8,
-            )
+            Self::post_pieces(sh, peer, tag, len, Mem::Host, packed.map(Arc::new), |i| {
+                from[i] as *const u8
+            })
         }
     }
 
@@ -539,10 +533,12 @@ pub fn recv(
             let (starts, _) = seg_starts(segs);
             let addrs: Vec<(usize, usize)> = segs.iter().map(|&(p, n)| (p as usize, n)).collect();
             let direct: Vec<Option<usize>> = (0..n)
-                .map(|i| match seg_parts(&addrs, i * piece, plen_of(i)).as_slice() {
-                    [(p, _)] if plen_of(i) == piece => Some(*p),
-                    _ => None,
-                })
+                .map(
+                    |i| match seg_parts(&addrs, i * piece, plen_of(i)).as_slice() {
+                        [(p, _)] if plen_of(i) == piece => Some(*p),
+                        _ => None,
+                    },
+                )
                 .collect();
             (starts, direct)
         }
