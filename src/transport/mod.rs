@@ -380,6 +380,7 @@ impl SendOp for PackedSend {
 
 /// The parts of `segs` (`(address, length)`, laid end to end) covering message bytes
 /// `off..off + m`; zero-length parts are left out. Addresses are plain numbers here.
+#[cfg(any(feature = "mpi", feature = "ofi"))]
 pub(crate) fn seg_parts(segs: &[(usize, usize)], off: usize, m: usize) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let (lo, hi) = (off, off + m);
