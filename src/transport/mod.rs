@@ -398,6 +398,23 @@ pub(crate) fn seg_parts(segs: &[(usize, usize)], off: usize, m: usize) -> Vec<(u
     out
 }
 
+/// Copies the parts `parts` (from [`seg_parts`]) of a message's segments, in order, to the
+/// front of `dst`; returns the bytes copied (a piece over several segments, packed).
+///
+/// # Safety
+/// Every part must address readable bytes of the caller's segments ([`Transport::isendv`]'s
+/// contract), and their total must fit in `dst`.
+#[cfg(any(feature = "mpi", feature = "ofi"))]
+pub(crate) unsafe fn pack_parts(parts: &[(usize, usize)], dst: &mut [u8]) -> usize {
+    let mut at = 0;
+    for &(q, n) in parts {
+        // SAFETY: per this function's contract.
+        dst[at..at + n].copy_from_slice(unsafe { std::slice::from_raw_parts(q as *const u8, n) });
+        at += n;
+    }
+    at
+}
+
 /// Each segment's first message byte, and the message length, of segments laid end to end.
 pub(crate) fn seg_starts(segs: &[(*mut u8, usize)]) -> (Vec<usize>, usize) {
     let mut starts = Vec::with_capacity(segs.len());

@@ -38,7 +38,7 @@ use super::Shared;
 use crate::error::{Error, Result};
 use crate::transport::faults::{self, Tag};
 use crate::transport::staging::Staging;
-use crate::transport::{scatter, seg_parts, seg_starts, SendOp};
+use crate::transport::{pack_parts, scatter, seg_parts, seg_starts, SendOp};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -326,15 +326,9 @@ impl OfiSend {
                 (several, Some(b)) => {
                     let dst = &mut b.bytes_mut()[at..];
                     let first = dst.as_ptr() as usize;
-                    let mut k = 0;
-                    for &(q, n) in several {
-                        // SAFETY: `n` readable bytes of the caller's segment (`seg_parts`
-                        // keeps within it; this function's contract).
-                        let src = unsafe { std::slice::from_raw_parts(q as *const u8, n) };
-                        dst[k..k + n].copy_from_slice(src);
-                        k += n;
-                    }
-                    at += k;
+                    // SAFETY: the caller's segment bytes (`seg_parts` keeps within them; this
+                    // function's contract); `packed_len` counted them.
+                    at += unsafe { pack_parts(several, dst) };
                     first
                 }
                 (_, None) => unreachable!("packed_len counts every piece over several segments"),

@@ -69,14 +69,8 @@ impl Core {
                 _ => {
                     let mut b = Staging::take(m);
                     let dst = b.bytes_mut();
-                    let mut at = 0;
-                    for &(q, n) in &parts {
-                        // SAFETY: the caller's segment bytes (`isendv`'s contract).
-                        dst[at..at + n].copy_from_slice(unsafe {
-                            std::slice::from_raw_parts(q as *const u8, n)
-                        });
-                        at += n;
-                    }
+                    // SAFETY: the caller's segment bytes (`isendv`'s contract), `m` in all.
+                    unsafe { crate::transport::pack_parts(&parts, dst) };
                     let q = dst.as_ptr();
                     // The buffer's heap block stays put when it moves into `packed`.
                     send.packed.push(b);
